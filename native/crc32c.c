@@ -1,0 +1,198 @@
+/*
+ * crc32c.c -- CRC-32C with the CPU's crc32 instruction where present.
+ *
+ * The implementation is chosen once, on first use, from cpuid (SSE4.2): the
+ * hardware path runs three independent crc32 chains over three thirds of
+ * each large block, because the instruction has a latency of three cycles but
+ * a throughput of one; the partial CRCs are merged by "shifting" a register
+ * over a block of zeros, done with four table lookups (crc32c_shift below;
+ * CRC is linear, so crc(A||B) = shift_len(B)(crc(A)) ^ crc0(B)).  Without
+ * SSE4.2, or with PMEMWAL_NO_CRC_HW=1, a slicing-by-8 table implementation
+ * is used.  Both produce the
+ * standard CRC-32C (iSCSI, RFC 3720): crc32c("123456789") == 0xE3069283.
+ */
+#include "crc32c.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define POLY 0x82F63B78u /* reflected Castagnoli polynomial */
+
+static uint32_t table[8][256];
+
+/* shift tables: zeros_N[k][b] = CRC contribution of byte b followed by N zero bytes */
+#define LONG_BLOCK 8192
+#define SHORT_BLOCK 256
+static uint32_t long_shift[4][256];
+static uint32_t short_shift[4][256];
+
+static uint32_t (*update_fn)(uint32_t, const unsigned char *, size_t);
+static const char *impl_name = "none";
+
+static uint32_t update_table(uint32_t crc, const unsigned char *p, size_t len);
+
+/* build_shift -- shift[k][b]: a register holding byte b at byte k, run over len zeros. */
+static void build_shift(uint32_t shift[4][256], size_t len)
+{
+    static const unsigned char zeros[LONG_BLOCK];
+    for (int k = 0; k < 4; k++)
+        for (uint32_t b = 0; b < 256; b++)
+            shift[k][b] = update_table(b << (8 * k), zeros, len);
+}
+
+static inline uint32_t crc32c_shift(uint32_t shift[4][256], uint32_t crc)
+{
+    return shift[0][crc & 0xff] ^ shift[1][(crc >> 8) & 0xff] ^
+           shift[2][(crc >> 16) & 0xff] ^ shift[3][crc >> 24];
+}
+
+/* update_table -- slicing-by-8 software CRC on the raw (pre-inverted) register. */
+static uint32_t update_table(uint32_t crc, const unsigned char *p, size_t len)
+{
+    while (len && ((uintptr_t)p & 7)) {
+        crc = table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+        len--;
+    }
+    while (len >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        word ^= crc;
+        crc = table[7][word & 0xff] ^ table[6][(word >> 8) & 0xff] ^
+              table[5][(word >> 16) & 0xff] ^ table[4][(word >> 24) & 0xff] ^
+              table[3][(word >> 32) & 0xff] ^ table[2][(word >> 40) & 0xff] ^
+              table[1][(word >> 48) & 0xff] ^ table[0][word >> 56];
+        p += 8;
+        len -= 8;
+    }
+    while (len--)
+        crc = table[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return crc;
+}
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+
+__attribute__((target("sse4.2"))) static uint32_t
+hw_run(uint32_t crc, const unsigned char *p, size_t len)
+{
+    uint64_t c = crc;
+    while (len >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        c = __builtin_ia32_crc32di(c, word);
+        p += 8;
+        len -= 8;
+    }
+    crc = (uint32_t)c;
+    while (len--)
+        crc = __builtin_ia32_crc32qi(crc, *p++);
+    return crc;
+}
+
+/* hw_three -- three interleaved chains over blocks of 3*block bytes. */
+__attribute__((target("sse4.2"))) static uint32_t
+hw_three(uint32_t crc, const unsigned char **pp, size_t *lenp, size_t block,
+         uint32_t shift[4][256])
+{
+    const unsigned char *p = *pp;
+    size_t len = *lenp;
+    while (len >= 3 * block) {
+        uint64_t c0 = crc, c1 = 0, c2 = 0;
+        const unsigned char *end = p + block;
+        do {
+            uint64_t w0, w1, w2;
+            memcpy(&w0, p, 8);
+            memcpy(&w1, p + block, 8);
+            memcpy(&w2, p + 2 * block, 8);
+            c0 = __builtin_ia32_crc32di(c0, w0);
+            c1 = __builtin_ia32_crc32di(c1, w1);
+            c2 = __builtin_ia32_crc32di(c2, w2);
+            p += 8;
+        } while (p < end);
+        crc = crc32c_shift(shift, (uint32_t)c0) ^ (uint32_t)c1;
+        crc = crc32c_shift(shift, crc) ^ (uint32_t)c2;
+        p += 2 * block;
+        len -= 3 * block;
+    }
+    *pp = p;
+    *lenp = len;
+    return crc;
+}
+
+__attribute__((target("sse4.2"))) static uint32_t
+update_hw(uint32_t crc, const unsigned char *p, size_t len)
+{
+    while (len && ((uintptr_t)p & 7)) {
+        crc = __builtin_ia32_crc32qi(crc, *p++);
+        len--;
+    }
+    crc = hw_three(crc, &p, &len, LONG_BLOCK, long_shift);
+    crc = hw_three(crc, &p, &len, SHORT_BLOCK, short_shift);
+    return hw_run(crc, p, len);
+}
+
+static int cpu_has_sse42(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_SSE4_2);
+}
+#else
+static int cpu_has_sse42(void) { return 0; }
+#define update_hw update_table
+#endif
+
+/* crc32c_init -- tables and the implementation choice; idempotent. */
+static void crc32c_init(void)
+{
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t crc = n;
+        for (int k = 0; k < 8; k++)
+            crc = crc & 1 ? (crc >> 1) ^ POLY : crc >> 1;
+        table[0][n] = crc;
+    }
+    for (int n = 0; n < 256; n++)
+        for (int k = 1; k < 8; k++)
+            table[k][n] = table[0][table[k - 1][n] & 0xff] ^ (table[k - 1][n] >> 8);
+    build_shift(long_shift, LONG_BLOCK);
+    build_shift(short_shift, SHORT_BLOCK);
+    const char *off = getenv("PMEMWAL_NO_CRC_HW");
+    if (cpu_has_sse42() && !(off && *off && *off != '0')) {
+        update_fn = update_hw;
+        impl_name = "sse4.2";
+    } else {
+        update_fn = update_table;
+        impl_name = "table";
+    }
+}
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+uint32_t crc32c_update(uint32_t crc, const void *buf, size_t len)
+{
+    pthread_once(&init_once, crc32c_init);
+    return ~update_fn(~crc, buf, len);
+}
+
+uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
+{
+    /* Two passes over a block small enough to stay in L1: the copy reads it
+     * back from cache, so the fused cost is close to the CRC alone. */
+    const unsigned char *s = src;
+    unsigned char *d = dst;
+    while (len) {
+        size_t n = len < 4096 ? len : 4096;
+        crc = crc32c_update(crc, s, n);
+        memcpy(d, s, n);
+        s += n;
+        d += n;
+        len -= n;
+    }
+    return crc;
+}
+
+const char *crc32c_impl(void)
+{
+    pthread_once(&init_once, crc32c_init);
+    return impl_name;
+}

@@ -1,0 +1,650 @@
+/*
+ * module.c -- pmemwal._core: the thin binding between Python and the C core.
+ *
+ * Only buffers and integers cross it.  Every call that can wait releases the
+ * GIL; when the core needs a segment it does not have, it calls back into
+ * Python (the WAL's _ensure_segment) with the GIL taken again, and an
+ * exception raised there is carried back to the caller.  C returns negative
+ * errnos; this file turns them into pmemwal.errors exceptions.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <string.h>
+
+#include "crc32c.h"
+#include "wal_core.h"
+#include "wal_reader.h"
+
+/* ---- errors ---------------------------------------------------------------- */
+
+static PyObject *error_class(const char *name)
+{
+    PyObject *mod = PyImport_ImportModule("pmemwal.errors");
+    if (!mod)
+        return NULL;
+    PyObject *cls = PyObject_GetAttrString(mod, name);
+    Py_DECREF(mod);
+    return cls;
+}
+
+static PyObject *raise_named(const char *name, PyObject *args)
+{
+    PyObject *cls = error_class(name);
+    if (cls && args)
+        PyErr_SetObject(cls, args);
+    Py_XDECREF(cls);
+    Py_XDECREF(args);
+    return NULL;
+}
+
+/* call_ctx -- one call's environment; keeps an exception raised in a callback. */
+typedef struct call_ctx {
+    PyObject *callback;
+    PyObject *exc_type, *exc_value, *exc_tb;
+} call_ctx;
+
+static PyObject *raise_rc(int rc, call_ctx *cc, uint64_t max_record)
+{
+    if (cc && cc->exc_type) {
+        PyErr_Restore(cc->exc_type, cc->exc_value, cc->exc_tb);
+        return NULL;
+    }
+    if (rc == -WAL_ECLOSED)
+        return raise_named("ClosedError", Py_BuildValue("(s)", "the WAL is closed"));
+    if (rc == -EMSGSIZE)
+        return raise_named("RecordTooLargeError",
+                           PyUnicode_FromFormat("record exceeds max_record_size (%llu bytes)",
+                                                (unsigned long long)max_record));
+    if (rc == -EINVAL)
+        return PyErr_Format(PyExc_ValueError, "invalid argument");
+    return raise_named("StorageError", Py_BuildValue("(is)", -rc, strerror(-rc)));
+}
+
+/* ---- Core ------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    wal_core *core;
+    PyObject *segment_cb;
+    Py_buffer ring;
+    Py_buffer views[WAL_SEG_TABLE]; /* direct: the attached mappings */
+    char has_view[WAL_SEG_TABLE];
+} CoreObject;
+
+static int need_segment(void *ctx, uint64_t segno)
+{
+    call_ctx *cc = ctx;
+    PyGILState_STATE st = PyGILState_Ensure();
+    int rc = 0;
+    PyObject *r = PyObject_CallFunction(cc->callback, "K", (unsigned long long)segno);
+    if (r) {
+        Py_DECREF(r);
+    } else {
+        if (!cc->exc_type)
+            PyErr_Fetch(&cc->exc_type, &cc->exc_value, &cc->exc_tb);
+        else
+            PyErr_Clear();
+        rc = -EIO;
+    }
+    PyGILState_Release(st);
+    return rc;
+}
+
+static int Core_init(CoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"segment_size", "wal_id_lo", "direct", "ring", "insert_slots",
+                             "max_record_size", "segment_callback", NULL};
+    unsigned long long seg_size, max_record;
+    unsigned int wal_id_lo, nslots;
+    int direct;
+    PyObject *ring, *cb;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KIpOIKO", kwlist, &seg_size, &wal_id_lo,
+                                     &direct, &ring, &nslots, &max_record, &cb))
+        return -1;
+    if (self->core) {
+        PyErr_SetString(PyExc_RuntimeError, "Core is initialised once");
+        return -1;
+    }
+    if (!direct && PyObject_GetBuffer(ring, &self->ring, PyBUF_WRITABLE) < 0)
+        return -1;
+    self->core = PyMem_RawCalloc(1, sizeof(wal_core));
+    if (!self->core) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = wal_core_init(self->core, seg_size, wal_id_lo, direct,
+                           direct ? 0 : (uint64_t)self->ring.len,
+                           direct ? NULL : self->ring.buf, nslots, max_record);
+    if (rc) {
+        PyErr_Format(PyExc_ValueError, "invalid core parameters (%s)", strerror(-rc));
+        return -1;
+    }
+    Py_INCREF(cb);
+    self->segment_cb = cb;
+    return 0;
+}
+
+static void release_views(CoreObject *self)
+{
+    for (int i = 0; i < WAL_SEG_TABLE; i++)
+        if (self->has_view[i]) {
+            PyBuffer_Release(&self->views[i]);
+            self->has_view[i] = 0;
+        }
+}
+
+static void Core_dealloc(CoreObject *self)
+{
+    if (self->core) {
+        Py_BEGIN_ALLOW_THREADS
+        wal_close(self->core);
+        Py_END_ALLOW_THREADS
+        wal_core_destroy(self->core);
+        PyMem_RawFree(self->core);
+    }
+    release_views(self);
+    if (self->ring.obj)
+        PyBuffer_Release(&self->ring);
+    Py_XDECREF(self->segment_cb);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+#define CORE_ENV(cc) \
+    call_ctx cc = {self->segment_cb, NULL, NULL, NULL}; \
+    wal_env env = {need_segment, &cc}
+
+static PyObject *Core_set_position(CoreObject *self, PyObject *args)
+{
+    unsigned long long insert_lsn, prev_lsn;
+    if (!PyArg_ParseTuple(args, "KK", &insert_lsn, &prev_lsn))
+        return NULL;
+    if (wal_set_position(self->core, insert_lsn, prev_lsn))
+        return PyErr_Format(PyExc_ValueError, "bad position %llu (prev %llu)", insert_lsn, prev_lsn);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_set_persist(CoreObject *self, PyObject *args)
+{
+    int kind;
+    unsigned long long fn = 0;
+    if (!PyArg_ParseTuple(args, "i|K", &kind, &fn))
+        return NULL;
+    if (kind < WAL_PERSIST_PMEM || kind > WAL_PERSIST_DSYNC || (kind == WAL_PERSIST_PMEM && !fn) ||
+        (kind <= WAL_PERSIST_MSYNC) != (self->core->direct != 0))
+        return PyErr_Format(PyExc_ValueError, "persist method %d does not fit this mode", kind);
+    wal_set_persist(self->core, (enum wal_persist)kind, (void (*)(const void *, size_t))(uintptr_t)fn);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_attach(CoreObject *self, PyObject *args)
+{
+    unsigned long long segno;
+    int fd;
+    PyObject *mapping;
+    if (!PyArg_ParseTuple(args, "KiO", &segno, &fd, &mapping))
+        return NULL;
+    int i = (int)(segno % WAL_SEG_TABLE);
+    Py_buffer view = {0};
+    if (self->core->direct) {
+        if (PyObject_GetBuffer(mapping, &view, PyBUF_WRITABLE) < 0)
+            return NULL;
+        if ((uint64_t)view.len < self->core->geom.seg_size) {
+            PyBuffer_Release(&view);
+            return PyErr_Format(PyExc_ValueError, "mapping shorter than a segment");
+        }
+    }
+    wal_attach(self->core, segno, view.buf, fd);
+    if (self->has_view[i])
+        PyBuffer_Release(&self->views[i]);
+    self->views[i] = view;
+    self->has_view[i] = self->core->direct;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_detach(CoreObject *self, PyObject *args)
+{
+    unsigned long long segno;
+    if (!PyArg_ParseTuple(args, "K", &segno))
+        return NULL;
+    int i = (int)(segno % WAL_SEG_TABLE);
+    if (atomic_load(&self->core->segs[i].tag) != segno + 1)
+        Py_RETURN_NONE;
+    wal_detach(self->core, segno);
+    if (self->has_view[i]) {
+        PyBuffer_Release(&self->views[i]);
+        self->has_view[i] = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+static int get_record(PyObject *obj, Py_buffer *view, Py_ssize_t index)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) == 0)
+        return 0;
+    PyErr_Clear();
+    if (index < 0)
+        PyErr_Format(PyExc_TypeError, "a bytes-like object is required, not '%.100s'",
+                     Py_TYPE(obj)->tp_name);
+    else
+        PyErr_Format(PyExc_TypeError, "record %zd: a bytes-like object is required, not '%.100s'",
+                     index, Py_TYPE(obj)->tp_name);
+    return -1;
+}
+
+static PyObject *Core_append(CoreObject *self, PyObject *data)
+{
+    Py_buffer view;
+    if (get_record(data, &view, -1) < 0)
+        return NULL;
+    CORE_ENV(cc);
+    const void *buf = view.buf;
+    uint64_t len = (uint64_t)view.len, lsn = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = wal_insert(self->core, &env, &buf, &len, 1, &lsn);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (rc)
+        return raise_rc(rc, &cc, self->core->max_record);
+    return PyLong_FromUnsignedLongLong(lsn);
+}
+
+/* append_many -- one reservation for the whole batch; LSNs come back as bytes of u64. */
+static PyObject *Core_append_many(CoreObject *self, PyObject *records)
+{
+    PyObject *seq = PySequence_Fast(records, "append_many takes a sequence of bytes-like objects");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), got = 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint64_t));
+    Py_buffer *views = PyMem_Malloc((size_t)(n ? n : 1) * (sizeof(Py_buffer) + 2 * sizeof(void *)));
+    if (!out || !views)
+        goto fail_nomem;
+    const void **bufs = (const void **)(views + n);
+    uint64_t *lens = (uint64_t *)(bufs + n);
+    for (; got < n; got++) {
+        if (get_record(PySequence_Fast_GET_ITEM(seq, got), &views[got], got) < 0)
+            goto fail;
+        bufs[got] = views[got].buf;
+        lens[got] = (uint64_t)views[got].len;
+    }
+    CORE_ENV(cc);
+    int rc;
+    uint64_t *lsns = (uint64_t *)PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    rc = wal_insert(self->core, &env, bufs, lens, (size_t)n, lsns);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        raise_rc(rc, &cc, self->core->max_record);
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_DECREF(seq);
+    return out;
+fail_nomem:
+    PyErr_NoMemory();
+fail:
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *Core_flush(CoreObject *self, PyObject *args)
+{
+    PyObject *lsn_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &lsn_obj))
+        return NULL;
+    uint64_t upto = UINT64_MAX, flushed = 0;
+    if (lsn_obj != Py_None) {
+        upto = PyLong_AsUnsignedLongLong(lsn_obj);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    CORE_ENV(cc);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = wal_flush(self->core, &env, upto, &flushed);
+    Py_END_ALLOW_THREADS
+    if (rc == -EINVAL)
+        return PyErr_Format(PyExc_ValueError, "LSN %llu is not a record appended so far",
+                            (unsigned long long)upto);
+    if (rc)
+        return raise_rc(rc, &cc, 0);
+    return PyLong_FromUnsignedLongLong(flushed);
+}
+
+static PyObject *Core_close(CoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    wal_close(self->core);
+    Py_END_ALLOW_THREADS
+    for (int i = 0; i < WAL_SEG_TABLE; i++)
+        atomic_store(&self->core->segs[i].tag, 0);
+    release_views(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_stats(CoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    wal_stats s;
+    Py_BEGIN_ALLOW_THREADS
+    wal_get_stats(self->core, &s);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("{sKsKsKsKsKsKsKsK}", "records", s.records, "bytes", s.bytes,
+                         "slot_wait_ns", s.slot_wait_ns, "insert_wait_ns", s.insert_wait_ns,
+                         "flushes", s.flushes, "flush_requests", s.flush_requests,
+                         "coalesced", s.coalesced, "writes", s.writes);
+}
+
+static PyObject *Core_get_insert_lsn(CoreObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(wal_insert_lsn(self->core));
+}
+
+static PyObject *Core_get_flushed_lsn(CoreObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromUnsignedLongLong(wal_flushed_lsn(self->core));
+}
+
+static PyObject *Core_get_error(CoreObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLong(-atomic_load(&self->core->error));
+}
+
+static PyMethodDef Core_methods[] = {
+    {"set_position", (PyCFunction)Core_set_position, METH_VARARGS, "set_position(insert_lsn, prev_lsn)"},
+    {"set_persist", (PyCFunction)Core_set_persist, METH_VARARGS, "set_persist(kind, pmem_persist_address=0)"},
+    {"attach", (PyCFunction)Core_attach, METH_VARARGS, "attach(segno, fd, mapping_or_None)"},
+    {"detach", (PyCFunction)Core_detach, METH_VARARGS, "detach(segno)"},
+    {"append", (PyCFunction)Core_append, METH_O, "append(data) -> lsn"},
+    {"append_many", (PyCFunction)Core_append_many, METH_O, "append_many(records) -> bytes of u64 LSNs"},
+    {"flush", (PyCFunction)Core_flush, METH_VARARGS, "flush(lsn=None) -> flushed LSN"},
+    {"close", (PyCFunction)Core_close, METH_NOARGS, "close()"},
+    {"stats", (PyCFunction)Core_stats, METH_NOARGS, "stats() -> dict"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Core_getset[] = {
+    {"insert_lsn", (getter)Core_get_insert_lsn, NULL, "next record's LSN", NULL},
+    {"flushed_lsn", (getter)Core_get_flushed_lsn, NULL, "durable below this LSN", NULL},
+    {"error", (getter)Core_get_error, NULL, "errno that stopped the writer, 0 if none", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pmemwal._core.Core",
+    .tp_basicsize = sizeof(CoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The native WAL writer: reservation, copy, flush.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Core_init,
+    .tp_dealloc = (destructor)Core_dealloc,
+    .tp_methods = Core_methods,
+    .tp_getset = Core_getset,
+};
+
+/* ---- Reader ------------------------------------------------------------------ */
+
+#define READER_CACHE 4
+
+typedef struct {
+    PyObject_HEAD
+    wal_src src;
+    PyObject *getter;
+    uint64_t segno[READER_CACHE];
+    Py_buffer view[READER_CACHE];
+    int used[READER_CACHE];
+    int next;
+} ReaderObject;
+
+/* reader_segment -- the getter's mapping for segno, cached for the call. */
+static const uint8_t *reader_segment(void *ctx, uint64_t segno, int *error)
+{
+    ReaderObject *r = ctx;
+    for (int i = 0; i < READER_CACHE; i++)
+        if (r->used[i] && r->segno[i] == segno)
+            return r->view[i].buf;
+    PyObject *obj = PyObject_CallFunction(r->getter, "K", (unsigned long long)segno);
+    if (!obj) {
+        *error = 1;
+        return NULL;
+    }
+    if (obj == Py_None) {
+        Py_DECREF(obj);
+        return NULL;
+    }
+    int i = r->next;
+    r->next = (r->next + 1) % READER_CACHE;
+    if (r->used[i])
+        PyBuffer_Release(&r->view[i]);
+    r->used[i] = 0;
+    int rc = PyObject_GetBuffer(obj, &r->view[i], PyBUF_SIMPLE);
+    Py_DECREF(obj);
+    if (rc < 0) {
+        *error = 1;
+        return NULL;
+    }
+    r->used[i] = 1;
+    r->segno[i] = segno;
+    if ((uint64_t)r->view[i].len < r->src.g.seg_size)
+        return NULL; /* a short file holds no complete segment */
+    return r->view[i].buf;
+}
+
+static void reader_drop(ReaderObject *r)
+{
+    for (int i = 0; i < READER_CACHE; i++)
+        if (r->used[i]) {
+            PyBuffer_Release(&r->view[i]);
+            r->used[i] = 0;
+        }
+}
+
+static int Reader_init(ReaderObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"segment_size", "wal_id_lo", "getter", NULL};
+    unsigned long long seg_size;
+    unsigned int wal_id_lo;
+    PyObject *getter;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KIO", kwlist, &seg_size, &wal_id_lo, &getter))
+        return -1;
+    if (seg_size < 2 * WAL_PAGE_SIZE || (seg_size & (seg_size - 1))) {
+        PyErr_SetString(PyExc_ValueError, "segment_size must be a power of two of two pages or more");
+        return -1;
+    }
+    reader_drop(self);
+    wal_geom_init(&self->src.g, seg_size, wal_id_lo);
+    self->src.segment = reader_segment;
+    self->src.ctx = self;
+    Py_INCREF(getter);
+    Py_XSETREF(self->getter, getter);
+    return 0;
+}
+
+static void Reader_dealloc(ReaderObject *self)
+{
+    reader_drop(self);
+    Py_XDECREF(self->getter);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *reader_done(ReaderObject *self, PyObject *result)
+{
+    reader_drop(self); /* never keep a mapping exported between calls */
+    if (PyErr_Occurred()) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+/* read(lsn, expect_prev=-1) -> (status, lsn, next, prev, length, crc, hint, payload_lsn, bad_lsn)
+ * payload_lsn is -1 when the payload spans pages (use payload()). */
+static PyObject *Reader_read(ReaderObject *self, PyObject *args)
+{
+    unsigned long long lsn;
+    long long expect = -1;
+    if (!PyArg_ParseTuple(args, "K|L", &lsn, &expect))
+        return NULL;
+    wal_record r;
+    int st = wal_read(&self->src, lsn, expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, &r);
+    return reader_done(self, Py_BuildValue("(iKKKIIKLK)", st, r.lsn, r.next_lsn, r.prev_lsn,
+                                           r.length, r.crc, r.durable_hint,
+                                           r.contiguous ? (long long)r.payload_lsn : -1LL,
+                                           r.bad_lsn));
+}
+
+/* payload(lsn) -> bytes: a record's payload gathered across pages (validated again). */
+static PyObject *Reader_payload(ReaderObject *self, PyObject *args)
+{
+    unsigned long long lsn;
+    if (!PyArg_ParseTuple(args, "K", &lsn))
+        return NULL;
+    wal_record r;
+    int st = wal_read(&self->src, lsn, WAL_ANY_PREV, &r);
+    PyObject *out = NULL;
+    if (st == WAL_OK && (out = PyBytes_FromStringAndSize(NULL, r.length)))
+        st = wal_copy_payload(&self->src, &r, (uint8_t *)PyBytes_AS_STRING(out));
+    if (st != WAL_OK && !PyErr_Occurred()) {
+        Py_CLEAR(out);
+        PyErr_Format(PyExc_ValueError, "record at %llu is not valid: %s", lsn, wal_status_text(st));
+    }
+    return reader_done(self, out);
+}
+
+/* scan(lsn, expect_prev, stop_lsn) -> (status, end_lsn, last_lsn, count, bytes, bad_lsn) */
+static PyObject *Reader_scan(ReaderObject *self, PyObject *args)
+{
+    unsigned long long lsn, stop;
+    long long expect;
+    if (!PyArg_ParseTuple(args, "KLK", &lsn, &expect, &stop))
+        return NULL;
+    wal_scan_result r;
+    wal_scan(&self->src, lsn, expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, stop, &r);
+    return reader_done(self, Py_BuildValue("(iKKKKK)", r.status, r.end_lsn, r.last_lsn, r.count,
+                                           r.bytes, r.bad_lsn));
+}
+
+static PyObject *Reader_first_record(ReaderObject *self, PyObject *args)
+{
+    unsigned long long segno;
+    if (!PyArg_ParseTuple(args, "K", &segno))
+        return NULL;
+    uint64_t lsn = 0;
+    int st = wal_first_record(&self->src, segno, &lsn);
+    return reader_done(self, Py_BuildValue("(iK)", st, lsn));
+}
+
+/* beyond(x, last_segno) -> (durable_lsn, [valid page LSNs after x's page]) */
+static PyObject *Reader_beyond(ReaderObject *self, PyObject *args)
+{
+    unsigned long long x, last;
+    if (!PyArg_ParseTuple(args, "KK", &x, &last))
+        return NULL;
+    uint64_t durable = 0, *pages = NULL;
+    size_t n = 0;
+    int rc = wal_beyond(&self->src, x, last, &durable, &pages, &n);
+    PyObject *list = NULL;
+    if (rc == 0 && (list = PyList_New((Py_ssize_t)n)))
+        for (size_t i = 0; i < n; i++)
+            PyList_SET_ITEM(list, (Py_ssize_t)i, PyLong_FromUnsignedLongLong(pages[i]));
+    free(pages);
+    if (rc && !PyErr_Occurred())
+        PyErr_SetFromErrno(PyExc_OSError);
+    return reader_done(self, list ? Py_BuildValue("(KN)", durable, list) : NULL);
+}
+
+static PyMethodDef Reader_methods[] = {
+    {"read", (PyCFunction)Reader_read, METH_VARARGS, "read(lsn, expect_prev=-1) -> tuple"},
+    {"payload", (PyCFunction)Reader_payload, METH_VARARGS, "payload(lsn) -> bytes"},
+    {"scan", (PyCFunction)Reader_scan, METH_VARARGS, "scan(lsn, expect_prev, stop_lsn) -> tuple"},
+    {"first_record", (PyCFunction)Reader_first_record, METH_VARARGS, "first_record(segno) -> (status, lsn)"},
+    {"beyond", (PyCFunction)Reader_beyond, METH_VARARGS, "beyond(x, last_segno) -> (durable_lsn, pages)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pmemwal._core.Reader",
+    .tp_basicsize = sizeof(ReaderObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Validates and reads records from mapped segments.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Reader_init,
+    .tp_dealloc = (destructor)Reader_dealloc,
+    .tp_methods = Reader_methods,
+};
+
+/* ---- module ------------------------------------------------------------------- */
+
+static PyObject *mod_crc32c(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    Py_buffer view;
+    unsigned int crc = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &view, &crc))
+        return NULL;
+    uint32_t out;
+    Py_BEGIN_ALLOW_THREADS
+    out = crc32c_update(crc, view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(out);
+}
+
+static PyObject *mod_status_text(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    long st = PyLong_AsLong(arg);
+    if (st == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(wal_status_text((int)st));
+}
+
+static PyMethodDef module_methods[] = {
+    {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, crc=0) -> int"},
+    {"status_text", mod_status_text, METH_O, "status_text(status) -> str"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "pmemwal._core", "pmemwal's native core.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&ReaderType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m)
+        return NULL;
+    Py_INCREF(&CoreType);
+    Py_INCREF(&ReaderType);
+    if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0 ||
+        PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0)
+        return NULL;
+    PyModule_AddIntConstant(m, "PAGE_SIZE", WAL_PAGE_SIZE);
+    PyModule_AddIntConstant(m, "PAGE_HEADER_SIZE", WAL_PAGE_HDR);
+    PyModule_AddIntConstant(m, "RECORD_HEADER_SIZE", WAL_REC_HDR);
+    PyModule_AddIntConstant(m, "FORMAT_VERSION", WAL_FORMAT_VERSION);
+    PyModule_AddIntConstant(m, "PERSIST_PMEM", WAL_PERSIST_PMEM);
+    PyModule_AddIntConstant(m, "PERSIST_MSYNC", WAL_PERSIST_MSYNC);
+    PyModule_AddIntConstant(m, "PERSIST_FDATASYNC", WAL_PERSIST_FDATASYNC);
+    PyModule_AddIntConstant(m, "PERSIST_FSYNC", WAL_PERSIST_FSYNC);
+    PyModule_AddIntConstant(m, "PERSIST_DSYNC", WAL_PERSIST_DSYNC);
+    PyModule_AddStringConstant(m, "CRC32C_IMPL", crc32c_impl());
+    return m;
+}

@@ -1,0 +1,639 @@
+/*
+ * wal_core.c -- the writer's hot path.
+ *
+ * Insertion has two stages (seed 004).  Stage one reserves the record's
+ * space: a spinlock around "start = cur; cur += size; prev = last; last =
+ * start", nothing else.  Stage two builds the header, computes the CRC and
+ * copies the record into place (a mapped segment in direct mode, a WAL
+ * buffer page in buffered mode) in parallel with other inserters.  An
+ * inserter advertises its record in an insertion slot before it reserves, so
+ * a flush to X waits only for the insertions that started below X.
+ *
+ * Buffer mapping takes no lock (seed 000): buffer page p lives in ring slot
+ * p % ring_pages, and may be reused once page p - ring_pages has been written
+ * out, which is one comparison against written_u.  Nobody sleeps while
+ * holding a lock that a crash could leave half-done: the only waits are for
+ * other insertions to finish copying.
+ */
+#define _GNU_SOURCE
+#include "wal_core.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* backoff -- spin briefly, then yield, then sleep: threads may outnumber cores. */
+static void backoff(unsigned *spins)
+{
+    ++*spins;
+    if (*spins < 64)
+        cpu_relax();
+    else if (*spins < 2000)
+        sched_yield();
+    else
+        nanosleep(&(struct timespec){0, 50000}, NULL);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline int stopped(wal_core *c)
+{
+    if (atomic_load_explicit(&c->closed, memory_order_acquire))
+        return -WAL_ECLOSED;
+    return atomic_load_explicit(&c->error, memory_order_acquire);
+}
+
+/* fail -- record the first error that stops the writer; later calls see it. */
+static int fail(wal_core *c, int err)
+{
+    int expected = 0;
+    atomic_compare_exchange_strong(&c->error, &expected, err);
+    return err;
+}
+
+int wal_core_init(wal_core *c, uint64_t seg_size, uint32_t wal_id_lo, int direct,
+                  uint64_t ring_bytes, uint8_t *ring, uint32_t nslots, uint64_t max_record)
+{
+    memset(c, 0, sizeof(*c));
+    if (nslots < 1 || nslots > WAL_MAX_SLOTS)
+        return -EINVAL;
+    if (!direct && (ring == NULL || ring_bytes % WAL_PAGE_SIZE || ring_bytes < 16 * WAL_PAGE_SIZE))
+        return -EINVAL;
+    wal_geom_init(&c->geom, seg_size, wal_id_lo);
+    c->direct = direct;
+    c->persist = direct ? WAL_PERSIST_MSYNC : WAL_PERSIST_FDATASYNC;
+    c->ring = ring;
+    c->ring_pages = ring_bytes / WAL_PAGE_SIZE;
+    c->nslots = nslots;
+    c->max_record = max_record;
+    atomic_flag_clear(&c->insert_lock);
+    c->prev_u = WAL_NO_PREV;
+    for (uint32_t i = 0; i < WAL_MAX_SLOTS; i++) {
+        atomic_init(&c->slots[i].start, WAL_POS_FREE);
+        atomic_init(&c->slots[i].progress, WAL_POS_FREE);
+    }
+    return -pthread_mutex_init(&c->write_lock, NULL);
+}
+
+void wal_core_destroy(wal_core *c)
+{
+    pthread_mutex_destroy(&c->write_lock);
+}
+
+int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn)
+{
+    int64_t u = wal_usable(&c->geom, insert_lsn);
+    if (u < 0 || insert_lsn % WAL_ALIGN)
+        return -EINVAL;
+    c->cur_u = (uint64_t)u;
+    c->prev_u = WAL_NO_PREV;
+    if (prev_lsn) {
+        int64_t p = wal_usable(&c->geom, prev_lsn);
+        if (p < 0 || (uint64_t)p >= (uint64_t)u)
+            return -EINVAL;
+        c->prev_u = (uint64_t)p;
+    }
+    atomic_store(&c->flushed_u, (uint64_t)u);
+    atomic_store(&c->written_u, (uint64_t)u);
+    return 0;
+}
+
+void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_persist)(const void *, size_t))
+{
+    c->persist = p;
+    c->pmem_persist = pmem_persist;
+}
+
+/* ---- segments ---------------------------------------------------------- */
+
+void wal_attach(wal_core *c, uint64_t segno, uint8_t *base, int fd)
+{
+    wal_seg_entry *e = &c->segs[segno % WAL_SEG_TABLE];
+    atomic_store_explicit(&e->tag, 0, memory_order_release);
+    e->base = base;
+    e->fd = fd;
+    atomic_store_explicit(&e->tag, segno + 1, memory_order_release);
+}
+
+void wal_detach(wal_core *c, uint64_t segno)
+{
+    wal_seg_entry *e = &c->segs[segno % WAL_SEG_TABLE];
+    uint64_t tag = segno + 1;
+    atomic_compare_exchange_strong(&e->tag, &tag, 0);
+}
+
+static inline wal_seg_entry *seg_lookup(wal_core *c, uint64_t segno)
+{
+    wal_seg_entry *e = &c->segs[segno % WAL_SEG_TABLE];
+    return atomic_load_explicit(&e->tag, memory_order_acquire) == segno + 1 ? e : NULL;
+}
+
+/* seg_get -- the attached segment, asking the environment for it when missing. */
+static int seg_get(wal_core *c, const wal_env *env, uint64_t segno, wal_seg_entry **out)
+{
+    wal_seg_entry *e = seg_lookup(c, segno);
+    if (!e) {
+        int rc = env->need_segment(env->ctx, segno);
+        if (rc)
+            return rc;
+        if (!(e = seg_lookup(c, segno)))
+            return -ENOENT;
+    }
+    *out = e;
+    return 0;
+}
+
+/* ensure_segments -- attach every segment of usable range [from, to) up front. */
+static int ensure_segments(wal_core *c, const wal_env *env, uint64_t from, uint64_t to)
+{
+    wal_seg_entry *e;
+    for (uint64_t s = from / c->geom.seg_usable; s <= (to - 1) / c->geom.seg_usable; s++) {
+        int rc = seg_get(c, env, s, &e);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---- insertion slots --------------------------------------------------- */
+
+static _Atomic uint32_t next_slot_hint;
+static __thread uint32_t slot_hint;
+static __thread int slot_hint_set;
+
+static int try_slots(wal_core *c, uint32_t first, wal_slot **out)
+{
+    for (uint32_t k = 0; k < c->nslots; k++) {
+        uint32_t i = (first + k) % c->nslots;
+        uint32_t free_ = 0;
+        if (atomic_load_explicit(&c->slots[i].owner, memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_strong(&c->slots[i].owner, &free_, 1)) {
+            slot_hint = i;
+            *out = &c->slots[i];
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* acquire_slot -- take an insertion slot and mark it "reserving". */
+static int acquire_slot(wal_core *c, wal_slot **out)
+{
+    if (!slot_hint_set) {
+        slot_hint = atomic_fetch_add(&next_slot_hint, 1);
+        slot_hint_set = 1;
+    }
+    uint64_t waited = 0;
+    if (!try_slots(c, slot_hint, out)) {
+        uint64_t t0 = now_ns();
+        unsigned spins = 0;
+        while (!try_slots(c, slot_hint, out)) {
+            int rc = stopped(c);
+            if (rc)
+                return rc;
+            backoff(&spins);
+        }
+        waited = now_ns() - t0;
+    }
+    wal_slot *s = *out;
+    s->acquire_wait_ns += waited;
+    atomic_store(&s->progress, WAL_POS_RESERVING);
+    atomic_store(&s->start, WAL_POS_RESERVING); /* seq_cst: before the reservation */
+    int rc = stopped(c);
+    if (rc) {
+        atomic_store(&s->start, WAL_POS_FREE);
+        atomic_store(&s->progress, WAL_POS_FREE);
+        atomic_store_explicit(&s->owner, 0, memory_order_release);
+    }
+    return rc;
+}
+
+static void release_slot(wal_slot *s)
+{
+    atomic_store_explicit(&s->start, WAL_POS_FREE, memory_order_release);
+    atomic_store_explicit(&s->progress, WAL_POS_FREE, memory_order_release);
+    atomic_store_explicit(&s->owner, 0, memory_order_release);
+}
+
+/* frontier -- lowest position still being inserted (by start or by progress). */
+static uint64_t frontier(wal_core *c, int by_progress)
+{
+    while (atomic_flag_test_and_set_explicit(&c->insert_lock, memory_order_acquire))
+        cpu_relax();
+    uint64_t lowest = c->cur_u;
+    atomic_flag_clear_explicit(&c->insert_lock, memory_order_release);
+    for (uint32_t i = 0; i < c->nslots; i++) {
+        _Atomic uint64_t *pos = by_progress ? &c->slots[i].progress : &c->slots[i].start;
+        uint64_t v;
+        unsigned spins = 0;
+        while ((v = atomic_load(pos)) == WAL_POS_RESERVING)
+            backoff(&spins);
+        if (v < lowest)
+            lowest = v;
+    }
+    return lowest;
+}
+
+/* wait_insertions -- until no insertion below limit is in progress. */
+static int wait_insertions(wal_core *c, uint64_t limit, int by_progress)
+{
+    uint64_t t0 = 0;
+    for (uint32_t i = 0; i < c->nslots; i++) {
+        _Atomic uint64_t *pos = by_progress ? &c->slots[i].progress : &c->slots[i].start;
+        unsigned spins = 0;
+        for (;;) {
+            uint64_t v = atomic_load(pos);
+            if (v == WAL_POS_FREE || (v != WAL_POS_RESERVING && v >= limit))
+                break;
+            int rc = atomic_load(&c->error);
+            if (rc)
+                return rc;
+            if (!t0)
+                t0 = now_ns();
+            backoff(&spins);
+        }
+    }
+    if (t0)
+        atomic_fetch_add(&c->insert_wait_ns, now_ns() - t0);
+    return 0;
+}
+
+/* ---- writing out and persisting (write_lock held) ---------------------- */
+
+/* phys_from -- first LSN of usable range starting at u: a page's header belongs to it. */
+static inline uint64_t phys_from(const wal_geom *g, uint64_t u)
+{
+    uint64_t lsn = wal_lsn(g, u);
+    return u % WAL_PAGE_USABLE ? lsn : lsn - WAL_PAGE_HDR;
+}
+
+static int pwrite_all(int fd, const uint8_t *buf, size_t len, uint64_t off)
+{
+    while (len) {
+        ssize_t n = pwrite(fd, buf, len, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (n == 0)
+            return -EIO;
+        buf += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
+    }
+    return 0;
+}
+
+/* write_range -- buffered: pwrite usable range [from, to) from the ring to its segments. */
+static int write_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t to)
+{
+    const wal_geom *g = &c->geom;
+    uint64_t a = phys_from(g, from), b = wal_lsn_end(g, to);
+    uint64_t ring_bytes = c->ring_pages * WAL_PAGE_SIZE;
+    while (a < b) {
+        uint64_t seg_end = (a / g->seg_size + 1) * g->seg_size;
+        uint64_t ring_end = (a / ring_bytes + 1) * ring_bytes;
+        uint64_t end = b < seg_end ? b : seg_end;
+        if (ring_end < end)
+            end = ring_end;
+        wal_seg_entry *e;
+        int rc = seg_get(c, env, a / g->seg_size, &e);
+        if (!rc)
+            rc = pwrite_all(e->fd, c->ring + a % ring_bytes, end - a, a % g->seg_size);
+        if (rc)
+            return fail(c, rc);
+        c->writes++;
+        a = end < seg_end ? end : seg_end + WAL_PAGE_SIZE; /* skip the next segment header */
+    }
+    return 0;
+}
+
+/* sync_segments -- buffered: make what was written to segments [s0, s1] durable. */
+static int sync_segments(wal_core *c, const wal_env *env, uint64_t s0, uint64_t s1)
+{
+    if (c->persist == WAL_PERSIST_DSYNC)
+        return 0;
+    for (uint64_t s = s0; s <= s1; s++) {
+        wal_seg_entry *e;
+        int rc = seg_get(c, env, s, &e);
+        if (!rc && (c->persist == WAL_PERSIST_FSYNC ? fsync(e->fd) : fdatasync(e->fd)))
+            rc = -errno;
+        if (rc)
+            return fail(c, rc); /* after a failed sync the page cache can't be trusted */
+    }
+    return 0;
+}
+
+/* persist_range -- direct: make usable range [from, to) durable where it lies. */
+static int persist_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t to)
+{
+    const wal_geom *g = &c->geom;
+    uint64_t a = phys_from(g, from), b = wal_lsn_end(g, to);
+    while (a < b) {
+        uint64_t seg_end = (a / g->seg_size + 1) * g->seg_size;
+        uint64_t end = b < seg_end ? b : seg_end;
+        wal_seg_entry *e;
+        int rc = seg_get(c, env, a / g->seg_size, &e);
+        if (rc)
+            return fail(c, rc);
+        uint8_t *p = e->base + a % g->seg_size;
+        if (c->persist == WAL_PERSIST_PMEM) {
+            c->pmem_persist(p, end - a);
+        } else {
+            uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+            uintptr_t lo = (uintptr_t)p & ~(page - 1);
+            if (msync((void *)lo, (uintptr_t)p + (end - a) - lo, MS_SYNC))
+                return fail(c, -errno);
+        }
+        c->writes++;
+        a = end;
+    }
+    return 0;
+}
+
+/* write_upto -- buffered: hand everything below usable position u to the OS. */
+static int write_upto(wal_core *c, const wal_env *env, uint64_t u)
+{
+    int rc = wait_insertions(c, u, 1);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&c->write_lock);
+    uint64_t written = atomic_load(&c->written_u);
+    if (written < u && !(rc = stopped(c))) {
+        uint64_t to = frontier(c, 1);
+        rc = write_range(c, env, written, to);
+        if (!rc)
+            atomic_store(&c->written_u, to);
+    }
+    pthread_mutex_unlock(&c->write_lock);
+    return rc;
+}
+
+/* ---- stage two: header, CRC, copy --------------------------------------- */
+
+/* ring_page -- buffered: the buffer page for physical page number pg, once free. */
+static int ring_page(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t pg,
+                     uint64_t pos, uint8_t **out)
+{
+    if (pg >= c->ring_pages) {
+        /* the page last held in this slot must be written out first */
+        uint64_t old = pg - c->ring_pages;
+        uint64_t pps = c->geom.seg_size / WAL_PAGE_SIZE;
+        uint64_t need = old / pps * c->geom.seg_usable + old % pps * WAL_PAGE_USABLE;
+        if (atomic_load_explicit(&c->written_u, memory_order_acquire) < need) {
+            atomic_store(&slot->progress, pos); /* our bytes below pos are complete */
+            int rc = write_upto(c, env, need);
+            if (rc)
+                return rc;
+        }
+    }
+    *out = c->ring + (pg % c->ring_pages) * WAL_PAGE_SIZE;
+    return 0;
+}
+
+/* page_base -- where the physical page holding usable position u is written. */
+static int page_base(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u,
+                     uint8_t **out)
+{
+    uint64_t lsn = wal_lsn(&c->geom, u);
+    uint64_t page_lsn = lsn - lsn % WAL_PAGE_SIZE;
+    if (!c->direct)
+        return ring_page(c, env, slot, page_lsn / WAL_PAGE_SIZE, u, out);
+    wal_seg_entry *e;
+    int rc = seg_get(c, env, page_lsn / c->geom.seg_size, &e);
+    if (rc)
+        return rc;
+    *out = e->base + page_lsn % c->geom.seg_size;
+    return 0;
+}
+
+static void write_page_header(wal_core *c, uint8_t *page, uint64_t page_lsn, uint32_t rem_len)
+{
+    wal_page_hdr h = {WAL_PAGE_MAGIC, rem_len, page_lsn, c->geom.wal_id_lo, 0};
+    h.crc = crc32c_update(0, &h, offsetof(wal_page_hdr, crc));
+    memcpy(page, &h, sizeof(h));
+}
+
+/* place -- copy a record's stream (header, payload, padding) to usable [u, u+size). */
+static int place(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u,
+                 const wal_rec_hdr *hdr, const uint8_t *payload, uint64_t len)
+{
+    static const uint8_t zeros[WAL_ALIGN];
+    const uint8_t *parts[3] = {(const uint8_t *)hdr, payload, zeros};
+    uint64_t part_len[3] = {WAL_REC_HDR, len, wal_rec_size(len) - WAL_REC_HDR - len};
+    uint64_t end = u + wal_rec_size(len), pos = u;
+    int part = 0;
+    uint64_t part_off = 0;
+    while (pos < end) {
+        uint64_t in_page = pos % WAL_PAGE_USABLE;
+        uint8_t *page;
+        int rc = page_base(c, env, slot, pos, &page);
+        if (rc)
+            return rc;
+        if (in_page == 0) /* we own this page's header */
+            write_page_header(c, page, wal_lsn(&c->geom, pos) - WAL_PAGE_HDR,
+                              pos == u ? 0 : (uint32_t)(end - pos));
+        uint64_t room = WAL_PAGE_USABLE - in_page;
+        uint8_t *dst = page + WAL_PAGE_HDR + in_page;
+        while (room && pos < end) {
+            uint64_t n = part_len[part] - part_off;
+            if (n > room)
+                n = room;
+            memcpy(dst, parts[part] + part_off, n);
+            dst += n;
+            room -= n;
+            pos += n;
+            part_off += n;
+            if (part_off == part_len[part]) {
+                part++;
+                part_off = 0;
+            }
+        }
+    }
+    return 0;
+}
+
+/* reserve -- stage one: the whole critical section. */
+static inline uint64_t reserve(wal_core *c, uint64_t size, uint64_t last_off, uint64_t *prev)
+{
+    while (atomic_flag_test_and_set_explicit(&c->insert_lock, memory_order_acquire))
+        cpu_relax();
+    uint64_t start = c->cur_u;
+    c->cur_u = start + size;
+    *prev = c->prev_u;
+    c->prev_u = start + last_off;
+    atomic_flag_clear_explicit(&c->insert_lock, memory_order_release);
+    return start;
+}
+
+int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
+               const uint64_t *lens, size_t n, uint64_t *lsns)
+{
+    uint64_t total = 0, last_off = 0;
+    int rc = stopped(c);
+    if (rc || n == 0)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        if (lens[i] > c->max_record)
+            return -EMSGSIZE;
+        last_off = total;
+        total += wal_rec_size(lens[i]);
+    }
+    /* Create or attach segments before reserving: a failure here leaves no hole. */
+    uint64_t guess = __atomic_load_n(&c->cur_u, __ATOMIC_RELAXED);
+    if ((rc = ensure_segments(c, env, guess, guess + total)))
+        return rc;
+
+    wal_slot *slot;
+    if ((rc = acquire_slot(c, &slot)))
+        return rc;
+    uint64_t prev_u;
+    uint64_t u = reserve(c, total, last_off, &prev_u);
+    atomic_store_explicit(&slot->progress, u, memory_order_release);
+    atomic_store_explicit(&slot->start, u, memory_order_release);
+
+    const wal_geom *g = &c->geom;
+    uint64_t flushed_lsn = wal_lsn(g, atomic_load_explicit(&c->flushed_u, memory_order_relaxed));
+    uint64_t prev_lsn = prev_u == WAL_NO_PREV ? 0 : wal_lsn(g, prev_u);
+    for (size_t i = 0; i < n && !rc; i++) {
+        uint64_t lsn = wal_lsn(g, u);
+        uint64_t gap = lsn - flushed_lsn;
+        wal_rec_hdr h = {0, (uint32_t)lens[i], prev_lsn, WAL_REC_DATA,
+                         gap > WAL_GAP_MAX ? WAL_GAP_MAX : (uint32_t)gap};
+        uint32_t crc = crc32c_update(0, (const uint8_t *)&h + 4, WAL_REC_HDR - 4);
+        h.crc = crc32c_update(crc, bufs[i], lens[i]);
+        rc = place(c, env, slot, u, &h, bufs[i], lens[i]);
+        lsns[i] = prev_lsn = lsn;
+        u += wal_rec_size(lens[i]);
+    }
+    if (rc) {
+        /* The reservation can't be undone: keep the slot so that no flush passes
+         * the hole, and stop the writer. */
+        fail(c, rc);
+        return rc;
+    }
+    slot->records += n;
+    slot->bytes += total;
+    release_slot(slot);
+    return 0;
+}
+
+/* ---- flush ---------------------------------------------------------------- */
+
+int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flushed_lsn)
+{
+    while (atomic_flag_test_and_set_explicit(&c->insert_lock, memory_order_acquire))
+        cpu_relax();
+    uint64_t limit = c->cur_u;
+    atomic_flag_clear_explicit(&c->insert_lock, memory_order_release);
+    if (upto_lsn != UINT64_MAX) {
+        int64_t u = wal_usable(&c->geom, upto_lsn);
+        if (u < 0 || (uint64_t)u > limit)
+            return -EINVAL; /* not a position in the WAL appended so far */
+        if ((uint64_t)u < limit)
+            limit = (uint64_t)u + 1;
+    }
+    int rc = stopped(c);
+    if (rc)
+        return rc;
+    uint64_t flushed = atomic_load_explicit(&c->flushed_u, memory_order_acquire);
+    if (flushed < limit) {
+        if ((rc = wait_insertions(c, limit, 0)))
+            return rc;
+        pthread_mutex_lock(&c->write_lock);
+        c->flush_requests++;
+        flushed = atomic_load(&c->flushed_u);
+        if ((rc = stopped(c))) {
+        } else if (flushed >= limit) {
+            c->coalesced++;
+        } else {
+            uint64_t to = frontier(c, 0); /* everyone complete below: flush them too */
+            if (c->direct) {
+                rc = persist_range(c, env, flushed, to);
+            } else {
+                uint64_t written = atomic_load(&c->written_u);
+                if (written < to && !(rc = write_range(c, env, written, to)))
+                    atomic_store(&c->written_u, to);
+                if (!rc)
+                    rc = sync_segments(c, env, phys_from(&c->geom, flushed) / c->geom.seg_size,
+                                       (wal_lsn_end(&c->geom, to) - 1) / c->geom.seg_size);
+            }
+            if (!rc) {
+                atomic_store_explicit(&c->flushed_u, to, memory_order_release);
+                c->flushes++;
+                flushed = to;
+            }
+        }
+        pthread_mutex_unlock(&c->write_lock);
+    }
+    *flushed_lsn = wal_lsn(&c->geom, flushed);
+    return rc;
+}
+
+void wal_close(wal_core *c)
+{
+    if (atomic_exchange(&c->closed, 1))
+        return;
+    /* holding every slot and the write lock excludes all work in progress */
+    for (uint32_t i = 0; i < c->nslots; i++) {
+        unsigned spins = 0;
+        uint32_t free_ = 0;
+        while (!atomic_compare_exchange_weak(&c->slots[i].owner, &free_, 1)) {
+            free_ = 0;
+            if (atomic_load(&c->error))
+                break; /* a failed insertion keeps its slot forever */
+            backoff(&spins);
+        }
+    }
+    pthread_mutex_lock(&c->write_lock);
+    pthread_mutex_unlock(&c->write_lock);
+}
+
+uint64_t wal_insert_lsn(wal_core *c)
+{
+    while (atomic_flag_test_and_set_explicit(&c->insert_lock, memory_order_acquire))
+        cpu_relax();
+    uint64_t u = c->cur_u;
+    atomic_flag_clear_explicit(&c->insert_lock, memory_order_release);
+    return wal_lsn(&c->geom, u);
+}
+
+uint64_t wal_flushed_lsn(wal_core *c)
+{
+    return wal_lsn(&c->geom, atomic_load(&c->flushed_u));
+}
+
+void wal_get_stats(wal_core *c, wal_stats *s)
+{
+    memset(s, 0, sizeof(*s));
+    for (uint32_t i = 0; i < c->nslots; i++) {
+        s->records += c->slots[i].records;
+        s->bytes += c->slots[i].bytes;
+        s->slot_wait_ns += c->slots[i].acquire_wait_ns;
+    }
+    pthread_mutex_lock(&c->write_lock);
+    s->flushes = c->flushes;
+    s->flush_requests = c->flush_requests;
+    s->coalesced = c->coalesced;
+    s->writes = c->writes;
+    pthread_mutex_unlock(&c->write_lock);
+    s->insert_wait_ns = atomic_load(&c->insert_wait_ns);
+}

@@ -1,0 +1,109 @@
+/*
+ * wal_core.h -- the writer: two-stage insertion, insertion slots, flush.
+ *
+ * Plain C with no Python in it; module.c is the thin binding.  Every function
+ * returns 0 or a negative errno; WAL_ECLOSED is returned once wal_close ran.
+ */
+#ifndef PMEMWAL_CORE_H
+#define PMEMWAL_CORE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wal_format.h"
+
+#define WAL_MAX_SLOTS 256
+#define WAL_SEG_TABLE 1024      /* segments the writer can have attached at once */
+#define WAL_ECLOSED 100000      /* not an errno: the WAL was closed */
+#define WAL_POS_FREE UINT64_MAX /* slot: no insertion in progress */
+#define WAL_POS_RESERVING (UINT64_MAX - 1) /* slot: reserving, position not known yet */
+#define WAL_NO_PREV UINT64_MAX
+
+enum wal_persist {
+    WAL_PERSIST_PMEM,        /* direct: libpmem pmem_persist (cache flush + fence) */
+    WAL_PERSIST_MSYNC,       /* direct: msync(MS_SYNC) of the dirty pages */
+    WAL_PERSIST_FDATASYNC,   /* buffered: pwrite, then fdatasync */
+    WAL_PERSIST_FSYNC,       /* buffered: pwrite, then fsync */
+    WAL_PERSIST_DSYNC,       /* buffered: pwrite to files opened O_DSYNC */
+};
+
+/* wal_env -- per call: how the core gets a segment that is not attached yet. */
+typedef struct wal_env {
+    int (*need_segment)(void *ctx, uint64_t segno); /* 0, or a negative errno */
+    void *ctx;
+} wal_env;
+
+typedef struct wal_seg_entry {
+    _Atomic uint64_t tag; /* segno + 1; 0: empty */
+    uint8_t *base;        /* direct: the mapping */
+    int fd;               /* buffered: the file */
+} wal_seg_entry;
+
+/* wal_slot -- an insertion slot; its counters belong to whoever holds it. */
+typedef struct wal_slot {
+    _Atomic uint32_t owner;
+    _Atomic uint64_t start;    /* usable position of the record being inserted */
+    _Atomic uint64_t progress; /* everything below is copied */
+    uint64_t records, bytes, acquire_wait_ns;
+} __attribute__((aligned(64))) wal_slot;
+
+typedef struct wal_stats {
+    uint64_t records, bytes, slot_wait_ns;           /* summed over slots */
+    uint64_t flushes, flush_requests, coalesced, insert_wait_ns, writes;
+} wal_stats;
+
+typedef struct wal_core {
+    wal_geom geom;
+    int direct;
+    enum wal_persist persist;
+    void (*pmem_persist)(const void *, size_t);
+    uint8_t *ring;           /* buffered: WAL buffer pages, indexed by physical page */
+    uint64_t ring_pages;
+    uint32_t nslots;
+    uint64_t max_record;
+    _Atomic int error;       /* sticky negative errno: the writer stopped */
+    _Atomic int closed;
+
+    /* reservation: a spinlock around two integers, nothing else */
+    _Alignas(64) atomic_flag insert_lock;
+    uint64_t cur_u;          /* next free usable position */
+    uint64_t prev_u;         /* usable position of the last reserved record */
+
+    _Alignas(64) _Atomic uint64_t flushed_u; /* durable below; a record boundary */
+    _Atomic uint64_t written_u;              /* buffered: handed to the OS below */
+    pthread_mutex_t write_lock;              /* one writer/flusher at a time */
+    uint64_t flushes, flush_requests, coalesced, writes; /* under write_lock */
+    _Atomic uint64_t insert_wait_ns;         /* flushes waiting for insertions */
+
+    wal_slot slots[WAL_MAX_SLOTS];
+    wal_seg_entry segs[WAL_SEG_TABLE];
+} wal_core;
+
+int wal_core_init(wal_core *c, uint64_t seg_size, uint32_t wal_id_lo, int direct,
+                  uint64_t ring_bytes, uint8_t *ring, uint32_t nslots, uint64_t max_record);
+void wal_core_destroy(wal_core *c);
+
+/* wal_set_position -- where appending resumes (after recovery); lsns are LSNs. */
+int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn);
+void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_persist)(const void *, size_t));
+
+void wal_attach(wal_core *c, uint64_t segno, uint8_t *base, int fd);
+void wal_detach(wal_core *c, uint64_t segno);
+
+/* wal_insert -- append n records as one reservation; their LSNs go to lsns. */
+int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
+               const uint64_t *lens, size_t n, uint64_t *lsns);
+
+/* wal_flush -- make durable every record whose LSN is <= upto_lsn (UINT64_MAX: all). */
+int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flushed_lsn);
+
+/* wal_close -- stop accepting work and wait until none is in progress. */
+void wal_close(wal_core *c);
+
+uint64_t wal_insert_lsn(wal_core *c);
+uint64_t wal_flushed_lsn(wal_core *c);
+void wal_get_stats(wal_core *c, wal_stats *s);
+
+#endif

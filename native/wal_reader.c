@@ -1,0 +1,244 @@
+/*
+ * wal_reader.c -- validate records against the rules in wal_reader.h.
+ *
+ * The end of the WAL is the first position that fails them.  Whether that is
+ * a torn tail (cut it and go on) or damage to data that had been made durable
+ * (report it) is decided by wal_beyond: every record carries the flushed LSN
+ * of its time (as flushed_gap), so a valid record further on whose hint lies
+ * past x proves that a flush had covered x.
+ */
+#include "wal_reader.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#include "crc32c.h"
+
+const char *wal_status_text(int status)
+{
+    switch (status) {
+    case WAL_OK: return "ok";
+    case WAL_NO_SEGMENT: return "segment missing";
+    case WAL_BAD_POSITION: return "not a record position";
+    case WAL_BAD_PAGE: return "invalid or stale page header";
+    case WAL_BAD_CONT: return "page continuation length mismatch";
+    case WAL_BAD_TYPE: return "unknown record type";
+    case WAL_BAD_PREV: return "prev-link mismatch";
+    case WAL_BAD_CRC: return "CRC mismatch";
+    case WAL_SOURCE_ERROR: return "segment source failed";
+    }
+    return "unknown";
+}
+
+/* page_at -- the page holding usable position u, its header checked (rule 2). */
+static int page_at(const wal_src *s, uint64_t u, const uint8_t **page, uint64_t *page_lsn)
+{
+    uint64_t lsn = wal_lsn(&s->g, u);
+    *page_lsn = lsn - lsn % WAL_PAGE_SIZE;
+    int err = 0;
+    const uint8_t *base = s->segment(s->ctx, *page_lsn / s->g.seg_size, &err);
+    if (err)
+        return WAL_SOURCE_ERROR;
+    if (!base)
+        return WAL_NO_SEGMENT;
+    const uint8_t *p = base + *page_lsn % s->g.seg_size;
+    wal_page_hdr h;
+    memcpy(&h, p, sizeof(h));
+    if (h.magic != WAL_PAGE_MAGIC || h.page_lsn != *page_lsn || h.wal_id_lo != s->g.wal_id_lo ||
+        h.crc != crc32c_update(0, p, offsetof(wal_page_hdr, crc)))
+        return WAL_BAD_PAGE;
+    *page = p;
+    return WAL_OK;
+}
+
+/* walk -- visit the stream bytes [from, to) page by page, checking each page;
+ * when rec_end is nonzero also check continuation lengths (rule 3). */
+typedef int (*visit_fn)(void *arg, uint64_t u, const uint8_t *bytes, uint64_t n);
+
+static int walk(const wal_src *s, uint64_t rec_start, uint64_t rec_end, uint64_t from,
+                uint64_t to, visit_fn visit, void *arg, uint64_t *bad_lsn)
+{
+    uint64_t u = from;
+    while (u < to) {
+        const uint8_t *page;
+        uint64_t page_lsn, in_page = u % WAL_PAGE_USABLE;
+        int st = page_at(s, u, &page, &page_lsn);
+        if (st == WAL_OK && rec_end && in_page == 0) {
+            uint32_t rem = le_load32(page + offsetof(wal_page_hdr, rem_len));
+            if (rem != (u == rec_start ? 0 : rec_end - u))
+                st = WAL_BAD_CONT;
+        }
+        if (st != WAL_OK) {
+            *bad_lsn = page_lsn;
+            return st;
+        }
+        uint64_t n = WAL_PAGE_USABLE - in_page;
+        if (n > to - u)
+            n = to - u;
+        if ((st = visit(arg, u, page + WAL_PAGE_HDR + in_page, n)))
+            return st;
+        u += n;
+    }
+    return WAL_OK;
+}
+
+struct gather { uint8_t *dst; };
+
+static int gather_visit(void *arg, uint64_t u, const uint8_t *bytes, uint64_t n)
+{
+    (void)u;
+    struct gather *g = arg;
+    memcpy(g->dst, bytes, n);
+    g->dst += n;
+    return 0;
+}
+
+struct body {
+    uint64_t pay_from, pay_to; /* payload's usable range */
+    uint32_t crc;
+    int pieces;
+    uint64_t first_u;
+};
+
+static int body_visit(void *arg, uint64_t u, const uint8_t *bytes, uint64_t n)
+{
+    struct body *b = arg;
+    uint64_t lo = u > b->pay_from ? u : b->pay_from;
+    uint64_t hi = u + n < b->pay_to ? u + n : b->pay_to;
+    if (lo < hi) {
+        if (b->pieces++ == 0)
+            b->first_u = lo;
+        b->crc = crc32c_update(b->crc, bytes + (lo - u), hi - lo);
+    }
+    return 0;
+}
+
+int wal_read(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->lsn = r->bad_lsn = lsn;
+    int64_t su = wal_usable(&s->g, lsn);
+    if (su < 0 || lsn % WAL_ALIGN)
+        return WAL_BAD_POSITION;
+    uint64_t u = (uint64_t)su;
+
+    wal_rec_hdr h;
+    struct gather gh = {(uint8_t *)&h};
+    int st = walk(s, u, 0, u, u + WAL_REC_HDR, gather_visit, &gh, &r->bad_lsn);
+    if (st != WAL_OK)
+        return st;
+    r->bad_lsn = lsn;
+    r->length = h.length;
+    r->prev_lsn = h.prev_lsn;
+    r->crc = h.crc;
+    r->type = h.info & 0xff;
+    r->durable_hint = lsn - h.flushed_gap;
+    if (h.info != WAL_REC_DATA)
+        return WAL_BAD_TYPE;
+    if (expect_prev == WAL_ANY_PREV ? h.prev_lsn >= lsn : h.prev_lsn != expect_prev)
+        return WAL_BAD_PREV;
+
+    uint64_t end = u + wal_rec_size(h.length);
+    struct body b = {u + WAL_REC_HDR, u + WAL_REC_HDR + h.length, 0, 0, 0};
+    b.crc = crc32c_update(0, (const uint8_t *)&h + 4, WAL_REC_HDR - 4);
+    if ((st = walk(s, u, end, u, end, body_visit, &b, &r->bad_lsn)) != WAL_OK)
+        return st;
+    r->bad_lsn = lsn;
+    if (b.crc != h.crc)
+        return WAL_BAD_CRC;
+    r->contiguous = b.pieces <= 1;
+    r->payload_lsn = wal_lsn(&s->g, b.pieces ? b.first_u : b.pay_from);
+    r->next_lsn = wal_lsn(&s->g, end);
+    return WAL_OK;
+}
+
+int wal_copy_payload(const wal_src *s, const wal_record *r, uint8_t *dst)
+{
+    uint64_t u = (uint64_t)wal_usable(&s->g, r->lsn) + WAL_REC_HDR, bad;
+    struct gather g = {dst};
+    return walk(s, u, 0, u, u + r->length, gather_visit, &g, &bad);
+}
+
+void wal_scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
+              wal_scan_result *r)
+{
+    memset(r, 0, sizeof(*r));
+    wal_record rec;
+    while (lsn < stop_lsn) {
+        int st = wal_read(s, lsn, expect_prev, &rec);
+        if (st != WAL_OK) {
+            r->status = st;
+            r->bad_lsn = rec.bad_lsn;
+            break;
+        }
+        r->count++;
+        r->bytes += rec.length;
+        r->last_lsn = expect_prev = lsn;
+        lsn = rec.next_lsn;
+    }
+    r->end_lsn = lsn;
+}
+
+int wal_first_record(const wal_src *s, uint64_t segno, uint64_t *lsn)
+{
+    uint64_t u = segno * s->g.seg_usable;
+    for (;;) {
+        const uint8_t *page;
+        uint64_t page_lsn;
+        *lsn = wal_lsn(&s->g, u);
+        int st = page_at(s, u, &page, &page_lsn);
+        if (st != WAL_OK)
+            return st;
+        uint32_t rem = le_load32(page + offsetof(wal_page_hdr, rem_len));
+        if (rem % WAL_ALIGN)
+            return WAL_BAD_CONT;
+        if (rem < WAL_PAGE_USABLE) {
+            *lsn = wal_lsn(&s->g, u + rem);
+            return WAL_OK;
+        }
+        u += WAL_PAGE_USABLE; /* the page is all continuation */
+    }
+}
+
+int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t *durable_lsn,
+               uint64_t **pages, size_t *npages)
+{
+    size_t cap = 64;
+    *durable_lsn = 0;
+    *npages = 0;
+    if (!(*pages = malloc(cap * sizeof(uint64_t))))
+        return -ENOMEM;
+    wal_record rec;
+    /* records later in x's own page (found by trying every aligned position) */
+    uint64_t page_end = x - x % WAL_PAGE_SIZE + WAL_PAGE_SIZE;
+    for (uint64_t c = x + WAL_ALIGN; c + WAL_REC_HDR <= page_end && !*durable_lsn; c += WAL_ALIGN)
+        if (wal_read(s, c, WAL_ANY_PREV, &rec) == WAL_OK && rec.durable_hint > x)
+            *durable_lsn = c;
+    /* then the first record of every later page with a valid header */
+    int64_t xu = wal_usable(&s->g, x);
+    uint64_t u = (xu < 0 ? 0 : (uint64_t)xu) / WAL_PAGE_USABLE * WAL_PAGE_USABLE;
+    uint64_t stop = (last_segno + 1) * s->g.seg_usable;
+    for (u += WAL_PAGE_USABLE; u < stop; u += WAL_PAGE_USABLE) {
+        const uint8_t *page;
+        uint64_t page_lsn;
+        int st = page_at(s, u, &page, &page_lsn);
+        if (st == WAL_SOURCE_ERROR)
+            return -EIO;
+        if (st != WAL_OK)
+            continue;
+        if (*npages == cap) {
+            uint64_t *more = realloc(*pages, 2 * cap * sizeof(uint64_t));
+            if (!more)
+                return -ENOMEM;
+            *pages = more;
+            cap *= 2;
+        }
+        (*pages)[(*npages)++] = page_lsn;
+        uint32_t rem = le_load32(page + offsetof(wal_page_hdr, rem_len));
+        uint64_t c = wal_lsn(&s->g, u + rem);
+        if (!*durable_lsn && rem < WAL_PAGE_USABLE && rem % WAL_ALIGN == 0 &&
+            wal_read(s, c, WAL_ANY_PREV, &rec) == WAL_OK && rec.durable_hint > x)
+            *durable_lsn = c;
+    }
+    return 0;
+}

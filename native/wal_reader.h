@@ -1,0 +1,84 @@
+/*
+ * wal_reader.h -- record validation, scanning and the torn-tail/damage test.
+ *
+ * Pure functions over mapped segments; they never write and never trust a
+ * length before the bytes it points to have been checked.  A record at LSN x
+ * is valid if and only if (docs/FORMAT.md, "validity rules"):
+ *   1. x is 8-byte aligned and lies in the usable area of a data page;
+ *   2. every page the record touches has a valid header: magic, CRC, its own
+ *      LSN as page_lsn, this WAL's identifier;
+ *   3. a page the record continues into says so: rem_len == bytes left;
+ *      a record starting at a page's usable area finds rem_len == 0 there;
+ *   4. the header's type is known and its prev_lsn is the previous record's
+ *      LSN (or, for the first record read, any LSN below x);
+ *   5. the CRC over header bytes 4..23 and the payload matches.
+ */
+#ifndef PMEMWAL_READER_H
+#define PMEMWAL_READER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wal_format.h"
+
+#define WAL_ANY_PREV UINT64_MAX
+
+enum wal_status {
+    WAL_OK = 0,
+    WAL_NO_SEGMENT,   /* the record runs into a segment that does not exist */
+    WAL_BAD_POSITION, /* rule 1 */
+    WAL_BAD_PAGE,     /* rule 2: missing, stale or damaged page header */
+    WAL_BAD_CONT,     /* rule 3 */
+    WAL_BAD_TYPE,     /* rule 4 */
+    WAL_BAD_PREV,     /* rule 4 */
+    WAL_BAD_CRC,      /* rule 5 */
+    WAL_SOURCE_ERROR, /* the segment source failed (an exception in the binding) */
+};
+
+/* wal_src -- where the reader finds segments: base of the mapping, or NULL. */
+typedef struct wal_src {
+    wal_geom g;
+    const uint8_t *(*segment)(void *ctx, uint64_t segno, int *error);
+    void *ctx;
+} wal_src;
+
+typedef struct wal_record {
+    uint64_t lsn, next_lsn, prev_lsn, durable_hint;
+    uint32_t length, crc, type;
+    int contiguous;        /* the payload lies in one piece at payload_lsn */
+    uint64_t payload_lsn;
+    uint64_t bad_lsn;      /* where validation failed */
+} wal_record;
+
+typedef struct wal_scan_result {
+    uint64_t end_lsn;      /* first position that is not a valid record */
+    uint64_t last_lsn;     /* last valid record, 0 if none */
+    uint64_t count, bytes;
+    int status;            /* why the scan stopped: WAL_OK when it reached stop_lsn */
+    uint64_t bad_lsn;
+} wal_scan_result;
+
+const char *wal_status_text(int status);
+
+int wal_read(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r);
+
+/* wal_copy_payload -- gather a valid record's payload (len bytes) into dst. */
+int wal_copy_payload(const wal_src *s, const wal_record *r, uint8_t *dst);
+
+/* wal_scan -- follow the chain from lsn until stop_lsn or the first invalid record. */
+void wal_scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
+              wal_scan_result *r);
+
+/* wal_first_record -- LSN of the first record starting in segment segno or later;
+ * returns WAL_OK, or the status of the first page without a valid header
+ * (then *lsn is that page's first usable byte). */
+int wal_first_record(const wal_src *s, uint64_t segno, uint64_t *lsn);
+
+/* wal_beyond -- what lies past an invalid position x, up to the end of segment
+ * last_segno: *durable_lsn is a valid record whose durable hint passes x (0 if
+ * none: x is a torn tail), pages[] the LSNs of the later pages whose headers
+ * are valid (to be wiped before writing resumes).  pages is malloc'ed. */
+int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t *durable_lsn,
+               uint64_t **pages, size_t *npages);
+
+#endif

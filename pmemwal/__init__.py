@@ -1,0 +1,21 @@
+"""pmemwal: a write-ahead-log writer for persistent memory.
+
+    import pmemwal
+    with pmemwal.open("/dev/shm/wal") as wal:
+        lsn = wal.append(b"hello")
+        wal.flush(lsn)
+        for rec in wal.records():
+            print(rec.lsn, bytes(rec.payload))
+"""
+
+from pmemwal.device import ProbeResult, probe
+from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, LockedError,
+                            NotFoundError, RecordTooLargeError, StorageError, WALError, format_lsn)
+from pmemwal.wal import WAL, Record, open
+
+__all__ = [
+    "open", "WAL", "Record", "probe", "ProbeResult", "format_lsn",
+    "WALError", "CorruptionError", "FormatError", "LockedError", "ClosedError",
+    "NotFoundError", "ConfigError", "RecordTooLargeError", "StorageError",
+]
+__version__ = "0.1.0"

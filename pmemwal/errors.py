@@ -1,0 +1,63 @@
+"""pmemwal's exceptions, in one place (the native core raises these too).
+
+    WALError
+    ├── CorruptionError      damaged data that had been made durable (lsn, segment, reason)
+    ├── FormatError          not a pmemwal WAL, another WAL's segment, a size mismatch
+    ├── LockedError          another writer holds the WAL
+    ├── ClosedError          the WAL was closed
+    ├── NotFoundError        no WAL here and create=False (also FileNotFoundError)
+    ├── ConfigError          a bad option value (also ValueError)
+    ├── RecordTooLargeError  a record over max_record_size (also ValueError)
+    └── StorageError         the file system failed: ENOSPC, EIO (also OSError)
+
+This module imports nothing from pmemwal, so the C extension can load it.
+"""
+
+from __future__ import annotations
+
+
+class WALError(Exception):
+    """Base class of every error pmemwal raises on purpose."""
+
+
+class CorruptionError(WALError):
+    """Damage to records that had been made durable, or later data past damage."""
+
+    def __init__(self, lsn: int, segment: int, reason: str) -> None:
+        super().__init__(f"WAL damaged at LSN {format_lsn(lsn)} (segment {segment:016X}): {reason}")
+        self.lsn = lsn
+        self.segment = segment
+        self.reason = reason
+
+
+class FormatError(WALError):
+    """The directory or a segment is not (this) pmemwal WAL."""
+
+
+class LockedError(WALError):
+    """Another writer, in this process or another, has the WAL open."""
+
+
+class ClosedError(WALError):
+    """The WAL was closed."""
+
+
+class NotFoundError(WALError, FileNotFoundError):
+    """No WAL directory at the path, and create=False."""
+
+
+class ConfigError(WALError, ValueError):
+    """An option has a value pmemwal does not accept."""
+
+
+class RecordTooLargeError(WALError, ValueError):
+    """A record is larger than the WAL's max_record_size."""
+
+
+class StorageError(WALError, OSError):
+    """The storage failed (no space, I/O error); durable data is untouched."""
+
+
+def format_lsn(lsn: int) -> str:
+    """An LSN in PostgreSQL's X/X form: high and low 32 bits in hex."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"

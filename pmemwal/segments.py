@@ -1,0 +1,180 @@
+"""The WAL directory: its lock, its segment files, and their life cycle.
+
+A new segment is made as ``<name>.tmp``: allocated in full (posix_fallocate,
+so that no write into it can fail for space or fault in a page lazily), its
+header page written and synced, then renamed into place and the directory
+synced (etcd's file pipeline).  Recycling renames an old segment to a future
+number through the same temp name and rewrites only its header: its pages
+stay allocated, and the page LSNs in them mark the old bytes as stale.  A
+``.tmp`` left by a crash is removed on open.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+from pmemwal.errors import FormatError, LockedError, NotFoundError, StorageError
+from pmemwal.format import PAGE_SIZE, SegmentHeader, parse_segment_name, segment_name
+
+LOCK_NAME = "LOCK"
+MAP_SHARED_VALIDATE = 0x03
+MAP_SYNC = 0x80000
+_IGNORED = {LOCK_NAME, "lost+found"}
+
+
+@contextmanager
+def storage_errors(what: str) -> Iterator[None]:
+    """Turn an OSError from the file system into a StorageError naming ``what``."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as exc:
+        raise StorageError(exc.errno or errno.EIO, f"{what}: {exc.strerror or exc}") from exc
+
+
+class WalDirectory:
+    """One WAL directory, locked against other writers while this object lives."""
+
+    def __init__(self, path: str, create: bool) -> None:
+        self.path = os.path.abspath(path)
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise FormatError(f"{self.path} is a file, not a WAL directory")
+        if not os.path.isdir(self.path):
+            if not create:
+                raise NotFoundError(errno.ENOENT, "no WAL directory (create=False)", self.path)
+            with storage_errors(f"creating {self.path}"):
+                os.makedirs(self.path, mode=0o700, exist_ok=True)
+        with storage_errors(f"opening {self.path}"):
+            self.dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            self.lock_fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.close()
+            raise LockedError(f"{self.path} is open in another writer (lock file {LOCK_NAME})") from None
+
+    def close(self) -> None:
+        """Release the lock and the directory."""
+        for fd in (self.lock_fd, self.dir_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.lock_fd = self.dir_fd = -1
+
+    def file(self, segno: int) -> str:
+        return os.path.join(self.path, segment_name(segno))
+
+    def list_segments(self) -> list[int]:
+        """Segment numbers present, sorted; removes crash leftovers; rejects foreign files."""
+        segnos = []
+        for name in os.listdir(self.path):
+            segno = parse_segment_name(name)
+            if segno is not None:
+                segnos.append(segno)
+            elif name.endswith(".wal.tmp") and parse_segment_name(name[:-4]) is not None:
+                os.unlink(os.path.join(self.path, name))  # an interrupted create or recycle
+            elif name not in _IGNORED:
+                raise FormatError(f"{self.path} holds {name!r}, which is not part of a pmemwal WAL")
+        return sorted(segnos)
+
+    def read_header(self, segno: int) -> tuple[SegmentHeader, int]:
+        """The checked header of a segment file, and the file's size."""
+        path = self.file(segno)
+        with storage_errors(f"reading {path}"), open(path, "rb") as f:
+            data = f.read(PAGE_SIZE)
+            size = os.fstat(f.fileno()).st_size
+        header = SegmentHeader.unpack(data, path)
+        if header.segno != segno:
+            raise FormatError(f"{path}: header says segment {header.segno:016X}")
+        return header, size
+
+    def sync(self) -> None:
+        """Make renames and removals durable."""
+        os.fsync(self.dir_fd)
+
+    def create(self, segno: int, segment_size: int, wal_id: bytes) -> None:
+        """A new, fully allocated segment file."""
+        path = self.file(segno)
+        tmp = path + ".tmp"
+        with storage_errors(f"creating {path}"):
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, segment_size)
+                os.pwrite(fd, SegmentHeader(segno, segment_size, wal_id).pack(), 0)
+                os.fdatasync(fd)
+            except OSError:
+                os.unlink(tmp)
+                raise
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+            self.sync()
+
+    def recycle(self, old: int, new: int, segment_size: int, wal_id: bytes) -> None:
+        """Reuse segment ``old`` as future segment ``new``: a rename and a new header."""
+        path = self.file(new)
+        tmp = path + ".tmp"
+        with storage_errors(f"recycling {self.file(old)}"):
+            os.rename(self.file(old), tmp)
+            fd = os.open(tmp, os.O_RDWR)
+            try:
+                os.pwrite(fd, SegmentHeader(new, segment_size, wal_id).pack(), 0)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+            self.sync()
+
+    def remove(self, segno: int) -> None:
+        with storage_errors(f"removing {self.file(segno)}"):
+            os.unlink(self.file(segno))
+            self.sync()
+
+
+class Segment:
+    """An open segment file: its descriptor, and a mapping when one is needed."""
+
+    def __init__(self, path: str, segno: int, size: int, *, writable: bool, dsync: bool = False) -> None:
+        self.segno = segno
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        if dsync:
+            flags |= os.O_DSYNC
+        with storage_errors(f"opening {path}"):
+            self.fd = os.open(path, flags)
+        self.size = size
+        self.writable = writable
+        self.map: mmap.mmap | None = None
+
+    def mapping(self, *, populate: bool = False, sync: bool = False) -> mmap.mmap:
+        """The shared mapping (made on first use); ``populate`` pre-faults every page."""
+        if self.map is None:
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0)
+            flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
+            with storage_errors(f"mapping segment {self.segno:016X}"):
+                if sync:
+                    try:
+                        self.map = mmap.mmap(self.fd, self.size, flags | MAP_SHARED_VALIDATE | MAP_SYNC, prot)
+                    except OSError:
+                        pass  # not DAX after all: an ordinary shared mapping
+                if self.map is None:
+                    self.map = mmap.mmap(self.fd, self.size, flags, prot)
+        return self.map
+
+    def close(self) -> None:
+        """Unmap and close; a mapping still exported to a payload view lives on until it dies."""
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:
+                pass
+            self.map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,413 @@
+"""The WAL: open and recover, append, flush, read, truncate, close.
+
+Opening a WAL locks its directory, checks every segment header, then finds
+the end: it follows the record chain from the first record of the oldest
+segment to the first position that fails validation.  What lies past that
+point decides what it is (native/wal_reader.c): a torn tail is cut, damage to
+records that had been flushed raises CorruptionError unless the caller asked
+to cut there too.  Before appending resumes, the rest of the end's page and
+the headers of any later pages that still look current are wiped, so that no
+old byte can ever follow a new record as if it belonged to it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from pmemwal import _core, libpmem
+from pmemwal.device import ProbeResult, resolve_mode
+from pmemwal.errors import ClosedError, ConfigError, CorruptionError, FormatError, format_lsn
+from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,
+                            is_valid_segment_size)
+from pmemwal.segments import Segment, WalDirectory
+
+MODES = ("auto", "buffered", "direct")
+SYNC_METHODS = {
+    "fdatasync": _core.PERSIST_FDATASYNC,
+    "fsync": _core.PERSIST_FSYNC,
+    "open_datasync": _core.PERSIST_DSYNC,
+}
+ON_CORRUPTION = ("raise", "truncate")
+DEFAULT_BUFFER_SIZE = 16 << 20
+DEFAULT_MAX_RECORD_SIZE = 64 << 20
+_END = (1 << 64) - 1
+_READ_CACHE = 16  # read-only segment mappings kept for readers
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record read back: its LSN, its payload, and the LSN of the record before it."""
+
+    lsn: int
+    payload: memoryview
+    prev_lsn: int
+
+
+def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = True,
+         segment_size: int | None = None, insert_slots: int = 8,
+         buffer_size: int = DEFAULT_BUFFER_SIZE, max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
+         sync_method: str = "fdatasync", on_corruption: str = "raise",
+         recycle_segments: int = 2) -> WAL:
+    """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
+    return WAL(path, mode=mode, create=create, segment_size=segment_size,
+               insert_slots=insert_slots, buffer_size=buffer_size,
+               max_record_size=max_record_size, sync_method=sync_method,
+               on_corruption=on_corruption, recycle_segments=recycle_segments)
+
+
+class WAL:
+    """A write-ahead log in a directory of segment files; one writer at a time.
+
+    Options (each has a default that suits most uses):
+
+    - ``mode``: ``"buffered"`` (WAL buffer ring, pwrite + sync), ``"direct"``
+      (segments mapped, records copied straight in, persisted with libpmem or
+      msync) or ``"auto"`` (``PMEMWAL_MODE``, else the device probe decides).
+    - ``create``: make the directory and a new WAL when there is none.
+    - ``segment_size``: bytes per segment file, a power of two from 1 MiB to
+      1 GiB; None means the WAL's own (16 MiB for a new one).
+    - ``insert_slots``: concurrent insertions that can be in progress (1..256).
+    - ``buffer_size``: buffered mode's WAL buffer ring, a multiple of 8 KiB.
+    - ``max_record_size``: the largest payload accepted (up to 1 GiB).
+    - ``sync_method``: buffered mode's ``fdatasync``, ``fsync`` or ``open_datasync``.
+    - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
+      records are followed by more, or ``"truncate"`` the WAL at the damage.
+    - ``recycle_segments``: truncated segments kept, renamed, for reuse.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, mode: str = "auto", create: bool = True,
+                 segment_size: int | None = None, insert_slots: int = 8,
+                 buffer_size: int = DEFAULT_BUFFER_SIZE,
+                 max_record_size: int = DEFAULT_MAX_RECORD_SIZE, sync_method: str = "fdatasync",
+                 on_corruption: str = "raise", recycle_segments: int = 2) -> None:
+        _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
+                       sync_method, on_corruption, recycle_segments)
+        self._closed = True
+        self._segments: dict[int, Segment] = {}
+        self._read_cache: OrderedDict[int, Segment] = OrderedDict()
+        self._seg_lock = threading.RLock()
+        self._counters = {"segments_created": 0, "segments_recycled": 0, "segments_removed": 0}
+        self._sync_method = sync_method
+        self._recycle_segments = recycle_segments
+        self._dir = WalDirectory(os.fspath(path), create)
+        try:
+            self._open_segments(segment_size)
+            self.mode, self.probe = resolve_mode(mode, self._dir.path)
+            self._direct = self.mode == "direct"
+            self._map_sync = bool(self.probe and self.probe.map_sync)
+            self._reader = _core.Reader(self.segment_size, self._wal_id_lo, _weak(self, "_segment_buffer"))
+            insert_lsn, prev_lsn = self._recover(on_corruption)
+            self._start_core(insert_slots, buffer_size, max_record_size, insert_lsn, prev_lsn)
+        except BaseException:
+            self._release()
+            raise
+        self._closed = False
+
+    # ---- opening -------------------------------------------------------------
+
+    def _open_segments(self, segment_size: int | None) -> None:
+        """Read and cross-check every segment header, or create the first segment."""
+        self._segnos = self._dir.list_segments()
+        if not self._segnos:
+            self.segment_size = segment_size or DEFAULT_SEGMENT_SIZE
+            self.wal_id = os.urandom(16)
+            self._dir.create(0, self.segment_size, self.wal_id)
+            self._segnos = [0]
+        else:
+            first, _ = self._dir.read_header(self._segnos[0])
+            for segno in self._segnos:
+                header, size = self._dir.read_header(segno)
+                if header.wal_id != first.wal_id or header.segment_size != first.segment_size:
+                    raise FormatError(f"{self._dir.file(segno)} belongs to another WAL")
+                if size != header.segment_size:
+                    raise FormatError(f"{self._dir.file(segno)} is {size} bytes, "
+                                      f"expected {header.segment_size}")
+            if segment_size is not None and segment_size != first.segment_size:
+                raise ConfigError(f"segment_size={segment_size}, but the WAL at {self._dir.path} "
+                                  f"was made with {first.segment_size}")
+            self.segment_size, self.wal_id = first.segment_size, first.wal_id
+        self._wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
+
+    def _recover(self, on_corruption: str) -> tuple[int, int]:
+        """The insert position and last record after a scan; cuts a torn tail."""
+        status, lsn = self._reader.first_record(self._segnos[0])
+        last = 0
+        if status == 0:
+            status, lsn, last, _, _, _ = self._reader.scan(lsn, -1, _END)
+        durable, pages = self._reader.beyond(lsn, self._segnos[-1])
+        if durable and on_corruption == "raise":
+            raise CorruptionError(lsn, lsn // self.segment_size,
+                                  f"{_core.status_text(status)}; the valid record at "
+                                  f"{format_lsn(durable)} was written after this one was flushed "
+                                  "(open with on_corruption='truncate' to cut the WAL here)")
+        self._wipe_beyond(lsn, pages)
+        return lsn, last
+
+    def _wipe_beyond(self, end: int, pages: list[int]) -> None:
+        """Zero the rest of the end's page and every later page header that looks current."""
+        size = self.segment_size
+        writes = [(p, 24) for p in pages]
+        seg_map = self._segment_buffer(end // size)
+        page_end = end - end % PAGE_SIZE + PAGE_SIZE
+        if seg_map is not None and np.frombuffer(seg_map, np.uint8, page_end - end, end % size).any():
+            writes.append((end, page_end - end))
+        touched = {}
+        for lsn, length in writes:
+            segno = lsn // size
+            if segno not in touched:
+                touched[segno] = os.open(self._dir.file(segno), os.O_RDWR)
+            os.pwrite(touched[segno], bytes(length), lsn % size)
+        for fd in touched.values():
+            os.fdatasync(fd)
+            os.close(fd)
+
+    def _start_core(self, insert_slots: int, buffer_size: int, max_record_size: int,
+                    insert_lsn: int, prev_lsn: int) -> None:
+        if self._direct:
+            self._ring = None
+        else:  # the WAL buffer ring: anonymous shared memory seen as a numpy array
+            self._ring_map = mmap.mmap(-1, buffer_size)
+            self._ring = np.frombuffer(self._ring_map, dtype=np.uint8)
+        self._core = _core.Core(segment_size=self.segment_size, wal_id_lo=self._wal_id_lo,
+                                direct=self._direct, ring=self._ring, insert_slots=insert_slots,
+                                max_record_size=max_record_size,
+                                segment_callback=_weak(self, "_ensure_segment"))
+        self._core.set_position(insert_lsn, prev_lsn)
+        self.max_record_size = max_record_size
+        self._choose_persist(insert_lsn // self.segment_size)
+
+    def _choose_persist(self, segno: int) -> None:
+        """libpmem's cache flush where the mapping is pmem, msync otherwise; or the sync method."""
+        if not self._direct:
+            self.persist_method = self._sync_method
+            self._core.set_persist(SYNC_METHODS[self._sync_method])
+            return
+        self._ensure_segment(segno)
+        lib = libpmem.load()
+        seg_map = self._segments[segno].map
+        if lib and (self._map_sync or lib.is_pmem(libpmem.buffer_address(seg_map), len(seg_map))):
+            self.persist_method = "pmem"
+            self._core.set_persist(_core.PERSIST_PMEM, lib.addr_persist)
+        else:
+            self.persist_method = "msync"
+            self._core.set_persist(_core.PERSIST_MSYNC)
+
+    # ---- segments (called by the native core, with the GIL) -------------------
+
+    def _ensure_segment(self, segno: int) -> None:
+        """Open (creating it if needed) segment ``segno`` and attach it to the core."""
+        with self._seg_lock:
+            seg = self._segments.get(segno)
+            if seg is None:
+                if segno not in self._segnos:
+                    self._dir.create(segno, self.segment_size, self.wal_id)
+                    self._segnos.append(segno)
+                    self._segnos.sort()
+                    self._counters["segments_created"] += 1
+                dsync = not self._direct and self._sync_method == "open_datasync"
+                seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=True, dsync=dsync)
+                if self._direct:
+                    seg.mapping(populate=True, sync=self._map_sync)
+                self._segments[segno] = seg
+            if hasattr(self, "_core"):
+                self._core.attach(segno, seg.fd, seg.map)
+
+    def _segment_buffer(self, segno: int) -> mmap.mmap | None:
+        """A mapping of segment ``segno`` for reading, or None when it does not exist."""
+        seg = self._segments.get(segno)
+        if seg is not None and seg.map is not None:
+            return seg.map
+        seg = self._read_cache.get(segno)
+        if seg is None:
+            if segno not in self._segnos:
+                return None
+            seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=False)
+            self._read_cache[segno] = seg
+            while len(self._read_cache) > _READ_CACHE:
+                self._read_cache.popitem(last=False)[1].close()
+        self._read_cache.move_to_end(segno)
+        return seg.mapping()
+
+    def _drop_segment(self, segno: int) -> None:
+        self._core.detach(segno)
+        for table in (self._segments, self._read_cache):
+            seg = table.pop(segno, None)
+            if seg is not None:
+                seg.close()
+
+    # ---- the API -------------------------------------------------------------
+
+    def append(self, data) -> int:
+        """Append one record (any bytes-like object, not copied first); returns its LSN."""
+        return self._core.append(data)
+
+    def append_many(self, records: Sequence) -> np.ndarray:
+        """Append a sequence of records in one native call; returns their LSNs (uint64)."""
+        return np.frombuffer(self._core.append_many(records), dtype=np.uint64)
+
+    def flush(self, lsn: int | None = None) -> int:
+        """Make every record up to and including the one at ``lsn`` (None: all) durable.
+
+        Returns the flushed LSN: every byte below it is durable.
+        """
+        return self._core.flush(lsn)
+
+    def records(self, start: int | None = None) -> Iterator[Record]:
+        """The records from ``start`` (a record's LSN; None: the oldest) to the end.
+
+        What was appended before the call is flushed first, then read back.
+        Payloads are read-only views of the segments where a record lies in
+        one page (valid until the segment is truncated), bytes otherwise.
+        """
+        self._check_open()
+        end = self._core.flush()
+        prev = -1
+        if start is None:
+            status, start = self._reader.first_record(self._segnos[0])
+            if status:
+                return
+        lsn = start
+        while lsn < end:
+            status, _, next_lsn, prev_lsn, length, _, _, payload_lsn, _ = self._reader.read(lsn, prev)
+            if status:
+                reason = _core.status_text(status)
+                if prev == -1:
+                    raise ValueError(f"no valid record at LSN {format_lsn(lsn)}: {reason}")
+                raise CorruptionError(lsn, lsn // self.segment_size, reason)
+            yield Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
+            prev, lsn = lsn, next_lsn
+
+    def _payload(self, lsn: int, length: int, payload_lsn: int) -> memoryview:
+        if payload_lsn < 0:
+            return memoryview(self._reader.payload(lsn))
+        off = payload_lsn % self.segment_size
+        view = memoryview(self._segment_buffer(payload_lsn // self.segment_size)).toreadonly()
+        return view[off:off + length]
+
+    def truncate(self, before_lsn: int) -> int:
+        """Remove or recycle the segments wholly below ``before_lsn`` (and the flushed LSN).
+
+        Returns how many segments went.
+        """
+        self._check_open()
+        cut = min(before_lsn, self.flushed_lsn) // self.segment_size
+        with self._seg_lock:
+            victims = [s for s in self._segnos if s < cut]
+            for segno in victims:
+                self._drop_segment(segno)
+                self._segnos.remove(segno)
+                spares = sum(1 for s in self._segnos if s > self.insert_lsn // self.segment_size)
+                if spares < self._recycle_segments:
+                    new = self._segnos[-1] + 1
+                    self._dir.recycle(segno, new, self.segment_size, self.wal_id)
+                    self._segnos.append(new)
+                    self._counters["segments_recycled"] += 1
+                else:
+                    self._dir.remove(segno)
+                    self._counters["segments_removed"] += 1
+        return len(victims)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: records, bytes, flushes, waits (ns), segments created/recycled/removed."""
+        self._check_open()
+        return {**self._core.stats(), **self._counters}
+
+    def close(self) -> None:
+        """Flush what was appended, then release everything; closing twice is fine."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self._core.error:
+                self._core.flush()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if hasattr(self, "_core"):
+            self._core.close()
+        for table in (self._segments, self._read_cache):
+            for seg in table.values():
+                seg.close()
+            table.clear()
+        self._dir.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the WAL is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def insert_lsn(self) -> int:
+        """LSN the next record will get."""
+        return self._core.insert_lsn
+
+    @property
+    def flushed_lsn(self) -> int:
+        """Every byte below this LSN is durable."""
+        return self._core.flushed_lsn
+
+    @property
+    def path(self) -> str:
+        return self._dir.path
+
+    @property
+    def first_lsn(self) -> int:
+        """LSN of the first usable byte of the oldest segment."""
+        return first_lsn(self._segnos[0], self.segment_size)
+
+    def __enter__(self) -> WAL:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"insert {format_lsn(self.insert_lsn)}"
+        return f"<pmemwal.WAL {self.path} {self.mode}/{self.persist_method} {state}>"
+
+
+def _weak(obj: object, method: str):
+    """A callable for the native core that does not keep ``obj`` alive (no cycle)."""
+    ref = weakref.ref(obj)
+
+    def call(*args):
+        target = ref()
+        if target is None:
+            raise ClosedError("the WAL is gone")
+        return getattr(target, method)(*args)
+
+    return call
+
+
+def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffer_size: int,
+                   max_record_size: int, sync_method: str, on_corruption: str,
+                   recycle_segments: int) -> None:
+    def choose(name: str, value: str, valid) -> None:
+        if value not in valid:
+            raise ConfigError(f"{name}={value!r}: valid values are {', '.join(valid)}")
+
+    choose("mode", mode, MODES)
+    choose("sync_method", sync_method, tuple(SYNC_METHODS))
+    choose("on_corruption", on_corruption, ON_CORRUPTION)
+    if segment_size is not None and not is_valid_segment_size(segment_size):
+        raise ConfigError(f"segment_size={segment_size}: a power of two from 1 MiB to 1 GiB")
+    if not 1 <= insert_slots <= 256:
+        raise ConfigError(f"insert_slots={insert_slots}: from 1 to 256")
+    if buffer_size % PAGE_SIZE or buffer_size < 16 * PAGE_SIZE:
+        raise ConfigError(f"buffer_size={buffer_size}: a multiple of {PAGE_SIZE}, 16 pages or more")
+    if not 0 <= max_record_size <= MAX_RECORD_LIMIT:
+        raise ConfigError(f"max_record_size={max_record_size}: from 0 to {MAX_RECORD_LIMIT}")
+    if recycle_segments < 0:
+        raise ConfigError(f"recycle_segments={recycle_segments}: 0 or more")

@@ -1,0 +1,198 @@
+"""Tests for the device probe and the libpmem boundary, on real files.
+
+libpmem reads PMEM_IS_PMEM_FORCE once per process, so probes that depend on
+it (or on hiding libpmem) run in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pmemwal import libpmem
+from pmemwal.device import FORCE_ENV_VAR, MODE_ENV_VAR, MODES, ProbeResult, probe, resolve_mode
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+HIDDEN_LIBPMEM = "/nonexistent/libpmem.so.1"
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A fresh directory on tmpfs (/dev/shm)."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="pmemwal-test-") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+def fresh_load(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Let a test call libpmem.load() under its own environment, then forget it."""
+    libpmem.load.cache_clear()
+    yield
+    monkeypatch.undo()
+    libpmem.load.cache_clear()
+
+
+def probe_in_subprocess(directory: Path, **env: str) -> dict:
+    """probe(directory).as_dict() from a new interpreter with ``env`` added."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in (FORCE_ENV_VAR, MODE_ENV_VAR, libpmem.ENV_VAR)}
+    paths = [str(REPO_ROOT), os.environ.get("PYTHONPATH")]
+    clean["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    code = ("import json, sys; from pmemwal.device import probe; "
+            "print(json.dumps(probe(sys.argv[1]).as_dict()))")
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(directory)],
+        env={**clean, **env}, cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def test_probe_tmpfs(shm_dir: Path) -> None:
+    result = probe(shm_dir)
+    assert result.probed_dir == os.path.realpath(shm_dir)
+    assert result.fs_type == "tmpfs"
+    assert result.mount_point == "/dev/shm"
+    assert result.dax_mount is False
+    assert result.map_sync is False  # tmpfs refuses MAP_SYNC
+    assert not result.is_dax
+    assert (result.recommended_mode, result.persist_method) in {
+        ("buffered", "fdatasync"), ("direct", "pmem"), ("direct", "msync")}
+
+
+def test_probe_missing_subdir_uses_ancestor_and_leaves_nothing(shm_dir: Path) -> None:
+    wal = shm_dir / "wal" / "deeper"
+    result = probe(wal)
+    assert result.path == str(wal)
+    assert result.probed_dir == os.path.realpath(shm_dir)
+    assert result.fs_type == "tmpfs"
+    assert list(shm_dir.iterdir()) == []  # no WAL dir made, test file gone
+
+
+def test_probe_unwritable_dir() -> None:
+    result = probe("/sys/pmemwal-probe")
+    if result.fs_type != "sysfs":
+        pytest.skip("/sys is not sysfs here")
+    assert result.probed_dir == "/sys"
+    assert result.map_sync is None and result.is_pmem is None
+    assert result.recommended_mode == "buffered"
+    assert "not writable" in result.reason
+
+
+def test_force_on_tmpfs_gives_direct_pmem(shm_dir: Path) -> None:
+    lib = libpmem.load()
+    if lib is None:
+        pytest.skip("libpmem cannot be loaded here")
+    result = probe_in_subprocess(shm_dir, **{FORCE_ENV_VAR: "1"})
+    assert result["pmem_is_pmem_force"] == "1"
+    assert result["libpmem_version"] == lib.version
+    assert result["is_pmem"] is True
+    assert (result["recommended_mode"], result["persist_method"]) == ("direct", "pmem")
+    assert result["is_dax"] is False  # pmem only by force: tmpfs is not DAX
+
+
+def test_hidden_libpmem_gives_buffered(shm_dir: Path) -> None:
+    # The force variable alone is not enough: it acts inside libpmem.
+    result = probe_in_subprocess(shm_dir, **{libpmem.ENV_VAR: HIDDEN_LIBPMEM, FORCE_ENV_VAR: "1"})
+    assert result["libpmem_path"] is None and result["libpmem_version"] is None
+    assert result["is_pmem"] is None and result["auto_flush"] is None
+    assert (result["recommended_mode"], result["persist_method"]) == ("buffered", "fdatasync")
+    assert "libpmem is not loaded" in result["reason"]
+
+
+@pytest.mark.parametrize("value", ["", "none", "off", "0", "OFF", HIDDEN_LIBPMEM])
+def test_libpmem_disabled_or_missing(
+    value: str, fresh_load: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(libpmem.ENV_VAR, value)
+    assert libpmem.load() is None
+
+
+def test_libpmem_not_a_libpmem(fresh_load: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(libpmem.ENV_VAR, "libc.so.6")  # loads, but lacks the symbols
+    assert libpmem.load() is None
+
+
+def test_libpmem_loaded() -> None:
+    lib = libpmem.load()
+    if lib is None:
+        pytest.skip("libpmem cannot be loaded here")
+    assert libpmem.load() is lib
+    assert os.path.isfile(lib.path)
+    assert lib.api_version.startswith("1.") and lib.version
+    addresses = [lib.addr_persist, lib.addr_msync, lib.addr_flush, lib.addr_drain,
+                 lib.addr_memcpy_persist, lib.addr_memcpy_nodrain]
+    assert all(isinstance(a, int) and a > 0 for a in addresses)
+    assert len(set(addresses)) == len(addresses)
+    assert lib.has_auto_flush() in (True, False, None)
+    assert isinstance(lib.errormsg(), str)
+    with mmap.mmap(-1, mmap.PAGESIZE) as anonymous:
+        assert isinstance(lib.is_pmem(libpmem.buffer_address(anonymous), mmap.PAGESIZE), bool)
+
+
+def test_buffer_address() -> None:
+    array = np.zeros(16, dtype=np.uint64)
+    assert libpmem.buffer_address(array) == array.ctypes.data
+    # Leaving the block closes the mapping, which fails if an export is still held.
+    with mmap.mmap(-1, mmap.PAGESIZE) as mapping:
+        assert libpmem.buffer_address(mapping) % mmap.PAGESIZE == 0
+
+
+def test_resolve_mode_rejects_unknown(monkeypatch: pytest.MonkeyPatch, shm_dir: Path) -> None:
+    monkeypatch.delenv(MODE_ENV_VAR, raising=False)
+    with pytest.raises(ValueError, match="auto, buffered, direct"):
+        resolve_mode("fast", shm_dir)
+    monkeypatch.setenv(MODE_ENV_VAR, "fast")
+    with pytest.raises(ValueError, match=MODE_ENV_VAR):
+        resolve_mode("auto", shm_dir)
+
+
+@pytest.mark.parametrize("mode", ["buffered", "direct"])
+def test_resolve_mode_explicit_wins(
+    mode: str, monkeypatch: pytest.MonkeyPatch, shm_dir: Path
+) -> None:
+    monkeypatch.setenv(MODE_ENV_VAR, "buffered" if mode == "direct" else "direct")
+    assert resolve_mode(mode, shm_dir) == (mode, None)
+
+
+@pytest.mark.parametrize("mode", ["buffered", "direct"])
+def test_resolve_mode_env_overrides_auto(
+    mode: str, monkeypatch: pytest.MonkeyPatch, shm_dir: Path
+) -> None:
+    monkeypatch.setenv(MODE_ENV_VAR, mode)
+    assert resolve_mode("auto", shm_dir) == (mode, None)
+
+
+@pytest.mark.parametrize("env", [None, "", "auto"])
+def test_resolve_mode_auto_probes(
+    env: str | None, monkeypatch: pytest.MonkeyPatch, shm_dir: Path
+) -> None:
+    if env is None:
+        monkeypatch.delenv(MODE_ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(MODE_ENV_VAR, env)
+    mode, result = resolve_mode("auto", shm_dir / "wal")
+    assert isinstance(result, ProbeResult)
+    assert mode == result.recommended_mode and mode in MODES
+
+
+def test_report_and_json(shm_dir: Path) -> None:
+    result = probe(shm_dir)
+    fields = result.as_dict()
+    assert json.loads(json.dumps(fields))["mount_options"] == list(result.mount_options)
+    assert fields["is_dax"] is result.is_dax and fields["fs_type"] == "tmpfs"
+    lines = str(result).splitlines()
+    assert [line.split(":", 1)[0] for line in lines] == list(fields)
+    value_columns = {len(line) - len(line.split(":", 1)[1].lstrip()) for line in lines}
+    assert len(value_columns) == 1  # values aligned
+    assert "fs_type:" in str(result) and "tmpfs" in str(result)
