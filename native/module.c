@@ -233,17 +233,43 @@ static int get_record(PyObject *obj, Py_buffer *view, Py_ssize_t index)
     return -1;
 }
 
-static PyObject *Core_append(CoreObject *self, PyObject *data)
+/* parse_flush_flag -- the optional "flush" argument, positional or keyword. */
+static int parse_flush_flag(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, int *flush)
 {
+    PyObject *value = nargs > 1 ? args[1] : NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs < 1 || nargs > 2 || nkw > 1 || (nkw && nargs > 1)) {
+        PyErr_SetString(PyExc_TypeError, "append(data, flush=False)");
+        return -1;
+    }
+    if (nkw) {
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0)) ||
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "flush")) {
+            PyErr_SetString(PyExc_TypeError, "append() takes only the keyword 'flush'");
+            return -1;
+        }
+        value = args[nargs];
+    }
+    *flush = value ? PyObject_IsTrue(value) : 0;
+    return *flush < 0 ? -1 : 0;
+}
+
+/* append(data, flush=False) -> lsn: one record; with flush, durable before returning. */
+static PyObject *Core_append(CoreObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames)
+{
+    int flush;
     Py_buffer view;
-    if (get_record(data, &view, -1) < 0)
+    if (parse_flush_flag(args, nargs, kwnames, &flush) < 0 || get_record(args[0], &view, -1) < 0)
         return NULL;
     CORE_ENV(cc);
     const void *buf = view.buf;
-    uint64_t len = (uint64_t)view.len, lsn = 0;
+    uint64_t len = (uint64_t)view.len, lsn = 0, flushed;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = wal_insert(self->core, &env, &buf, &len, 1, &lsn);
+    if (!rc && flush)
+        rc = wal_flush(self->core, &env, lsn, &flushed);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (rc)
@@ -368,7 +394,8 @@ static PyMethodDef Core_methods[] = {
     {"set_persist", (PyCFunction)Core_set_persist, METH_VARARGS, "set_persist(kind, pmem_persist_address=0)"},
     {"attach", (PyCFunction)Core_attach, METH_VARARGS, "attach(segno, fd, mapping_or_None)"},
     {"detach", (PyCFunction)Core_detach, METH_VARARGS, "detach(segno)"},
-    {"append", (PyCFunction)Core_append, METH_O, "append(data) -> lsn"},
+    {"append", (PyCFunction)(void (*)(void))Core_append, METH_FASTCALL | METH_KEYWORDS,
+     "append(data, flush=False) -> lsn"},
     {"append_many", (PyCFunction)Core_append_many, METH_O, "append_many(records) -> bytes of u64 LSNs"},
     {"flush", (PyCFunction)Core_flush, METH_VARARGS, "flush(lsn=None) -> flushed LSN"},
     {"close", (PyCFunction)Core_close, METH_NOARGS, "close()"},

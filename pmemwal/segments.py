@@ -117,18 +117,25 @@ class WalDirectory:
             os.rename(tmp, path)
             self.sync()
 
-    def recycle(self, old: int, new: int, segment_size: int, wal_id: bytes) -> None:
-        """Reuse segment ``old`` as future segment ``new``: a rename and a new header."""
+    def recycle(self, old: int, new: int, segment_size: int, wal_id: bytes, fd: int = -1) -> None:
+        """Reuse segment ``old`` as future segment ``new``: a rename and a new header.
+
+        ``fd``, an open descriptor of the file, is written through when given:
+        the file keeps its inode, so open descriptors and mappings stay valid.
+        """
         path = self.file(new)
         tmp = path + ".tmp"
         with storage_errors(f"recycling {self.file(old)}"):
             os.rename(self.file(old), tmp)
-            fd = os.open(tmp, os.O_RDWR)
+            own = fd < 0
+            if own:
+                fd = os.open(tmp, os.O_RDWR)
             try:
                 os.pwrite(fd, SegmentHeader(new, segment_size, wal_id).pack(), 0)
                 os.fdatasync(fd)
             finally:
-                os.close(fd)
+                if own:
+                    os.close(fd)
             os.rename(tmp, path)
             self.sync()
 

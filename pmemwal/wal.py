@@ -222,32 +222,29 @@ class WAL:
 
     def _segment_buffer(self, segno: int) -> mmap.mmap | None:
         """A mapping of segment ``segno`` for reading, or None when it does not exist."""
-        seg = self._segments.get(segno)
-        if seg is not None and seg.map is not None:
-            return seg.map
-        seg = self._read_cache.get(segno)
-        if seg is None:
-            if segno not in self._segnos:
-                return None
-            seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=False)
-            self._read_cache[segno] = seg
-            while len(self._read_cache) > _READ_CACHE:
-                self._read_cache.popitem(last=False)[1].close()
-        self._read_cache.move_to_end(segno)
-        return seg.mapping()
-
-    def _drop_segment(self, segno: int) -> None:
-        self._core.detach(segno)
-        for table in (self._segments, self._read_cache):
-            seg = table.pop(segno, None)
-            if seg is not None:
-                seg.close()
+        with self._seg_lock:
+            seg = self._segments.get(segno)
+            if seg is not None and seg.map is not None:
+                return seg.map
+            seg = self._read_cache.get(segno)
+            if seg is None:
+                if segno not in self._segnos:
+                    return None
+                seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=False)
+                self._read_cache[segno] = seg
+                while len(self._read_cache) > _READ_CACHE:
+                    self._read_cache.popitem(last=False)[1].close()
+            self._read_cache.move_to_end(segno)
+            return seg.mapping()
 
     # ---- the API -------------------------------------------------------------
 
-    def append(self, data) -> int:
-        """Append one record (any bytes-like object, not copied first); returns its LSN."""
-        return self._core.append(data)
+    def append(self, data, flush: bool = False) -> int:
+        """Append one record (any bytes-like object, not copied first); returns its LSN.
+
+        ``flush=True`` makes it durable before returning (a commit, in one native call).
+        """
+        return self._core.append(data, flush)
 
     def append_many(self, records: Sequence) -> np.ndarray:
         """Append a sequence of records in one native call; returns their LSNs (uint64)."""
@@ -302,18 +299,32 @@ class WAL:
         with self._seg_lock:
             victims = [s for s in self._segnos if s < cut]
             for segno in victims:
-                self._drop_segment(segno)
+                self._core.detach(segno)
+                cached = self._read_cache.pop(segno, None)
+                if cached is not None:
+                    cached.close()
+                seg = self._segments.pop(segno, None)
                 self._segnos.remove(segno)
                 spares = sum(1 for s in self._segnos if s > self.insert_lsn // self.segment_size)
                 if spares < self._recycle_segments:
-                    new = self._segnos[-1] + 1
-                    self._dir.recycle(segno, new, self.segment_size, self.wal_id)
-                    self._segnos.append(new)
-                    self._counters["segments_recycled"] += 1
+                    self._recycle(segno, seg)
                 else:
+                    if seg is not None:
+                        seg.close()
                     self._dir.remove(segno)
                     self._counters["segments_removed"] += 1
         return len(victims)
+
+    def _recycle(self, segno: int, seg: Segment | None) -> None:
+        """Rename a truncated segment to the next future number; an open one stays
+        open and mapped, so the writer finds its pages allocated and faulted in."""
+        new = self._segnos[-1] + 1
+        self._dir.recycle(segno, new, self.segment_size, self.wal_id, seg.fd if seg else -1)
+        self._segnos.append(new)
+        if seg is not None:
+            seg.segno = new
+            self._segments[new] = seg
+        self._counters["segments_recycled"] += 1
 
     def stats(self) -> dict[str, int]:
         """Counters: records, bytes, flushes, waits (ns), segments created/recycled/removed."""

@@ -1,0 +1,507 @@
+"""The write benchmark: N client threads append records of one size for T seconds.
+
+    from pmemwal.bench import BenchConfig, run
+    result = run(BenchConfig("/dev/shm/pmemwal-bench", size=8192, flush="each"),
+                 progress=lambda p: print(p["line"]))
+    print(result.report())
+
+Every client appends the same preallocated payload in a tight loop and times
+each append and each flush with ``time.perf_counter_ns``, into two latency
+histograms of its own (submission and sync apart, as fio reports them).  The
+flush policy is ``each`` (flush after every record), ``group:K`` (after every
+K records of that client) or ``end`` (once, after the clients stop; that
+final flush is part of the elapsed time).
+
+The main thread meanwhile prints a pgbench-style progress line every interval
+(records/s, MB/s and the mean and standard deviation of the per-record
+latency: append, plus the flush where one followed that record), and keeps
+the disk bounded: about every 0.2 s it truncates the WAL to ``keep_bytes``
+behind the flushed LSN.  Truncation only removes durable segments, so where
+clients flush rarely (``end``, large groups) it flushes in the background
+whenever more than half of ``keep_bytes`` is unflushed; those flushes are
+counted in ``background_flushes`` and are not in any client's latency.
+
+Latencies are first kept in arrays and folded into the HdrHistograms in
+batches (rounded to the histogram's 3 significant digits with numpy): a pure
+Python ``record_value`` per sample costs more than an append does.
+
+MB is 10**6 bytes; sizes given as text (``8k``, ``16MiB``) are powers of 1024.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import math
+import os
+import re
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from hdrh.histogram import HdrHistogram
+
+import pmemwal
+from pmemwal.device import ProbeResult
+from pmemwal.errors import ConfigError, LockedError
+from pmemwal.format import parse_segment_name
+from pmemwal.segments import LOCK_NAME
+from pmemwal.wal import MODES
+
+FLUSH_POLICIES = ("each", "end", "group:K")
+DEFAULT_PATH = "/dev/shm/pmemwal-bench"
+DEFAULT_KEEP = 256 << 20
+HOUSEKEEPING_INTERVAL = 0.2  # seconds between truncations
+HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS = 1, 60_000_000_000, 3  # ns: 1 ns to 60 s
+_DRAIN_EVERY = 1 << 16  # latency samples kept per client before folding into its histogram
+_SUB_BUCKET_BITS = 11  # 3 significant digits: 2048 sub-buckets, resolution 2**(bitlen - 11)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_SIZE_RE = re.compile(r"(\d+)\s*(?:([kmg])(?:i?b)?|b)?", re.IGNORECASE)
+
+Progress = Callable[[dict], None]
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``8192``, ``"8k"``, ``"8KiB"``, ``"16m"``, ``"1G"`` (k/m/g are powers of 1024)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"size {text}: must not be negative")
+        return text
+    if not isinstance(text, str):
+        raise ValueError(f"size {text!r}: expected an integer or text such as 8k, 16m, 1g")
+    match = _SIZE_RE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"size {text!r}: expected a whole number of bytes with an optional "
+                         "unit k, m or g (KiB, MiB, GiB), e.g. 8192, 8k, 16MiB, 1g")
+    return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
+
+
+def parse_flush(text: str) -> int:
+    """Records per client flush: ``"each"`` -> 1, ``"group:K"`` -> K, ``"end"`` -> 0."""
+    policy = str(text).strip().lower()
+    if policy == "each":
+        return 1
+    if policy == "end":
+        return 0
+    kind, colon, count = policy.partition(":")
+    if kind == "group" and colon and count.isdigit() and int(count) >= 1:
+        return int(count)
+    raise ValueError(f"flush policy {text!r}: expected each, end or group:K "
+                     "(K a whole number of records, 1 or more), e.g. group:16")
+
+
+@dataclass
+class BenchConfig:
+    """One benchmark run's parameters; sizes may be given as text (``"8k"``)."""
+
+    path: str = DEFAULT_PATH
+    mode: str = "auto"  # "auto", "buffered" or "direct"
+    clients: int = 1  # threads appending
+    size: int = 8192  # bytes per record
+    duration: float = 5.0  # seconds of appending
+    flush: str = "each"  # "each", "end" or "group:K"
+    segment_size: int | None = None  # None: the WAL's default
+    insert_slots: int = 8
+    keep_bytes: int | None = DEFAULT_KEEP  # WAL kept behind the flushed LSN; None: all
+    fresh: bool = True  # delete the WAL directory first (it must hold only a WAL)
+    progress_interval: float = 1.0  # seconds between progress lines; 0: none
+
+    def __post_init__(self) -> None:
+        self.path = os.fspath(self.path)
+        self.size = parse_size(self.size)
+        if self.segment_size is not None:
+            self.segment_size = parse_size(self.segment_size)
+        if self.keep_bytes is not None:
+            self.keep_bytes = parse_size(self.keep_bytes)
+        self.flush = str(self.flush).strip().lower()
+        parse_flush(self.flush)
+        if self.mode not in MODES:
+            raise ConfigError(f"mode={self.mode!r}: valid values are {', '.join(MODES)}")
+        if not (isinstance(self.clients, int) and self.clients >= 1):
+            raise ConfigError(f"clients={self.clients!r}: 1 or more")
+        if not self.duration > 0:
+            raise ConfigError(f"duration={self.duration!r}: more than 0 seconds")
+        if not self.progress_interval >= 0:
+            raise ConfigError(f"progress_interval={self.progress_interval!r}: 0 or more seconds")
+
+    @property
+    def flush_every(self) -> int:
+        """Records per client flush; 0 for ``end``."""
+        return parse_flush(self.flush)
+
+
+@dataclass(frozen=True)
+class Latency:
+    """A latency distribution in microseconds."""
+
+    count: int
+    mean: float
+    stddev: float
+    min: float
+    p50: float
+    p99: float
+    p999: float
+    max: float
+
+    @classmethod
+    def of(cls, hist: HdrHistogram) -> Latency | None:
+        if hist.get_total_count() == 0:
+            return None
+        return cls(count=hist.get_total_count(), mean=hist.get_mean_value() / 1000,
+                   stddev=hist.get_stddev() / 1000, min=hist.get_min_value() / 1000,
+                   p50=hist.get_value_at_percentile(50) / 1000,
+                   p99=hist.get_value_at_percentile(99) / 1000,
+                   p999=hist.get_value_at_percentile(99.9) / 1000,
+                   max=hist.get_max_value() / 1000)
+
+    def line(self) -> str:
+        return (f"p50 {self.p50:.2f}  p99 {self.p99:.2f}  p99.9 {self.p999:.2f}  "
+                f"max {self.max:.2f}  (mean {self.mean:.2f}, stddev {self.stddev:.2f}, "
+                f"{self.count} samples)")
+
+
+@dataclass
+class BenchResult:
+    """What ``run`` measured; ``report()`` for people, ``as_dict()`` for machines."""
+
+    config: BenchConfig
+    mode: str  # the mode the WAL ran in
+    persist_method: str
+    probe: ProbeResult | None
+    segment_size: int
+    records: int
+    bytes: int
+    elapsed: float  # seconds, from the clients' start to the end of the final flush
+    final_flush_us: float
+    background_flushes: int
+    per_client_records: list[int]
+    append_latency: Latency | None
+    flush_latency: Latency | None  # None when no client flushed
+    stats: dict[str, int]
+    append_histogram: HdrHistogram = field(repr=False, compare=False)
+    flush_histogram: HdrHistogram = field(repr=False, compare=False)
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.elapsed
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.elapsed / 1e6
+
+    @property
+    def probe_mode(self) -> str | None:
+        return self.probe.recommended_mode if self.probe else None
+
+    @property
+    def probe_reason(self) -> str | None:
+        return self.probe.reason if self.probe else None
+
+    def as_dict(self) -> dict:
+        """Everything, JSON-safe; the histograms HdrHistogram-encoded (base64)."""
+        probe = self.probe.as_dict() if self.probe else None
+        if probe:
+            probe = {k: list(v) if isinstance(v, tuple) else v for k, v in probe.items()}
+        return {
+            "config": dataclasses.asdict(self.config),
+            "mode": self.mode,
+            "persist_method": self.persist_method,
+            "probe": probe,
+            "segment_size": self.segment_size,
+            "records": self.records,
+            "bytes": self.bytes,
+            "elapsed": self.elapsed,
+            "records_per_s": self.records_per_s,
+            "mb_per_s": self.mb_per_s,
+            "final_flush_us": self.final_flush_us,
+            "background_flushes": self.background_flushes,
+            "per_client_records": list(self.per_client_records),
+            "append_latency_us": _asdict(self.append_latency),
+            "flush_latency_us": _asdict(self.flush_latency),
+            "stats": dict(self.stats),
+            "append_histogram": _encode(self.append_histogram),
+            "flush_histogram": _encode(self.flush_histogram),
+        }
+
+    def report(self) -> str:
+        """The summary: parameters, then throughput, then latency, then counters."""
+        c = self.config
+        keep = "all" if c.keep_bytes is None else _size_text(c.keep_bytes)
+        fs = f" ({self.probe.fs_type})" if self.probe and self.probe.fs_type else ""
+        lines = [
+            ("mode", self.mode if c.mode == self.mode else f"{self.mode} (asked: {c.mode})"),
+            ("persist method", self.persist_method),
+            ("clients", c.clients),
+            ("record size", f"{c.size} bytes"),
+            ("flush policy", c.flush),
+            ("duration", f"{c.duration:g} s"),
+            ("path", c.path + fs),
+            ("segment size", _size_text(self.segment_size)),
+            ("insert slots", c.insert_slots),
+            ("keep", keep),
+        ]
+        if self.probe:
+            lines.append(("probe verdict", f"{self.probe.recommended_mode}/"
+                                           f"{self.probe.persist_method}: {self.probe.reason}"))
+        lines += [
+            ("records", self.records),
+            ("bytes", f"{self.bytes} ({self.bytes / 1e6:.1f} MB)"),
+            ("elapsed", f"{self.elapsed:.3f} s (final flush {self.final_flush_us:.1f} usec)"),
+            ("throughput", f"{self.records_per_s:.1f} rec/s, {self.mb_per_s:.1f} MB/s"),
+        ]
+        if len(self.per_client_records) > 1:
+            lines.append(("records per client", " ".join(map(str, self.per_client_records))))
+        lines.append(("append latency (usec)", self.append_latency.line()
+                      if self.append_latency else "-"))
+        lines.append(("flush latency (usec)", self.flush_latency.line()
+                      if self.flush_latency else "- (no client flushes)"))
+        lines.append(("background flushes", self.background_flushes))
+        lines.append(("wal counters", ""))
+        lines += [(f"  {k}", v) for k, v in self.stats.items()]
+        width = max(len(k) for k, _ in lines) + 1
+        return "\n".join(f"{k + ':':<{width}} {v}".rstrip() for k, v in lines)
+
+
+def format_progress(elapsed: float, records_per_s: float, mb_per_s: float,
+                    lat_ms: float, stddev_ms: float) -> str:
+    """A pgbench-style progress line."""
+    return (f"progress: {elapsed:.1f} s, {records_per_s:.1f} rec/s, {mb_per_s:.1f} MB/s, "
+            f"lat {lat_ms:.3f} ms stddev {stddev_ms:.3f}")
+
+
+def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
+    """Run the benchmark ``config`` describes; ``progress(dict)`` gets each progress line.
+
+    The dict has ``elapsed`` (s), ``records_per_s``, ``mb_per_s``, ``lat_ms``,
+    ``stddev_ms`` (of the interval) and ``line`` (the same, formatted).  The
+    last line covers the remainder of the run, so a run shorter than one
+    interval still gets one.
+    """
+    if config.fresh:
+        remove_wal_dir(config.path)
+    wal = pmemwal.open(config.path, mode=config.mode, segment_size=config.segment_size,
+                       insert_slots=config.insert_slots)
+    try:
+        probe = wal.probe or pmemwal.probe(wal.path)
+        return _Run(config, wal, progress).measure(probe)
+    finally:
+        wal.close()
+
+
+def remove_wal_dir(path: str) -> None:
+    """Delete the WAL directory ``path``, refusing one that holds anything else or is in use."""
+    if not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        raise ConfigError(f"{path} is not a directory")
+    names = os.listdir(path)
+    strangers = [n for n in names if n != LOCK_NAME and parse_segment_name(n.removesuffix(".tmp")) is None]
+    if strangers:
+        raise ConfigError(f"{path} holds {strangers[0]!r}, which is not part of a pmemwal WAL: "
+                          "refusing to delete it (choose another path)")
+    if LOCK_NAME in names:  # do not pull a WAL from under its writer
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LockedError(f"{path} is open in another writer") from None
+        finally:
+            os.close(fd)
+    for name in names:
+        os.unlink(os.path.join(path, name))
+    os.rmdir(path)
+
+
+class _Client(threading.Thread):
+    """One appending thread; ``snapshot`` is (records, latency sum, latency sum of squares)."""
+
+    def __init__(self, run: _Run, index: int) -> None:
+        super().__init__(name=f"pmemwal-bench-{index}", daemon=True)
+        self.run_ = run
+        self.snapshot = (0, 0, 0)
+        self.append_hist = HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
+        self.flush_hist = HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as error:  # stop everyone; the main thread re-raises it
+            self.error = error
+            self.run_.deadline = 0
+
+    def _loop(self) -> None:
+        r = self.run_
+        append, flush, now = r.wal.append, r.wal.flush, time.perf_counter_ns
+        payload, every = r.payload, r.config.flush_every
+        append_ns, flush_ns = array("q"), array("q")
+        add_append, add_flush = append_ns.append, flush_ns.append
+        n = total = squares = 0
+        countdown = every
+        r.barrier.wait()
+        while True:
+            t0 = now()
+            if t0 >= r.deadline:
+                break
+            lsn = append(payload)
+            t1 = now()
+            lat = t1 - t0
+            add_append(lat)
+            if every:
+                countdown -= 1
+                if not countdown:
+                    countdown = every
+                    flush(lsn)
+                    t2 = now()
+                    add_flush(t2 - t1)
+                    lat = t2 - t0
+            n += 1
+            total += lat
+            squares += lat * lat
+            self.snapshot = (n, total, squares)
+            if len(append_ns) >= _DRAIN_EVERY:
+                _drain(append_ns, self.append_hist)
+                _drain(flush_ns, self.flush_hist)
+        _drain(append_ns, self.append_hist)
+        _drain(flush_ns, self.flush_hist)
+
+
+class _Run:
+    """The state the main thread and the clients share for one run."""
+
+    def __init__(self, config: BenchConfig, wal: pmemwal.WAL, progress: Progress | None) -> None:
+        self.config, self.wal, self.progress = config, wal, progress
+        self.payload = os.urandom(config.size)
+        self.deadline = 1 << 62  # ns; set for real just before the clients start, 0 stops them
+        self.barrier = threading.Barrier(config.clients + 1)
+        self.background_flushes = 0
+        self.last_tick = (0, 0, 0, 0)  # (time ns, records, latency sum, sum of squares)
+
+    def measure(self, probe: ProbeResult | None) -> BenchResult:
+        config, wal = self.config, self.wal
+        clients = [_Client(self, i) for i in range(config.clients)]
+        for client in clients:
+            client.start()
+        try:
+            start = time.perf_counter_ns()
+            self.deadline = start + int(config.duration * 1e9)
+            self.last_tick = (start, 0, 0, 0)
+            self.barrier.wait()
+            self._housekeep_until_deadline(start, clients)
+        finally:
+            self.deadline = 0
+            self.barrier.abort()  # frees clients still waiting if the start itself failed
+            for client in clients:
+                client.join()
+        for client in clients:
+            if client.error is not None:
+                raise client.error
+        if self.progress and config.progress_interval:
+            self._tick(time.perf_counter_ns(), start, clients)
+        t = time.perf_counter_ns()
+        wal.flush()
+        end = time.perf_counter_ns()
+        append_hist = HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
+        flush_hist = HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
+        for client in clients:
+            append_hist.add(client.append_hist)
+            flush_hist.add(client.flush_hist)
+        per_client = [client.snapshot[0] for client in clients]
+        records = sum(per_client)
+        return BenchResult(
+            config=config, mode=wal.mode, persist_method=wal.persist_method, probe=probe,
+            segment_size=wal.segment_size, records=records, bytes=records * config.size,
+            elapsed=(end - start) / 1e9, final_flush_us=(end - t) / 1000,
+            background_flushes=self.background_flushes, per_client_records=per_client,
+            append_latency=Latency.of(append_hist), flush_latency=Latency.of(flush_hist),
+            stats=wal.stats(), append_histogram=append_hist, flush_histogram=flush_hist)
+
+    def _housekeep_until_deadline(self, start: int, clients: list[_Client]) -> None:
+        """Progress lines and truncation, from the main thread, until the clients stop."""
+        interval = int(self.config.progress_interval * 1e9) if self.progress else 0
+        house = int(HOUSEKEEPING_INTERVAL * 1e9)
+        next_tick = start + interval if interval else 1 << 63
+        next_house = start + house
+        while True:
+            now = time.perf_counter_ns()
+            if now >= self.deadline:  # also 0 when a client failed
+                return
+            wake = min(next_tick, next_house, self.deadline)
+            if wake > now:
+                time.sleep((wake - now) / 1e9)
+                now = time.perf_counter_ns()
+            if now >= next_tick and next_tick < self.deadline:
+                self._tick(now, start, clients)
+                next_tick += interval
+            if now >= next_house:
+                self._truncate()
+                next_house = now + house
+
+    def _truncate(self) -> None:
+        keep, wal = self.config.keep_bytes, self.wal
+        if keep is None:
+            return
+        if wal.insert_lsn - wal.flushed_lsn > keep // 2:
+            wal.flush()
+            self.background_flushes += 1
+        if wal.flushed_lsn > keep:
+            wal.truncate(wal.flushed_lsn - keep)
+
+    def _tick(self, now: int, start: int, clients: list[_Client]) -> None:
+        snaps = [client.snapshot for client in clients]
+        n, total, squares = (sum(s[i] for s in snaps) for i in range(3))
+        t0, n0, total0, squares0 = self.last_tick
+        self.last_tick = (now, n, total, squares)
+        seconds, count = (now - t0) / 1e9, n - n0
+        if seconds <= 0:
+            return
+        mean = (total - total0) / count if count else 0.0
+        var = (squares - squares0) / count - mean * mean if count else 0.0
+        line = {
+            "elapsed": (now - start) / 1e9,
+            "records_per_s": count / seconds,
+            "mb_per_s": count * self.config.size / seconds / 1e6,
+            "lat_ms": mean / 1e6,
+            "stddev_ms": math.sqrt(max(var, 0.0)) / 1e6,
+        }
+        line["line"] = format_progress(**line)
+        self.progress(line)
+
+
+def _drain(samples: array, hist: HdrHistogram) -> None:
+    """Fold latency samples (ns) into ``hist`` and empty the array.
+
+    Each sample is first rounded down to its histogram bucket's lowest value,
+    so that one ``record_value(value, count)`` per distinct bucket suffices.
+    """
+    if not samples:
+        return
+    values = np.frombuffer(samples, dtype=np.int64).copy()  # no view may outlive the clear
+    np.maximum(values, HIST_LOWEST, out=values)
+    _, bitlen = np.frexp(values.astype(np.float64))  # exact for values below 2**53
+    shift = np.maximum(bitlen - _SUB_BUCKET_BITS, 0).astype(np.int64)
+    buckets, counts = np.unique((values >> shift) << shift, return_counts=True)
+    for value, count in zip(buckets.tolist(), counts.tolist()):
+        hist.record_value(value, count)
+    del samples[:]
+
+
+def _asdict(latency: Latency | None) -> dict | None:
+    return dataclasses.asdict(latency) if latency else None
+
+
+def _encode(hist: HdrHistogram) -> str | None:
+    if hist.get_total_count() == 0:
+        return None
+    encoded = hist.encode()
+    return encoded.decode("ascii") if isinstance(encoded, bytes) else encoded
+
+
+def _size_text(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} bytes"

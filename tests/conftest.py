@@ -1,0 +1,197 @@
+"""Shared fixtures and helpers for the WAL tests.
+
+Everything runs on real files under /dev/shm with real mappings; nothing on
+the storage path is mocked.  The helpers here know the on-disk format
+(native/wal_format.h) well enough to find a record's bytes in a segment file
+and to predict LSNs, so that tests can damage exactly the byte they mean to
+and assert exact positions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import pmemwal
+from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, RECORD_HEADER_SIZE, segment_name
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+CHILD = str(TESTS_DIR / "_child.py")
+
+SEG = 1 << 20                       # the smallest segment size: boundaries come quickly
+PAGE = PAGE_SIZE                    # 8192
+PAGE_HDR = PAGE_HEADER_SIZE         # 24
+USABLE = PAGE - PAGE_HDR            # 8168 stream bytes per data page
+REC_HDR = RECORD_HEADER_SIZE        # 24
+HIDDEN_LIBPMEM = "/nonexistent/libpmem.so.1"
+_ENV_SWITCHES = ("PMEM_IS_PMEM_FORCE", "PMEMWAL_LIBPMEM", "PMEMWAL_MODE")
+
+
+# ---- fixtures ------------------------------------------------------------------
+
+@pytest.fixture
+def shm_tmp() -> Iterator[Path]:
+    """A fresh directory on tmpfs, removed afterwards."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    d = tempfile.mkdtemp(dir="/dev/shm", prefix="pmemwal-test-")
+    try:
+        yield Path(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def wal_dir(shm_tmp: Path) -> Path:
+    """Path of a WAL directory that does not exist yet (open() creates it)."""
+    return shm_tmp / "wal"
+
+
+@pytest.fixture(params=["buffered", "direct"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+# ---- payloads ------------------------------------------------------------------
+
+from _child import as_input, payload  # noqa: E402  (one definition, shared with the child)
+
+
+# ---- format arithmetic (native/wal_format.h) -------------------------------------
+
+def seg_usable(seg_size: int = SEG) -> int:
+    return (seg_size // PAGE - 1) * USABLE
+
+
+def rec_size(length: int) -> int:
+    """Stream bytes a record with ``length`` payload bytes takes."""
+    return (REC_HDR + length + 7) & ~7
+
+
+def lsn_of(u: int, seg_size: int = SEG) -> int:
+    """LSN of usable stream position ``u`` (wal_lsn)."""
+    seg, r = divmod(u, seg_usable(seg_size))
+    return seg * seg_size + (1 + r // USABLE) * PAGE + PAGE_HDR + r % USABLE
+
+
+def usable_of(lsn: int, seg_size: int = SEG) -> int:
+    """Usable stream position of an LSN (wal_usable); it must not lie in a header."""
+    seg, off = divmod(lsn, seg_size)
+    page, inpage = divmod(off, PAGE)
+    assert page > 0 and inpage >= PAGE_HDR, f"LSN {lsn} lies in a header"
+    return seg * seg_usable(seg_size) + (page - 1) * USABLE + inpage - PAGE_HDR
+
+
+def next_lsn(lsn: int, length: int, seg_size: int = SEG) -> int:
+    """LSN of the record after the one at ``lsn`` with ``length`` payload bytes."""
+    return lsn_of(usable_of(lsn, seg_size) + rec_size(length), seg_size)
+
+
+def first_lsn_of_segment(segno: int, seg_size: int = SEG) -> int:
+    return segno * seg_size + PAGE + PAGE_HDR
+
+
+# ---- raw access to the record stream in the segment files ----------------------
+
+def seg_file(wal_path: os.PathLike | str, segno: int) -> Path:
+    return Path(wal_path) / segment_name(segno)
+
+
+def _stream_pieces(lsn: int, n: int, seg_size: int) -> Iterator[tuple[int, int, int, int]]:
+    """(segno, file offset, length, index into the n bytes) for stream bytes [lsn, +n)."""
+    u = usable_of(lsn, seg_size)
+    done = 0
+    while done < n:
+        x = lsn_of(u + done, seg_size)
+        room = USABLE - (u + done) % USABLE
+        k = min(room, n - done)
+        yield x // seg_size, x % seg_size, k, done
+        done += k
+
+
+def stream_read(wal_path, lsn: int, n: int, seg_size: int = SEG) -> bytes:
+    """``n`` stream bytes from ``lsn``, page headers skipped."""
+    out = bytearray(n)
+    for segno, off, k, i in _stream_pieces(lsn, n, seg_size):
+        with open(seg_file(wal_path, segno), "rb") as f:
+            f.seek(off)
+            out[i:i + k] = f.read(k)
+    return bytes(out)
+
+
+def stream_write(wal_path, lsn: int, data: bytes, seg_size: int = SEG) -> None:
+    """Overwrite stream bytes from ``lsn`` (page headers skipped) in the files."""
+    for segno, off, k, i in _stream_pieces(lsn, len(data), seg_size):
+        with open(seg_file(wal_path, segno), "r+b") as f:
+            f.seek(off)
+            f.write(data[i:i + k])
+
+
+def flip_byte(wal_path, lsn: int, seg_size: int = SEG) -> None:
+    """Invert the stream byte at ``lsn``."""
+    b = stream_read(wal_path, lsn, 1, seg_size)
+    stream_write(wal_path, lsn, bytes([b[0] ^ 0xFF]), seg_size)
+
+
+def file_write(wal_path, lsn: int, data: bytes, seg_size: int = SEG) -> None:
+    """Overwrite raw file bytes at an LSN (headers included), in one segment."""
+    with open(seg_file(wal_path, lsn // seg_size), "r+b") as f:
+        f.seek(lsn % seg_size)
+        f.write(data)
+
+
+# ---- reading back ----------------------------------------------------------------
+
+def read_all(wal: pmemwal.WAL, start: int | None = None) -> list[tuple[int, bytes, int]]:
+    """Every record as (lsn, payload bytes, prev_lsn); payload views are copied at once."""
+    return [(r.lsn, bytes(r.payload), r.prev_lsn) for r in wal.records(start)]
+
+
+def assert_chain(recs: list[tuple[int, bytes, int]], seg_size: int = SEG) -> None:
+    """prev-links chain, and each LSN follows from the one before (exact stream arithmetic)."""
+    for (lsn0, data0, _), (lsn1, _, prev1) in zip(recs, recs[1:]):
+        assert prev1 == lsn0, f"record {lsn1}: prev_lsn {prev1} != {lsn0}"
+        assert lsn1 == next_lsn(lsn0, len(data0), seg_size), f"gap or overlap after {lsn0}"
+
+
+def expected_end(recs: list[tuple[int, bytes, int]], seg_size: int = SEG) -> int:
+    lsn, data, _ = recs[-1]
+    return next_lsn(lsn, len(data), seg_size)
+
+
+# ---- child processes ---------------------------------------------------------------
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child: this one, minus pmemwal's switches, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in _ENV_SWITCHES}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
+
+
+# The three ways to persist that direct/buffered mode can end up with, as
+# (mode, extra environment, expected persist_method).
+PERSIST_CASES = {
+    "buffered": ("buffered", {}, "fdatasync"),
+    "buffered-nolibpmem": ("buffered", {"PMEMWAL_LIBPMEM": HIDDEN_LIBPMEM}, "fdatasync"),
+    "direct-msync": ("direct", {}, "msync"),
+    "direct-nolibpmem": ("direct", {"PMEMWAL_LIBPMEM": HIDDEN_LIBPMEM}, "msync"),
+    "direct-pmem": ("direct", {"PMEM_IS_PMEM_FORCE": "1"}, "pmem"),
+}
+
+
+def run_child(spec: dict, env: dict[str, str] | None = None, timeout: float = 60) -> dict:
+    """Run tests/_child.py with a JSON spec; return the JSON it prints last."""
+    proc = subprocess.run([sys.executable, CHILD, json.dumps(spec)], env=child_env(**(env or {})),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
