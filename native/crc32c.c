@@ -132,6 +132,50 @@ update_hw(uint32_t crc, const unsigned char *p, size_t len)
     return hw_run(crc, p, len);
 }
 
+/* nt_three -- crc32c_copy_nt's body: three chains, each word also streamed to dst. */
+__attribute__((target("sse4.2"))) static uint32_t
+nt_three(uint32_t crc, unsigned char **dp, const unsigned char **sp, size_t *lenp)
+{
+    const unsigned char *p = *sp;
+    long long *d = (long long *)*dp;
+    size_t len = *lenp;
+    while (len >= 3 * SHORT_BLOCK) {
+        uint64_t c0 = crc, c1 = 0, c2 = 0;
+        const unsigned char *end = p + SHORT_BLOCK;
+        do {
+            uint64_t w0, w1, w2;
+            memcpy(&w0, p, 8);
+            memcpy(&w1, p + SHORT_BLOCK, 8);
+            memcpy(&w2, p + 2 * SHORT_BLOCK, 8);
+            c0 = __builtin_ia32_crc32di(c0, w0);
+            c1 = __builtin_ia32_crc32di(c1, w1);
+            c2 = __builtin_ia32_crc32di(c2, w2);
+            __builtin_ia32_movnti64(d, (long long)w0);
+            __builtin_ia32_movnti64(d + SHORT_BLOCK / 8, (long long)w1);
+            __builtin_ia32_movnti64(d + 2 * SHORT_BLOCK / 8, (long long)w2);
+            p += 8;
+            d++;
+        } while (p < end);
+        crc = crc32c_shift(short_shift, (uint32_t)c0) ^ (uint32_t)c1;
+        crc = crc32c_shift(short_shift, crc) ^ (uint32_t)c2;
+        p += 2 * SHORT_BLOCK;
+        d += 2 * SHORT_BLOCK / 8;
+        len -= 3 * SHORT_BLOCK;
+    }
+    while (len >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        crc = (uint32_t)__builtin_ia32_crc32di(crc, w);
+        __builtin_ia32_movnti64(d++, (long long)w);
+        p += 8;
+        len -= 8;
+    }
+    *sp = p;
+    *dp = (unsigned char *)d;
+    *lenp = len;
+    return crc;
+}
+
 static int cpu_has_sse42(void)
 {
     unsigned a, b, c, d;
@@ -140,6 +184,11 @@ static int cpu_has_sse42(void)
 #else
 static int cpu_has_sse42(void) { return 0; }
 #define update_hw update_table
+static uint32_t nt_three(uint32_t crc, unsigned char **dp, const unsigned char **sp, size_t *lenp)
+{
+    (void)dp; (void)sp; (void)lenp;
+    return crc; /* never called: no SSE4.2, no streaming path */
+}
 #endif
 
 /* crc32c_init -- tables and the implementation choice; idempotent. */
@@ -195,4 +244,33 @@ const char *crc32c_impl(void)
 {
     pthread_once(&init_once, crc32c_init);
     return impl_name;
+}
+
+uint32_t crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len, int pad)
+{
+    pthread_once(&init_once, crc32c_init);
+    if (update_fn != update_hw || ((uintptr_t)dst & 7))
+        return crc32c_copy(crc, dst, src, len); /* no streaming path: cached copy */
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    crc = ~nt_three(~crc, &d, &s, &len);
+    if (len) { /* ragged end */
+        unsigned char tail[8] = {0};
+        memcpy(tail, s, len);
+        crc = crc32c_update(crc, tail, len);
+        if (pad) {
+            uint64_t w;
+            memcpy(&w, tail, 8);
+            __builtin_ia32_movnti64((long long *)d, (long long)w);
+        } else {
+            memcpy(d, tail, len);
+        }
+    }
+    return crc;
+}
+
+int crc32c_streaming(void)
+{
+    pthread_once(&init_once, crc32c_init);
+    return update_fn == update_hw;
 }

@@ -11,6 +11,16 @@ uint32_t crc32c_update(uint32_t crc, const void *buf, size_t len);
 /* crc32c_copy -- copy len bytes from src to dst and extend crc over them in one pass. */
 uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 
+/* crc32c_copy_nt -- as crc32c_copy, but with non-temporal stores that bypass the
+ * cache (a persistent-memory copy: the caller issues the fence).  dst and len
+ * must be multiples of 8 apart from a ragged end, which is padded with zeros to
+ * 8 bytes when pad is set (the record format's padding) and stored normally
+ * otherwise. */
+uint32_t crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len, int pad);
+
+/* crc32c_streaming -- whether crc32c_copy_nt really streams (needs SSE4.2). */
+int crc32c_streaming(void);
+
 /* crc32c_impl -- "sse4.2" or "table": which implementation was chosen at start-up. */
 const char *crc32c_impl(void);
 

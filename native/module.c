@@ -168,13 +168,26 @@ static PyObject *Core_set_position(CoreObject *self, PyObject *args)
 static PyObject *Core_set_persist(CoreObject *self, PyObject *args)
 {
     int kind;
-    unsigned long long fn = 0;
-    if (!PyArg_ParseTuple(args, "i|K", &kind, &fn))
+    unsigned long long flush = 0, drain = 0;
+    if (!PyArg_ParseTuple(args, "i|KK", &kind, &flush, &drain))
         return NULL;
-    if (kind < WAL_PERSIST_PMEM || kind > WAL_PERSIST_DSYNC || (kind == WAL_PERSIST_PMEM && !fn) ||
+    if (kind < WAL_PERSIST_PMEM || kind > WAL_PERSIST_DSYNC ||
+        (kind == WAL_PERSIST_PMEM && !(flush && drain)) ||
         (kind <= WAL_PERSIST_MSYNC) != (self->core->direct != 0))
         return PyErr_Format(PyExc_ValueError, "persist method %d does not fit this mode", kind);
-    wal_set_persist(self->core, (enum wal_persist)kind, (void (*)(const void *, size_t))(uintptr_t)fn);
+    wal_set_persist(self->core, (enum wal_persist)kind,
+                    (void (*)(const void *, size_t))(uintptr_t)flush,
+                    (void (*)(void))(uintptr_t)drain);
+    Py_RETURN_NONE;
+}
+
+/* set_notify(fd) -- an eventfd the core writes to when insertion enters a new segment. */
+static PyObject *Core_set_notify(CoreObject *self, PyObject *args)
+{
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd))
+        return NULL;
+    self->core->notify_fd = fd;
     Py_RETURN_NONE;
 }
 
@@ -391,7 +404,9 @@ static PyObject *Core_get_error(CoreObject *self, void *closure)
 
 static PyMethodDef Core_methods[] = {
     {"set_position", (PyCFunction)Core_set_position, METH_VARARGS, "set_position(insert_lsn, prev_lsn)"},
-    {"set_persist", (PyCFunction)Core_set_persist, METH_VARARGS, "set_persist(kind, pmem_persist_address=0)"},
+    {"set_persist", (PyCFunction)Core_set_persist, METH_VARARGS,
+     "set_persist(kind, pmem_flush_address=0, pmem_drain_address=0)"},
+    {"set_notify", (PyCFunction)Core_set_notify, METH_VARARGS, "set_notify(eventfd)"},
     {"attach", (PyCFunction)Core_attach, METH_VARARGS, "attach(segno, fd, mapping_or_None)"},
     {"detach", (PyCFunction)Core_detach, METH_VARARGS, "detach(segno)"},
     {"append", (PyCFunction)(void (*)(void))Core_append, METH_FASTCALL | METH_KEYWORDS,

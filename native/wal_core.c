@@ -85,6 +85,7 @@ int wal_core_init(wal_core *c, uint64_t seg_size, uint32_t wal_id_lo, int direct
     c->max_record = max_record;
     atomic_flag_clear(&c->insert_lock);
     c->prev_u = WAL_NO_PREV;
+    c->notify_fd = -1;
     for (uint32_t i = 0; i < WAL_MAX_SLOTS; i++) {
         atomic_init(&c->slots[i].start, WAL_POS_FREE);
         atomic_init(&c->slots[i].progress, WAL_POS_FREE);
@@ -115,10 +116,13 @@ int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn)
     return 0;
 }
 
-void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_persist)(const void *, size_t))
+void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_flush)(const void *, size_t),
+                     void (*pmem_drain)(void))
 {
     c->persist = p;
-    c->pmem_persist = pmem_persist;
+    c->pmem_flush = pmem_flush;
+    c->pmem_drain = pmem_drain;
+    c->stream = p == WAL_PERSIST_PMEM && crc32c_streaming();
 }
 
 /* ---- segments ---------------------------------------------------------- */
@@ -342,7 +346,7 @@ static int sync_segments(wal_core *c, const wal_env *env, uint64_t s0, uint64_t 
     return 0;
 }
 
-/* persist_range -- direct: make usable range [from, to) durable where it lies. */
+/* persist_range -- direct, msync: make usable range [from, to) durable where it lies. */
 static int persist_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t to)
 {
     const wal_geom *g = &c->geom;
@@ -355,14 +359,9 @@ static int persist_range(wal_core *c, const wal_env *env, uint64_t from, uint64_
         if (rc)
             return fail(c, rc);
         uint8_t *p = e->base + a % g->seg_size;
-        if (c->persist == WAL_PERSIST_PMEM) {
-            c->pmem_persist(p, end - a);
-        } else {
-            uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-            uintptr_t lo = (uintptr_t)p & ~(page - 1);
-            if (msync((void *)lo, (uintptr_t)p + (end - a) - lo, MS_SYNC))
-                return fail(c, -errno);
-        }
+        uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(4096 - 1);
+        if (msync((void *)lo, (uintptr_t)p + (end - a) - lo, MS_SYNC))
+            return fail(c, -errno);
         c->writes++;
         a = end;
     }
@@ -425,48 +424,92 @@ static int page_base(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u
     return 0;
 }
 
+/* written -- in pmem mode, flush what was just stored through the cache. */
+static inline void written(wal_core *c, const void *p, size_t n)
+{
+    if (c->persist == WAL_PERSIST_PMEM)
+        c->pmem_flush(p, n);
+}
+
 static void write_page_header(wal_core *c, uint8_t *page, uint64_t page_lsn, uint32_t rem_len)
 {
     wal_page_hdr h = {WAL_PAGE_MAGIC, rem_len, page_lsn, c->geom.wal_id_lo, 0};
     h.crc = crc32c_update(0, &h, offsetof(wal_page_hdr, crc));
     memcpy(page, &h, sizeof(h));
+    written(c, page, sizeof(h));
 }
 
-/* place -- copy a record's stream (header, payload, padding) to usable [u, u+size). */
-static int place(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u,
-                 const wal_rec_hdr *hdr, const uint8_t *payload, uint64_t len)
+/* piece -- one page's share of a record's stream: stream offsets [from, to) at dst. */
+typedef struct piece {
+    uint8_t *dst;
+    uint64_t from, to;
+} piece;
+
+/* next_piece -- map the stream offset `off` of the record at u to its page. */
+static int next_piece(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u,
+                      uint64_t size, uint64_t off, piece *pc)
 {
-    static const uint8_t zeros[WAL_ALIGN];
-    const uint8_t *parts[3] = {(const uint8_t *)hdr, payload, zeros};
-    uint64_t part_len[3] = {WAL_REC_HDR, len, wal_rec_size(len) - WAL_REC_HDR - len};
-    uint64_t end = u + wal_rec_size(len), pos = u;
-    int part = 0;
-    uint64_t part_off = 0;
-    while (pos < end) {
-        uint64_t in_page = pos % WAL_PAGE_USABLE;
-        uint8_t *page;
-        int rc = page_base(c, env, slot, pos, &page);
+    uint64_t pos = u + off, in_page = pos % WAL_PAGE_USABLE;
+    uint8_t *page;
+    int rc = page_base(c, env, slot, pos, &page);
+    if (rc)
+        return rc;
+    if (in_page == 0) /* we own this page's header */
+        write_page_header(c, page, wal_lsn(&c->geom, pos) - WAL_PAGE_HDR,
+                          off == 0 ? 0 : (uint32_t)(size - off));
+    uint64_t room = WAL_PAGE_USABLE - in_page;
+    pc->dst = page + WAL_PAGE_HDR + in_page;
+    pc->from = off;
+    pc->to = off + (room < size - off ? room : size - off);
+    return 0;
+}
+
+/* copy_payload -- payload bytes to dst, extending crc; pad: zero-fill to 8 bytes. */
+static uint32_t copy_payload(wal_core *c, uint8_t *dst, const uint8_t *src, uint64_t n,
+                             uint32_t crc, int pad)
+{
+    if (c->stream && n >= WAL_NT_MIN)
+        return crc32c_copy_nt(crc, dst, src, n, pad); /* past the cache: nothing to flush */
+    crc = crc32c_copy(crc, dst, src, n);
+    uint64_t padded = pad ? (n + WAL_ALIGN - 1) & ~(uint64_t)(WAL_ALIGN - 1) : n;
+    memset(dst + n, 0, padded - n);
+    written(c, dst, padded);
+    return crc;
+}
+
+/*
+ * place -- stage two: copy a record to usable [u, u + size).
+ *
+ * The payload goes first, its CRC computed on the way (fused with the copy);
+ * the header, whose CRC field needs that result, is stored last.  In pmem mode
+ * everything is flushed as it is stored and the caller fences, so a flush
+ * later only has to wait for the insertion to end.
+ */
+static int place(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u,
+                 wal_rec_hdr *hdr, const uint8_t *payload, uint64_t len)
+{
+    const uint64_t size = wal_rec_size(len), pay_end = WAL_REC_HDR + len;
+    piece hp[2];
+    int nh = 0;
+    uint32_t crc = crc32c_update(0, (const uint8_t *)hdr + 4, WAL_REC_HDR - 4);
+    for (uint64_t off = 0; off < size;) {
+        piece pc;
+        int rc = next_piece(c, env, slot, u, size, off, &pc);
         if (rc)
             return rc;
-        if (in_page == 0) /* we own this page's header */
-            write_page_header(c, page, wal_lsn(&c->geom, pos) - WAL_PAGE_HDR,
-                              pos == u ? 0 : (uint32_t)(end - pos));
-        uint64_t room = WAL_PAGE_USABLE - in_page;
-        uint8_t *dst = page + WAL_PAGE_HDR + in_page;
-        while (room && pos < end) {
-            uint64_t n = part_len[part] - part_off;
-            if (n > room)
-                n = room;
-            memcpy(dst, parts[part] + part_off, n);
-            dst += n;
-            room -= n;
-            pos += n;
-            part_off += n;
-            if (part_off == part_len[part]) {
-                part++;
-                part_off = 0;
-            }
-        }
+        if (pc.from < WAL_REC_HDR)
+            hp[nh++] = pc;
+        uint64_t a = pc.from > WAL_REC_HDR ? pc.from : WAL_REC_HDR;
+        if (a < pc.to) /* payload (and, in the last piece, the padding) */
+            crc = copy_payload(c, pc.dst + (a - pc.from), payload + (a - WAL_REC_HDR),
+                               (pc.to < pay_end ? pc.to : pay_end) - a, crc, pc.to == size);
+        off = pc.to;
+    }
+    hdr->crc = crc;
+    for (int i = 0; i < nh; i++) {
+        uint64_t to = hp[i].to < WAL_REC_HDR ? hp[i].to : WAL_REC_HDR;
+        memcpy(hp[i].dst, (const uint8_t *)hdr + hp[i].from, to - hp[i].from);
+        written(c, hp[i].dst, to - hp[i].from);
     }
     return 0;
 }
@@ -506,7 +549,7 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
     if ((rc = acquire_slot(c, &slot)))
         return rc;
     uint64_t prev_u;
-    uint64_t u = reserve(c, total, last_off, &prev_u);
+    uint64_t u = reserve(c, total, last_off, &prev_u), start_u = u;
     atomic_store_explicit(&slot->progress, u, memory_order_release);
     atomic_store_explicit(&slot->start, u, memory_order_release);
 
@@ -518,8 +561,6 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
         uint64_t gap = lsn - flushed_lsn;
         wal_rec_hdr h = {0, (uint32_t)lens[i], prev_lsn, WAL_REC_DATA,
                          gap > WAL_GAP_MAX ? WAL_GAP_MAX : (uint32_t)gap};
-        uint32_t crc = crc32c_update(0, (const uint8_t *)&h + 4, WAL_REC_HDR - 4);
-        h.crc = crc32c_update(crc, bufs[i], lens[i]);
         rc = place(c, env, slot, u, &h, bufs[i], lens[i]);
         lsns[i] = prev_lsn = lsn;
         u += wal_rec_size(lens[i]);
@@ -530,9 +571,16 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
         fail(c, rc);
         return rc;
     }
+    if (c->persist == WAL_PERSIST_PMEM)
+        c->pmem_drain(); /* our flushes and streaming stores are durable past here */
     slot->records += n;
     slot->bytes += total;
     release_slot(slot);
+    if (c->notify_fd >= 0 && start_u / g->seg_usable != (start_u + total) / g->seg_usable) {
+        uint64_t one = 1; /* a new segment: wake the background writer */
+        ssize_t ignored = write(c->notify_fd, &one, sizeof(one));
+        (void)ignored;
+    }
     return 0;
 }
 
@@ -566,7 +614,9 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
             c->coalesced++;
         } else {
             uint64_t to = frontier(c, 0); /* everyone complete below: flush them too */
-            if (c->direct) {
+            if (c->persist == WAL_PERSIST_PMEM) {
+                /* inserters persisted their own records before leaving their slots */
+            } else if (c->direct) {
                 rc = persist_range(c, env, flushed, to);
             } else {
                 uint64_t written = atomic_load(&c->written_u);

@@ -20,9 +20,10 @@
 #define WAL_POS_FREE UINT64_MAX /* slot: no insertion in progress */
 #define WAL_POS_RESERVING (UINT64_MAX - 1) /* slot: reserving, position not known yet */
 #define WAL_NO_PREV UINT64_MAX
+#define WAL_NT_MIN 256          /* payload pieces this large are streamed in pmem mode */
 
 enum wal_persist {
-    WAL_PERSIST_PMEM,        /* direct: libpmem pmem_persist (cache flush + fence) */
+    WAL_PERSIST_PMEM,        /* direct: libpmem flush + drain, by each inserter */
     WAL_PERSIST_MSYNC,       /* direct: msync(MS_SYNC) of the dirty pages */
     WAL_PERSIST_FDATASYNC,   /* buffered: pwrite, then fdatasync */
     WAL_PERSIST_FSYNC,       /* buffered: pwrite, then fsync */
@@ -58,7 +59,10 @@ typedef struct wal_core {
     wal_geom geom;
     int direct;
     enum wal_persist persist;
-    void (*pmem_persist)(const void *, size_t);
+    void (*pmem_flush)(const void *, size_t); /* pmem: libpmem's cache-line flush */
+    void (*pmem_drain)(void);                 /* pmem: libpmem's fence */
+    int stream;              /* pmem: large payloads bypass the cache (fused CRC + NT copy) */
+    int notify_fd;           /* eventfd written when an insertion enters a new segment */
     uint8_t *ring;           /* buffered: WAL buffer pages, indexed by physical page */
     uint64_t ring_pages;
     uint32_t nslots;
@@ -87,7 +91,8 @@ void wal_core_destroy(wal_core *c);
 
 /* wal_set_position -- where appending resumes (after recovery); lsns are LSNs. */
 int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn);
-void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_persist)(const void *, size_t));
+void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_flush)(const void *, size_t),
+                     void (*pmem_drain)(void));
 
 void wal_attach(wal_core *c, uint64_t segno, uint8_t *base, int fd);
 void wal_detach(wal_core *c, uint64_t segno);

@@ -15,8 +15,9 @@ final flush is part of the elapsed time).
 The main thread meanwhile prints a pgbench-style progress line every interval
 (records/s, MB/s and the mean and standard deviation of the per-record
 latency: append, plus the flush where one followed that record), and keeps
-the disk bounded: about every 0.2 s it truncates the WAL to ``keep_bytes``
-behind the flushed LSN.  Truncation only removes durable segments, so where
+the disk bounded: about every 0.2 s (and once after the final flush) it
+truncates the WAL to ``keep_bytes`` behind the flushed LSN, so the disk holds
+at most about ``keep_bytes`` plus 0.2 s of appending.  Truncation only removes durable segments, so where
 clients flush rarely (``end``, large groups) it flushes in the background
 whenever more than half of ``keep_bytes`` is unflushed; those flushes are
 counted in ``background_flushes`` and are not in any client's latency.
@@ -47,7 +48,7 @@ from hdrh.histogram import HdrHistogram
 import pmemwal
 from pmemwal.device import ProbeResult
 from pmemwal.errors import ConfigError, LockedError
-from pmemwal.format import parse_segment_name
+from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
 from pmemwal.segments import LOCK_NAME
 from pmemwal.wal import MODES
 
@@ -147,11 +148,14 @@ class Latency:
     max: float
 
     @classmethod
-    def of(cls, hist: HdrHistogram) -> Latency | None:
-        if hist.get_total_count() == 0:
+    def of(cls, timings: _Timings) -> Latency | None:
+        hist, count = timings.hist, timings.hist.get_total_count()
+        if count == 0:
             return None
-        return cls(count=hist.get_total_count(), mean=hist.get_mean_value() / 1000,
-                   stddev=hist.get_stddev() / 1000, min=hist.get_min_value() / 1000,
+        mean = timings.total / count
+        stddev = math.sqrt(max(timings.squares / count - mean * mean, 0.0))
+        return cls(count=count, mean=mean / 1000, stddev=stddev / 1000,
+                   min=hist.get_min_value() / 1000,
                    p50=hist.get_value_at_percentile(50) / 1000,
                    p99=hist.get_value_at_percentile(99) / 1000,
                    p999=hist.get_value_at_percentile(99.9) / 1000,
@@ -282,8 +286,11 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     """
     if config.fresh:
         remove_wal_dir(config.path)
+    # recycle what the disk bound lets us keep: appenders then reuse mapped, allocated segments
+    segment = config.segment_size or DEFAULT_SEGMENT_SIZE
+    recycle = max(2, config.keep_bytes // segment // 2) if config.keep_bytes else 2
     wal = pmemwal.open(config.path, mode=config.mode, segment_size=config.segment_size,
-                       insert_slots=config.insert_slots)
+                       insert_slots=config.insert_slots, recycle_segments=recycle)
     try:
         probe = wal.probe or pmemwal.probe(wal.path)
         return _Run(config, wal, progress).measure(probe)
@@ -322,8 +329,7 @@ class _Client(threading.Thread):
         super().__init__(name=f"pmemwal-bench-{index}", daemon=True)
         self.run_ = run
         self.snapshot = (0, 0, 0)
-        self.append_hist = HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
-        self.flush_hist = HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
+        self.appends, self.flushes = _Timings(), _Timings()
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -337,8 +343,9 @@ class _Client(threading.Thread):
         r = self.run_
         append, flush, now = r.wal.append, r.wal.flush, time.perf_counter_ns
         payload, every = r.payload, r.config.flush_every
-        append_ns, flush_ns = array("q"), array("q")
-        add_append, add_flush = append_ns.append, flush_ns.append
+        appends, flushes = self.appends, self.flushes
+        append_ns = appends.samples
+        add_append, add_flush = append_ns.append, flushes.samples.append
         n = total = squares = 0
         countdown = every
         r.barrier.wait()
@@ -363,10 +370,10 @@ class _Client(threading.Thread):
             squares += lat * lat
             self.snapshot = (n, total, squares)
             if len(append_ns) >= _DRAIN_EVERY:
-                _drain(append_ns, self.append_hist)
-                _drain(flush_ns, self.flush_hist)
-        _drain(append_ns, self.append_hist)
-        _drain(flush_ns, self.flush_hist)
+                appends.drain()
+                flushes.drain()
+        appends.drain()
+        flushes.drain()
 
 
 class _Run:
@@ -404,11 +411,11 @@ class _Run:
         t = time.perf_counter_ns()
         wal.flush()
         end = time.perf_counter_ns()
-        append_hist = HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
-        flush_hist = HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
+        appends, flushes = _Timings(), _Timings()
         for client in clients:
-            append_hist.add(client.append_hist)
-            flush_hist.add(client.flush_hist)
+            appends.add(client.appends)
+            flushes.add(client.flushes)
+        self._truncate()  # untimed: leave no more than keep_bytes behind
         per_client = [client.snapshot[0] for client in clients]
         records = sum(per_client)
         return BenchResult(
@@ -416,8 +423,8 @@ class _Run:
             segment_size=wal.segment_size, records=records, bytes=records * config.size,
             elapsed=(end - start) / 1e9, final_flush_us=(end - t) / 1000,
             background_flushes=self.background_flushes, per_client_records=per_client,
-            append_latency=Latency.of(append_hist), flush_latency=Latency.of(flush_hist),
-            stats=wal.stats(), append_histogram=append_hist, flush_histogram=flush_hist)
+            append_latency=Latency.of(appends), flush_latency=Latency.of(flushes),
+            stats=wal.stats(), append_histogram=appends.hist, flush_histogram=flushes.hist)
 
     def _housekeep_until_deadline(self, start: int, clients: list[_Client]) -> None:
         """Progress lines and truncation, from the main thread, until the clients stop."""
@@ -471,22 +478,42 @@ class _Run:
         self.progress(line)
 
 
-def _drain(samples: array, hist: HdrHistogram) -> None:
-    """Fold latency samples (ns) into ``hist`` and empty the array.
+class _Timings:
+    """Latency samples (ns): an array the hot loop appends to, folded in batches
+    into an HdrHistogram and exact sums (for the mean and standard deviation,
+    which hdrh computes slowly and only to its buckets' precision)."""
 
-    Each sample is first rounded down to its histogram bucket's lowest value,
-    so that one ``record_value(value, count)`` per distinct bucket suffices.
-    """
-    if not samples:
-        return
-    values = np.frombuffer(samples, dtype=np.int64).copy()  # no view may outlive the clear
-    np.maximum(values, HIST_LOWEST, out=values)
-    _, bitlen = np.frexp(values.astype(np.float64))  # exact for values below 2**53
-    shift = np.maximum(bitlen - _SUB_BUCKET_BITS, 0).astype(np.int64)
-    buckets, counts = np.unique((values >> shift) << shift, return_counts=True)
-    for value, count in zip(buckets.tolist(), counts.tolist()):
-        hist.record_value(value, count)
-    del samples[:]
+    def __init__(self) -> None:
+        self.samples = array("q")
+        self.hist = HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
+        self.total = 0.0
+        self.squares = 0.0
+
+    def drain(self) -> None:
+        """Fold the samples in and empty the array.
+
+        Each sample is first rounded down to its histogram bucket's lowest
+        value, so that one ``record_value(value, count)`` per distinct bucket
+        suffices.
+        """
+        if not self.samples:
+            return
+        values = np.frombuffer(self.samples, dtype=np.int64).copy()  # no view outlives the clear
+        np.maximum(values, HIST_LOWEST, out=values)
+        as_float = values.astype(np.float64)
+        self.total += float(as_float.sum())
+        self.squares += float(np.dot(as_float, as_float))
+        _, bitlen = np.frexp(as_float)  # exact for values below 2**53
+        shift = np.maximum(bitlen - _SUB_BUCKET_BITS, 0).astype(np.int64)
+        buckets, counts = np.unique((values >> shift) << shift, return_counts=True)
+        for value, count in zip(buckets.tolist(), counts.tolist()):
+            self.hist.record_value(value, count)
+        del self.samples[:]
+
+    def add(self, other: _Timings) -> None:
+        self.hist.add(other.hist)
+        self.total += other.total
+        self.squares += other.squares
 
 
 def _asdict(latency: Latency | None) -> dict | None:

@@ -195,7 +195,7 @@ class WAL:
         seg_map = self._segments[segno].map
         if lib and (self._map_sync or lib.is_pmem(libpmem.buffer_address(seg_map), len(seg_map))):
             self.persist_method = "pmem"
-            self._core.set_persist(_core.PERSIST_PMEM, lib.addr_persist)
+            self._core.set_persist(_core.PERSIST_PMEM, lib.addr_flush, lib.addr_drain)
         else:
             self.persist_method = "msync"
             self._core.set_persist(_core.PERSIST_MSYNC)

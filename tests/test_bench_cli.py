@@ -1,0 +1,221 @@
+"""Tests for the write benchmark (pmemwal.bench) and the click CLI, on real WALs in /dev/shm."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import pmemwal
+from pmemwal import bench
+from pmemwal.cli import main
+
+PROGRESS_LINE = re.compile(
+    r"^progress: \d+\.\d s, \d+\.\d rec/s, \d+\.\d MB/s, lat \d+\.\d{3} ms stddev \d+\.\d{3}$", re.M)
+PARAMETERS = ("mode:", "persist method:", "clients:", "record size:", "flush policy:",
+              "duration:", "path:")
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A fresh directory on tmpfs (/dev/shm)."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="pmemwal-test-") as d:
+        yield Path(d)
+
+
+def runner() -> CliRunner:
+    """A runner keeping stderr apart: click < 8.2 needs mix_stderr=False, 8.2+ always does."""
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:
+        return CliRunner()
+
+
+def invoke(*args: str):
+    return runner().invoke(main, [str(a) for a in args])
+
+
+def segment_files(path: Path) -> list[str]:
+    return sorted(n for n in os.listdir(path) if n.endswith(".wal"))
+
+
+# ---- parsing ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("8192", 8192), (8192, 8192), ("0", 0), ("8k", 8192), ("8K", 8192), ("8kb", 8192),
+    ("8KiB", 8192), ("16m", 16 << 20), ("16MiB", 16 << 20), ("1g", 1 << 30), ("1GB", 1 << 30),
+    (" 4 k ", 4096), ("100b", 100), ("100B", 100),
+])
+def test_parse_size(text, expected) -> None:
+    assert bench.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["8q", "", "k", "-1", -1, "1.5m", "8 kk", "8kib2", "8ib", None, True])
+def test_parse_size_rejects(text) -> None:
+    with pytest.raises(ValueError, match="size"):
+        bench.parse_size(text)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("each", 1), ("EACH", 1), ("end", 0), ("group:1", 1), ("group:16", 16), (" Group:4 ", 4),
+])
+def test_parse_flush(text, expected) -> None:
+    assert bench.parse_flush(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "always", "group", "group:", "group:0", "group:-2",
+                                  "group:x", "group:1.5", "each:2"])
+def test_parse_flush_rejects(text) -> None:
+    with pytest.raises(ValueError, match="each, end or group:K"):
+        bench.parse_flush(text)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"mode": "fast"}, {"clients": 0}, {"duration": 0}, {"flush": "sometimes"}, {"size": "8q"},
+    {"progress_interval": -1},
+])
+def test_config_rejects(kwargs) -> None:
+    with pytest.raises(ValueError):
+        bench.BenchConfig("/dev/shm/unused", **kwargs)
+
+
+def test_config_takes_sizes_as_text() -> None:
+    config = bench.BenchConfig("/dev/shm/unused", size="4k", segment_size="1m", keep_bytes="8m",
+                               flush="Group:8")
+    assert (config.size, config.segment_size, config.keep_bytes) == (4096, 1 << 20, 8 << 20)
+    assert (config.flush, config.flush_every) == ("group:8", 8)
+
+
+# ---- the library -----------------------------------------------------------------
+
+
+def test_run_reports_progress_and_result(shm_dir: Path) -> None:
+    lines = []
+    config = bench.BenchConfig(shm_dir / "wal", mode="buffered", clients=2, size=512,
+                               duration=0.5, flush="group:4", keep_bytes=None,
+                               progress_interval=0.2)
+    result = bench.run(config, progress=lines.append)
+    assert len(lines) >= 2 and all(PROGRESS_LINE.match(p["line"]) for p in lines)
+    assert lines[-1]["elapsed"] >= 0.5 and lines[0]["records_per_s"] > 0
+    assert result.mode == "buffered" and result.persist_method == "fdatasync"
+    assert result.probe is not None  # probed for the report although the mode was given
+    assert result.records == sum(result.per_client_records) == result.stats["records"] > 0
+    assert result.bytes == result.records * 512
+    assert result.elapsed >= 0.5
+    assert result.append_latency.count == result.records
+    assert result.flush_latency.count == sum(n // 4 for n in result.per_client_records)
+    assert result.append_latency.p50 <= result.append_latency.p99 <= result.append_latency.max
+    data = json.loads(json.dumps(result.as_dict()))
+    assert data["records"] == result.records and data["config"]["flush"] == "group:4"
+    assert data["flush_latency_us"]["p999"] >= data["flush_latency_us"]["p50"]
+    report = result.report()
+    assert report.startswith("mode:")
+    assert report.index("flush policy:") < report.index("throughput:") < report.index(
+        "append latency") < report.index("wal counters:")
+    with pmemwal.open(shm_dir / "wal") as wal:  # what was measured is a valid WAL
+        assert sum(1 for _ in wal.records()) == result.records
+
+
+def test_fresh_refuses_a_directory_that_is_not_a_wal(shm_dir: Path) -> None:
+    (shm_dir / "precious.txt").write_text("keep me")
+    with pytest.raises(pmemwal.ConfigError, match="precious.txt"):
+        bench.run(bench.BenchConfig(shm_dir, duration=0.1))
+    assert (shm_dir / "precious.txt").exists()
+
+
+def test_fresh_refuses_a_wal_in_use(shm_dir: Path) -> None:
+    with pmemwal.open(shm_dir / "wal", mode="buffered"):
+        with pytest.raises(pmemwal.LockedError):
+            bench.run(bench.BenchConfig(shm_dir / "wal", duration=0.1))
+
+
+# ---- the CLI ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["buffered", "direct"])
+@pytest.mark.parametrize("flush", ["each", "end", "group:4"])
+def test_bench(shm_dir: Path, mode: str, flush: str) -> None:
+    result = invoke("bench", shm_dir / "wal", "--mode", mode, "--flush", flush,
+                    "--duration", "0.5", "--size", "4k", "--clients", "2")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for parameter in PARAMETERS:
+        assert re.search(f"^{parameter}", out, re.M), parameter
+    assert re.search(rf"^mode: +{mode}$", out, re.M)
+    assert re.search(rf"^flush policy: +{flush}$", out, re.M)
+    assert re.search(r"^record size: +4096 bytes$", out, re.M)
+    assert re.search(r"^throughput: +\d+\.\d rec/s, \d+\.\d MB/s$", out, re.M)
+    assert "append latency (usec): p50" in out
+    assert ("no client flushes" in out) == (flush == "end")
+    assert PROGRESS_LINE.search(result.stderr)
+    assert "progress:" not in out
+
+
+def test_bench_json(shm_dir: Path) -> None:
+    result = invoke("bench", shm_dir / "wal", "--mode", "buffered", "--duration", "0.3", "--json",
+                    "--progress", "0")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["mode"] == "buffered" and data["records"] > 0 and data["records_per_s"] > 0
+    assert data["config"]["size"] == 8192 and data["stats"]["records"] == data["records"]
+    assert result.stderr == ""
+
+
+def test_bench_bad_size() -> None:
+    result = invoke("bench", "--size", "8q")
+    assert result.exit_code == 2
+    assert "Invalid value for '--size'" in result.stderr and "'8q'" in result.stderr
+
+
+def test_bench_bad_flush() -> None:
+    result = invoke("bench", "--flush", "group:zero")
+    assert result.exit_code == 2 and "each, end or group:K" in result.stderr
+
+
+def test_bench_unknown_mode() -> None:
+    result = invoke("bench", "--mode", "fast")
+    assert result.exit_code == 2
+    assert "Invalid value for '--mode'" in result.stderr and "buffered" in result.stderr
+
+
+def test_bench_library_error_is_a_clean_message(shm_dir: Path) -> None:
+    result = invoke("bench", shm_dir / "wal", "--segment-size", "3m", "--duration", "0.1")
+    assert result.exit_code == 1
+    assert "segment_size" in result.stderr and "power of two" in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_keep_bounds_disk_use(shm_dir: Path) -> None:
+    wal = shm_dir / "wal"
+    result = invoke("bench", wal, "--mode", "buffered", "--duration", "1.5", "--segment-size", "1m",
+                    "--keep", "4m", "--flush", "end", "--json", "--progress", "0")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["bytes"] > 16 << 20  # far more written than kept
+    assert data["stats"]["segments_removed"] + data["stats"]["segments_recycled"] > 0
+    assert data["background_flushes"] > 0  # flush=end: flushed behind the clients to truncate
+    files = segment_files(wal)
+    assert len(files) <= 4 + 4, files  # kept (4 MiB), the current one, spares for recycling
+
+
+def test_probe_cli(shm_dir: Path) -> None:
+    result = invoke("probe", shm_dir, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["fs_type"] == "tmpfs" and data["recommended_mode"] in ("buffered", "direct")
+    text = invoke("probe", shm_dir)
+    assert text.exit_code == 0 and re.search(r"^recommended_mode: +\w+", text.stdout, re.M)
+
+
+def test_version() -> None:
+    result = invoke("--version")
+    assert result.exit_code == 0 and pmemwal.__version__ in result.stdout
