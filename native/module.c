@@ -343,8 +343,12 @@ static PyObject *Core_flush(CoreObject *self, PyObject *args)
     uint64_t upto = UINT64_MAX, flushed = 0;
     if (lsn_obj != Py_None) {
         upto = PyLong_AsUnsignedLongLong(lsn_obj);
-        if (PyErr_Occurred())
-            return NULL;
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return NULL;
+            PyErr_Clear();
+            return PyErr_Format(PyExc_ValueError, "LSN %R is out of range", lsn_obj);
+        }
     }
     CORE_ENV(cc);
     int rc;

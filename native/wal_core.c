@@ -470,18 +470,31 @@ static uint32_t copy_payload(wal_core *c, uint8_t *dst, const uint8_t *src, uint
 {
     if (c->stream && n >= WAL_NT_MIN)
         return crc32c_copy_nt(crc, dst, src, n, pad); /* past the cache: nothing to flush */
-    crc = crc32c_copy(crc, dst, src, n);
+    if (c->direct)
+        crc = crc32c_copy(crc, dst, src, n);
+    else
+        memcpy(dst, src, n); /* buffered: the CRC was taken before */
     uint64_t padded = pad ? (n + WAL_ALIGN - 1) & ~(uint64_t)(WAL_ALIGN - 1) : n;
     memset(dst + n, 0, padded - n);
     written(c, dst, padded);
     return crc;
 }
 
+static void put_header(wal_core *c, const piece *pc, const wal_rec_hdr *hdr)
+{
+    uint64_t to = pc->to < WAL_REC_HDR ? pc->to : WAL_REC_HDR;
+    memcpy(pc->dst, (const uint8_t *)hdr + pc->from, to - pc->from);
+    written(c, pc->dst, to - pc->from);
+}
+
 /*
  * place -- stage two: copy a record to usable [u, u + size).
  *
- * The payload goes first, its CRC computed on the way (fused with the copy);
- * the header, whose CRC field needs that result, is stored last.  In pmem mode
+ * Direct mode copies the payload first, its CRC computed on the way (fused
+ * with the copy), and stores the header, whose CRC field needs that result,
+ * last.  Buffered mode can't: a record larger than the ring has its first
+ * pages written out and their ring slots reused before it ends, so it
+ * computes the CRC first and stores everything in stream order.  In pmem mode
  * everything is flushed as it is stored and the caller fences, so a flush
  * later only has to wait for the insertion to end.
  */
@@ -489,27 +502,33 @@ static int place(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u,
                  wal_rec_hdr *hdr, const uint8_t *payload, uint64_t len)
 {
     const uint64_t size = wal_rec_size(len), pay_end = WAL_REC_HDR + len;
+    const int header_last = c->direct;
     piece hp[2];
     int nh = 0;
     uint32_t crc = crc32c_update(0, (const uint8_t *)hdr + 4, WAL_REC_HDR - 4);
+    if (!header_last)
+        hdr->crc = crc32c_update(crc, payload, len);
     for (uint64_t off = 0; off < size;) {
         piece pc;
         int rc = next_piece(c, env, slot, u, size, off, &pc);
         if (rc)
             return rc;
-        if (pc.from < WAL_REC_HDR)
-            hp[nh++] = pc;
+        if (pc.from < WAL_REC_HDR) {
+            if (header_last)
+                hp[nh++] = pc;
+            else
+                put_header(c, &pc, hdr);
+        }
         uint64_t a = pc.from > WAL_REC_HDR ? pc.from : WAL_REC_HDR;
         if (a < pc.to) /* payload (and, in the last piece, the padding) */
             crc = copy_payload(c, pc.dst + (a - pc.from), payload + (a - WAL_REC_HDR),
                                (pc.to < pay_end ? pc.to : pay_end) - a, crc, pc.to == size);
         off = pc.to;
     }
-    hdr->crc = crc;
-    for (int i = 0; i < nh; i++) {
-        uint64_t to = hp[i].to < WAL_REC_HDR ? hp[i].to : WAL_REC_HDR;
-        memcpy(hp[i].dst, (const uint8_t *)hdr + hp[i].from, to - hp[i].from);
-        written(c, hp[i].dst, to - hp[i].from);
+    if (header_last) {
+        hdr->crc = crc;
+        for (int i = 0; i < nh; i++)
+            put_header(c, &hp[i], hdr);
     }
     return 0;
 }

@@ -200,6 +200,34 @@ int wal_first_record(const wal_src *s, uint64_t segno, uint64_t *lsn)
     }
 }
 
+/* page_may_hold_current -- a page past the end whose bytes could be taken for new
+ * records once a new record makes its header valid again: its header is this
+ * cycle's, or it is damaged and the page is not all zeros.  A valid header of an
+ * older cycle marks the whole page stale, which recovery leaves alone. */
+static int page_may_hold_current(const wal_src *s, uint64_t page_lsn, const uint8_t *page)
+{
+    wal_page_hdr h;
+    memcpy(&h, page, sizeof(h));
+    int valid = h.magic == WAL_PAGE_MAGIC && h.wal_id_lo == s->g.wal_id_lo &&
+                h.crc == crc32c_update(0, page, offsetof(wal_page_hdr, crc));
+    if (valid)
+        return h.page_lsn >= page_lsn;
+    for (uint32_t i = 0; i < WAL_PAGE_SIZE; i += 8)
+        if (le_load64(page + i))
+            return 1;
+    return 0;
+}
+
+/* durable_past -- a valid record at c written after the one at x was flushed:
+ * its hint passes x, and it links to x or later (a stale record left in a
+ * recycled page links back into the older cycle). */
+static int durable_past(const wal_src *s, uint64_t c, uint64_t x)
+{
+    wal_record rec;
+    return wal_read(s, c, WAL_ANY_PREV, &rec) == WAL_OK && rec.durable_hint > x &&
+           rec.prev_lsn >= x;
+}
+
 int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t *durable_lsn,
                uint64_t **pages, size_t *npages)
 {
@@ -208,23 +236,27 @@ int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t *dura
     *npages = 0;
     if (!(*pages = malloc(cap * sizeof(uint64_t))))
         return -ENOMEM;
-    wal_record rec;
     /* records later in x's own page (found by trying every aligned position) */
     uint64_t page_end = x - x % WAL_PAGE_SIZE + WAL_PAGE_SIZE;
     for (uint64_t c = x + WAL_ALIGN; c + WAL_REC_HDR <= page_end && !*durable_lsn; c += WAL_ALIGN)
-        if (wal_read(s, c, WAL_ANY_PREV, &rec) == WAL_OK && rec.durable_hint > x)
+        if (durable_past(s, c, x))
             *durable_lsn = c;
-    /* then the first record of every later page with a valid header */
+    /* then every later page: the first record of those with a valid header */
     int64_t xu = wal_usable(&s->g, x);
     uint64_t u = (xu < 0 ? 0 : (uint64_t)xu) / WAL_PAGE_USABLE * WAL_PAGE_USABLE;
     uint64_t stop = (last_segno + 1) * s->g.seg_usable;
     for (u += WAL_PAGE_USABLE; u < stop; u += WAL_PAGE_USABLE) {
-        const uint8_t *page;
-        uint64_t page_lsn;
-        int st = page_at(s, u, &page, &page_lsn);
-        if (st == WAL_SOURCE_ERROR)
+        uint64_t lsn = wal_lsn(&s->g, u), page_lsn = lsn - WAL_PAGE_HDR;
+        int err = 0;
+        const uint8_t *base = s->segment(s->ctx, page_lsn / s->g.seg_size, &err);
+        if (err)
             return -EIO;
-        if (st != WAL_OK)
+        if (!base) {
+            u = (u / s->g.seg_usable + 1) * s->g.seg_usable - WAL_PAGE_USABLE; /* next segment */
+            continue;
+        }
+        const uint8_t *page = base + page_lsn % s->g.seg_size;
+        if (!page_may_hold_current(s, page_lsn, page))
             continue;
         if (*npages == cap) {
             uint64_t *more = realloc(*pages, 2 * cap * sizeof(uint64_t));
@@ -235,10 +267,9 @@ int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t *dura
         }
         (*pages)[(*npages)++] = page_lsn;
         uint32_t rem = le_load32(page + offsetof(wal_page_hdr, rem_len));
-        uint64_t c = wal_lsn(&s->g, u + rem);
         if (!*durable_lsn && rem < WAL_PAGE_USABLE && rem % WAL_ALIGN == 0 &&
-            wal_read(s, c, WAL_ANY_PREV, &rec) == WAL_OK && rec.durable_hint > x)
-            *durable_lsn = c;
+            durable_past(s, wal_lsn(&s->g, u + rem), x))
+            *durable_lsn = wal_lsn(&s->g, u + rem);
     }
     return 0;
 }

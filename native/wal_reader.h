@@ -75,9 +75,10 @@ void wal_scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t sto
 int wal_first_record(const wal_src *s, uint64_t segno, uint64_t *lsn);
 
 /* wal_beyond -- what lies past an invalid position x, up to the end of segment
- * last_segno: *durable_lsn is a valid record whose durable hint passes x (0 if
- * none: x is a torn tail), pages[] the LSNs of the later pages whose headers
- * are valid (to be wiped before writing resumes).  pages is malloc'ed. */
+ * last_segno: *durable_lsn is a valid record that links to x or later and whose
+ * durable hint passes x (0 if none: x is a torn tail); pages[] the LSNs of the
+ * later pages that may hold bytes of this cycle (to be wiped before writing
+ * resumes).  pages is malloc'ed. */
 int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t *durable_lsn,
                uint64_t **pages, size_t *npages);
 

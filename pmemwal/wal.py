@@ -23,6 +23,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from pmemwal import _core, libpmem
+from pmemwal.background import BackgroundWriter
 from pmemwal.device import ProbeResult, resolve_mode
 from pmemwal.errors import ClosedError, ConfigError, CorruptionError, FormatError, format_lsn
 from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,
@@ -38,6 +39,7 @@ SYNC_METHODS = {
 ON_CORRUPTION = ("raise", "truncate")
 DEFAULT_BUFFER_SIZE = 16 << 20
 DEFAULT_MAX_RECORD_SIZE = 64 << 20
+DEFAULT_FLUSH_INTERVAL = 0.05
 _END = (1 << 64) - 1
 _READ_CACHE = 16  # read-only segment mappings kept for readers
 
@@ -55,12 +57,16 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          segment_size: int | None = None, insert_slots: int = 8,
          buffer_size: int = DEFAULT_BUFFER_SIZE, max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
          sync_method: str = "fdatasync", on_corruption: str = "raise",
-         recycle_segments: int = 2) -> WAL:
+         recycle_segments: int = 2, background: bool = True,
+         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+         prepare_segments: int = 2) -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
                max_record_size=max_record_size, sync_method=sync_method,
-               on_corruption=on_corruption, recycle_segments=recycle_segments)
+               on_corruption=on_corruption, recycle_segments=recycle_segments,
+               background=background, flush_interval=flush_interval,
+               prepare_segments=prepare_segments)
 
 
 class WAL:
@@ -80,21 +86,33 @@ class WAL:
     - ``sync_method``: buffered mode's ``fdatasync``, ``fsync`` or ``open_datasync``.
     - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
       records are followed by more, or ``"truncate"`` the WAL at the damage.
-    - ``recycle_segments``: truncated segments kept, renamed, for reuse.
+    - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
+      the ``prepare_segments`` the background writer keeps ready.
+    - ``background``: run the background writer (asynchronous flushes and
+      segment preparation); without it appenders create segments themselves.
+    - ``flush_interval``: seconds between the background writer's flushes.
+    - ``prepare_segments``: segments kept ready ahead of the insert position.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: str = "auto", create: bool = True,
                  segment_size: int | None = None, insert_slots: int = 8,
                  buffer_size: int = DEFAULT_BUFFER_SIZE,
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE, sync_method: str = "fdatasync",
-                 on_corruption: str = "raise", recycle_segments: int = 2) -> None:
+                 on_corruption: str = "raise", recycle_segments: int = 2,
+                 background: bool = True, flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+                 prepare_segments: int = 2) -> None:
         _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
-                       sync_method, on_corruption, recycle_segments)
+                       sync_method, on_corruption, recycle_segments, flush_interval,
+                       prepare_segments)
+        self._background: BackgroundWriter | None = None
+        self._prepare_segments = prepare_segments
         self._closed = True
+        self._core_closed = False
         self._segments: dict[int, Segment] = {}
         self._read_cache: OrderedDict[int, Segment] = OrderedDict()
         self._seg_lock = threading.RLock()
-        self._counters = {"segments_created": 0, "segments_recycled": 0, "segments_removed": 0}
+        self._counters = {"segments_created": 0, "segments_recycled": 0, "segments_removed": 0,
+                          "segments_prefaulted": 0}
         self._sync_method = sync_method
         self._recycle_segments = recycle_segments
         self._dir = WalDirectory(os.fspath(path), create)
@@ -106,6 +124,8 @@ class WAL:
             self._reader = _core.Reader(self.segment_size, self._wal_id_lo, _weak(self, "_segment_buffer"))
             insert_lsn, prev_lsn = self._recover(on_corruption)
             self._start_core(insert_slots, buffer_size, max_record_size, insert_lsn, prev_lsn)
+            if background:
+                self._start_background(flush_interval)
         except BaseException:
             self._release()
             raise
@@ -152,9 +172,13 @@ class WAL:
         return lsn, last
 
     def _wipe_beyond(self, end: int, pages: list[int]) -> None:
-        """Zero the rest of the end's page and every later page header that looks current."""
+        """Zero the rest of the end's page and every later page that looks current.
+
+        Whole pages: once a new record re-validates a page's header, any old
+        record left in it would be readable again.
+        """
         size = self.segment_size
-        writes = [(p, 24) for p in pages]
+        writes = [(p, PAGE_SIZE) for p in pages]
         seg_map = self._segment_buffer(end // size)
         page_end = end - end % PAGE_SIZE + PAGE_SIZE
         if seg_map is not None and np.frombuffer(seg_map, np.uint8, page_end - end, end % size).any():
@@ -200,11 +224,33 @@ class WAL:
             self.persist_method = "msync"
             self._core.set_persist(_core.PERSIST_MSYNC)
 
+    def _start_background(self, flush_interval: float) -> None:
+        self._background = BackgroundWriter(_weak(self, "_prepare_ahead"), _weak(self, "_flush_async"),
+                                            flush_interval, f"pmemwal-writer {self._dir.path}")
+        self._core.set_notify(self._background.notify_fd)
+
+    def _prepare_ahead(self) -> None:
+        """Background: have the next prepare_segments segments ready and attached."""
+        if self._closed:
+            return
+        current = self._core.insert_lsn // self.segment_size
+        for segno in range(current, current + self._prepare_segments + 1):
+            if segno not in self._segments:
+                self._ensure_segment(segno)
+                self._counters["segments_prefaulted"] += 1
+
+    def _flush_async(self) -> None:
+        """Background: make asynchronously appended records durable."""
+        if not self._closed and self._core.insert_lsn != self._core.flushed_lsn:
+            self._core.flush()
+
     # ---- segments (called by the native core, with the GIL) -------------------
 
     def _ensure_segment(self, segno: int) -> None:
         """Open (creating it if needed) segment ``segno`` and attach it to the core."""
         with self._seg_lock:
+            if self._core_closed:
+                raise ClosedError("the WAL is closed")
             seg = self._segments.get(segno)
             if seg is None:
                 if segno not in self._segnos:
@@ -266,7 +312,7 @@ class WAL:
         """
         self._check_open()
         end = self._core.flush()
-        prev = -1
+        prev, chosen = -1, start is not None
         if start is None:
             status, start = self._reader.first_record(self._segnos[0])
             if status:
@@ -276,7 +322,7 @@ class WAL:
             status, _, next_lsn, prev_lsn, length, _, _, payload_lsn, _ = self._reader.read(lsn, prev)
             if status:
                 reason = _core.status_text(status)
-                if prev == -1:
+                if chosen and prev == -1:
                     raise ValueError(f"no valid record at LSN {format_lsn(lsn)}: {reason}")
                 raise CorruptionError(lsn, lsn // self.segment_size, reason)
             yield Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
@@ -306,7 +352,7 @@ class WAL:
                 seg = self._segments.pop(segno, None)
                 self._segnos.remove(segno)
                 spares = sum(1 for s in self._segnos if s > self.insert_lsn // self.segment_size)
-                if spares < self._recycle_segments:
+                if spares < self._recycle_segments + self._pipeline_depth():
                     self._recycle(segno, seg)
                 else:
                     if seg is not None:
@@ -314,6 +360,10 @@ class WAL:
                     self._dir.remove(segno)
                     self._counters["segments_removed"] += 1
         return len(victims)
+
+    def _pipeline_depth(self) -> int:
+        """Future segments the background writer keeps ready (they count as spares)."""
+        return self._prepare_segments if self._background is not None else 0
 
     def _recycle(self, segno: int, seg: Segment | None) -> None:
         """Rename a truncated segment to the next future number; an open one stays
@@ -343,8 +393,13 @@ class WAL:
             self._release()
 
     def _release(self) -> None:
-        if hasattr(self, "_core"):
-            self._core.close()
+        with self._seg_lock:  # no segment is attached after this
+            self._core_closed = True
+            if hasattr(self, "_core"):
+                self._core.close()
+        if self._background is not None:  # after the core: no appender can notify it now
+            self._background.stop()
+            self._background = None
         for table in (self._segments, self._read_cache):
             for seg in table.values():
                 seg.close()
@@ -404,7 +459,7 @@ def _weak(obj: object, method: str):
 
 def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffer_size: int,
                    max_record_size: int, sync_method: str, on_corruption: str,
-                   recycle_segments: int) -> None:
+                   recycle_segments: int, flush_interval: float, prepare_segments: int) -> None:
     def choose(name: str, value: str, valid) -> None:
         if value not in valid:
             raise ConfigError(f"{name}={value!r}: valid values are {', '.join(valid)}")
@@ -422,3 +477,7 @@ def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffe
         raise ConfigError(f"max_record_size={max_record_size}: from 0 to {MAX_RECORD_LIMIT}")
     if recycle_segments < 0:
         raise ConfigError(f"recycle_segments={recycle_segments}: 0 or more")
+    if not 0 < flush_interval <= 60:
+        raise ConfigError(f"flush_interval={flush_interval}: seconds, above 0 and at most 60")
+    if not 0 <= prepare_segments <= 64:
+        raise ConfigError(f"prepare_segments={prepare_segments}: from 0 to 64")
