@@ -43,6 +43,7 @@ class WalDirectory:
 
     def __init__(self, path: str, create: bool) -> None:
         self.path = os.path.abspath(path)
+        self.may_create = create
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise FormatError(f"{self.path} is a file, not a WAL directory")
         if not os.path.isdir(self.path):
@@ -50,6 +51,7 @@ class WalDirectory:
                 raise NotFoundError(errno.ENOENT, "no WAL directory (create=False)", self.path)
             with storage_errors(f"creating {self.path}"):
                 os.makedirs(self.path, mode=0o700, exist_ok=True)
+        self.list_segments(tidy=False)  # refuse a foreign directory before leaving a LOCK in it
         with storage_errors(f"opening {self.path}"):
             self.dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
             self.lock_fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
@@ -71,15 +73,17 @@ class WalDirectory:
     def file(self, segno: int) -> str:
         return os.path.join(self.path, segment_name(segno))
 
-    def list_segments(self) -> list[int]:
-        """Segment numbers present, sorted; removes crash leftovers; rejects foreign files."""
+    def list_segments(self, tidy: bool = True) -> list[int]:
+        """Segment numbers present, sorted; rejects foreign files; with ``tidy``
+        (under the lock) removes the temp files of an interrupted create or recycle."""
         segnos = []
         for name in os.listdir(self.path):
             segno = parse_segment_name(name)
             if segno is not None:
                 segnos.append(segno)
             elif name.endswith(".wal.tmp") and parse_segment_name(name[:-4]) is not None:
-                os.unlink(os.path.join(self.path, name))  # an interrupted create or recycle
+                if tidy:
+                    os.unlink(os.path.join(self.path, name))
             elif name not in _IGNORED:
                 raise FormatError(f"{self.path} holds {name!r}, which is not part of a pmemwal WAL")
         return sorted(segnos)

@@ -12,6 +12,7 @@ old byte can ever follow a new record as if it belonged to it.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -25,7 +26,8 @@ import numpy as np
 from pmemwal import _core, libpmem
 from pmemwal.background import BackgroundWriter
 from pmemwal.device import ProbeResult, resolve_mode
-from pmemwal.errors import ClosedError, ConfigError, CorruptionError, FormatError, format_lsn
+from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, NotFoundError,
+                            format_lsn)
 from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,
                             is_valid_segment_size)
 from pmemwal.segments import Segment, WalDirectory
@@ -137,6 +139,9 @@ class WAL:
         """Read and cross-check every segment header, or create the first segment."""
         self._segnos = self._dir.list_segments()
         if not self._segnos:
+            if not self._dir.may_create:
+                raise NotFoundError(errno.ENOENT, "no WAL in this directory (create=False)",
+                                    self._dir.path)
             self.segment_size = segment_size or DEFAULT_SEGMENT_SIZE
             self.wal_id = os.urandom(16)
             self._dir.create(0, self.segment_size, self.wal_id)

@@ -13,7 +13,10 @@ Operations (spec["op"]):
 - ``writer``: the crash-test writer.  spec["threads"] threads append records
   of varying sizes forever; each prints ``A <lsn> <tid> <i> <size>`` only
   after flush() has returned for it.  The first line is
-  ``READY <persist_method> <insert_lsn>``.  The parent SIGKILLs it.
+  ``READY <persist_method> <insert_lsn>``.  With spec["truncate"], another
+  thread keeps about two segments: it prints ``T <lsn>`` and then calls
+  truncate(lsn) (intent first, so the parent knows the most that may have
+  gone).  The parent SIGKILLs it.
 - ``hold``: open the WAL, print ``LOCKED``, wait for stdin to close.
 - ``try_open``: try to open the WAL; report the exception's class name.
 """
@@ -25,6 +28,7 @@ import json
 import random
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -81,7 +85,7 @@ def roundtrip(spec: dict) -> dict:
     return result
 
 
-SIZES = (0, 1, 7, 8, 100, 1000, 4096, 8168, 8192, 8200, 20000, 70000)
+SIZES = (0, 1, 7, 8, 100, 1000, 4096, 8168, 8192, 8200, 20000, 40000)
 
 
 def writer(spec: dict) -> None:
@@ -109,7 +113,20 @@ def writer(spec: dict) -> None:
                     sys.stdout.flush()
                 pending.clear()
 
+    def truncator() -> None:
+        seg = wal.segment_size
+        while True:
+            time.sleep(0.02)
+            keep_from = wal.flushed_lsn - 2 * seg
+            if keep_from > 0:
+                with out_lock:
+                    sys.stdout.write(f"T {keep_from}\n")
+                    sys.stdout.flush()
+                wal.truncate(keep_from)
+
     threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in range(spec["threads"])]
+    if spec.get("truncate"):
+        threads.append(threading.Thread(target=truncator, daemon=True))
     for t in threads:
         t.start()
     for t in threads:

@@ -1,0 +1,67 @@
+"""Direct against buffered mode: records/s with a flush after every record.
+
+    PMEM_IS_PMEM_FORCE=1 .venv/bin/python benchmarks/modes.py [--seconds 2] [--rounds 3]
+
+One client, records of 64 B, 8 KiB, 64 KiB and 1 MiB, each committed with
+``append(data, flush=True)``; the modes alternate round by round in one run
+(the machine is shared and noisy) and the median round is reported, with the
+direct/buffered ratio.  The WAL is truncated behind the writer, so the run
+uses recycled, pre-faulted segments as a long-running log would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import pmemwal
+from common import human, markdown_table, rate, scratch_dir
+
+SIZES = [64, 8 << 10, 64 << 10, 1 << 20]
+KEEP = 64 << 20
+
+
+def commit_rate(mode: str, size: int, seconds: float) -> tuple[float, str]:
+    """Records/s of append(flush=True) in ``mode``; and the persist method used."""
+    data = os.urandom(size)
+    with scratch_dir() as path, pmemwal.open(path, mode=mode, recycle_segments=8) as wal:
+        batch = max(1, (1 << 20) // size)
+
+        def step() -> int:
+            for _ in range(batch):
+                wal.append(data, flush=True)
+            if wal.flushed_lsn - wal.first_lsn > KEEP:
+                wal.truncate(wal.flushed_lsn - KEEP // 2)
+            return batch
+
+        rate(step, 0.3)  # warm-up: segments created, mapped, then recycled
+        return rate(step, seconds), wal.persist_method
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    rows = []
+    for size in SIZES:
+        runs: dict[str, list[float]] = {"buffered": [], "direct": []}
+        methods = {}
+        for _ in range(args.rounds):
+            for mode in runs:
+                value, methods[mode] = commit_rate(mode, size, args.seconds)
+                runs[mode].append(value)
+        b, d = (statistics.median(runs[m]) for m in ("buffered", "direct"))
+        rows.append([human_size(size), f"{human(b)} ({methods['buffered']})",
+                     f"{human(d)} ({methods['direct']})", f"{d / b:.2f}"])
+        print(rows[-1], flush=True)
+    print(markdown_table(["record", "buffered rec/s", "direct rec/s", "direct / buffered"], rows))
+
+
+def human_size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} B"
+
+
+if __name__ == "__main__":
+    main()

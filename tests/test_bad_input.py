@@ -1,0 +1,372 @@
+"""Bad input: each case raises its typed error, and durable data stays readable.
+
+Every test that refuses an existing WAL then opens it properly and reads back
+exactly what had been flushed before.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import pmemwal
+from conftest import CHILD, SEG, child_env, payload, read_all, run_child, seg_file
+
+
+def _make(wal_dir, mode="buffered", n=5, seed="data", **opts):
+    # no background writer: only segment 0 exists afterwards
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False, **opts) as wal:
+        recs = [(wal.append(payload(f"{seed}/{i}", 100 * i)), payload(f"{seed}/{i}", 100 * i))
+                for i in range(n)]
+        wal.flush()
+    return recs
+
+
+def _readable(wal_dir, recs, mode="buffered"):
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert [(lsn, d) for lsn, d, _ in read_all(wal)] == recs
+
+
+# ---- the directory ------------------------------------------------------------------
+
+def test_path_is_a_file(shm_tmp):
+    f = shm_tmp / "file"
+    f.write_bytes(b"not a WAL")
+    for create in (True, False):
+        with pytest.raises(pmemwal.FormatError):
+            pmemwal.open(f, create=create)
+    assert f.read_bytes() == b"not a WAL"
+
+
+def test_missing_directory_without_create(shm_tmp):
+    with pytest.raises(pmemwal.NotFoundError) as info:
+        pmemwal.open(shm_tmp / "nowhere", create=False)
+    assert isinstance(info.value, FileNotFoundError)
+    assert isinstance(info.value, pmemwal.WALError)
+    assert info.value.errno == errno.ENOENT
+    assert not (shm_tmp / "nowhere").exists()
+
+
+def test_empty_directory_without_create(shm_tmp):
+    """An existing directory with no WAL in it is not a WAL: create=False must not make one."""
+    d = shm_tmp / "empty"
+    d.mkdir()
+    with pytest.raises(pmemwal.NotFoundError):
+        pmemwal.open(d, create=False)
+    assert not list(d.glob("*.wal"))
+
+
+def test_create_false_opens_existing(wal_dir, mode):
+    recs = _make(wal_dir, mode)
+    with pmemwal.open(wal_dir, mode=mode, create=False) as wal:
+        assert [(lsn, d) for lsn, d, _ in read_all(wal)] == recs
+
+
+def test_foreign_file_in_directory(wal_dir, mode):
+    recs = _make(wal_dir, mode)
+    (wal_dir / "notes.txt").write_text("hello")
+    with pytest.raises(pmemwal.FormatError, match="notes.txt"):
+        pmemwal.open(wal_dir, mode=mode)
+    (wal_dir / "notes.txt").unlink()
+    _readable(wal_dir, recs, mode)
+
+
+def test_leftover_temp_segment_is_removed(wal_dir, mode):
+    """A crash while a segment was being made leaves <name>.wal.tmp: open removes it."""
+    recs = _make(wal_dir, mode)
+    tmp = wal_dir / (seg_file(wal_dir, 1).name + ".tmp")
+    tmp.write_bytes(b"\0" * 4096)
+    _readable(wal_dir, recs, mode)
+    assert not tmp.exists()
+    (wal_dir / "notasegment.tmp").write_bytes(b"x")   # not ours: refused, not deleted
+    with pytest.raises(pmemwal.FormatError):
+        pmemwal.open(wal_dir, mode=mode)
+    assert (wal_dir / "notasegment.tmp").exists()
+
+
+def test_foreign_directory_without_segments(shm_tmp):
+    d = shm_tmp / "other"
+    d.mkdir()
+    (d / "data.bin").write_bytes(b"\0" * 100)
+    with pytest.raises(pmemwal.FormatError):
+        pmemwal.open(d)
+    assert sorted(p.name for p in d.iterdir()) in (["data.bin"], ["LOCK", "data.bin"])
+
+
+def test_segment_of_another_wal(shm_tmp, mode):
+    a, b = shm_tmp / "a", shm_tmp / "b"
+    recs = _make(a, mode, seed="a")
+    with pmemwal.open(b, mode=mode, segment_size=SEG) as wal:   # b runs into segment 1
+        while wal.insert_lsn < SEG + 2 * 8192:
+            wal.append(payload("b", 30000))
+    shutil.copy(seg_file(b, 1), seg_file(a, 1))
+    with pytest.raises(pmemwal.FormatError):
+        pmemwal.open(a, mode=mode)
+    seg_file(a, 1).unlink()
+    _readable(a, recs, mode)
+    # the same WAL id but a segment file renamed to another number
+    shutil.copy(seg_file(a, 0), seg_file(a, 7))
+    with pytest.raises(pmemwal.FormatError):
+        pmemwal.open(a, mode=mode)
+    seg_file(a, 7).unlink()
+    _readable(a, recs, mode)
+
+
+@pytest.mark.parametrize("damage", ["magic", "crc", "version", "short_file", "empty_file"])
+def test_bad_segment_header(wal_dir, damage):
+    recs = _make(wal_dir)
+    path = seg_file(wal_dir, 0)
+    original = path.read_bytes()
+    raw = bytearray(original)
+    if damage == "magic":
+        raw[0] ^= 0xFF
+    elif damage == "crc":
+        raw[30] ^= 0x01                    # inside the WAL id: the header CRC fails
+    elif damage == "version":
+        raw[8] = 99                        # (CRC fails too, either way it is refused)
+    elif damage == "short_file":
+        raw = raw[:SEG // 2]
+    else:
+        raw = bytearray()
+    path.write_bytes(bytes(raw))
+    with pytest.raises(pmemwal.FormatError):
+        pmemwal.open(wal_dir)
+    assert path.read_bytes() == bytes(raw)     # refused, not "repaired"
+    path.write_bytes(original)
+    _readable(wal_dir, recs)
+
+
+# ---- options ------------------------------------------------------------------------
+
+def test_segment_size_mismatch(wal_dir, mode):
+    recs = _make(wal_dir, mode)
+    with pytest.raises(pmemwal.ConfigError) as info:
+        pmemwal.open(wal_dir, mode=mode, segment_size=2 * SEG)
+    assert isinstance(info.value, ValueError)
+    assert str(SEG) in str(info.value)
+    _readable(wal_dir, recs, mode)
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:   # the same size is fine
+        assert wal.segment_size == SEG
+
+
+@pytest.mark.parametrize("size", [0, 4096, SEG // 2, 3 * SEG, SEG + 8192, 2 << 30, -SEG])
+def test_bad_segment_size(wal_dir, size):
+    with pytest.raises(pmemwal.ConfigError):
+        pmemwal.open(wal_dir, segment_size=size)
+    assert not wal_dir.exists()          # refused before anything was made
+
+
+@pytest.mark.parametrize("option,value,valid", [
+    ("mode", "fast", ["auto", "buffered", "direct"]),
+    ("mode", "Direct", ["auto", "buffered", "direct"]),
+    ("sync_method", "sync", ["fdatasync", "fsync", "open_datasync"]),
+    ("on_corruption", "ignore", ["raise", "truncate"]),
+])
+def test_unknown_choice(wal_dir, option, value, valid):
+    with pytest.raises(pmemwal.ConfigError) as info:
+        pmemwal.open(wal_dir, **{option: value})
+    message = str(info.value)
+    assert option in message and repr(value) in message
+    for v in valid:
+        assert v in message
+    assert not wal_dir.exists()
+
+
+@pytest.mark.parametrize("option,value", [
+    ("insert_slots", 0), ("insert_slots", 257), ("buffer_size", 8192 * 16 + 1),
+    ("buffer_size", 8192), ("max_record_size", -1), ("max_record_size", (1 << 30) + 1),
+    ("recycle_segments", -1),
+])
+def test_bad_numeric_option(wal_dir, option, value):
+    with pytest.raises(pmemwal.ConfigError):
+        pmemwal.open(wal_dir, **{option: value})
+
+
+def test_bad_options_on_existing_wal_lose_nothing(wal_dir, mode):
+    recs = _make(wal_dir, mode)
+    for opts in ({"mode": "nope"}, {"segment_size": 12345}, {"insert_slots": 0}):
+        with pytest.raises(pmemwal.ConfigError):
+            pmemwal.open(wal_dir, **opts)
+    _readable(wal_dir, recs, mode)
+
+
+# ---- a second writer --------------------------------------------------------------------
+
+def test_second_writer_same_process(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        lsn = wal.append(b"first")
+        for other in ("buffered", "direct"):
+            with pytest.raises(pmemwal.LockedError):
+                pmemwal.open(wal_dir, mode=other)
+        lsn2 = wal.append(b"still mine")       # the holder is not disturbed
+        wal.flush()
+    with pmemwal.open(wal_dir, mode=mode) as wal:  # released by close
+        assert [(l, d) for l, d, _ in read_all(wal)] == [(lsn, b"first"), (lsn2, b"still mine")]
+
+
+def test_second_writer_other_process(wal_dir, mode):
+    recs = _make(wal_dir, mode)
+    holder = subprocess.Popen([sys.executable, CHILD, json.dumps({"op": "hold", "dir": str(wal_dir),
+                                                                   "mode": mode})],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=child_env())
+    try:
+        assert holder.stdout.readline().strip() == "LOCKED"
+        with pytest.raises(pmemwal.LockedError):
+            pmemwal.open(wal_dir, mode=mode)
+    finally:
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+    _readable(wal_dir, recs, mode)
+    # and the other way round: this process holds it, a child is refused
+    with pmemwal.open(wal_dir, mode=mode):
+        out = run_child({"op": "try_open", "dir": str(wal_dir), "mode": mode})
+        assert out["error"] == "LockedError"
+    assert run_child({"op": "try_open", "dir": str(wal_dir), "mode": mode})["error"] is None
+
+
+# ---- records ----------------------------------------------------------------------------
+
+def test_record_too_large(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, max_record_size=1000) as wal:
+        a = wal.append(payload("ok", 1000))
+        before = wal.insert_lsn
+        with pytest.raises(pmemwal.RecordTooLargeError) as info:
+            wal.append(payload("big", 1001))
+        assert isinstance(info.value, ValueError)
+        assert wal.insert_lsn == before
+        with pytest.raises(pmemwal.RecordTooLargeError):
+            wal.append_many([b"small", payload("big", 5000), b"small"])
+        assert wal.insert_lsn == before
+        b = wal.append(b"after")
+        assert b == before
+        assert [(l, d) for l, d, _ in read_all(wal)] == [(a, payload("ok", 1000)), (b, b"after")]
+        assert wal.stats()["records"] == 2
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert [l for l, _, _ in read_all(wal)] == [a, b]
+
+
+@pytest.mark.parametrize("bad", ["text", 42, [1, 2, 3], None, 3.5, {"a": 1}])
+def test_non_bytes_data(wal_dir, mode, bad):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        a = wal.append(b"before")
+        before = wal.insert_lsn
+        with pytest.raises(TypeError):
+            wal.append(bad)
+        with pytest.raises(TypeError):
+            wal.append_many([b"ok", bad])
+        assert wal.insert_lsn == before
+        b = wal.append(b"after")
+        assert [(l, d) for l, d, _ in read_all(wal)] == [(a, b"before"), (b, b"after")]
+
+
+def test_append_many_of_non_sequence(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        before = wal.insert_lsn
+        for bad in (42, None, "abc"):
+            with pytest.raises(TypeError):
+                wal.append_many(bad)
+        assert wal.insert_lsn == before
+
+
+def test_flush_past_the_end(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        a = wal.append(b"x" * 100)
+        end = wal.insert_lsn
+        for bad in (end + 8, end + SEG, 1 << 62, 8192):   # beyond, far beyond, a header
+            with pytest.raises(ValueError):
+                wal.flush(bad)
+        assert wal.flush(a) >= end                          # the record itself is fine
+        assert wal.flush(end) == end                        # "everything so far"
+        assert [(l, d) for l, d, _ in read_all(wal)] == [(a, b"x" * 100)]
+
+
+def test_flush_negative_lsn(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        wal.append(b"x")
+        with pytest.raises(ValueError):
+            wal.flush(-1)
+
+
+# ---- a closed WAL --------------------------------------------------------------------------
+
+def test_closed_wal(wal_dir, mode):
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG)
+    a = wal.append(b"kept")
+    wal.close()
+    wal.close()                                   # twice is fine
+    assert wal.closed
+    calls = [
+        lambda: wal.append(b"x"),
+        lambda: wal.append_many([b"x"]),
+        lambda: wal.flush(),
+        lambda: wal.flush(a),
+        lambda: list(wal.records()),
+        lambda: wal.truncate(a),
+        lambda: wal.stats(),
+    ]
+    for call in calls:
+        with pytest.raises(pmemwal.ClosedError):
+            call()
+    with pmemwal.open(wal_dir, mode=mode) as again:
+        assert [(l, d) for l, d, _ in read_all(again)] == [(a, b"kept")]
+
+
+def test_context_manager_closes_on_error(wal_dir, mode):
+    with pytest.raises(RuntimeError):
+        with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+            a = wal.append(b"in flight")
+            raise RuntimeError("boom")
+    assert wal.closed
+    with pmemwal.open(wal_dir, mode=mode) as wal:       # the lock was released, data flushed
+        assert [(l, d) for l, d, _ in read_all(wal)] == [(a, b"in flight")]
+
+
+# ---- a full disk ---------------------------------------------------------------------------
+
+@pytest.fixture
+def tiny_fs(shm_tmp):
+    """A 3 MiB tmpfs: room for about three 1 MiB segments."""
+    mnt = shm_tmp / "tiny"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs (needs root): {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)  # lazy: even if a file is open
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_full_disk(tiny_fs, mode, background):
+    """With the background writer on, it may meet ENOSPC first; the appender still gets it."""
+    wal_dir = tiny_fs / "wal"
+    acked = []
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=background) as wal:
+        with pytest.raises(pmemwal.StorageError) as info:
+            for i in range(1000):
+                data = payload(f"full/{i}", 50_000)
+                lsn = wal.append(data)
+                wal.flush(lsn)
+                acked.append((lsn, data))
+        assert info.value.errno == errno.ENOSPC
+        assert isinstance(info.value, OSError)
+        assert acked and acked[-1][0] >= SEG      # it got at least into segment 1
+        # the failed append reserved nothing: what was acknowledged reads back
+        assert wal.insert_lsn == wal.flushed_lsn
+        assert [(l, d) for l, d, _ in read_all(wal)] == acked
+    assert not list(wal_dir.glob("*.tmp"))       # no half-made segment left behind
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert [(l, d) for l, d, _ in read_all(wal)] == acked
+        # small records still fit in the current segment
+        end = wal.insert_lsn
+        assert wal.append(b"fits") == end
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert [(l, d) for l, d, _ in read_all(wal)] == acked + [(end, b"fits")]

@@ -1,0 +1,577 @@
+"""Recovery: reopening continues exactly where the last valid record ends.
+
+- reopen-and-continue, in each mode and switching modes between sessions;
+- a torn tail (damage after the last flush) is cut silently;
+- stale bytes of a recycled segment are never taken for records, also when an
+  intact old record lies exactly at the insert position and the next record's
+  header is torn over it (seed 004, Tom Lane's scenario);
+- damage to flushed records followed by valid ones raises CorruptionError at
+  the damaged record, or is cut with on_corruption="truncate";
+- retention: truncate() removes or recycles whole segments.
+
+Damage is done to the segment files with ordinary file writes at offsets
+computed from the format (LSN % segment_size is the offset in the file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+import shutil
+import struct
+
+import pytest
+
+import pmemwal
+from pmemwal import _core
+from conftest import (PAGE, PAGE_HDR, REC_HDR, SEG, USABLE, assert_chain, expected_end,
+                      file_write, first_lsn_of_segment, flip_byte, lsn_of, next_lsn, payload,
+                      read_all, rec_size, seg_file, seg_usable, stream_read, stream_write,
+                      usable_of)
+
+MODES = ("buffered", "direct")
+
+
+def _append(wal, sizes, seed, *, flush_each=False):
+    out = []
+    for i, n in enumerate(sizes):
+        data = payload(f"{seed}/{i}", n)
+        lsn = wal.append(data)
+        if flush_each:
+            assert wal.flush(lsn) >= next_lsn(lsn, n)
+        out.append((lsn, data))
+    return out
+
+
+def _records(wal):
+    return [(lsn, data) for lsn, data, _ in read_all(wal)]
+
+
+def _dir_digest(path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.iterdir()) if p.is_file()}
+
+
+# ---- reopen and continue ----------------------------------------------------------
+
+END_SIZES = {
+    "mid": [10, 9000, 0, 20000, 333],
+    "page_end": [USABLE - REC_HDR],                       # ends at the last byte of page 1
+    "segment_end": [seg_usable() - REC_HDR - rec_size(10), 10],  # ends at segment 0's last byte
+}
+
+
+@pytest.mark.parametrize("end_at", sorted(END_SIZES))
+@pytest.mark.parametrize("mode1,mode2", list(itertools.product(MODES, MODES)))
+def test_reopen_and_continue(wal_dir, mode1, mode2, end_at):
+    with pmemwal.open(wal_dir, mode=mode1, segment_size=SEG) as wal:
+        first = _append(wal, END_SIZES[end_at], "s1")
+        end1 = wal.insert_lsn
+    assert end1 == next_lsn(*[(lsn, len(d)) for lsn, d in first][-1])
+    if end_at == "page_end":
+        assert end1 == 2 * PAGE + PAGE_HDR
+    if end_at == "segment_end":
+        assert end1 == first_lsn_of_segment(1)
+
+    with pmemwal.open(wal_dir, mode=mode2) as wal:
+        assert wal.mode == mode2
+        assert wal.insert_lsn == wal.flushed_lsn == end1
+        assert _records(wal) == first
+        second = _append(wal, [5, 8168, 70000, 1], "s2")
+        assert second[0][0] == end1
+        recs = read_all(wal)
+        assert recs[len(first)][2] == first[-1][0]   # the new record links to the old last one
+        end2 = wal.insert_lsn
+
+    with pmemwal.open(wal_dir, mode=mode1) as wal:
+        recs = read_all(wal)
+        assert [(lsn, data) for lsn, data, _ in recs] == first + second
+        assert recs[0][2] == 0
+        assert_chain(recs)
+        assert wal.insert_lsn == end2 == expected_end(recs)
+        third = _append(wal, [42], "s3")
+        assert third[0][0] == end2
+    with pmemwal.open(wal_dir, mode=mode2) as wal:
+        assert _records(wal) == first + second + third
+
+
+# ---- torn tail ----------------------------------------------------------------------
+
+TAIL_DAMAGE = ["garbage_last", "zero_inside_last", "garbage_first_unflushed",
+               "header_first_unflushed", "unwritten_page"]
+
+
+@pytest.mark.parametrize("damage", TAIL_DAMAGE)
+def test_torn_tail(wal_dir, mode, damage):
+    # no background writer: the "unflushed" records must stay unflushed until close
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        flushed = _append(wal, [100, 9000, 0, 3000, 8168, 17], "flushed", flush_each=True)
+        wal.flush()
+        boundary = wal.flushed_lsn
+        unflushed = _append(wal, [500, 20000, 64, 12000], "unflushed")
+    # close() wrote the unflushed records too; now tear them as a crash might have
+    assert unflushed[0][0] == boundary
+    last_lsn, last = unflushed[-1]
+    if damage == "garbage_last":
+        stream_write(wal_dir, last_lsn, payload("garbage", rec_size(len(last))))
+        good = flushed + unflushed[:-1]
+    elif damage == "zero_inside_last":          # written only up to the middle of its payload
+        half = REC_HDR + len(last) // 2
+        stream_write(wal_dir, last_lsn + 0, stream_read(wal_dir, last_lsn, half)
+                     + bytes(rec_size(len(last)) - half))
+        good = flushed + unflushed[:-1]
+    elif damage == "garbage_first_unflushed":   # later unflushed records are still intact
+        stream_write(wal_dir, unflushed[0][0], payload("garbage", REC_HDR + 100))
+        good = flushed
+    elif damage == "header_first_unflushed":
+        flip_byte(wal_dir, unflushed[0][0] + 1)  # its CRC
+        good = flushed
+    else:  # "unwritten_page": a page the 20000-byte record runs into never reached the disk
+        lsn20k = unflushed[1][0]
+        page = lsn_of(usable_of(lsn20k) + USABLE - usable_of(lsn20k) % USABLE)
+        file_write(wal_dir, page - page % PAGE, bytes(PAGE))
+        good = flushed + unflushed[:1]
+    cut = expected = next_lsn(good[-1][0], len(good[-1][1]))
+
+    with pmemwal.open(wal_dir, mode=mode) as wal:       # on_corruption="raise": no error
+        recs = read_all(wal)
+        assert [(lsn, data) for lsn, data, _ in recs] == good
+        assert_chain(recs)
+        assert wal.insert_lsn == wal.flushed_lsn == cut
+        more = _append(wal, [7, 9000, 300], "more")
+        assert more[0][0] == expected
+        recs = read_all(wal)
+        assert recs[len(good)][2] == good[-1][0]
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        recs = read_all(wal)
+        assert [(lsn, data) for lsn, data, _ in recs] == good + more
+        assert_chain(recs)
+        assert wal.insert_lsn == expected_end(recs)
+
+
+# ---- stale bytes in recycled segments (seed 004) --------------------------------------
+
+def _fill_and_recycle(wal_dir, mode, **opts):
+    """Old records through segments 0-2, then segments 0 and 1 recycled.
+
+    Returns the open WAL, the old records, those kept (segment 2 on), and the
+    numbers segments 0 and 1 were recycled to (with the background writer on,
+    segments already prepared ahead push them further out).
+    """
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=2, **opts)
+    old = []
+    i = 0
+    while wal.insert_lsn < 2 * SEG + 3 * PAGE:
+        data = payload(f"old/{i}", 1000)
+        old.append((wal.append(data), data))
+        wal.flush()
+        i += 1
+    inodes = [seg_file(wal_dir, s).stat().st_ino for s in (0, 1)]  # a rename keeps the inode
+    assert wal.truncate(2 * SEG) == 2
+    assert wal.stats()["segments_recycled"] == 2
+    by_inode = {p.stat().st_ino: int(p.name[:16], 16) for p in wal_dir.glob("*.wal")}
+    recycled = [by_inode[i] for i in inodes]          # old segment 0's new number first
+    assert recycled[0] < recycled[1] and recycled[0] > 2
+    assert not seg_file(wal_dir, 0).exists() and not seg_file(wal_dir, 1).exists()
+    kept = [(lsn, d) for lsn, d in old if lsn >= 2 * SEG]
+    return wal, old, kept, recycled
+
+
+def _pad_to(wal, target: int, seed: str):
+    """Append one record so that the next one would start exactly at LSN ``target``."""
+    n = usable_of(target) - usable_of(wal.insert_lsn) - REC_HDR
+    assert n >= 0
+    data = payload(seed, n)
+    lsn = wal.append(data)
+    wal.flush()
+    assert wal.insert_lsn == target
+    return lsn, data
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_write_into_recycled_segment_then_reopen(wal_dir, mode, background):
+    """A clean close after writing into a recycled segment reopens without error."""
+    wal, old, kept, recycled = _fill_and_recycle(wal_dir, mode, background=background)
+    with wal:
+        new = []
+        while wal.insert_lsn < recycled[0] * SEG + 5 * PAGE:
+            new += _append(wal, [1000], f"new/{len(new)}", flush_each=True)
+        end = wal.insert_lsn
+        assert end // SEG == recycled[0]
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert wal.insert_lsn == end
+        recs = read_all(wal)
+        assert [(lsn, d) for lsn, d, _ in recs] == kept + new
+        assert_chain(recs)
+
+
+@pytest.mark.parametrize("tear", ["none", "prev_link", "crc_length", "crc_length_prev"])
+def test_stale_record_at_insert_position(wal_dir, mode, tear):
+    """An intact old record lies exactly where the next record would start.
+
+    ``none``: nothing more is written (the next record was never begun);
+    ``prev_link``: the next record's prev-link reached the disk, nothing else
+    (bytes 8..15 new, the rest of the old record intact: Tom Lane's case);
+    ``crc_length``: its first 8 bytes (CRC and length) reached the disk;
+    ``crc_length_prev``: the first 16 bytes of the next record's header
+    (CRC, length, prev-link) reached the disk, the rest is the old record.
+    """
+    wal, old, kept, recycled = _fill_and_recycle(wal_dir, mode, background=False)
+    r0 = recycled[0]                                              # old segment 0 lives on as r0
+    with wal:
+        new = _append(wal, [1000] * 3, "new", flush_each=True)   # into segment 2's tail ...
+        while wal.insert_lsn < r0 * SEG + 2 * PAGE:               # ... and on into segment r0
+            new += _append(wal, [777], f"new/{len(new)}", flush_each=True)
+        assert wal.insert_lsn // SEG == r0
+        # an old record of segment 0 (now 3) further on in a page, with another old
+        # record after it in the same page
+        cur = wal.insert_lsn % SEG
+        idx = next(k for k, (lsn, _) in enumerate(old[:-1])
+                   if lsn < SEG and lsn - cur >= 3 * PAGE and lsn % PAGE >= PAGE_HDR + 64
+                   and old[k + 1][0] // PAGE == lsn // PAGE)
+        stale_lsn, stale_data = old[idx]
+        target = r0 * SEG + stale_lsn
+        new.append(_pad_to(wal, target, "pad"))
+        prev = new[-1][0]
+    # the old record is intact where the next one would go
+    hdr = stream_read(wal_dir, target, REC_HDR)
+    _, old_len, old_prev, info, _ = struct.unpack("<IIQII", hdr)
+    assert (old_len, old_prev, info) == (1000, old[idx - 1][0], 1)
+    assert stream_read(wal_dir, target + REC_HDR, 1000) == stale_data
+    if tear == "none":
+        pass
+    elif tear == "prev_link":
+        stream_write(wal_dir, target + 8, struct.pack("<Q", prev))
+    else:  # the header the next record (1000 bytes, other content) would have had
+        body = payload("the-next-one", 1000)
+        crc = _core.crc32c(body, _core.crc32c(struct.pack("<IQII", 1000, prev, 1, 0)))
+        new_header = struct.pack("<IIQII", crc, 1000, prev, 1, 0)
+        stream_write(wal_dir, target, new_header[:8 if tear == "crc_length" else 16])
+
+    for _ in range(2):  # reopening twice: the first one's repairs must hold
+        with pmemwal.open(wal_dir, mode=mode) as wal:
+            recs = read_all(wal)
+            assert [(lsn, d) for lsn, d, _ in recs] == kept + new
+            assert all(lsn < target for lsn, _, _ in recs)
+            assert stale_data not in [d for _, d, _ in recs]
+            assert_chain(recs)
+            assert wal.insert_lsn == target
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        after = _append(wal, [1000, 5], "after")
+        assert after[0][0] == target
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        recs = read_all(wal)
+        assert [(lsn, d) for lsn, d, _ in recs] == kept + new + after
+        assert_chain(recs)
+
+
+def test_recycled_segment_pages_are_not_records(wal_dir, mode):
+    """Reopening right after recycling: the old pages of the recycled segments stay invisible."""
+    wal, old, kept, _ = _fill_and_recycle(wal_dir, mode)
+    end = wal.insert_lsn
+    wal.close()
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert _records(wal) == kept
+        assert wal.insert_lsn == end
+        assert wal.first_lsn == first_lsn_of_segment(2)
+
+
+# ---- damage to flushed records ----------------------------------------------------------
+
+def _make_flushed(wal_dir, mode, sizes, seed="mid"):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        return _append(wal, sizes, seed, flush_each=True)
+
+
+DAMAGE = ["payload", "crc", "length_huge", "prev_link", "page_header", "segment_spanning"]
+
+
+@pytest.mark.parametrize("where", DAMAGE)
+def test_mid_log_damage(wal_dir, mode, where):
+    sizes = [3000] * 30 if where != "segment_spanning" else [3000] * 400
+    recs = _make_flushed(wal_dir, mode, sizes)
+    k = 12
+    if where == "payload":
+        flip_byte(wal_dir, recs[k][0] + REC_HDR + 100)
+    elif where == "crc":
+        flip_byte(wal_dir, recs[k][0])
+    elif where == "length_huge":
+        flip_byte(wal_dir, recs[k][0] + 7)      # length's top byte: ~4 GiB, far past the WAL
+    elif where == "prev_link":
+        flip_byte(wal_dir, recs[k][0] + 9)
+    elif where == "page_header":
+        page = (recs[k][0] // PAGE) * PAGE       # the page record k starts in
+        file_write(wal_dir, page + 9, b"\xAA")   # a byte of its page_lsn
+        # the first record touching that page is the one that fails
+        k = next(i for i, (lsn, d) in enumerate(recs)
+                 if lsn_of(usable_of(lsn) + rec_size(len(d)) - 1) >= page + PAGE_HDR)
+    else:  # a record running from segment 0 into segment 1: damage its part in segment 1
+        k = next(i for i, (lsn, d) in enumerate(recs) if lsn < SEG <= next_lsn(lsn, len(d)))
+        lsn, data = recs[k]
+        last_byte = lsn_of(usable_of(lsn) + REC_HDR + len(data) - 1)
+        assert last_byte // SEG == 1
+        flip_byte(wal_dir, last_byte)
+        assert any(l >= SEG for l, _ in recs[k + 1:])
+    bad = recs[k][0]
+    before = _dir_digest(wal_dir)
+
+    with pytest.raises(pmemwal.CorruptionError) as info:
+        pmemwal.open(wal_dir, mode=mode)
+    err = info.value
+    assert isinstance(err, pmemwal.WALError)
+    assert err.lsn == bad
+    assert err.segment == bad // SEG
+    assert isinstance(err.reason, str) and err.reason
+    assert pmemwal.format_lsn(bad) in str(err)
+    assert _dir_digest(wal_dir) == before, "a refused open changed the files"
+
+    with pmemwal.open(wal_dir, mode=mode, on_corruption="truncate") as wal:
+        assert _records(wal) == recs[:k]
+        assert wal.insert_lsn == bad
+        more = _append(wal, [10, 5000], "after-cut")
+        assert more[0][0] == bad
+    with pmemwal.open(wal_dir, mode=mode) as wal:   # the default again: nothing left to report
+        got = read_all(wal)
+        assert [(lsn, d) for lsn, d, _ in got] == recs[:k] + more
+        assert_chain(got)
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_records_of_live_wal_after_damage(wal_dir, mode, k):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        recs = _append(wal, [200] * 10, "live", flush_each=True)
+        flip_byte(wal_dir, recs[k][0] + REC_HDR + 3)
+        with pytest.raises(pmemwal.CorruptionError) as info:
+            list(wal.records())
+        assert info.value.lsn == recs[k][0]
+        # reading from a later record is unaffected
+        assert _records_from(wal, recs[k + 1][0]) == recs[k + 1:]
+        flip_byte(wal_dir, recs[k][0] + REC_HDR + 3)   # repaired: all readable again
+        assert _records(wal) == recs
+
+
+def _records_from(wal, start):
+    return [(lsn, data) for lsn, data, _ in read_all(wal, start)]
+
+
+def test_damage_in_unflushed_record_between_flushes_is_a_torn_tail(wal_dir, mode):
+    """Records appended without a flush in between carry no proof of each other."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        a = _append(wal, [100] * 3, "a", flush_each=True)
+        b = _append(wal, [100] * 5, "b")   # one group, flushed at close
+    flip_byte(wal_dir, b[2][0] + REC_HDR)
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert _records(wal) == a + b[:2]
+        assert wal.insert_lsn == b[2][0]
+
+
+# ---- retention ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("recycle", [0, 1, 2])
+def test_truncate_removes_or_recycles(wal_dir, mode, recycle):
+    # no background writer: it would prepare segments ahead, which count as spares
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=recycle,
+                      background=False) as wal:
+        recs = []
+        while wal.insert_lsn < 2 * SEG + 20 * PAGE:
+            recs += _append(wal, [4000], f"r/{len(recs)}", flush_each=True)
+        assert sorted(p.name for p in wal_dir.glob("*.wal")) == [seg_file(wal_dir, s).name
+                                                                  for s in range(3)]
+        assert wal.truncate(recs[0][0]) == 0          # nothing wholly below
+        stats = wal.stats()
+        assert stats["segments_recycled"] == stats["segments_removed"] == 0
+        first2 = next(lsn for lsn, _ in recs if lsn >= 2 * SEG)
+        assert wal.truncate(first2) == 2
+        stats = wal.stats()
+        assert stats["segments_recycled"] == min(recycle, 2)
+        assert stats["segments_removed"] == 2 - min(recycle, 2)
+        names = sorted(p.name for p in wal_dir.glob("*.wal"))
+        assert names == [seg_file(wal_dir, s).name for s in range(2, 3 + min(recycle, 2))]
+        assert all(p.stat().st_size == SEG for p in wal_dir.glob("*.wal"))
+        kept = [(lsn, d) for lsn, d in recs if lsn >= 2 * SEG]
+        assert kept[0][0] == first2
+        assert wal.first_lsn == first_lsn_of_segment(2)
+        assert _records(wal) == kept
+        assert wal.truncate(first2) == 0               # idempotent
+        end = wal.insert_lsn
+    _reopen_and_continue(wal_dir, mode, kept, end)
+
+
+def test_truncate_with_background_writer(wal_dir, mode):
+    """The same with the background writer on: segments it prepared count as spares."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=2) as wal:
+        recs = []
+        while wal.insert_lsn < 2 * SEG + 20 * PAGE:
+            recs += _append(wal, [4000], f"r/{len(recs)}", flush_each=True)
+        first2 = next(lsn for lsn, _ in recs if lsn >= 2 * SEG)
+        assert wal.truncate(first2) == 2
+        stats = wal.stats()
+        assert stats["segments_recycled"] + stats["segments_removed"] == 2
+        segnos = sorted(int(p.name[:16], 16) for p in wal_dir.glob("*.wal"))
+        assert segnos[0] == 2
+        assert all(p.stat().st_size == SEG for p in wal_dir.glob("*.wal"))
+        kept = [(lsn, d) for lsn, d in recs if lsn >= 2 * SEG]
+        assert wal.first_lsn == first_lsn_of_segment(2)
+        assert _records(wal) == kept
+        end = wal.insert_lsn
+    _reopen_and_continue(wal_dir, mode, kept, end)
+
+
+def _reopen_and_continue(wal_dir, mode, kept, end):
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        got = read_all(wal)
+        assert [(lsn, d) for lsn, d, _ in got] == kept
+        assert_chain(got)
+        assert wal.insert_lsn == end
+        more = _append(wal, [10, 20], "more")
+        assert more[0][0] == end
+        assert read_all(wal)[len(kept)][2] == kept[-1][0]
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert _records(wal) == kept + more
+
+
+@pytest.mark.parametrize("recycle", [0, 2])
+def test_truncate_stops_at_flushed_lsn(wal_dir, mode, recycle):
+    # no background writer: it would flush on its own
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=recycle,
+                      background=False) as wal:
+        recs = []
+        while wal.insert_lsn < SEG + 10 * PAGE:
+            recs += _append(wal, [6000], f"f/{len(recs)}", flush_each=True)
+        flushed = wal.flushed_lsn
+        while wal.insert_lsn < 2 * SEG + 10 * PAGE:       # into segment 2, not flushed
+            recs += _append(wal, [6000], f"f/{len(recs)}")
+        assert wal.flushed_lsn == flushed
+        assert wal.truncate(1 << 62) == 1                # only segment 0: flushed is in segment 1
+        assert wal.stats()["segments_recycled"] + wal.stats()["segments_removed"] == 1
+        assert wal.flushed_lsn == flushed                 # truncate does not flush
+        wal.flush()
+        assert wal.truncate(1 << 62) == 1                # now segment 1 too; never the current one
+        kept = [(lsn, d) for lsn, d in recs if lsn >= 2 * SEG]
+        assert _records(wal) == kept
+        end = wal.insert_lsn
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert _records(wal) == kept
+        assert wal.insert_lsn == end
+        # run on through the recycled segments (if any) and reopen again
+        more = []
+        while wal.insert_lsn < 4 * SEG + 10 * PAGE:
+            more += _append(wal, [6000], f"m/{len(more)}", flush_each=True)
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        got = read_all(wal)
+        assert [(lsn, d) for lsn, d, _ in got] == kept + more
+        assert_chain(got)
+
+
+# ---- arbitrary damage --------------------------------------------------------------------
+
+def test_random_damage_never_crashes(shm_tmp, mode):
+    """Garbage or zeros anywhere: a typed error or a prefix of the records, never anything else.
+
+    With on_corruption="truncate" the WAL opens (unless a segment header was hit),
+    holds exactly a prefix of what was written, takes new records, and then
+    reopens with the default "raise" without complaint.
+    """
+    pristine = shm_tmp / "pristine"
+    with pmemwal.open(pristine, mode=mode, segment_size=SEG, background=False) as wal:
+        recs = []
+        while wal.insert_lsn < SEG + 30 * PAGE:
+            n = random.Random(len(recs)).choice([0, 8, 300, 5000, 8168, 12000])
+            recs += _append(wal, [n], f"fuzz/{len(recs)}", flush_each=len(recs) % 3 == 0)
+    rng = random.Random(1234)
+    outcomes = {"format": 0, "corruption": 0, "opened": 0}
+    for it in range(40):
+        d = shm_tmp / f"c{it}"
+        shutil.copytree(pristine, d)
+        (d / "LOCK").unlink(missing_ok=True)
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            segno = rng.choice([0, 1])
+            r = rng.random()
+            if r < 0.1:
+                off = rng.randrange(0, 64)            # the segment header
+            elif r < 0.3:
+                off = rng.randrange(0, SEG)           # anywhere, past the end included
+            else:
+                off = rng.randrange(PAGE, SEG // 4 + segno * SEG // 2)
+            n = rng.choice([1, 8, 24, 100, 3000, 9000])
+            data = bytes(n) if rng.random() < 0.3 else rng.randbytes(n)
+            with open(seg_file(d, segno), "r+b") as f:
+                f.seek(off)
+                f.write(data[:SEG - off])
+        try:
+            with pmemwal.open(d, mode=mode) as wal:
+                got = _records(wal)
+            assert got == recs[:len(got)]
+        except pmemwal.FormatError:
+            outcomes["format"] += 1
+            shutil.rmtree(d)
+            continue
+        except pmemwal.CorruptionError:
+            outcomes["corruption"] += 1
+        with pmemwal.open(d, mode=mode, on_corruption="truncate") as wal:
+            got = _records(wal)
+            assert got == recs[:len(got)]
+            end = wal.insert_lsn
+            assert end == (next_lsn(got[-1][0], len(got[-1][1])) if got
+                           else first_lsn_of_segment(0))
+            extra = wal.append(b"after damage")
+            assert extra == end
+        with pmemwal.open(d, mode=mode) as wal:
+            assert _records(wal) == got + [(extra, b"after damage")]
+        outcomes["opened"] += 1
+        shutil.rmtree(d)
+    assert outcomes["opened"] > 10, outcomes
+    assert outcomes["corruption"] > 0 and outcomes["format"] > 0, outcomes
+
+
+def test_truncate_leaves_segment_of_pure_continuation(wal_dir, mode):
+    """After truncation the oldest segment holds only the middle of a record larger than
+    a segment: reading starts at the first record that begins later (two segments on)."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=0,
+                      background=False) as wal:
+        recs = []
+        while wal.insert_lsn < SEG + SEG // 2:
+            recs += _append(wal, [20000], f"s/{len(recs)}", flush_each=True)
+        big_lsn, big = _append(wal, [SEG + 3 * SEG // 4], "big", flush_each=True)[0]
+        assert big_lsn // SEG == 1 and next_lsn(big_lsn, len(big)) // SEG == 3
+        tail = _append(wal, [100, 200, 300], "tail", flush_each=True)
+        recs += [(big_lsn, big)] + tail
+        assert wal.truncate(2 * SEG) == 2               # segments 0 and 1: the big record's start
+        assert wal.first_lsn == first_lsn_of_segment(2)
+        assert _records(wal) == tail                    # nothing begins in segment 2
+        end = wal.insert_lsn
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        got = read_all(wal)
+        assert [(lsn, d) for lsn, d, _ in got] == tail
+        assert got[0][2] == big_lsn                     # its prev-link still names the big one
+        assert wal.insert_lsn == end
+        more = _append(wal, [1], "more")
+        assert more[0][0] == end
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert _records(wal) == tail + more
+
+
+def test_missing_middle_segment_is_reported(wal_dir, mode):
+    """A lost segment with durable records after it is damage, not a torn tail."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        recs = []
+        while wal.insert_lsn < 2 * SEG + 5 * PAGE:
+            recs += _append(wal, [10000], f"gap/{len(recs)}", flush_each=True)
+    seg_file(wal_dir, 1).unlink()
+    # the first record with bytes in segment 1 is where reading stops
+    k = next(i for i, (lsn, d) in enumerate(recs)
+             if lsn_of(usable_of(lsn) + rec_size(len(d)) - 1) >= SEG)
+    with pytest.raises(pmemwal.CorruptionError) as info:
+        pmemwal.open(wal_dir, mode=mode)
+    assert info.value.lsn == recs[k][0]
+    with pmemwal.open(wal_dir, mode=mode, on_corruption="truncate") as wal:
+        assert _records(wal) == recs[:k]
+        assert wal.insert_lsn == recs[k][0]
+        more = []
+        while wal.insert_lsn < 2 * SEG + 10 * PAGE:    # through a new segment 1 into segment 2
+            more += _append(wal, [10000], f"gap2/{len(more)}", flush_each=True)
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        got = read_all(wal)
+        assert [(lsn, d) for lsn, d, _ in got] == recs[:k] + more
+        assert_chain(got)
