@@ -622,7 +622,20 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
     if (rc)
         return rc;
     uint64_t flushed = atomic_load_explicit(&c->flushed_u, memory_order_acquire);
-    if (flushed < limit) {
+    if (flushed < limit && c->persist == WAL_PERSIST_PMEM) {
+        /* Inserters persisted their own records before leaving their slots: a
+         * flush only waits for them, then moves flushed_u forward, no lock. */
+        if ((rc = wait_insertions(c, limit, 0)))
+            return rc;
+        uint64_t to = frontier(c, 0);
+        atomic_fetch_add_explicit(&c->flush_requests, 1, memory_order_relaxed);
+        while (flushed < to &&
+               !atomic_compare_exchange_weak(&c->flushed_u, &flushed, to))
+            ;
+        atomic_fetch_add_explicit(flushed < to ? &c->flushes : &c->coalesced, 1,
+                                  memory_order_relaxed);
+        flushed = flushed < to ? to : flushed;
+    } else if (flushed < limit) {
         if ((rc = wait_insertions(c, limit, 0)))
             return rc;
         pthread_mutex_lock(&c->write_lock);
@@ -633,9 +646,7 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
             c->coalesced++;
         } else {
             uint64_t to = frontier(c, 0); /* everyone complete below: flush them too */
-            if (c->persist == WAL_PERSIST_PMEM) {
-                /* inserters persisted their own records before leaving their slots */
-            } else if (c->direct) {
+            if (c->direct) {
                 rc = persist_range(c, env, flushed, to);
             } else {
                 uint64_t written = atomic_load(&c->written_u);
@@ -699,10 +710,10 @@ void wal_get_stats(wal_core *c, wal_stats *s)
         s->slot_wait_ns += c->slots[i].acquire_wait_ns;
     }
     pthread_mutex_lock(&c->write_lock);
-    s->flushes = c->flushes;
-    s->flush_requests = c->flush_requests;
-    s->coalesced = c->coalesced;
     s->writes = c->writes;
     pthread_mutex_unlock(&c->write_lock);
+    s->flushes = atomic_load(&c->flushes);
+    s->flush_requests = atomic_load(&c->flush_requests);
+    s->coalesced = atomic_load(&c->coalesced);
     s->insert_wait_ns = atomic_load(&c->insert_wait_ns);
 }

@@ -78,7 +78,8 @@ typedef struct wal_core {
     _Alignas(64) _Atomic uint64_t flushed_u; /* durable below; a record boundary */
     _Atomic uint64_t written_u;              /* buffered: handed to the OS below */
     pthread_mutex_t write_lock;              /* one writer/flusher at a time */
-    uint64_t flushes, flush_requests, coalesced, writes; /* under write_lock */
+    _Atomic uint64_t flushes, flush_requests, coalesced;
+    uint64_t writes;                          /* under write_lock */
     _Atomic uint64_t insert_wait_ns;         /* flushes waiting for insertions */
 
     wal_slot slots[WAL_MAX_SLOTS];

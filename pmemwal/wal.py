@@ -210,6 +210,10 @@ class WAL:
                                 max_record_size=max_record_size,
                                 segment_callback=_weak(self, "_ensure_segment"))
         self._core.set_position(insert_lsn, prev_lsn)
+        # The per-record calls go straight to C: a Python frame here would cost
+        # as much as appending a small record (the methods below document them).
+        self.append = self._core.append
+        self.flush = self._core.flush
         self.max_record_size = max_record_size
         self._choose_persist(insert_lsn // self.segment_size)
 
