@@ -6,9 +6,16 @@
  * each large block, because the instruction has a latency of three cycles but
  * a throughput of one; the partial CRCs are merged by "shifting" a register
  * over a block of zeros, done with four table lookups (crc32c_shift below;
- * CRC is linear, so crc(A||B) = shift_len(B)(crc(A)) ^ crc0(B)).  Without
- * SSE4.2, or with PMEMWAL_NO_CRC_HW=1, a slicing-by-8 table implementation
- * is used.  Both produce the
+ * CRC is linear, so crc(A||B) = shift_len(B)(crc(A)) ^ crc0(B)).  Where the
+ * CPU has AVX-512 carry-less multiplication (VPCLMULQDQ), blocks of 256 bytes
+ * and more are instead folded 64 bytes at a time (Intel's "Fast CRC
+ * Computation Using PCLMULQDQ"), which also carries the copy: the same
+ * 64-byte loads are stored, or streamed past the cache for persistent memory.
+ * The folding constants are x^(D+32) and x^(D-32) mod P, bit-reflected and
+ * shifted left by one (the same derivation gives zlib's published CRC-32
+ * constants); the folded 128 bits are finished with the crc32 instruction.
+ * Without SSE4.2, or with PMEMWAL_NO_CRC_HW=1, a slicing-by-8 table
+ * implementation is used.  Both produce the
  * standard CRC-32C (iSCSI, RFC 3720): crc32c("123456789") == 0xE3069283.
  */
 #include "crc32c.h"
@@ -28,6 +35,8 @@ static uint32_t long_shift[4][256];
 static uint32_t short_shift[4][256];
 
 static uint32_t (*update_fn)(uint32_t, const unsigned char *, size_t);
+static int has_fold; /* AVX-512 VPCLMULQDQ folding for blocks of FOLD_MIN and more */
+#define FOLD_MIN 256
 static const char *impl_name = "none";
 
 static uint32_t update_table(uint32_t crc, const unsigned char *p, size_t len);
@@ -72,6 +81,83 @@ static uint32_t update_table(uint32_t crc, const unsigned char *p, size_t len)
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <immintrin.h>
+
+#define FOLD_TARGET __attribute__((target("avx512f,avx512bw,vpclmulqdq,pclmul,sse4.2")))
+#define K_LO(lo, hi) _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo)
+
+FOLD_TARGET static inline __m512i fold512(__m512i x, __m512i k)
+{
+    return _mm512_xor_si512(_mm512_clmulepi64_epi128(x, k, 0x00),
+                            _mm512_clmulepi64_epi128(x, k, 0x11));
+}
+
+FOLD_TARGET static inline __m128i fold128(__m128i x, __m128i k)
+{
+    return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
+}
+
+FOLD_TARGET static inline void put64(unsigned char *dst, __m512i v, int nt)
+{
+    if (nt)
+        _mm512_stream_si512((void *)dst, v); /* dst is 64-byte aligned */
+    else
+        _mm512_storeu_si512(dst, v);
+}
+
+/* fold_copy -- raw CRC register over len bytes (a multiple of 64, at least 256),
+ * copying them to dst on the way when dst is not NULL. */
+FOLD_TARGET static uint32_t fold_copy(uint32_t crc, unsigned char *dst, const unsigned char *p,
+                                      size_t len, int nt)
+{
+    const __m512i k2048 = K_LO(0xdcb17aa4ll, 0xb9e02b86ll), k512 = K_LO(0x740eef02ll, 0x9e4addf8ll);
+    __m512i a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = _mm512_loadu_si512(p + 64 * i);
+        if (dst)
+            put64(dst + 64 * i, a[i], nt);
+    }
+    a[0] = _mm512_xor_si512(a[0], _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)crc)));
+    for (p += 256, dst = dst ? dst + 256 : NULL, len -= 256; len >= 256; p += 256, len -= 256) {
+        for (int i = 0; i < 4; i++) {
+            __m512i b = _mm512_loadu_si512(p + 64 * i);
+            if (dst)
+                put64(dst + 64 * i, b, nt);
+            a[i] = _mm512_xor_si512(fold512(a[i], k2048), b);
+        }
+        dst = dst ? dst + 256 : NULL;
+    }
+    for (int i = 1; i < 4; i++)
+        a[i] = _mm512_xor_si512(fold512(a[i - 1], k512), a[i]);
+    for (; len >= 64; p += 64, len -= 64) {
+        __m512i b = _mm512_loadu_si512(p);
+        if (dst) {
+            put64(dst, b, nt);
+            dst += 64;
+        }
+        a[3] = _mm512_xor_si512(fold512(a[3], k512), b);
+    }
+    const __m128i k128 = _mm_set_epi64x(0x14cd00bd6ll, 0xf20c0dfell);
+    __m128i lane = _mm512_extracti32x4_epi32(a[3], 0);
+    lane = _mm_xor_si128(fold128(lane, k128), _mm512_extracti32x4_epi32(a[3], 1));
+    lane = _mm_xor_si128(fold128(lane, k128), _mm512_extracti32x4_epi32(a[3], 2));
+    lane = _mm_xor_si128(fold128(lane, k128), _mm512_extracti32x4_epi32(a[3], 3));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(lane));
+    return (uint32_t)_mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(lane, 1));
+}
+
+static int cpu_has_vpclmul(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE))
+        return 0;
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0xE6) != 0xE6) /* the OS saves SSE, AVX and AVX-512 state */
+        return 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_AVX512F) && (b & bit_AVX512BW) &&
+           (c & bit_VPCLMULQDQ);
+}
 
 __attribute__((target("sse4.2"))) static uint32_t
 hw_run(uint32_t crc, const unsigned char *p, size_t len)
@@ -126,6 +212,12 @@ update_hw(uint32_t crc, const unsigned char *p, size_t len)
     while (len && ((uintptr_t)p & 7)) {
         crc = __builtin_ia32_crc32qi(crc, *p++);
         len--;
+    }
+    if (has_fold && len >= FOLD_MIN) {
+        size_t body = len & ~(size_t)63;
+        crc = fold_copy(crc, NULL, p, body, 0);
+        p += body;
+        len -= body;
     }
     crc = hw_three(crc, &p, &len, LONG_BLOCK, long_shift);
     crc = hw_three(crc, &p, &len, SHORT_BLOCK, short_shift);
@@ -183,7 +275,13 @@ static int cpu_has_sse42(void)
 }
 #else
 static int cpu_has_sse42(void) { return 0; }
+static int cpu_has_vpclmul(void) { return 0; }
 #define update_hw update_table
+static uint32_t fold_copy(uint32_t crc, unsigned char *dst, const unsigned char *p, size_t len, int nt)
+{
+    (void)dst; (void)p; (void)len; (void)nt;
+    return crc; /* never called: has_fold stays 0 */
+}
 static uint32_t nt_three(uint32_t crc, unsigned char **dp, const unsigned char **sp, size_t *lenp)
 {
     (void)dp; (void)sp; (void)lenp;
@@ -209,6 +307,8 @@ static void crc32c_init(void)
     if (cpu_has_sse42() && !(off && *off && *off != '0')) {
         update_fn = update_hw;
         impl_name = "sse4.2";
+        if ((has_fold = cpu_has_vpclmul()))
+            impl_name = "avx512-vpclmulqdq";
     } else {
         update_fn = update_table;
         impl_name = "table";
@@ -225,10 +325,18 @@ uint32_t crc32c_update(uint32_t crc, const void *buf, size_t len)
 
 uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
 {
-    /* Two passes over a block small enough to stay in L1: the copy reads it
-     * back from cache, so the fused cost is close to the CRC alone. */
     const unsigned char *s = src;
     unsigned char *d = dst;
+    pthread_once(&init_once, crc32c_init);
+    if (has_fold && len >= FOLD_MIN) { /* one pass: the folding loads are stored */
+        size_t body = len & ~(size_t)63;
+        crc = ~fold_copy(~crc, d, s, body, 0);
+        s += body;
+        d += body;
+        len -= body;
+    }
+    /* Otherwise two passes over a block small enough to stay in L1: the copy
+     * reads it back from cache, so the cost is close to the CRC alone. */
     while (len) {
         size_t n = len < 4096 ? len : 4096;
         crc = crc32c_update(crc, s, n);
@@ -253,7 +361,18 @@ uint32_t crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len, in
         return crc32c_copy(crc, dst, src, len); /* no streaming path: cached copy */
     unsigned char *d = dst;
     const unsigned char *s = src;
-    crc = ~nt_three(~crc, &d, &s, &len);
+    crc = ~crc;
+    if (has_fold && len >= FOLD_MIN + 64) {
+        size_t head = (64 - ((uintptr_t)d & 63)) & 63; /* 8-byte words up to 64-byte alignment */
+        len -= head;
+        crc = nt_three(crc, &d, &s, &head);
+        size_t body = len & ~(size_t)63;
+        crc = fold_copy(crc, d, s, body, 1);
+        d += body;
+        s += body;
+        len -= body;
+    }
+    crc = ~nt_three(crc, &d, &s, &len);
     if (len) { /* ragged end */
         unsigned char tail[8] = {0};
         memcpy(tail, s, len);
