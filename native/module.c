@@ -382,7 +382,8 @@ static PyObject *Core_stats(CoreObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     wal_get_stats(self->core, &s);
     Py_END_ALLOW_THREADS
-    return Py_BuildValue("{sKsKsKsKsKsKsKsK}", "records", s.records, "bytes", s.bytes,
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsK}", "records", s.records, "bytes", s.bytes,
+                         "payload_bytes", s.payload_bytes,
                          "slot_wait_ns", s.slot_wait_ns, "insert_wait_ns", s.insert_wait_ns,
                          "flushes", s.flushes, "flush_requests", s.flush_requests,
                          "coalesced", s.coalesced, "writes", s.writes);

@@ -549,7 +549,7 @@ static inline uint64_t reserve(wal_core *c, uint64_t size, uint64_t last_off, ui
 int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
                const uint64_t *lens, size_t n, uint64_t *lsns)
 {
-    uint64_t total = 0, last_off = 0;
+    uint64_t total = 0, last_off = 0, payload = 0;
     int rc = stopped(c);
     if (rc || n == 0)
         return rc;
@@ -558,6 +558,7 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
             return -EMSGSIZE;
         last_off = total;
         total += wal_rec_size(lens[i]);
+        payload += lens[i];
     }
     /* Create or attach segments before reserving: a failure here leaves no hole. */
     uint64_t guess = __atomic_load_n(&c->cur_u, __ATOMIC_RELAXED);
@@ -594,6 +595,7 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
         c->pmem_drain(); /* our flushes and streaming stores are durable past here */
     slot->records += n;
     slot->bytes += total;
+    slot->payload_bytes += payload;
     release_slot(slot);
     if (c->notify_fd >= 0 && start_u / g->seg_usable != (start_u + total) / g->seg_usable) {
         uint64_t one = 1; /* a new segment: wake the background writer */
@@ -707,6 +709,7 @@ void wal_get_stats(wal_core *c, wal_stats *s)
     for (uint32_t i = 0; i < c->nslots; i++) {
         s->records += c->slots[i].records;
         s->bytes += c->slots[i].bytes;
+        s->payload_bytes += c->slots[i].payload_bytes;
         s->slot_wait_ns += c->slots[i].acquire_wait_ns;
     }
     pthread_mutex_lock(&c->write_lock);

@@ -47,11 +47,11 @@ typedef struct wal_slot {
     _Atomic uint32_t owner;
     _Atomic uint64_t start;    /* usable position of the record being inserted */
     _Atomic uint64_t progress; /* everything below is copied */
-    uint64_t records, bytes, acquire_wait_ns;
+    uint64_t records, bytes, payload_bytes, acquire_wait_ns;
 } __attribute__((aligned(64))) wal_slot;
 
 typedef struct wal_stats {
-    uint64_t records, bytes, slot_wait_ns;           /* summed over slots */
+    uint64_t records, bytes, payload_bytes, slot_wait_ns; /* summed over slots */
     uint64_t flushes, flush_requests, coalesced, insert_wait_ns, writes;
 } wal_stats;
 

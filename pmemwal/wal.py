@@ -386,7 +386,17 @@ class WAL:
         self._counters["segments_recycled"] += 1
 
     def stats(self) -> dict[str, int]:
-        """Counters: records, bytes, flushes, waits (ns), segments created/recycled/removed."""
+        """Counters since open.
+
+        ``records``; ``bytes`` (WAL stream bytes: headers and padding included)
+        and ``payload_bytes``; ``slot_wait_ns`` (insertions waiting for an
+        insertion slot) and ``insert_wait_ns`` (flushes waiting for insertions
+        in progress), the two sides of the ``insert_slots`` trade-off;
+        ``flushes`` done, ``flush_requests`` and ``coalesced`` requests that an
+        earlier flush had already covered (group commit); ``writes`` (pwrite,
+        msync calls); ``segments_created``, ``_recycled``, ``_removed`` and
+        ``_prefaulted`` (made ready ahead by the background writer).
+        """
         self._check_open()
         return {**self._core.stats(), **self._counters}
 
