@@ -164,14 +164,22 @@ static int seg_get(wal_core *c, const wal_env *env, uint64_t segno, wal_seg_entr
     return 0;
 }
 
-/* ensure_segments -- attach every segment of usable range [from, to) up front. */
-static int ensure_segments(wal_core *c, const wal_env *env, uint64_t from, uint64_t to)
+/* ensure_segments -- attach the segments the next reservation of `total` bytes
+ * will need, before reserving.  The position is read without the lock, so it
+ * may be stale: a segment the insert position has passed since (and that a
+ * truncation may have removed) is skipped, never asked for again. */
+static int ensure_segments(wal_core *c, const wal_env *env, uint64_t total)
 {
-    wal_seg_entry *e;
-    for (uint64_t s = from / c->geom.seg_usable; s <= (to - 1) / c->geom.seg_usable; s++) {
-        int rc = seg_get(c, env, s, &e);
+    const uint64_t per = c->geom.seg_usable;
+    uint64_t from = __atomic_load_n(&c->cur_u, __ATOMIC_RELAXED);
+    for (uint64_t s = from / per; s <= (from + total - 1) / per; s++) {
+        if (seg_lookup(c, s))
+            continue;
+        int rc = env->need_segment(env->ctx, s);
         if (rc)
             return rc;
+        if (!seg_lookup(c, s) && s >= __atomic_load_n(&c->cur_u, __ATOMIC_RELAXED) / per)
+            return -ENOENT;
     }
     return 0;
 }
@@ -561,8 +569,7 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
         payload += lens[i];
     }
     /* Create or attach segments before reserving: a failure here leaves no hole. */
-    uint64_t guess = __atomic_load_n(&c->cur_u, __ATOMIC_RELAXED);
-    if ((rc = ensure_segments(c, env, guess, guess + total)))
+    if ((rc = ensure_segments(c, env, total)))
         return rc;
 
     wal_slot *slot;

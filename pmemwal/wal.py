@@ -256,10 +256,17 @@ class WAL:
     # ---- segments (called by the native core, with the GIL) -------------------
 
     def _ensure_segment(self, segno: int) -> None:
-        """Open (creating it if needed) segment ``segno`` and attach it to the core."""
+        """Open (creating it if needed) segment ``segno`` and attach it to the core.
+
+        A segment below the oldest one was truncated: a stale request for it
+        (the insert position has moved past it since) is ignored, never
+        answered by creating the segment again.
+        """
         with self._seg_lock:
             if self._core_closed:
                 raise ClosedError("the WAL is closed")
+            if segno < self._segnos[0]:
+                return
             seg = self._segments.get(segno)
             if seg is None:
                 if segno not in self._segnos:

@@ -1,0 +1,453 @@
+"""Concurrency: many appenders and flushers at once, SIGKILL under that load,
+segment recycling under load, and the background writer.
+
+Every payload is self-describing (tests/_concurrent_child.py: run, thread,
+sequence number, length, then a pseudo-random slice fixed by those), so a
+reader can say which record any payload is and check every byte of it.
+
+- test_concurrent_stress: 6 appenders (append, append_many batches,
+  append(flush=True); sizes 0..40 KB and a few 1.2 MB records spanning 1 MiB
+  segments) and 2 flushers (flush() and flush(lsn) on appended LSNs, one of
+  them also reading records() from a random record) for about half a second,
+  in buffered and direct mode (msync here, libpmem in a child), with 1, 8 and
+  256 insertion slots.  Afterwards: every record exactly once, at the LSN
+  append returned, with its bytes; each thread's records in its order; the
+  chain whole; every flush covered what it promised (the whole record at the
+  LSN asked for, everything inserted before a flush()), returned a record
+  boundary and never went backwards; the counters add up; a reopen finds the
+  same end.
+- test_sigkill_under_load: a child with 4 appenders and 2 flushers prints a
+  line for each acknowledged record and each returned flush; it is killed
+  with SIGKILL at a random moment; every acknowledged record and everything
+  below every returned flushed LSN is there, intact; nothing in the WAL fails
+  to verify; each thread's records are a gap-free prefix.  Two rounds (the
+  second recovers the WAL and appends to it), in buffered mode, direct with
+  libpmem (PMEM_IS_PMEM_FORCE=1) and direct with msync (libpmem hidden).
+- test_recycling_under_load: 4 appenders with group flushes while a thread
+  truncates to 2 MiB below the flushed LSN every few ms: segments are
+  recycled, nothing fails, everything from the oldest segment kept on is
+  intact, before and after a reopen.
+- test_background_flushes_under_load: asynchronous appends from several
+  threads become durable within the flush interval with the background
+  writer, and stay unflushed without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+
+import pmemwal
+from _concurrent_child import HDR, make_payload, parse_payload, stress
+from conftest import (HIDDEN_LIBPMEM, SEG, assert_chain, child_env, expected_end,
+                      first_lsn_of_segment, read_all, rec_size)
+
+CONCURRENT_CHILD = str(Path(__file__).resolve().parent / "_concurrent_child.py")
+STRESS_SECONDS = 0.4
+
+
+# ---- checks shared by the in-process and the child runs ------------------------------
+
+def _check_stress(recs, result: dict, run: int) -> None:
+    """The WAL's records ``recs`` against what the stress workload says it did."""
+    assert not result["errors"], "\n".join(result["errors"])
+    appended = result["appended"]
+    assert all(appended), "an appender appended nothing"
+    expected = {}                                    # lsn -> (tid, seq, n)
+    for tid, mine in enumerate(appended):
+        lsns = [lsn for _, lsn, _ in mine]
+        assert lsns == sorted(set(lsns)), f"thread {tid}: LSNs not increasing in its own order"
+        assert [seq for seq, _, _ in mine] == list(range(len(mine)))
+        for seq, lsn, n in mine:
+            assert lsn not in expected, f"LSN {lsn} handed out twice"
+            expected[lsn] = (tid, seq, n)
+    assert any(n > SEG for mine in appended for _, _, n in mine), "no record spanned a segment"
+
+    # every record exactly once, at its LSN, with its bytes; nothing else
+    assert len(recs) == len(expected), f"{len(recs)} records read, {len(expected)} appended"
+    last_seq = {}
+    for lsn, data, _ in recs:
+        assert lsn in expected, f"record at {lsn} was never appended"
+        tid, seq, n = expected[lsn]
+        assert data == make_payload(run, tid, seq, n), f"record at {lsn} (thread {tid}/{seq}) damaged"
+        if n >= HDR:
+            assert parse_payload(data) == (run, tid, seq)
+        assert last_seq.get(tid, -1) < seq, f"thread {tid}: {seq} after {last_seq[tid]}"
+        last_seq[tid] = seq
+    assert recs[0][2] == 0
+    assert_chain(recs)
+
+    # every flush covered what it promised
+    end = expected_end(recs)
+    record_end = {lsn: nxt for (lsn, _, _), (nxt, _, _) in zip(recs, recs[1:] + [(end, 0, 0)])}
+    boundaries = set(record_end) | {end}
+    for lsn, flushed in result["own_flushes"]:
+        assert flushed >= record_end[lsn], f"flush of {lsn} returned {flushed} < its end"
+        assert flushed <= end
+    calls = 0
+    for mine in result["flushes"]:
+        prev = 0
+        for lsn, before, flushed in mine:
+            if lsn == -1:
+                assert flushed >= before, f"flush() returned {flushed} < insert_lsn {before} before"
+            else:
+                assert flushed >= record_end[lsn], f"flush({lsn}) returned {flushed} < its end"
+            assert flushed in boundaries, f"flushed LSN {flushed} is not a record boundary"
+            assert flushed >= prev, f"flushed LSN went back from {prev} to {flushed}"
+            prev = flushed
+            calls += 1
+    assert calls >= 10, f"only {calls} flush calls"
+    assert result["reads"] > 0, "no concurrent read ran"
+
+    # the counters add up
+    s = result["stats"]
+    assert s["records"] == len(expected)
+    assert s["bytes"] == sum(rec_size(n) for _, _, n in expected.values())
+    assert s["flush_requests"] >= s["flushes"] >= 1
+    assert 0 <= s["coalesced"] <= s["flush_requests"]
+    assert s["segments_created"] >= end // SEG
+    assert s["slot_wait_ns"] >= 0 and s["insert_wait_ns"] >= 0
+
+
+STRESS_CASES = [("buffered", 1), ("buffered", 8), ("buffered", 256),
+                ("direct", 1), ("direct", 8), ("direct", 256),
+                ("direct-pmem", 256)]
+
+
+@pytest.mark.parametrize("case,insert_slots", STRESS_CASES,
+                         ids=[f"{c}-slots{n}" for c, n in STRESS_CASES])
+def test_concurrent_stress(shm_tmp, case, insert_slots):
+    wal_dir = shm_tmp / "wal"
+    run = insert_slots
+    seed = f"{case}/{insert_slots}/{random.getrandbits(32)}"
+    mode = case.split("-")[0]
+    opts = dict(mode=mode, segment_size=SEG, insert_slots=insert_slots)
+    if case == "direct-pmem":
+        # libpmem persistence needs PMEM_IS_PMEM_FORCE=1 from the start: run it in a child
+        out = shm_tmp / "result.json"
+        spec = {"op": "stress", "dir": str(wal_dir), "opts": opts, "seconds": STRESS_SECONDS,
+                "run": run, "seed": seed, "out": str(out)}
+        proc = subprocess.run([sys.executable, CONCURRENT_CHILD, json.dumps(spec)],
+                              env=child_env(PMEM_IS_PMEM_FORCE="1"), capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"persist_method": "pmem",
+                                                                    "stuck": 0}
+        result = json.loads(out.read_text())
+        with pmemwal.open(wal_dir, mode=mode) as wal:
+            recs = read_all(wal)
+            _check_stress(recs, result, run)
+            assert wal.insert_lsn == wal.flushed_lsn == expected_end(recs)
+        return
+
+    wal = pmemwal.open(wal_dir, **opts)
+    result = stress(wal, STRESS_SECONDS, run, seed)
+    if result["stuck"]:
+        pytest.fail(f"{result['stuck']} threads stuck; errors: {result['errors']}")  # WAL leaked
+    try:
+        assert wal.persist_method in (("msync", "pmem") if mode == "direct" else ("fdatasync",))
+        recs = read_all(wal)
+        _check_stress(recs, result, run)
+        assert wal.insert_lsn == wal.flushed_lsn == expected_end(recs)
+    finally:
+        wal.close()
+    with pmemwal.open(wal_dir, mode=mode) as wal:   # recovery's own scan finds the same end
+        assert wal.insert_lsn == expected_end(recs)
+        assert read_all(wal, recs[-1][0]) == recs[-1:]
+
+
+# ---- SIGKILL under load ---------------------------------------------------------------
+
+CRASH_CASES = {  # (mode, environment, persist_method, insert_slots of the two rounds)
+    "buffered": ("buffered", {}, "fdatasync", (1, 256)),
+    "direct-pmem": ("direct", {"PMEM_IS_PMEM_FORCE": "1"}, "pmem", (256, 8)),
+    "direct-nolibpmem": ("direct", {"PMEMWAL_LIBPMEM": HIDDEN_LIBPMEM}, "msync", (8, 1)),
+}
+
+
+def _crash_round(wal_dir, mode, env, spec, delay):
+    """Run the crash writer, SIGKILL it ``delay`` s after READY; its complete lines."""
+    proc = subprocess.Popen([sys.executable, CONCURRENT_CHILD, json.dumps(spec)],
+                            env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines: list[bytes] = []
+    ready = threading.Event()
+
+    def reader():
+        for line in proc.stdout:
+            lines.append(line)
+            ready.set()
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    try:
+        assert ready.wait(30), "the writer did not start"
+        time.sleep(delay)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        t.join(timeout=30)
+    stderr = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL, stderr
+    assert "Traceback" not in stderr and "Exception" not in stderr, stderr
+    return [line for line in lines if line.endswith(b"\n")]   # a cut-off line says nothing
+
+
+def _parse_crash_lines(lines):
+    head = lines[0].split()
+    assert head[0] == b"READY", lines[0]
+    known, acked, flushed_max, flushes = {}, set(), 0, 0
+    for line in lines[1:]:
+        tag, *fields = line.split()
+        if tag == b"F":
+            lsn, flushed = map(int, fields)
+            assert flushed > lsn
+            flushed_max = max(flushed_max, flushed)
+            flushes += 1
+            continue
+        run, tid, seq, lsn, n = map(int, fields)
+        assert tag in (b"A", b"U"), line
+        assert (run, tid, seq) not in known, f"{line!r} twice"
+        known[(run, tid, seq)] = (lsn, n)
+        if tag == b"A":
+            acked.add((run, tid, seq))
+    return head[1].decode(), int(head[2]), known, acked, flushed_max, flushes
+
+
+def _verify_crash(wal_dir, mode, rounds, known, acked, flushed_max):
+    """The recovered WAL against everything the children said (all rounds so far).
+
+    ``flushed_max[run]``: the highest flushed LSN a flush returned in that run.  It
+    promises the records of that run below it: a later run reuses the LSNs past the
+    end recovered after a crash.
+    """
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        recs = read_all(wal)
+        end = expected_end(recs) if recs else wal.first_lsn
+        assert wal.insert_lsn == wal.flushed_lsn == end
+    assert_chain(recs)
+    found = {}
+    for lsn, data, _ in recs:
+        key = parse_payload(data)
+        assert key is not None, f"record at {lsn} ({len(data)} bytes) does not verify: garbage"
+        assert key[0] in rounds, f"record at {lsn} from unknown run {key[0]}"
+        assert key not in found, f"record {key} twice, at {found[key]} and {lsn}"
+        found[key] = lsn
+        if key in known:
+            assert known[key] == (lsn, len(data)), f"record {key} at {lsn}, appended at {known[key]}"
+    # each thread's records: a gap-free prefix, in LSN order
+    per_thread = {}
+    for key, lsn in found.items():
+        per_thread.setdefault(key[:2], []).append((lsn, key[2]))
+    for thread, got in per_thread.items():
+        got.sort()
+        assert [seq for _, seq in got] == list(range(len(got))), f"thread {thread}: gap or reorder"
+    # every promise kept
+    lost = sorted(k for k in acked if k not in found)
+    assert not lost, f"{len(lost)} acknowledged records lost, first {lost[0]} at {known[lost[0]]}"
+    assert end >= max(flushed_max.values()), \
+        f"recovered end {end} < a returned flushed LSN {max(flushed_max.values())}"
+    below = sorted(k for k, (lsn, _) in known.items() if lsn < flushed_max[k[0]] and k not in found)
+    assert not below, (f"{len(below)} records below a returned flushed LSN lost (recovered end "
+                       f"{end}): " + "; ".join(_around(recs, k, known[k]) for k in below[:3]))
+    return recs, end
+
+
+def _around(recs, key, where) -> str:
+    """A lost record and the recovered records next to its LSN, for the failure message."""
+    lsn, n = where
+    near = [(r_lsn, len(data), parse_payload(data)) for r_lsn, data, _ in recs
+            if abs(r_lsn - lsn) < 3 * 8192]
+    return f"{key} at {lsn} ({n} bytes), recovered nearby: {near}"
+
+
+@pytest.mark.parametrize("case", sorted(CRASH_CASES))
+def test_sigkill_under_load(wal_dir, case):
+    mode, env, method, slots = CRASH_CASES[case]
+    rng = random.Random()
+    known, acked, flushed_max, rounds = {}, set(), {}, []
+    prev_recs, end = [], None
+    for rnd, insert_slots in enumerate(slots, start=1):
+        rounds.append(rnd)
+        spec = {"op": "crash_writer", "dir": str(wal_dir), "mode": mode, "run": rnd,
+                "seed": f"{case}/{rng.getrandbits(32)}", "insert_slots": insert_slots}
+        delay = rng.uniform(0.3, 1.2)
+        lines = _crash_round(wal_dir, mode, env, spec, delay)
+        persist, start, k, a, fmax, nflush = _parse_crash_lines(lines)
+        assert persist == method
+        if end is not None:
+            assert start == end, "the writer did not go on from the recovered end"
+        assert len(a) >= 10 and nflush >= 5, \
+            f"only {len(a)} acknowledged records, {nflush} flushes in {delay:.2f} s"
+        assert min(lsn for lsn, _ in k.values()) == start
+        known.update(k)
+        acked |= a
+        flushed_max[rnd] = fmax
+        recs, end = _verify_crash(wal_dir, mode, rounds, known, acked, flushed_max)
+        assert recs[:len(prev_recs)] == prev_recs, "recovery changed earlier records"
+        prev_recs = recs
+
+
+# ---- segment recycling under load -------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["buffered", "direct"])
+def test_recycling_under_load(wal_dir, mode):
+    nthreads, run = 4, 7
+    stop = threading.Event()
+    errors: list[str] = []
+    appended: list[list[tuple[int, int, int]]] = [[] for _ in range(nthreads)]
+    cuts: list[int] = []
+
+    def appender(wal, tid):
+        rng = random.Random(tid)
+        seq = 0
+        try:
+            while not stop.is_set():
+                group = rng.randint(1, 8)
+                sizes = [rng.choice((8000, 8168, 8192, 8300)) for _ in range(group)]
+                if tid % 2:
+                    lsns = [int(x) for x in wal.append_many(
+                        [make_payload(run, tid, seq + j, n) for j, n in enumerate(sizes)])]
+                else:
+                    lsns = [wal.append(make_payload(run, tid, seq + j, n)) for j, n in enumerate(sizes)]
+                appended[tid] += [(seq + j, lsn, n) for j, (lsn, n) in enumerate(zip(lsns, sizes))]
+                seq += group
+                assert wal.flush(lsns[-1]) > lsns[-1]
+        except BaseException:  # reported below
+            errors.append(f"appender {tid}: {traceback.format_exc()}")
+            stop.set()
+
+    def truncator(wal):
+        try:
+            while not stop.is_set():
+                time.sleep(0.003)
+                cut = wal.flushed_lsn - 2 * SEG
+                if cut > 0:
+                    cuts.append(cut)
+                    wal.truncate(cut)
+        except BaseException:  # reported below
+            errors.append(f"truncator: {traceback.format_exc()}")
+            stop.set()
+
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=2, insert_slots=8)
+    threads = [threading.Thread(target=appender, args=(wal, t), daemon=True) for t in range(nthreads)]
+    threads.append(threading.Thread(target=truncator, args=(wal,), daemon=True))
+    for t in threads:
+        t.start()
+    stop.wait(1.0)
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    if any(t.is_alive() for t in threads):
+        pytest.fail("threads stuck")  # the WAL is leaked
+    try:
+        assert not errors, "\n".join(errors)
+        stats = wal.stats()
+        assert cuts, "the truncator never ran"
+        assert stats["segments_recycled"] > 0, stats
+        oldest = max(cuts) // SEG            # truncate removes the segments wholly below a cut
+        files = sorted(int(name[:-4], 16) for name in os.listdir(wal_dir) if name.endswith(".wal"))
+        assert files[0] == oldest, \
+            f"segment file {files[0]:X} below the oldest kept, {oldest:X}: made again after truncation"
+        assert wal.first_lsn == first_lsn_of_segment(oldest)
+        recs = read_all(wal)
+        first = recs[0][0]
+        assert oldest * SEG < first < (oldest + 1) * SEG
+        expected = sorted((lsn, make_payload(run, tid, seq, n))
+                          for tid, mine in enumerate(appended) for seq, lsn, n in mine
+                          if lsn >= first)
+        assert [(lsn, data) for lsn, data, _ in recs] == expected
+        assert_chain(recs)
+        assert stats["records"] == sum(len(m) for m in appended)
+        assert wal.insert_lsn == wal.flushed_lsn == expected_end(recs)
+    finally:
+        wal.close()
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert read_all(wal) == recs
+
+
+# ---- the background writer under load ---------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["buffered", "direct"])
+@pytest.mark.parametrize("background", [True, False])
+def test_background_flushes_under_load(wal_dir, mode, background):
+    nthreads, run = 3, 9
+    appended: list[list[tuple[int, int, int]]] = [[] for _ in range(nthreads)]
+    errors: list[BaseException] = []
+
+    def appender(wal, tid):
+        rng = random.Random(tid)
+        try:
+            for seq in range(300):
+                n = rng.choice((0, 10, 100, 5000, 9000, 20000))
+                appended[tid].append((seq, wal.append(make_payload(run, tid, seq, n)), n))
+                if seq % 50 == 0:
+                    time.sleep(0.005)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=background,
+                      flush_interval=0.02) as wal:
+        start = wal.flushed_lsn
+        threads = [threading.Thread(target=appender, args=(wal, t)) for t in range(nthreads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        time.sleep(0.2)
+        stats = wal.stats()
+        if background:
+            assert wal.flushed_lsn == wal.insert_lsn > start
+            assert stats["flushes"] >= 1
+        else:
+            assert wal.flushed_lsn == start < wal.insert_lsn
+            assert stats["flushes"] == 0
+        assert wal.flush() == wal.insert_lsn
+        expected = sorted((lsn, make_payload(run, tid, seq, n))
+                          for tid, mine in enumerate(appended) for seq, lsn, n in mine)
+        assert [(lsn, data) for lsn, data, _ in read_all(wal)] == expected
+
+
+def test_stale_segment_request_after_truncate_is_ignored(wal_dir):
+    """Regression: an appender delayed before reserving asked for a segment that a
+    truncation had removed meanwhile; it got ENOENT, or the segment was created
+    again below the oldest one (then a reopen saw damage at the WAL's start)."""
+    seg = 1 << 20
+    wal = pmemwal.open(wal_dir, mode="buffered", segment_size=seg, background=False)
+    entered, gate = threading.Event(), threading.Event()
+    original = wal._ensure_segment
+
+    def delayed(segno):
+        if threading.current_thread().name == "late":
+            entered.set()
+            gate.wait()
+        return original(segno)
+
+    wal._ensure_segment = delayed  # the native core calls back through this name
+    result = {}
+    late = threading.Thread(target=lambda: result.update(lsn=wal.append(b"late", True)), name="late")
+    late.start()
+    entered.wait()
+    for _ in range(600):
+        wal.append(bytes(8000))
+    wal.flush()
+    wal.truncate(wal.flushed_lsn - 2 * seg)
+    gate.set()
+    late.join()
+    oldest = min(int(p.name[:16], 16) for p in wal_dir.glob("*.wal"))
+    assert oldest >= 2 and result["lsn"] // seg >= oldest
+    wal.close()
+    with pmemwal.open(wal_dir, mode="buffered") as wal:
+        assert any(bytes(r.payload) == b"late" for r in wal.records())
