@@ -46,6 +46,23 @@ static void backoff(unsigned *spins)
         nanosleep(&(struct timespec){0, 50000}, NULL);
 }
 
+/* insert_lock / insert_unlock -- the reservation spinlock; a waiter yields after
+ * a short spin, since the holder may have been preempted (threads > cores). */
+static inline void insert_lock(wal_core *c)
+{
+    unsigned spins = 0;
+    while (atomic_flag_test_and_set_explicit(&c->insert_lock, memory_order_acquire))
+        if (++spins < 128)
+            cpu_relax();
+        else
+            sched_yield();
+}
+
+static inline void insert_unlock(wal_core *c)
+{
+    atomic_flag_clear_explicit(&c->insert_lock, memory_order_release);
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -247,10 +264,9 @@ static void release_slot(wal_slot *s)
 /* frontier -- lowest position still being inserted (by start or by progress). */
 static uint64_t frontier(wal_core *c, int by_progress)
 {
-    while (atomic_flag_test_and_set_explicit(&c->insert_lock, memory_order_acquire))
-        cpu_relax();
+    insert_lock(c);
     uint64_t lowest = c->cur_u;
-    atomic_flag_clear_explicit(&c->insert_lock, memory_order_release);
+    insert_unlock(c);
     for (uint32_t i = 0; i < c->nslots; i++) {
         _Atomic uint64_t *pos = by_progress ? &c->slots[i].progress : &c->slots[i].start;
         uint64_t v;
@@ -433,18 +449,19 @@ static int page_base(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u
 }
 
 /* written -- in pmem mode, flush what was just stored through the cache. */
-static inline void written(wal_core *c, const void *p, size_t n)
+static inline void written(wal_core *c, const wal_slot *slot, const void *p, size_t n)
 {
-    if (c->persist == WAL_PERSIST_PMEM)
+    if (c->persist == WAL_PERSIST_PMEM && !slot->defer_flush)
         c->pmem_flush(p, n);
 }
 
-static void write_page_header(wal_core *c, uint8_t *page, uint64_t page_lsn, uint32_t rem_len)
+static void write_page_header(wal_core *c, const wal_slot *slot, uint8_t *page, uint64_t page_lsn,
+                              uint32_t rem_len)
 {
     wal_page_hdr h = {WAL_PAGE_MAGIC, rem_len, page_lsn, c->geom.wal_id_lo, 0};
     h.crc = crc32c_update(0, &h, offsetof(wal_page_hdr, crc));
     memcpy(page, &h, sizeof(h));
-    written(c, page, sizeof(h));
+    written(c, slot, page, sizeof(h));
 }
 
 /* piece -- one page's share of a record's stream: stream offsets [from, to) at dst. */
@@ -463,7 +480,7 @@ static int next_piece(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t 
     if (rc)
         return rc;
     if (in_page == 0) /* we own this page's header */
-        write_page_header(c, page, wal_lsn(&c->geom, pos) - WAL_PAGE_HDR,
+        write_page_header(c, slot, page, wal_lsn(&c->geom, pos) - WAL_PAGE_HDR,
                           off == 0 ? 0 : (uint32_t)(size - off));
     uint64_t room = WAL_PAGE_USABLE - in_page;
     pc->dst = page + WAL_PAGE_HDR + in_page;
@@ -473,8 +490,8 @@ static int next_piece(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t 
 }
 
 /* copy_payload -- payload bytes to dst, extending crc; pad: zero-fill to 8 bytes. */
-static uint32_t copy_payload(wal_core *c, uint8_t *dst, const uint8_t *src, uint64_t n,
-                             uint32_t crc, int pad)
+static uint32_t copy_payload(wal_core *c, const wal_slot *slot, uint8_t *dst, const uint8_t *src,
+                             uint64_t n, uint32_t crc, int pad)
 {
     if (c->stream && n >= WAL_NT_MIN)
         return crc32c_copy_nt(crc, dst, src, n, pad); /* past the cache: nothing to flush */
@@ -484,15 +501,15 @@ static uint32_t copy_payload(wal_core *c, uint8_t *dst, const uint8_t *src, uint
         memcpy(dst, src, n); /* buffered: the CRC was taken before */
     uint64_t padded = pad ? (n + WAL_ALIGN - 1) & ~(uint64_t)(WAL_ALIGN - 1) : n;
     memset(dst + n, 0, padded - n);
-    written(c, dst, padded);
+    written(c, slot, dst, padded);
     return crc;
 }
 
-static void put_header(wal_core *c, const piece *pc, const wal_rec_hdr *hdr)
+static void put_header(wal_core *c, const wal_slot *slot, const piece *pc, const wal_rec_hdr *hdr)
 {
     uint64_t to = pc->to < WAL_REC_HDR ? pc->to : WAL_REC_HDR;
     memcpy(pc->dst, (const uint8_t *)hdr + pc->from, to - pc->from);
-    written(c, pc->dst, to - pc->from);
+    written(c, slot, pc->dst, to - pc->from);
 }
 
 /*
@@ -525,18 +542,34 @@ static int place(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u,
             if (header_last)
                 hp[nh++] = pc;
             else
-                put_header(c, &pc, hdr);
+                put_header(c, slot, &pc, hdr);
         }
         uint64_t a = pc.from > WAL_REC_HDR ? pc.from : WAL_REC_HDR;
         if (a < pc.to) /* payload (and, in the last piece, the padding) */
-            crc = copy_payload(c, pc.dst + (a - pc.from), payload + (a - WAL_REC_HDR),
+            crc = copy_payload(c, slot, pc.dst + (a - pc.from), payload + (a - WAL_REC_HDR),
                                (pc.to < pay_end ? pc.to : pay_end) - a, crc, pc.to == size);
         off = pc.to;
     }
     if (header_last) {
         hdr->crc = crc;
         for (int i = 0; i < nh; i++)
-            put_header(c, &hp[i], hdr);
+            put_header(c, slot, &hp[i], hdr);
+    }
+    return 0;
+}
+
+/* flush_range -- pmem: write back the cache lines of usable range [from, to). */
+static int flush_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t to)
+{
+    const wal_geom *g = &c->geom;
+    for (uint64_t a = phys_from(g, from), b = wal_lsn_end(g, to); a < b;) {
+        uint64_t seg_end = (a / g->seg_size + 1) * g->seg_size, end = b < seg_end ? b : seg_end;
+        wal_seg_entry *e;
+        int rc = seg_get(c, env, a / g->seg_size, &e);
+        if (rc)
+            return rc;
+        c->pmem_flush(e->base + a % g->seg_size, end - a);
+        a = end;
     }
     return 0;
 }
@@ -544,20 +577,19 @@ static int place(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u,
 /* reserve -- stage one: the whole critical section. */
 static inline uint64_t reserve(wal_core *c, uint64_t size, uint64_t last_off, uint64_t *prev)
 {
-    while (atomic_flag_test_and_set_explicit(&c->insert_lock, memory_order_acquire))
-        cpu_relax();
+    insert_lock(c);
     uint64_t start = c->cur_u;
     c->cur_u = start + size;
     *prev = c->prev_u;
     c->prev_u = start + last_off;
-    atomic_flag_clear_explicit(&c->insert_lock, memory_order_release);
+    insert_unlock(c);
     return start;
 }
 
 int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
                const uint64_t *lens, size_t n, uint64_t *lsns)
 {
-    uint64_t total = 0, last_off = 0, payload = 0;
+    uint64_t total = 0, last_off = 0, payload = 0, largest = 0;
     int rc = stopped(c);
     if (rc || n == 0)
         return rc;
@@ -567,6 +599,7 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
         last_off = total;
         total += wal_rec_size(lens[i]);
         payload += lens[i];
+        largest = lens[i] > largest ? lens[i] : largest;
     }
     /* Create or attach segments before reserving: a failure here leaves no hole. */
     if ((rc = ensure_segments(c, env, total)))
@@ -579,6 +612,9 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
     uint64_t u = reserve(c, total, last_off, &prev_u), start_u = u;
     atomic_store_explicit(&slot->progress, u, memory_order_release);
     atomic_store_explicit(&slot->start, u, memory_order_release);
+    /* Nothing streamed: flush the whole range once at the end rather than each
+     * header and payload as stored (small records share cache lines). */
+    slot->defer_flush = c->persist == WAL_PERSIST_PMEM && largest < WAL_NT_MIN;
 
     const wal_geom *g = &c->geom;
     uint64_t flushed_lsn = wal_lsn(g, atomic_load_explicit(&c->flushed_u, memory_order_relaxed));
@@ -595,6 +631,12 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
     if (rc) {
         /* The reservation can't be undone: keep the slot so that no flush passes
          * the hole, and stop the writer. */
+        fail(c, rc);
+        return rc;
+    }
+    if (slot->defer_flush)
+        rc = flush_range(c, env, start_u, start_u + total);
+    if (rc) {
         fail(c, rc);
         return rc;
     }
@@ -616,10 +658,9 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
 
 int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flushed_lsn)
 {
-    while (atomic_flag_test_and_set_explicit(&c->insert_lock, memory_order_acquire))
-        cpu_relax();
+    insert_lock(c);
     uint64_t limit = c->cur_u;
-    atomic_flag_clear_explicit(&c->insert_lock, memory_order_release);
+    insert_unlock(c);
     if (upto_lsn != UINT64_MAX) {
         int64_t u = wal_usable(&c->geom, upto_lsn);
         if (u < 0 || (uint64_t)u > limit)
@@ -698,10 +739,9 @@ void wal_close(wal_core *c)
 
 uint64_t wal_insert_lsn(wal_core *c)
 {
-    while (atomic_flag_test_and_set_explicit(&c->insert_lock, memory_order_acquire))
-        cpu_relax();
+    insert_lock(c);
     uint64_t u = c->cur_u;
-    atomic_flag_clear_explicit(&c->insert_lock, memory_order_release);
+    insert_unlock(c);
     return wal_lsn(&c->geom, u);
 }
 

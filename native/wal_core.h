@@ -48,6 +48,7 @@ typedef struct wal_slot {
     _Atomic uint64_t start;    /* usable position of the record being inserted */
     _Atomic uint64_t progress; /* everything below is copied */
     uint64_t records, bytes, payload_bytes, acquire_wait_ns;
+    int defer_flush;           /* pmem: flush the insertion's range once, at its end */
 } __attribute__((aligned(64))) wal_slot;
 
 typedef struct wal_stats {
