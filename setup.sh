@@ -20,3 +20,25 @@ fi
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[test]'
+
+# Peers for the comparison harness (pmemwal.targets): PMDK's libpmemlog, PostgreSQL (initdb,
+# pg_ctl, pgbench), and the Python packages rocksdict and lmdb.  Only with --peers or
+# PMEMWAL_PEERS=1; each target that still lacks its peer says so from available().
+if [ "${PMEMWAL_PEERS:-0}" = 1 ] || case " $* " in *" --peers "*) true ;; *) false ;; esac; then
+  if ldconfig -p 2>/dev/null | grep 'libpmemlog\.so\.1' >/dev/null &&
+     ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    :  # both there already
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing the peers libpmemlog1 and postgresql with apt-get" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    (apt-get install -y -q libpmemlog1 postgresql >/dev/null 2>&1 ||
+     { apt-get update -q >/dev/null 2>&1 &&
+       apt-get install -y -q libpmemlog1 postgresql >/dev/null 2>&1; }) ||
+      echo "setup: could not install libpmemlog1 and postgresql:" \
+           "the libpmemlog and postgres targets will say they are unavailable" >&2
+  else
+    echo "setup: not root (or no apt-get): install the Debian packages libpmemlog1 and" \
+         "postgresql yourself for the libpmemlog and postgres targets" >&2
+  fi
+  .venv/bin/python -m pip install -q -e '.[test,peers]'
+fi

@@ -1,0 +1,856 @@
+"""The comparison harness: run a grid of targets x params x clients x sizes, keep every run.
+
+    from pmemwal.harness import CompareConfig, run_compare, summarize, plot
+    config = CompareConfig("/dev/shm/cmp", targets=["buffered", "direct"], clients=[1, 2, 4],
+                           sizes=["8k", "64k"], duration=5, runs=6, db="results.db")
+    result = run_compare(config, progress=lambda p: print(p["done"], "/", p["total"]))
+    summary = summarize(config.db, result.group)
+    for table in summary.throughput_tables() + summary.ratio_tables():
+        print(table.text(), end="\n\n")
+    plot(summary, "chart.png")
+
+The grid.  Each point is a target (a WAL mode or a peer: see pmemwal.targets),
+a point of the params grid (the cartesian product of ``params``, e.g.
+``{"insert_slots": [8, 64]}``), a client count and a record size.  The params
+are pmemwal's own options, so they apply to the pmemwal targets only
+(``PMEMWAL_TARGETS``); a peer runs once per (clients, size), with params ``{}``
+stored.  A target whose ``available()`` gives a reason is skipped, the reason
+reported once.
+
+Runs.  Every point runs ``runs`` times, and the repeats are interleaved: round
+1 runs every point once, then round 2, and so on, so slow drift and noise of
+a shared machine fall on all points alike rather than on whichever ran during
+it.  Each run gets a fresh subdirectory of ``path``, removed after the run.
+
+Results.  Every raw run is a row of the SQLite table ``runs``; the
+``environment`` table has one row per run group (one ``run_compare``) with
+the probe output, CPU, governor, kernel, versions and the PMEM_*/PMEMWAL_*
+variables, and the view ``results`` joins the two.  A point's result is the
+trimmed mean of its runs: with 3 or more runs the highest and the lowest are
+dropped and the rest averaged (6 runs: the mean of the middle 4).
+
+Tables.  ``throughput_tables`` has one table per series (target, with its
+params): rows are client counts, columns record sizes, cells records/s.
+``ratio_tables`` has the same layout with each cell divided by the baseline's
+cell: compare ratios measured in one run group, not absolute numbers from
+different days.
+
+The CPU frequency governor matters: with ``powersave`` (or an
+energy_performance_preference other than ``performance``) contended runs can
+come out 2x slower than they should; ``governor_warning`` says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import glob
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import secrets
+import shutil
+import socket
+import sqlite3
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import pmemwal
+from pmemwal.bench import parse_flush, parse_size
+from pmemwal.errors import ConfigError, WALError
+
+PMEMWAL_TARGETS = ("auto", "buffered", "direct")  # the targets that take the params grid
+DEFAULT_DB = "pmemwal-compare.db"
+UNSTABLE = 0.10  # a point whose runs' stddev exceeds this fraction of the mean is flagged
+_CPU_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/"
+_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+Progress = Callable[[dict], None]
+
+
+def targets_module():
+    """pmemwal.targets, imported on first use (it imports the peers' client libraries).
+
+    Tests replace this function to run the harness against stand-in targets.
+    """
+    from pmemwal import targets
+    return targets
+
+
+class CompareError(WALError):
+    """A target failed during a run; the runs before it are in the database."""
+
+
+# ---- parsing (the CLI's option values) ---------------------------------------------
+
+
+def parse_list(text: str, item: Callable[[str], object], what: str) -> list:
+    """``"1,2,4"`` -> ``[item("1"), item("2"), item("4")]``; empty items and duplicates rejected."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not all(parts):
+        raise ValueError(f"{what} {text!r}: expected a comma-separated list, e.g. "
+                         f"{'8k,64k' if what == 'sizes' else '1,2,4'}")
+    values = [item(p) for p in parts]
+    duplicates = sorted({p for p in parts if parts.count(p) > 1})
+    if duplicates or len(set(map(repr, values))) != len(values):
+        raise ValueError(f"{what} {text!r}: {', '.join(duplicates) or 'a value'} given twice")
+    return values
+
+
+def parse_clients(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``."""
+    def one(part: str) -> int:
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"clients {part!r}: expected a whole number, 1 or more")
+        return int(part)
+    return parse_list(text, one, "clients")
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"64,8k,1m"`` -> ``[64, 8192, 1048576]`` (pmemwal.bench.parse_size for each)."""
+    return parse_list(text, parse_size, "sizes")
+
+
+def parse_targets(text: str) -> list[str]:
+    """``"buffered,direct"`` -> ``["buffered", "direct"]``, each one pmemwal.targets knows."""
+    module = targets_module()
+    names = tuple(module.TARGET_NAMES) + tuple(getattr(module, "EXTRA_TARGETS", ()))
+
+    def one(part: str) -> str:
+        if part.lower() not in names:
+            raise ValueError(f"unknown target {part!r}: valid targets are {', '.join(names)}")
+        return part.lower()
+    return parse_list(text, one, "targets")
+
+
+def parse_param_value(text: str) -> object:
+    """A param value: an integer (units allowed: ``1m``), a float, true/false, else the text."""
+    text = text.strip()
+    try:
+        return parse_size(text) if text[:1].isdigit() else int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    lowered = text.lower()
+    if lowered in ("true", "yes", "on", "false", "no", "off"):
+        return lowered in ("true", "yes", "on")
+    return text
+
+
+def parse_param(text: str) -> tuple[str, list]:
+    """``"insert_slots=8,64"`` -> ``("insert_slots", [8, 64])``."""
+    name, equals, values = str(text).partition("=")
+    name = name.strip()
+    if not equals or not _PARAM_NAME.fullmatch(name) or not values.strip():
+        raise ValueError(f"param {text!r}: expected NAME=VALUE[,VALUE...], "
+                         "e.g. insert_slots=8,64 or segment_size=1m,16m")
+    return name, parse_list(values, parse_param_value, f"param {name}")
+
+
+def merge_params(pairs: Iterable[tuple[str, list]]) -> dict[str, list]:
+    """``[("a", [1]), ("b", [2, 3])]`` -> ``{"a": [1], "b": [2, 3]}``; a name twice is an error."""
+    params: dict[str, list] = {}
+    for name, values in pairs:
+        if name in params:
+            raise ValueError(f"param {name!r} given twice: list its values once, "
+                             f"e.g. {name}=8,64")
+        params[name] = list(values)
+    return params
+
+
+def params_grid(params: dict[str, list]) -> list[dict]:
+    """The cartesian product of ``params``: ``{"a": [1, 2]}`` -> ``[{"a": 1}, {"a": 2}]``."""
+    names = list(params)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(params[n] for n in names))]
+
+
+# ---- configuration and plan ---------------------------------------------------------
+
+
+@dataclass
+class CompareConfig:
+    """A comparison's grid and where its results go; sizes may be given as text (``"8k"``)."""
+
+    path: str  # base directory; each run uses a fresh subdirectory of it
+    targets: list[str]
+    clients: list[int] = field(default_factory=lambda: [1])
+    sizes: list[int] = field(default_factory=lambda: [8192])
+    duration: float = 5.0  # seconds per run
+    runs: int = 6  # per point; with 3 or more, the highest and lowest are dropped
+    flush: str = "each"  # "each", "end" or "group:K"
+    params: dict[str, list] = field(default_factory=dict)  # pmemwal targets only
+    baseline: str | None = None  # target (or series label) of the ratio tables; None: the first
+    db: str = DEFAULT_DB  # SQLite file the runs are appended to
+    plot: str | None = None  # PNG path, or None
+
+    def __post_init__(self) -> None:
+        self.path = os.fspath(self.path)
+        self.db = os.fspath(self.db)
+        self.plot = None if self.plot is None else os.fspath(self.plot)
+        self.targets = [str(t).lower() for t in self.targets]
+        self.sizes = [parse_size(s) for s in self.sizes]
+        self.clients = list(self.clients)
+        self.params = {str(k): list(v) for k, v in self.params.items()}
+        self.flush = str(self.flush).strip().lower()
+        parse_flush(self.flush)
+        for what, values in (("targets", self.targets), ("clients", self.clients),
+                             ("sizes", self.sizes)):
+            if not values or len(set(values)) != len(values):
+                raise ConfigError(f"{what}={values!r}: one or more, each once")
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in self.clients):
+            raise ConfigError(f"clients={self.clients!r}: whole numbers, 1 or more")
+        if not all(s >= 1 for s in self.sizes):
+            raise ConfigError(f"sizes={self.sizes!r}: 1 byte or more")
+        for name, values in self.params.items():
+            if not _PARAM_NAME.fullmatch(name) or not values:
+                raise ConfigError(f"params[{name!r}]={values!r}: a name and one or more values")
+        if not (isinstance(self.runs, int) and self.runs >= 1):
+            raise ConfigError(f"runs={self.runs!r}: 1 or more")
+        if not self.duration > 0:
+            raise ConfigError(f"duration={self.duration!r}: more than 0 seconds")
+        if self.baseline is None:
+            self.baseline = self.targets[0]
+        elif not self.baseline.split() or self.baseline.split()[0].lower() not in self.targets:
+            raise ConfigError(f"baseline={self.baseline!r}: not among the targets "
+                              f"({', '.join(self.targets)})")
+        if self.plot is not None and not os.path.isdir(os.path.dirname(os.path.abspath(self.plot))):
+            raise ConfigError(f"plot={self.plot!r}: its directory does not exist")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of the grid."""
+
+    target: str
+    params: tuple[tuple[str, object], ...]  # sorted (name, value) pairs; () for peers
+    clients: int
+    size: int
+
+    @property
+    def label(self) -> str:
+        """The series name: the target, then its params (``direct insert_slots=64``)."""
+        return series_label(self.target, dict(self.params))
+
+
+def series_label(target: str, params: dict) -> str:
+    return " ".join([target] + [f"{k}={_value_text(v)}" for k, v in sorted(params.items())])
+
+
+@dataclass
+class Plan:
+    """What ``run_compare`` will do: the points to run, the targets skipped, the machine."""
+
+    group: str  # the run group's id
+    points: list[Point]  # in grid order
+    skipped: dict[str, str]  # target -> why it is not available
+    versions: dict[str, str]  # target -> its version
+    environment: dict
+    runs: int
+
+    @property
+    def total_runs(self) -> int:
+        return len(self.points) * self.runs
+
+    def order(self) -> list[tuple[int, Point]]:
+        """(run index, point) in run order: rounds outermost, each round the whole grid."""
+        return [(r, p) for r in range(self.runs) for p in self.points]
+
+
+def prepare(config: CompareConfig) -> Plan:
+    """Resolve the targets, ask each whether it is available, and describe the machine.
+
+    Also opens the database once, so that an unusable one fails before any run.
+    """
+    open_db(config.db).close()
+    targets = targets_module()
+    grid = params_grid(config.params)
+    points, skipped, versions = [], {}, {}
+    for name in config.targets:
+        target = targets.get_target(name)
+        reason = target.available()
+        if reason:
+            skipped[name] = str(reason)
+            continue
+        versions[name] = str(target.version())
+        if name in PMEMWAL_TARGETS:
+            known = getattr(target, "params", None)  # its knobs and their defaults
+            unknown = sorted(set(config.params) - set(known)) if known is not None else []
+            if unknown:
+                raise ConfigError(f"param {unknown[0]!r}: {name} has no such option "
+                                  f"(valid: {', '.join(sorted(known)) or 'none'})")
+        for params in (grid if name in PMEMWAL_TARGETS else [{}]):
+            key = tuple(sorted(params.items()))
+            points += [Point(name, key, c, s) for c in config.clients for s in config.sizes]
+    os.makedirs(config.path, exist_ok=True)
+    group = (datetime.datetime.now().strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3))
+    environment = collect_environment(config.path)
+    environment["config"] = dataclasses.asdict(config)
+    return Plan(group=group, points=points, skipped=skipped, versions=versions,
+                environment=environment, runs=config.runs)
+
+
+# ---- the environment ----------------------------------------------------------------
+
+
+def collect_environment(path: str) -> dict:
+    """What every result row carries: probe, CPU, governor, kernel, versions, env vars."""
+    import numpy
+    uname = platform.uname()
+    probe = pmemwal.probe(path).as_dict()
+    return {
+        "timestamp": _now(),
+        "hostname": socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "nproc": os.cpu_count(),
+        "governor": cpu_governor(),
+        "energy_perf": _cpu_setting("energy_performance_preference"),
+        "kernel": f"{uname.system} {uname.release} {uname.version} {uname.machine}",
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "pmemwal": pmemwal.__version__,
+        "probe": {k: list(v) if isinstance(v, tuple) else v for k, v in probe.items()},
+        "env": {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(("PMEM_", "PMEMWAL_"))},
+    }
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (else what platform knows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Processor", "cpu model"):
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _cpu_setting(name: str) -> str | None:
+    """A cpufreq setting of all CPUs: ``performance``, ``performance x2, powersave x4``, or None."""
+    values = []
+    for directory in glob.glob(_CPU_GLOB):
+        try:
+            with open(os.path.join(directory, name)) as f:
+                values.append(f.read().strip())
+        except OSError:
+            continue
+    if not values:
+        return None
+    counts = {v: values.count(v) for v in sorted(set(values))}
+    if len(counts) == 1:
+        return values[0]
+    return ", ".join(f"{v} x{n}" for v, n in counts.items())
+
+
+def cpu_governor() -> str | None:
+    """The CPU frequency governor (all CPUs), or None where /sys does not show it."""
+    return _cpu_setting("scaling_governor")
+
+
+def governor_warning(environment: dict | None = None) -> str | None:
+    """A warning unless every CPU runs the ``performance`` governor (and EPP, where shown)."""
+    env = environment if environment is not None else {
+        "governor": cpu_governor(), "energy_perf": _cpu_setting("energy_performance_preference")}
+    governor, epp = env.get("governor"), env.get("energy_perf")
+    if governor is None:
+        return ("warning: CPU frequency governor not visible (no "
+                "/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor); results may vary "
+                "with CPU frequency scaling")
+    if governor != "performance":
+        return (f"warning: CPU frequency governor is {governor}, not performance: contended "
+                "runs can come out much slower than they should (cpupower frequency-set "
+                "-g performance)")
+    if epp is not None and epp != "performance":
+        return (f"warning: energy_performance_preference is {epp}, not performance: "
+                "results may vary with CPU frequency scaling")
+    return None
+
+
+def environment_text(environment: dict, group: str | None = None) -> str:
+    """The environment as "key: value" lines, for the terminal."""
+    env = environment
+    probe = env.get("probe") or {}
+    where = env.get("config", {}).get("path") or probe.get("path") or "?"
+    fs = f" ({probe['fs_type']})" if probe.get("fs_type") else ""
+    verdict = (f"{probe.get('recommended_mode')}/{probe.get('persist_method')}: "
+               f"{probe.get('reason')}" if probe else "-")
+    governor = env.get("governor") or "not visible"
+    if env.get("energy_perf"):
+        governor += f" (energy_performance_preference {env['energy_perf']})"
+    lines = [
+        ("run group", group or env.get("run_group") or "-"),
+        ("host", f"{env.get('hostname')}, {env.get('nproc')} CPUs"),
+        ("cpu", env.get("cpu_model")),
+        ("governor", governor),
+        ("kernel", env.get("kernel")),
+        ("versions", f"python {env.get('python')}, numpy {env.get('numpy')}, "
+                     f"pmemwal {env.get('pmemwal')}"),
+        ("path", where + fs),
+        ("probe verdict", verdict),
+        ("environment", " ".join(f"{k}={v}" for k, v in (env.get("env") or {}).items()) or "-"),
+    ]
+    width = max(len(k) for k, _ in lines) + 1
+    return "\n".join(f"{k + ':':<{width}} {v}" for k, v in lines)
+
+
+# ---- the database -------------------------------------------------------------------
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS environment (
+    run_group TEXT PRIMARY KEY,
+    timestamp TEXT NOT NULL,            -- UTC, ISO 8601
+    hostname TEXT, cpu_model TEXT, nproc INTEGER,
+    governor TEXT,                      -- NULL: not visible
+    energy_perf TEXT,
+    kernel TEXT, python TEXT, numpy TEXT, pmemwal TEXT,
+    probe TEXT,                         -- JSON: pmemwal.probe(path).as_dict()
+    env TEXT,                           -- JSON: PMEM_* and PMEMWAL_* variables
+    config TEXT                         -- JSON: the CompareConfig
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    run_group TEXT NOT NULL REFERENCES environment (run_group),
+    timestamp TEXT NOT NULL,            -- UTC, ISO 8601, when the run ended
+    run_index INTEGER NOT NULL,         -- 0 .. runs-1
+    target TEXT NOT NULL, target_version TEXT,
+    params TEXT NOT NULL,               -- JSON object, sorted keys; {} for peers
+    clients INTEGER NOT NULL, size INTEGER NOT NULL, flush TEXT NOT NULL,
+    duration REAL NOT NULL,
+    records INTEGER NOT NULL, bytes INTEGER NOT NULL, elapsed REAL NOT NULL,
+    records_per_s REAL NOT NULL, mb_per_s REAL NOT NULL,
+    latency TEXT,                       -- JSON: microseconds
+    extra TEXT                          -- JSON: what the target adds
+);
+CREATE INDEX IF NOT EXISTS runs_group ON runs (run_group);
+CREATE VIEW IF NOT EXISTS results AS
+    SELECT runs.*, environment.hostname, environment.cpu_model, environment.governor,
+           environment.kernel, environment.pmemwal AS pmemwal_version
+    FROM runs JOIN environment USING (run_group);
+"""
+_RUN_COLUMNS = ("run_group", "timestamp", "run_index", "target", "target_version", "params",
+                "clients", "size", "flush", "duration", "records", "bytes", "elapsed",
+                "records_per_s", "mb_per_s", "latency", "extra")
+_ENV_COLUMNS = ("run_group", "timestamp", "hostname", "cpu_model", "nproc", "governor",
+                "energy_perf", "kernel", "python", "numpy", "pmemwal", "probe", "env", "config")
+_JSON_COLUMNS = ("probe", "env", "config")
+
+
+def open_db(path: str) -> sqlite3.Connection:
+    """Open (creating) the results database; ConfigError where it cannot be used."""
+    db = None
+    try:
+        db = sqlite3.connect(path)
+        have = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+        missing = set(_RUN_COLUMNS) - have if have else set()
+        if not missing:
+            db.executescript(_SCHEMA)
+    except sqlite3.Error as error:
+        if db is not None:
+            db.close()
+        raise ConfigError(f"db={path!r}: cannot use it as the results database: {error}") from None
+    if missing:
+        db.close()
+        raise ConfigError(f"db={path!r}: its runs table lacks {', '.join(sorted(missing))}: "
+                          "not a pmemwal compare database (choose another file)")
+    return db
+
+
+def _insert(db: sqlite3.Connection, table: str, row: dict, columns: tuple[str, ...]) -> None:
+    db.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+               f"({', '.join('?' * len(columns))})", [row[c] for c in columns])
+
+
+# ---- running ------------------------------------------------------------------------
+
+
+@dataclass
+class CompareResult:
+    """What ``run_compare`` did: its run group in ``db``, and the plan it followed."""
+
+    group: str
+    db: str
+    plan: Plan
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        return self.plan.skipped
+
+
+def run_compare(config: CompareConfig, progress: Progress | None = None,
+                plan: Plan | None = None) -> CompareResult:
+    """Run every point of the grid ``config.runs`` times, each raw run stored in ``config.db``.
+
+    ``progress(dict)`` is called after each run with ``done``, ``total``,
+    ``run`` (its index), ``target``, ``params``, ``label``, ``clients``,
+    ``size``, ``records_per_s``, ``mb_per_s`` and ``result`` (the RunResult).
+    ``plan`` is ``prepare(config)``, when the caller already has it.
+    A failing run raises CompareError; the runs before it stay in the database.
+    """
+    plan = plan or prepare(config)
+    if not plan.points:
+        raise ConfigError("none of the targets is available: " + "; ".join(
+            f"{name}: {reason}" for name, reason in plan.skipped.items()))
+    targets = targets_module()
+    db = open_db(config.db)
+    try:
+        env = dict(plan.environment, run_group=plan.group)
+        for key in _JSON_COLUMNS:
+            env[key] = json.dumps(env.get(key), sort_keys=True, default=str)
+        try:
+            with db:
+                _insert(db, "environment", env, _ENV_COLUMNS)
+        except sqlite3.Error as error:  # read-only, full: find out before the first run
+            raise ConfigError(f"db={config.db!r}: cannot write to it: {error}") from None
+        base = os.path.join(config.path, plan.group)
+        order = plan.order()
+        for done, (run_index, point) in enumerate(order, 1):
+            result = _run_one(targets, config, base, done, run_index, point)
+            params = dict(point.params)
+            row = {
+                "run_group": plan.group, "timestamp": _now(), "run_index": run_index,
+                "target": point.target, "target_version": plan.versions.get(point.target),
+                "params": json.dumps(params, sort_keys=True), "clients": point.clients,
+                "size": point.size, "flush": config.flush, "duration": config.duration,
+                "records": int(result.records), "bytes": int(result.bytes),
+                "elapsed": float(result.elapsed), "records_per_s": float(result.records_per_s),
+                "mb_per_s": float(result.mb_per_s),
+                "latency": json.dumps(result.latency_us, sort_keys=True, default=str),
+                "extra": json.dumps(result.extra, sort_keys=True, default=str),
+            }
+            with db:  # one transaction per run: an interrupted comparison keeps what it ran
+                _insert(db, "runs", row, _RUN_COLUMNS)
+            if progress:
+                progress({"done": done, "total": len(order), "run": run_index,
+                          "target": point.target, "params": params, "label": point.label,
+                          "clients": point.clients, "size": point.size,
+                          "records_per_s": row["records_per_s"], "mb_per_s": row["mb_per_s"],
+                          "result": result})
+        _remove_if_empty(base)
+    finally:
+        db.close()
+    return CompareResult(group=plan.group, db=config.db, plan=plan)
+
+
+def _run_one(targets, config: CompareConfig, base: str, seq: int, run_index: int, point: Point):
+    """One run of one point in a fresh directory, removed afterwards."""
+    where = os.path.join(base, f"{seq:05d}-{point.target}")
+    os.makedirs(where)
+    workload = targets.Workload(path=where, clients=point.clients, size=point.size,
+                                duration=config.duration, flush=config.flush,
+                                params=dict(point.params))
+    try:
+        return targets.get_target(point.target).run(workload)
+    except Exception as error:
+        raise CompareError(f"{point.label}, clients {point.clients}, size {point.size}, "
+                           f"run {run_index + 1}: {type(error).__name__}: {error}") from error
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def _remove_if_empty(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+# ---- summaries ----------------------------------------------------------------------
+
+
+def trimmed_mean(values: Iterable[float]) -> float:
+    """The mean without the highest and the lowest value, where there are 3 or more."""
+    values = sorted(values)
+    if not values:
+        raise ValueError("trimmed_mean of no values")
+    if len(values) >= 3:
+        values = values[1:-1]
+    return math.fsum(values) / len(values)
+
+
+@dataclass(frozen=True)
+class PointSummary:
+    """One point's runs: records/s as a trimmed mean, with the raw spread."""
+
+    target: str
+    params: dict
+    clients: int
+    size: int
+    runs: int
+    records_per_s: float  # trimmed mean
+    min: float
+    max: float
+    stddev: float  # of all runs; 0 for one run
+    mb_per_s: float  # trimmed mean
+
+    @property
+    def label(self) -> str:
+        return series_label(self.target, self.params)
+
+    @property
+    def unstable(self) -> bool:
+        return self.records_per_s > 0 and self.stddev / self.records_per_s > UNSTABLE
+
+
+@dataclass
+class Table:
+    """A grid of numbers: rows (client counts) by columns (record sizes)."""
+
+    title: str
+    row_name: str
+    columns: list[str]
+    rows: list[tuple[object, list[float | None]]]
+    number_format: Callable[[float], str]
+
+    def cells(self) -> list[list[str]]:
+        header = [self.row_name] + self.columns
+        body = [[str(key)] + ["-" if v is None else self.number_format(v) for v in values]
+                for key, values in self.rows]
+        return [header] + body
+
+    def text(self) -> str:
+        """Plain text, right-aligned columns, the title above."""
+        cells = self.cells()
+        widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+        lines = [self.title]
+        for n, row in enumerate(cells):
+            lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+            if n == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        """A GitHub-flavoured markdown table, the title in bold above."""
+        cells = self.cells()
+        lines = [f"**{self.title}**", "", "| " + " | ".join(cells[0]) + " |",
+                 "|" + "|".join("---:" for _ in cells[0]) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in cells[1:]]
+        return "\n".join(lines)
+
+
+@dataclass
+class Summary:
+    """A run group's points, in grid order, and its environment."""
+
+    group: str
+    environment: dict
+    points: list[PointSummary]
+
+    @property
+    def config(self) -> dict:
+        return self.environment.get("config") or {}
+
+    @property
+    def flush(self) -> str:
+        return self.config.get("flush") or "?"
+
+    def series(self) -> list[str]:
+        """The series labels (target + params), in grid order."""
+        return list(dict.fromkeys(p.label for p in self.points))
+
+    def clients(self) -> list[int]:
+        return sorted({p.clients for p in self.points})
+
+    def sizes(self) -> list[int]:
+        return sorted({p.size for p in self.points})
+
+    def point(self, label: str, clients: int, size: int) -> PointSummary | None:
+        for p in self.points:
+            if p.label == label and p.clients == clients and p.size == size:
+                return p
+        return None
+
+    def _table(self, title: str, value: Callable[[int, int], float | None],
+               number_format: Callable[[float], str]) -> Table:
+        rows = [(c, [value(c, s) for s in self.sizes()]) for c in self.clients()]
+        return Table(title, "clients", [size_text(s) for s in self.sizes()], rows, number_format)
+
+    def _runs_note(self, flush: bool = True) -> str:
+        counts = sorted({p.runs for p in self.points})
+        n = counts[-1] if counts else 0
+        how = "trimmed mean of" if n >= 3 else "mean of"
+        note = f"{how} {'/'.join(map(str, counts))} runs"
+        return f"{note}, flush {self.flush}" if flush else note
+
+    def throughput_tables(self) -> list[Table]:
+        """Per series: records/s (trimmed mean), rows clients, columns record sizes."""
+        tables = []
+        for label in self.series():
+            def value(c, s, label=label):
+                p = self.point(label, c, s)
+                return p.records_per_s if p else None
+            tables.append(self._table(f"{label}: records/s ({self._runs_note()})",
+                                      value, _rate_text))
+        return tables
+
+    def baseline_series(self, baseline: str | None = None) -> str:
+        """The series the ratios divide by: ``baseline`` as a series label, else the first
+        series of the target it names (the first params point), else the first series."""
+        baseline = baseline or self.config.get("baseline")
+        series = self.series()
+        if not series:
+            raise ConfigError("no results to compare")
+        if baseline is None:
+            return series[0]
+        if baseline in series:
+            return baseline
+        for label in series:
+            if label.split()[0] == baseline.split()[0].lower():
+                return label
+        raise ConfigError(f"baseline {baseline!r}: no results for it in run group {self.group} "
+                          f"(series: {', '.join(series)})")
+
+    def ratio_tables(self, baseline: str | None = None) -> list[Table]:
+        """Per series other than the baseline: its records/s divided by the baseline's."""
+        base = self.baseline_series(baseline)
+        tables = []
+        for label in self.series():
+            if label == base:
+                continue
+            def value(c, s, label=label):
+                p, b = self.point(label, c, s), self.point(base, c, s)
+                return p.records_per_s / b.records_per_s if p and b and b.records_per_s else None
+            tables.append(self._table(f"{label}: ratio to {base}", value, lambda r: f"{r:.2f}"))
+        return tables
+
+    def unstable_points(self) -> list[PointSummary]:
+        """Points whose runs' standard deviation is over 10% of their trimmed mean."""
+        return [p for p in self.points if p.unstable]
+
+    def report(self, markdown: bool = False, baseline: str | None = None) -> str:
+        """The throughput tables, then the ratio tables, then any unstable points."""
+        render = Table.markdown if markdown else Table.text
+        parts = [render(t) for t in self.throughput_tables()]
+        try:
+            parts += [render(t) for t in self.ratio_tables(baseline)]
+        except ConfigError as error:  # the baseline was skipped, or failed
+            parts.append(f"no ratio tables: {error}")
+        unstable = self.unstable_points()
+        if unstable:
+            parts.append("unstable (stddev over {:.0%} of the mean): ".format(UNSTABLE) + "; ".join(
+                f"{p.label} clients {p.clients} size {size_text(p.size)} "
+                f"({p.stddev / p.records_per_s:.0%})" for p in unstable))
+        return "\n\n".join(parts)
+
+
+def summarize(db: str | sqlite3.Connection, group: str | None = None) -> Summary:
+    """The trimmed means of run group ``group`` (None: the latest) in the database ``db``."""
+    conn = db if isinstance(db, sqlite3.Connection) else open_db(os.fspath(db))
+    try:
+        conn.row_factory = sqlite3.Row
+        if group is None:
+            row = conn.execute("SELECT run_group FROM environment "
+                               "ORDER BY timestamp DESC, rowid DESC LIMIT 1").fetchone()
+            if row is None:
+                raise ConfigError("the results database holds no run group")
+            group = row["run_group"]
+        env_row = conn.execute("SELECT * FROM environment WHERE run_group = ?",
+                               (group,)).fetchone()
+        if env_row is None:
+            raise ConfigError(f"run group {group!r}: not in the results database")
+        environment = {k: env_row[k] for k in env_row.keys()}
+        for key in _JSON_COLUMNS:
+            environment[key] = json.loads(environment[key]) if environment[key] else None
+        runs: dict[tuple, list] = {}
+        for r in conn.execute("SELECT target, params, clients, size, records_per_s, mb_per_s "
+                              "FROM runs WHERE run_group = ? ORDER BY id", (group,)):
+            key = (r["target"], r["params"], r["clients"], r["size"])
+            runs.setdefault(key, []).append((r["records_per_s"], r["mb_per_s"]))
+    finally:
+        if conn is not db:
+            conn.close()
+    points = []
+    for (target, params, clients, size), values in runs.items():
+        rates = [v[0] for v in values]
+        points.append(PointSummary(
+            target=target, params=json.loads(params), clients=clients, size=size,
+            runs=len(rates), records_per_s=trimmed_mean(rates), min=min(rates), max=max(rates),
+            stddev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
+            mb_per_s=trimmed_mean(v[1] for v in values)))
+    return Summary(group=group, environment=environment, points=points)
+
+
+# ---- the chart ----------------------------------------------------------------------
+
+
+def plot(summary: Summary, png: str) -> str:
+    """Draw records/s against clients, one panel per record size, one line per series.
+
+    Each point is the trimmed mean, its error bar the lowest and highest run.
+    The y axis is logarithmic where a panel's values span more than 10x.
+    Uses the Agg canvas directly: no pyplot, no global backend change.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    sizes, clients, series = summary.sizes(), summary.clients(), summary.series()
+    if not sizes:
+        raise ConfigError("no results to plot")
+    columns = min(len(sizes), 3)
+    rows = math.ceil(len(sizes) / columns)
+    fig = Figure(figsize=(4.8 * columns, 3.8 * rows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    for ax, size in zip(axes, sizes):
+        values = []
+        for label in series:
+            pts = [summary.point(label, c, size) for c in clients]
+            pts = [p for p in pts if p]
+            if not pts:
+                continue
+            xs, ys = [p.clients for p in pts], [p.records_per_s for p in pts]
+            err = [[y - p.min for y, p in zip(ys, pts)], [p.max - y for y, p in zip(ys, pts)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", markersize=4, capsize=3, label=label)
+            values += [p.min for p in pts if p.min > 0] + [p.max for p in pts]
+        if values and min(values) > 0 and max(values) / min(values) > 10:
+            ax.set_yscale("log")
+        if len(clients) > 1 and clients[-1] / clients[0] >= 4:
+            ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(FixedLocator(clients))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([str(c) for c in clients])
+        ax.set_title(f"record size {size_text(size)}")
+        ax.set_xlabel("clients")
+        ax.set_ylabel("records/s")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes[len(sizes):]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize="small")
+    cpu = summary.environment.get("cpu_model") or "unknown CPU"
+    fig.suptitle(f"pmemwal compare: flush {summary.flush}, {cpu}\n"
+                 f"{summary._runs_note(flush=False)} (bars: lowest to highest run), "
+                 f"run group {summary.group}", fontsize="medium")
+    fig.savefig(png, format="png")
+    return png
+
+
+# ---- helpers ------------------------------------------------------------------------
+
+
+def size_text(n: int) -> str:
+    """``8192`` -> ``8k``, ``1048576`` -> ``1m``, ``100`` -> ``100`` (as the CLI takes them)."""
+    for unit, scale in (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def _rate_text(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _value_text(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,467 @@
+"""Tests for the comparison harness (pmemwal.harness) and ``pmemwal compare``.
+
+The CLI runs use pmemwal.targets where it exists, else the stand-in targets
+below (the WAL modes driven through pmemwal.bench); either way a target
+``absent`` is added that is never available.  The library tests use fake
+targets that return made-up results at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from pmemwal import ConfigError, bench, harness
+from pmemwal.cli import main
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# ---- stand-in targets -------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    path: str
+    clients: int
+    size: int
+    duration: float
+    flush: str = "each"
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    target: str
+    records: int
+    bytes: int
+    elapsed: float
+    latency_us: dict
+    extra: dict
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.elapsed
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.elapsed / 1e6
+
+
+class WalTarget:
+    """A WAL mode, run through pmemwal.bench (what pmemwal.targets does for these)."""
+
+    FIXED = ("path", "mode", "clients", "size", "duration", "flush", "progress_interval")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def params(self) -> dict:
+        return {f.name: f.default for f in dataclasses.fields(bench.BenchConfig)
+                if f.name not in self.FIXED}
+
+    def available(self) -> str | None:
+        return None
+
+    def version(self) -> str:
+        return "stand-in"
+
+    def run(self, w: Workload) -> RunResult:
+        r = bench.run(bench.BenchConfig(w.path, mode=self.name, clients=w.clients, size=w.size,
+                                        duration=w.duration, flush=w.flush,
+                                        progress_interval=0, **w.params))
+        latency = {"p50": r.append_latency.p50, "p99": r.append_latency.p99}
+        return RunResult(self.name, r.records, r.bytes, r.elapsed, latency,
+                         {"persist_method": r.persist_method})
+
+
+class Unavailable:
+    name = "absent"
+
+    def available(self) -> str:
+        return "not installed here (stand-in)"
+
+    def version(self) -> str:
+        raise AssertionError("version() of an unavailable target")
+
+    def run(self, w):
+        raise AssertionError("run() of an unavailable target")
+
+
+def _stand_in_get_target(name: str):
+    if name not in ("buffered", "direct"):
+        raise ConfigError(f"unknown target {name!r}")
+    return WalTarget(name)
+
+
+STAND_IN = SimpleNamespace(Workload=Workload, RunResult=RunResult,
+                           TARGET_NAMES=("buffered", "direct"), get_target=_stand_in_get_target)
+
+
+@pytest.fixture
+def targets(monkeypatch) -> SimpleNamespace:
+    """pmemwal.targets (or the stand-in) plus the never-available target ``absent``."""
+    try:
+        from pmemwal import targets as real
+    except ImportError:
+        real = STAND_IN
+    monkeypatch.setenv("PMEM_IS_PMEM_FORCE", "1")  # direct mode on tmpfs
+
+    def get_target(name):
+        return Unavailable() if name == "absent" else real.get_target(name)
+
+    module = SimpleNamespace(Workload=real.Workload, RunResult=real.RunResult,
+                             TARGET_NAMES=tuple(real.TARGET_NAMES) + ("absent",),
+                             get_target=get_target)
+    monkeypatch.setattr(harness, "targets_module", lambda: module)
+    return module
+
+
+class Fake:
+    """A target that returns made-up numbers at once and remembers its workloads."""
+
+    def __init__(self, name: str, rate: float, reason: str | None = None, fail: bool = False):
+        self.name, self.rate, self.reason, self.fail = name, rate, reason, fail
+        self.workloads: list[Workload] = []
+        self.params = {"insert_slots": 8} if name in harness.PMEMWAL_TARGETS else {"x": 1}
+
+    def available(self):
+        return self.reason
+
+    def version(self):
+        return f"{self.name} 1.0"
+
+    def run(self, w: Workload) -> RunResult:
+        assert os.path.isdir(w.path) and not os.listdir(w.path)  # a fresh directory
+        self.workloads.append(w)
+        if self.fail and len(self.workloads) > 2:
+            raise RuntimeError("disk on fire")
+        records = int(self.rate * w.clients * w.duration)
+        return RunResult(self.name, records, records * w.size, w.duration,
+                         {"p50": 1.0}, {"params_seen": w.params})
+
+
+@pytest.fixture
+def fakes(monkeypatch) -> dict[str, Fake]:
+    targets = {"buffered": Fake("buffered", 1000), "direct": Fake("direct", 3000),
+               "sqlite": Fake("sqlite", 500), "postgres": Fake("postgres", 1, "no pg_ctl")}
+    module = SimpleNamespace(Workload=Workload, RunResult=RunResult, TARGET_NAMES=tuple(targets),
+                             get_target=lambda name: targets[name])
+    monkeypatch.setattr(harness, "targets_module", lambda: module)
+    return targets
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A fresh directory on tmpfs (/dev/shm)."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="pmemwal-test-") as d:
+        yield Path(d)
+
+
+def invoke(*args):
+    try:
+        runner = CliRunner(mix_stderr=False)  # click < 8.2
+    except TypeError:
+        runner = CliRunner()
+    return runner.invoke(main, [str(a) for a in args])
+
+
+# ---- the CLI, for real ------------------------------------------------------------
+
+
+def test_compare_writes_db_tables_and_png(targets, shm_dir: Path) -> None:
+    db, png = shm_dir / "results.db", shm_dir / "chart.png"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "buffered,direct", "--clients", "1,2",
+                    "--sizes", "64,8k", "--duration", "0.2", "--runs", "3", "--db", db,
+                    "--plot", png)
+    assert result.exit_code == 0, result.output + result.stderr
+    out = result.output
+    for text in ("cpu:", "governor:", "kernel:", "versions:", "probe verdict:",
+                 "PMEM_IS_PMEM_FORCE=1", "buffered: records/s (trimmed mean of 3 runs, flush each)",
+                 "direct: records/s", "direct: ratio to buffered", "24 runs stored in"):
+        assert text in out
+    assert "24/24" in result.stderr  # the progress bar
+    # the tables: rows 1 and 2 clients, columns 64 and 8k
+    table = out[out.index("direct: ratio to buffered"):].splitlines()
+    assert table[1].split() == ["clients", "64", "8k"]
+    assert [row.split()[0] for row in table[3:5]] == ["1", "2"]
+    assert all(float(cell) > 0 for row in table[3:5] for cell in row.split()[1:])
+
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    rows = conn.execute("SELECT * FROM runs ORDER BY id").fetchall()
+    assert len(rows) == 2 * 2 * 2 * 3  # targets x clients x sizes x runs
+    assert [r["run_index"] for r in rows[:8]] == [0] * 8  # interleaved: a round, then the next
+    points = {(r["target"], r["clients"], r["size"]) for r in rows}
+    assert len(points) == 8
+    for r in rows:
+        assert r["records"] > 0 and r["records_per_s"] > 0 and r["elapsed"] >= 0.2
+        assert r["bytes"] == r["records"] * r["size"]
+        assert json.loads(r["params"]) == {} and isinstance(json.loads(r["latency"]), dict)
+        assert isinstance(json.loads(r["extra"]), dict) and r["target_version"]
+        assert r["flush"] == "each" and r["duration"] == 0.2
+    env = conn.execute("SELECT * FROM environment").fetchall()
+    assert len(env) == 1 and env[0]["run_group"] == rows[0]["run_group"]
+    assert json.loads(env[0]["probe"])["probed_dir"].startswith(str(shm_dir))
+    assert json.loads(env[0]["env"])["PMEM_IS_PMEM_FORCE"] == "1"
+    assert json.loads(env[0]["config"])["sizes"] == [64, 8192]
+    assert env[0]["cpu_model"] and env[0]["kernel"] and env[0]["pmemwal"]
+    assert conn.execute("SELECT count(*) FROM results").fetchone()[0] == 24
+    conn.close()
+    assert os.listdir(shm_dir / "cmp") == []  # every run's directory removed
+
+    data = png.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and b"Matplotlib" in data[:200]
+
+
+def test_unavailable_target_is_skipped_with_its_reason(targets, shm_dir: Path) -> None:
+    db = shm_dir / "r.db"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "buffered,absent", "--clients", "1",
+                    "--sizes", "64", "--duration", "0.1", "--runs", "1", "--db", db)
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "skipped absent: not installed here (stand-in)" in result.output
+    assert "buffered: records/s (mean of 1 runs" in result.output
+    assert "no ratio tables" not in result.output
+    targets_run = sqlite3.connect(db).execute("SELECT DISTINCT target FROM runs").fetchall()
+    assert targets_run == [("buffered",)]
+
+
+def test_only_unavailable_targets_is_an_error(targets, shm_dir: Path) -> None:
+    result = invoke("compare", shm_dir / "cmp", "--targets", "absent", "--db", shm_dir / "r.db")
+    assert result.exit_code == 1
+    assert "skipped absent: not installed here" in result.output
+    assert "none of the targets is available: absent: not installed here" in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sizes", "64,8q"], "size '8q'"),
+    (["--sizes", "8k,,64k"], "comma-separated"),
+    (["--sizes", "8k,8192"], "given twice"),
+    (["--clients", "1,0"], "clients '0'"),
+    (["--targets", "buffered,nosuch"], "unknown target 'nosuch': valid targets are buffered"),
+    (["--param", "insert_slots"], "expected NAME=VALUE"),
+    (["--param", "insert slots=8"], "expected NAME=VALUE"),
+    (["--param", "insert_slots="], "expected NAME=VALUE"),
+    (["--param", "insert_slots=8", "--param", "insert_slots=64"], "given twice"),
+    (["--flush", "sometimes"], "each, end or group:K"),
+])
+def test_bad_options_are_usage_errors(targets, shm_dir: Path, args, message) -> None:
+    result = invoke("compare", shm_dir / "cmp", "--db", shm_dir / "r.db", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert not (shm_dir / "r.db").exists()
+
+
+def test_unusable_db_fails_before_any_run(targets, shm_dir: Path) -> None:
+    db = shm_dir / "no" / "such" / "dir" / "r.db"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--duration", "30",
+                    "--db", db)
+    assert result.exit_code == 1
+    assert "db=" in result.stderr and "cannot use it as the results database" in result.stderr
+    assert "compare:" not in result.stderr  # no bar started: nothing ran
+
+    not_ours = shm_dir / "other.db"
+    sqlite3.connect(not_ours).execute("CREATE TABLE runs (x)").connection.commit()
+    result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--db", not_ours)
+    assert result.exit_code == 1 and "not a pmemwal compare database" in result.stderr
+
+
+def test_params_grid_from_the_cli(targets, shm_dir: Path) -> None:
+    db = shm_dir / "r.db"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--clients", "1",
+                    "--sizes", "64", "--duration", "0.1", "--runs", "1",
+                    "--param", "insert_slots=2,16", "--db", db)
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "buffered insert_slots=2: records/s" in result.output
+    assert "buffered insert_slots=16: ratio to buffered insert_slots=2" in result.output
+    params = sqlite3.connect(db).execute("SELECT params FROM runs ORDER BY id").fetchall()
+    assert [json.loads(p) for (p,) in params] == [{"insert_slots": 2}, {"insert_slots": 16}]
+
+
+def test_unknown_param_fails_before_any_run(targets, shm_dir: Path) -> None:
+    result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--duration", "30",
+                    "--param", "no_such_knob=1,2", "--db", shm_dir / "r.db")
+    assert result.exit_code == 1
+    assert "param 'no_such_knob': buffered has no such option (valid: " in result.stderr
+    assert "insert_slots" in result.stderr and "compare:" not in result.stderr
+
+
+def test_baseline_must_be_a_target(targets, shm_dir: Path) -> None:
+    result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--baseline", "direct",
+                    "--db", shm_dir / "r.db")
+    assert result.exit_code == 1 and "not among the targets" in result.stderr
+
+
+# ---- the library, with fake targets -----------------------------------------------
+
+
+def test_grid_order_params_and_peers(fakes, shm_dir: Path) -> None:
+    config = harness.CompareConfig(shm_dir / "cmp", targets=["sqlite", "buffered", "postgres"],
+                                   clients=[1, 4], sizes=["8k"], duration=0.5, runs=3,
+                                   params={"insert_slots": [8, 64]}, db=shm_dir / "r.db")
+    seen = []
+    result = harness.run_compare(config, progress=seen.append)
+    assert result.skipped == {"postgres": "no pg_ctl"}
+    assert config.baseline == "sqlite"
+    # sqlite (a peer) once per point, without params; buffered once per params value
+    assert [(w.clients, w.params) for w in fakes["sqlite"].workloads] == [(1, {}), (4, {})] * 3
+    assert [(w.clients, w.params["insert_slots"]) for w in fakes["buffered"].workloads] == \
+        [(1, 8), (4, 8), (1, 64), (4, 64)] * 3
+    assert [p["done"] for p in seen] == list(range(1, 19)) and seen[-1]["total"] == 18
+    assert [p["run"] for p in seen] == [0] * 6 + [1] * 6 + [2] * 6
+    assert seen[2]["label"] == "buffered insert_slots=8"
+    rows = sqlite3.connect(config.db).execute("SELECT target, params FROM runs").fetchall()
+    assert rows[:6] == [("sqlite", "{}")] * 2 + [("buffered", '{"insert_slots": 8}')] * 2 + \
+        [("buffered", '{"insert_slots": 64}')] * 2
+
+    summary = harness.summarize(config.db)
+    assert summary.group == result.group
+    assert summary.series() == ["sqlite", "buffered insert_slots=8", "buffered insert_slots=64"]
+    ratios = summary.ratio_tables()
+    assert [t.title for t in ratios] == ["buffered insert_slots=8: ratio to sqlite",
+                                         "buffered insert_slots=64: ratio to sqlite"]
+    assert ratios[0].rows == [(1, [pytest.approx(2.0)]), (4, [pytest.approx(2.0)])]
+    png = harness.plot(summary, shm_dir / "chart.png")
+    assert Path(png).read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_a_failing_run_keeps_the_runs_before_it(fakes, shm_dir: Path) -> None:
+    fakes["direct"].fail = True
+    config = harness.CompareConfig(shm_dir / "cmp", targets=["buffered", "direct"],
+                                   clients=[1, 2], sizes=[64], duration=0.1, runs=3,
+                                   db=shm_dir / "r.db")
+    with pytest.raises(harness.CompareError, match=r"direct, clients 1, size 64, run 2: "
+                                                   r"RuntimeError: disk on fire"):
+        harness.run_compare(config)
+    assert sqlite3.connect(config.db).execute("SELECT count(*) FROM runs").fetchone()[0] == 6
+    assert os.listdir(shm_dir / "cmp") == [] or \
+        all(not os.listdir(shm_dir / "cmp" / d) for d in os.listdir(shm_dir / "cmp"))
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([5.0], 5.0),
+    ([10.0, 20.0], 15.0),
+    ([1.0, 2.0, 9.0], 2.0),
+    ([100.0, 3.0, 4.0, 1.0, 5.0, 2.0], 3.5),  # 6 runs: the middle 4
+    ([7.0, 7.0, 7.0, 1.0], 7.0),  # one of the equal highest dropped, not all
+])
+def test_trimmed_mean(values, expected) -> None:
+    assert harness.trimmed_mean(values) == pytest.approx(expected)
+
+
+def test_trimmed_mean_of_nothing() -> None:
+    with pytest.raises(ValueError):
+        harness.trimmed_mean([])
+
+
+def _made_up_db(path: Path, rates: dict) -> str:
+    """A results database with one run group: rates[(target, clients, size)] = [records/s]."""
+    db = harness.open_db(str(path))
+    env = {c: None for c in harness._ENV_COLUMNS}
+    env.update(run_group="g1", timestamp="2025-01-01T00:00:00+00:00", cpu_model="Test CPU",
+               config=json.dumps({"flush": "group:4", "baseline": "master"}))
+    harness._insert(db, "environment", env, harness._ENV_COLUMNS)
+    for run in range(max(len(v) for v in rates.values())):
+        for (target, clients, size), values in rates.items():
+            rate = values[run]
+            harness._insert(db, "runs", {
+                "run_group": "g1", "timestamp": "t", "run_index": run, "target": target,
+                "target_version": "1", "params": "{}", "clients": clients, "size": size,
+                "flush": "group:4", "duration": 1.0, "records": int(rate),
+                "bytes": int(rate) * size,
+                "elapsed": 1.0, "records_per_s": rate, "mb_per_s": rate * size / 1e6,
+                "latency": "{}", "extra": "{}"}, harness._RUN_COLUMNS)
+    db.commit()
+    db.close()
+    return str(path)
+
+
+def test_throughput_and_ratio_tables_from_made_up_numbers(tmp_path: Path) -> None:
+    six = lambda m: [m * f for f in (0.5, 0.9, 1.0, 1.0, 1.1, 3.0)]  # trimmed mean: m  # noqa: E731
+    rates = {("master", 1, 8192): six(1000), ("master", 1, 65536): six(500),
+             ("master", 4, 8192): six(2000), ("master", 4, 65536): six(800),
+             ("patched", 1, 8192): six(1100), ("patched", 1, 65536): six(500),
+             ("patched", 4, 8192): six(3000)}  # (patched, 4, 64k) missing
+    summary = harness.summarize(_made_up_db(tmp_path / "r.db", rates), "g1")
+    point = summary.point("master", 1, 8192)
+    assert point.runs == 6 and point.records_per_s == pytest.approx(1000)
+    assert (point.min, point.max) == (500, 3000) and point.stddev > 0 and point.unstable
+    assert point.mb_per_s == pytest.approx(1000 * 8192 / 1e6)
+
+    master, patched = summary.throughput_tables()
+    assert master.columns == ["8k", "64k"]
+    assert master.rows == [(1, [pytest.approx(1000), pytest.approx(500)]),
+                           (4, [pytest.approx(2000), pytest.approx(800)])]
+    assert master.text() == (
+        "master: records/s (trimmed mean of 6 runs, flush group:4)\n"
+        "clients    8k  64k\n"
+        "-------  ----  ---\n"
+        "      1  1000  500\n"
+        "      4  2000  800")
+    (ratio,) = summary.ratio_tables()  # the baseline from the stored config: master
+    assert ratio.title == "patched: ratio to master"
+    assert ratio.rows == [(1, [pytest.approx(1.1), pytest.approx(1.0)]),
+                          (4, [pytest.approx(1.5), None])]
+    assert ratio.text().splitlines()[3:] == ["      1  1.10  1.00", "      4  1.50     -"]
+    assert ratio.markdown().splitlines() == [
+        "**patched: ratio to master**", "",
+        "| clients | 8k | 64k |", "|---:|---:|---:|",
+        "| 1 | 1.10 | 1.00 |", "| 4 | 1.50 | - |"]
+    (other_way,) = summary.ratio_tables("patched")
+    assert other_way.rows[1] == (4, [pytest.approx(2000 / 3000), None])
+    with pytest.raises(ConfigError, match="baseline 'nosuch'"):
+        summary.ratio_tables("nosuch")
+    report = summary.report(markdown=True)
+    assert "**master: records/s" in report and "unstable" in report
+
+
+def test_summarize_picks_the_latest_group_and_rejects_unknown(tmp_path: Path) -> None:
+    db = _made_up_db(tmp_path / "r.db", {("a", 1, 64): [1.0, 2.0, 3.0]})
+    assert harness.summarize(db).group == "g1"
+    with pytest.raises(ConfigError, match="run group 'nope'"):
+        harness.summarize(db, "nope")
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({}, "governor not visible"),
+    ({"cpu0": "performance", "cpu1": "performance"}, None),
+    ({"cpu0": "performance", "cpu1": "powersave"}, "governor is performance x1, powersave x1"),
+    ({"cpu0": "powersave"}, "governor is powersave, not performance"),
+])
+def test_governor_warning(monkeypatch, tmp_path: Path, files, expected) -> None:
+    for cpu, governor in files.items():
+        (tmp_path / cpu / "cpufreq").mkdir(parents=True)
+        (tmp_path / cpu / "cpufreq" / "scaling_governor").write_text(governor + "\n")
+    monkeypatch.setattr(harness, "_CPU_GLOB", str(tmp_path / "cpu[0-9]*" / "cpufreq") + "/")
+    warning = harness.governor_warning()
+    assert warning is None if expected is None else expected in warning
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("insert_slots=8,64", ("insert_slots", [8, 64])),
+    ("segment_size=1m,16m", ("segment_size", [1 << 20, 16 << 20])),
+    ("prefault=true,false", ("prefault", [True, False])),
+    ("ratio=0.5", ("ratio", [0.5])),
+    ("policy=fast", ("policy", ["fast"])),
+])
+def test_parse_param(text, expected) -> None:
+    assert harness.parse_param(text) == expected
+
+
+def test_params_grid_is_the_cartesian_product() -> None:
+    assert harness.params_grid({}) == [{}]
+    assert harness.params_grid({"a": [1, 2], "b": ["x", "y"]}) == [
+        {"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"}, {"a": 2, "b": "y"}]
