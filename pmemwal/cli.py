@@ -116,5 +116,163 @@ def bench(path: str, mode: str, clients: int, size: int, duration: float, flush:
         click.echo(result.report())
 
 
+# ---- dump, verify, stats (pmemwal.inspect: read-only, no lock) ----------------------
+
+from pmemwal import inspect as _inspect  # noqa: E402  (kept beside the commands that use it)
+
+LSN = _Parsed("lsn", _inspect.parse_lsn)
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--start", type=LSN, default=None,
+              help="LSN of the first record, X/X or decimal [default: the oldest record].")
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="Show at most N records.")
+@click.option("--preview", type=click.IntRange(min=0), default=0,
+              help="Show the first N payload bytes of each record, in hex.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per record (JSON lines), then a summary object.")
+@_library_errors
+def dump(path: str, start: int | None, limit: int | None, preview: int, as_json: bool) -> None:
+    """List the records of the WAL at PATH, one line each (like pg_waldump), then a summary.
+
+    Read-only: works while a writer has the WAL open.  Exits 1 when it stops at
+    damage or finds no valid record at --start.
+
+    Example: pmemwal dump /dev/shm/wal --start 0/2018 --limit 10
+    """
+    with _inspect.WalView(path) as view:
+        records = view.records(start, limit)
+        for rec in records:
+            if as_json:
+                click.echo(json.dumps({**rec.as_dict(), **({"data": view.preview(rec, preview)}
+                                                           if preview else {})}))
+            else:
+                click.echo(view.format_record(rec, preview))
+        summary = records.summary()
+        click.echo(json.dumps(summary) if as_json else _inspect.format_summary(summary))
+        for problem in view.problems:
+            click.echo(f"warning: {problem}", err=True)
+    if records.end.failed:
+        raise click.exceptions.Exit(1)
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_library_errors
+def verify(path: str, as_json: bool) -> None:
+    """Check the WAL at PATH as open would, without changing it; exit 0 when it is sound.
+
+    A torn tail (what open would cut after a crash) is a note; bad or foreign
+    files, missing segments and damaged durable records make it exit 1.
+
+    Example: pmemwal verify /dev/shm/wal --json
+    """
+    report = _inspect.verify(path)
+    if as_json:
+        _dump(report.as_dict())
+    else:
+        click.echo(report.summary_line())
+        if report.ok:
+            for line in report.note_lines():
+                click.echo(line)
+    if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
+@_library_errors
+def stats(path: str, as_json: bool) -> None:
+    """Count the segments and records of the WAL at PATH, with a record-size histogram.
+
+    Example: pmemwal stats /dev/shm/wal
+    """
+    result = _inspect.wal_stats(path)
+    if as_json:
+        _dump(result)
+    else:
+        click.echo(_inspect.format_stats(result))
+
+
+# ---- compare (pmemwal.harness) ----------------------------------------------------
+
+from pmemwal import harness as _harness  # noqa: E402  (kept beside the command that uses it)
+
+
+def _merge_params(ctx, param, value):
+    try:
+        return _harness.merge_params(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), ctx, param) from None
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--targets", type=_Parsed("targets", _harness.parse_targets),
+              default="buffered,direct", show_default=True,
+              help="Comma-separated targets: WAL modes and peers (see pmemwal.targets).")
+@click.option("--clients", type=_Parsed("clients", _harness.parse_clients), default="1,2,4",
+              show_default=True, help="Comma-separated client counts.")
+@click.option("--sizes", type=_Parsed("sizes", _harness.parse_sizes), default="8k,64k,1m",
+              show_default=True, help="Comma-separated record sizes (k, m, g: KiB, MiB, GiB).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=5.0,
+              show_default=True, help="Seconds per run.")
+@click.option("--runs", type=click.IntRange(min=1), default=6, show_default=True,
+              help="Runs per point; with 3 or more the highest and lowest are dropped.")
+@click.option("--param", "params", type=_Parsed("param", _harness.parse_param), multiple=True,
+              callback=_merge_params, metavar="NAME=V1,V2",
+              help="A pmemwal option to vary (repeatable), e.g. insert_slots=8,64.")
+@click.option("--flush", type=FLUSH, default="each", show_default=True,
+              help="Flush after each record, after every K (group:K), or only at the end.")
+@click.option("--baseline", default=None,
+              help="Target the ratio tables divide by [default: the first].")
+@click.option("--db", type=click.Path(dir_okay=False), default=_harness.DEFAULT_DB,
+              show_default=True, help="SQLite file every raw run is appended to.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw the results as a PNG chart here.")
+@click.option("--markdown", is_flag=True, help="Print the tables as markdown.")
+@_library_errors
+def compare(path: str, targets: list[str], clients: list[int], sizes: list[int], duration: float,
+            runs: int, params: dict, flush: str, baseline: str | None, db: str,
+            plot_path: str | None, markdown: bool) -> None:
+    """Run targets x params x clients x sizes, RUNS times each, and print tables of the results.
+
+    PATH is a base directory: each run uses a fresh subdirectory of it.
+
+    Example: pmemwal compare /dev/shm/cmp --targets buffered,direct --clients 1,2,4
+    --sizes 8k,64k,1m --param insert_slots=8,64 --db results.db --plot chart.png
+    """
+    import sys
+
+    from tqdm import tqdm
+
+    config = _harness.CompareConfig(path=path, targets=targets, clients=clients, sizes=sizes,
+                                    duration=duration, runs=runs, flush=flush, params=params,
+                                    baseline=baseline, db=db, plot=plot_path)
+    plan = _harness.prepare(config)
+    click.echo(_harness.environment_text(plan.environment, plan.group))
+    warning = _harness.governor_warning(plan.environment)
+    if warning:
+        click.echo(warning, err=True)
+    for name, reason in plan.skipped.items():
+        click.echo(f"skipped {name}: {reason}")
+    click.echo()
+    with tqdm(total=plan.total_runs, file=sys.stderr, unit="run", desc="compare") as bar:
+        def progress(p: dict) -> None:
+            bar.set_postfix_str(f"{p['label']} x{p['clients']} {_harness.size_text(p['size'])}: "
+                                f"{p['records_per_s']:.0f} rec/s")
+            bar.update()
+        result = _harness.run_compare(config, progress=progress, plan=plan)
+    summary = _harness.summarize(db, result.group)
+    click.echo(summary.report(markdown=markdown, baseline=config.baseline))
+    click.echo(f"\n{plan.total_runs} runs stored in {db} (run group {result.group})")
+    if plot_path:
+        _harness.plot(summary, plot_path)
+        click.echo(f"chart: {plot_path}")
+
+
 if __name__ == "__main__":
     main()

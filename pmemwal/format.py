@@ -36,6 +36,7 @@ MIN_SEGMENT_SIZE = 1 << 20
 MAX_SEGMENT_SIZE = 1 << 30
 DEFAULT_SEGMENT_SIZE = 16 << 20
 MAX_RECORD_LIMIT = 1 << 30  # a record's length field is u32; keep well inside it
+MAX_LSN = 1 << 63  # positions stay well inside the 64-bit LSN
 
 _HEADER = struct.Struct("<8sIIQQ16sQI")
 _CRC = struct.Struct("<I")
@@ -73,6 +74,8 @@ class SegmentHeader:
             raise FormatError(f"{where}: format version {version}, this pmemwal reads {FORMAT_VERSION}")
         if page_size != PAGE_SIZE or not is_valid_segment_size(seg_size):
             raise FormatError(f"{where}: page size {page_size} / segment size {seg_size} not supported")
+        if (segno + 1) * seg_size > MAX_LSN:
+            raise FormatError(f"{where}: segment number {segno:X} is out of range (LSNs are 63-bit)")
         return cls(segno, seg_size, wal_id)
 
 

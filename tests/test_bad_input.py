@@ -370,3 +370,18 @@ def test_full_disk(tiny_fs, mode, background):
         assert wal.append(b"fits") == end
     with pmemwal.open(wal_dir, mode=mode) as wal:
         assert [(l, d) for l, d, _ in read_all(wal)] == acked + [(end, b"fits")]
+
+
+def test_segment_number_out_of_range_is_refused(wal_dir):
+    """Regression: a valid header on segment FFFF...FF was accepted; the next
+    truncate then tried to recycle into segment 2^64 and left the WAL broken."""
+    from pmemwal.format import SegmentHeader
+    with pmemwal.open(wal_dir, segment_size=1 << 20, background=False) as wal:
+        wal.append(b"x" * 100, flush=True)
+        wal_id = wal.wal_id
+    huge = (1 << 64) - 1
+    with open(wal_dir / f"{huge:016X}.wal", "wb") as f:
+        f.write(SegmentHeader(huge, 1 << 20, wal_id).pack())
+        f.truncate(1 << 20)
+    with pytest.raises(pmemwal.FormatError, match="out of range"):
+        pmemwal.open(wal_dir)

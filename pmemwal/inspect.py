@@ -1,0 +1,720 @@
+"""Read-only inspection of a WAL directory: list its records, verify it, count it.
+
+Nothing here writes, locks or repairs.  Segment files are opened O_RDONLY and
+mapped PROT_READ, the LOCK file is never touched, so the tools work on a WAL
+that a writer holds open, and on one that ``pmemwal.open`` would refuse.  They
+imitate what ``open`` does (the same segment checks, the same record chain
+from the first record of the oldest segment, the same torn-tail/damage test
+through the native reader's ``beyond``) but report what it would raise or cut
+instead of doing it:
+
+- a *problem* makes the WAL unsound: ``open`` would raise FormatError or
+  CorruptionError for it, or a segment is missing from the middle;
+- a *note* is something ``open`` tidies quietly: a torn tail it would cut,
+  a temp file it would remove.
+
+Malformed files never raise: each OSError or FormatError met reading them
+becomes a Problem.  Only a path that is no WAL directory at all raises:
+NotFoundError (nothing there) or FormatError (a file, or no segment files).
+
+On a WAL that a writer is appending to, the end moves while it is read: a
+record still being written looks like damage for a moment.  Before damage is
+reported, the record at the end is read again; if it has become valid, the
+chain is followed further.  A writer truncating the WAL removes or renames its
+oldest segments: one that vanishes while it is read makes ``verify`` and
+``wal_stats`` start again (``dump``, which has printed records by then, says
+where it stopped and why).  Files are never truncated by pmemwal, so a mapped
+segment never shrinks under the reader.
+"""
+
+from __future__ import annotations
+
+import array
+import errno
+import mmap
+import os
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, NamedTuple
+
+import numpy as np
+
+from pmemwal import _core
+from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
+from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader,
+                            parse_segment_name, segment_name)
+
+__all__ = ["WalView", "RecordInfo", "Records", "End", "Problem", "VerifyReport", "verify",
+           "wal_stats", "parse_lsn", "format_summary", "format_stats", "size_histogram"]
+
+_END = (1 << 64) - 1
+_LSN_LIMIT = 1 << 63          # the reader takes a prev-link as a signed 64-bit number
+_LIVE_RETRIES = 8             # re-reads of an end that looked like damage (a writer at work)
+_IGNORED = {"LOCK", "lost+found"}
+_NO_SEGMENT = 1               # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
+_LSN_TEXT = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
+
+
+def parse_lsn(text: str) -> int:
+    """An LSN given as ``X/X`` (PostgreSQL's form: high/low 32 bits in hex) or as a decimal integer."""
+    match = _LSN_TEXT.match(text)
+    if match:
+        return int(match.group(1), 16) << 32 | int(match.group(2), 16)
+    stripped = text.strip()
+    if stripped.isdigit():
+        value = int(stripped)
+        if value <= _END:
+            return value
+    raise ValueError(f"{text!r} is not an LSN: give X/X (hex, e.g. 0/2018) or a decimal integer "
+                     "below 2^64")
+
+
+# ---- results ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that makes the WAL unsound, and where: ``kind`` is one of
+    foreign, io, header, size, gap, damage."""
+
+    kind: str
+    reason: str
+    segment: int | None = None
+    lsn: int | None = None
+
+    def where(self) -> str:
+        """`` at X/X (segment 000...)``, as much of it as is known."""
+        text = f" at {format_lsn(self.lsn)}" if self.lsn is not None else ""
+        if self.segment is not None:
+            text += f" (segment {self.segment:016X})"
+        return text
+
+    def __str__(self) -> str:
+        return f"{self.where().strip() or 'directory'}: {self.reason}"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class RecordInfo(NamedTuple):
+    """A valid record: where it is, its payload length, its prev-link, CRC, and the next LSN."""
+
+    lsn: int
+    length: int
+    prev_lsn: int
+    crc: int
+    next_lsn: int
+
+    def as_dict(self) -> dict:
+        return {"type": "record", **self._asdict()}
+
+
+@dataclass(frozen=True)
+class End:
+    """Why reading records stopped.
+
+    ``kind``: ``clean`` (nothing durable past it, nothing to cut), ``torn``
+    (nothing durable past it; ``cut_bytes`` would be zeroed on open), ``damage``
+    (the valid record at ``durable_lsn`` proves that the one at ``lsn`` had been
+    flushed), ``limit`` (as many records as asked for), ``bad_start`` (no valid
+    record at the chosen start), ``unreadable`` (the chain runs into a segment
+    that is missing or unreadable while later ones exist, or no segment can be read).
+    """
+
+    kind: str
+    lsn: int | None
+    reason: str
+    durable_lsn: int = 0
+    cut_bytes: int = 0
+
+    @property
+    def failed(self) -> bool:
+        """Reading stopped short of the end: damage, a bad start, an unreadable segment."""
+        return self.kind in ("damage", "bad_start", "unreadable")
+
+    def describe(self, segment_size: int | None = None) -> str:
+        at = format_lsn(self.lsn) if self.lsn is not None else "?"
+        if self.kind == "clean":
+            return f"end of WAL at {at}"
+        if self.kind == "torn":
+            return (f"torn tail at {at}: {self.cut_bytes} bytes after the last record would be cut "
+                    "on open")
+        if self.kind == "limit":
+            return f"record limit reached; the next record is at {at}"
+        if self.kind == "damage":
+            seg = f" (segment {self.lsn // segment_size:016X})" if segment_size else ""
+            return f"damage at {at}{seg}: {self.reason}"
+        if self.kind == "bad_start":
+            return f"no valid record at {at}: {self.reason}"
+        return self.reason      # unreadable
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---- the view -------------------------------------------------------------------
+
+@dataclass
+class _SegmentFile:
+    segno: int
+    size: int = -1               # bytes, -1: unknown
+    allocated: int = 0           # bytes allocated on disk
+    header: SegmentHeader | None = None
+
+
+class WalView:
+    """A read-only view of the WAL in directory ``path`` (a context manager).
+
+    ``segments``: the segment numbers present (all segment files, readable or
+    not); ``readable``: those whose header, size and identity check out, the
+    only ones records are read from; ``segment_size`` and ``wal_id`` (None when
+    no header is valid); ``problems`` and ``notes`` found so far (reading
+    records can add problems: a file that cannot be mapped); ``vanished``: the
+    segments that were listed but gone when read (a writer truncating the WAL:
+    ``verify`` and ``wal_stats`` look again when there are any).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.problems: list[Problem] = []
+        self.notes: list[str] = []
+        self.segment_size: int | None = None
+        self.wal_id: bytes | None = None
+        self._files: dict[int, _SegmentFile] = {}
+        self.vanished: list[int] = []
+        self._maps: dict[int, mmap.mmap] = {}
+        self._reader = None
+        self.segments = self._list()
+        self._check_headers()
+        self.readable = sorted(s for s, f in self._files.items() if self._usable_file(f))
+        self._check_gaps()
+        if self.segment_size is not None:
+            wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
+            self._reader = _core.Reader(self.segment_size, wal_id_lo, self._segment)
+
+    # -- opening --
+
+    def _list(self) -> list[int]:
+        if not os.path.lexists(self.path):
+            raise NotFoundError(errno.ENOENT, "no such WAL directory", self.path)
+        if not os.path.isdir(self.path):
+            raise FormatError(f"{self.path} is not a directory (a WAL is a directory of segment files)")
+        try:
+            names = sorted(os.listdir(self.path))
+        except OSError as exc:
+            raise StorageError(exc.errno or errno.EIO,
+                               f"listing {self.path}: {exc.strerror or exc}") from exc
+        segnos, foreign = [], []
+        for name in names:
+            segno = parse_segment_name(name)
+            if segno is not None:
+                segnos.append(segno)
+            elif name.endswith(".wal.tmp") and parse_segment_name(name[:-4]) is not None:
+                self.notes.append(f"temporary file {name} (a segment being made, or left by a "
+                                  "crash: open removes it)")
+            elif name not in _IGNORED:
+                foreign.append(name)
+        if not segnos:
+            what = f" (it holds {', '.join(map(repr, foreign))})" if foreign else ""
+            raise FormatError(f"{self.path} holds no segment files: not a pmemwal WAL{what}")
+        for name in foreign:
+            self.problems.append(Problem("foreign", f"{name!r} is not part of a pmemwal WAL"))
+        return segnos
+
+    def _check_headers(self) -> None:
+        for segno in self.segments:
+            info = self._files[segno] = _SegmentFile(segno)
+            name = segment_name(segno)
+            try:
+                fd = os.open(os.path.join(self.path, name), os.O_RDONLY)
+                try:
+                    st = os.fstat(fd)
+                    info.size, info.allocated = st.st_size, st.st_blocks * 512
+                    data = os.pread(fd, PAGE_SIZE, 0)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                self._io_problem(segno, f"cannot read {name}", exc)
+                continue
+            try:
+                header = SegmentHeader.unpack(data, name)
+            except FormatError as exc:
+                self.problems.append(Problem("header", str(exc).removeprefix(f"{name}: "), segno))
+                continue
+            if header.segno != segno:
+                self.problems.append(Problem("header", f"header says segment {header.segno:016X}",
+                                             segno))
+                continue
+            info.header = header
+        # the WAL's identity: what most valid headers say (the oldest wins a tie)
+        votes = Counter((f.header.segment_size, f.header.wal_id)
+                        for f in self._files.values() if f.header)
+        if not votes:
+            return
+        best = max(votes.values())
+        self.segment_size, self.wal_id = next(
+            (f.header.segment_size, f.header.wal_id) for f in self._files.values()
+            if f.header and votes[f.header.segment_size, f.header.wal_id] == best)
+        for info in self._files.values():
+            self._check_identity(info)
+        self.problems = [Problem(p.kind, p.reason, p.segment, p.segment * self.segment_size)
+                         if p.segment is not None and p.lsn is None
+                         and (p.segment + 1) * self.segment_size <= _LSN_LIMIT else p
+                         for p in self.problems]
+
+    def _check_identity(self, info: _SegmentFile) -> None:
+        size, segno, header = self.segment_size, info.segno, info.header
+        if header is None:
+            return
+        if header.wal_id != self.wal_id:
+            self.problems.append(Problem("header", f"belongs to another WAL (wal_id "
+                                         f"{header.wal_id.hex()}, not {self.wal_id.hex()})",
+                                         segno, segno * size))
+            info.header = None
+        elif header.segment_size != size:
+            self.problems.append(Problem("header", f"says segment size {header.segment_size}, the "
+                                         f"WAL's is {size}", segno, segno * size))
+            info.header = None
+        elif (segno + 1) * size > _LSN_LIMIT:
+            self.problems.append(Problem("header", "segment number out of range", segno))
+            info.header = None
+        elif info.size != size:
+            short = "truncated: " if info.size < size else ""
+            self.problems.append(Problem("size", f"{short}{info.size} bytes, expected {size}",
+                                         segno, segno * size))
+
+    def _usable_file(self, info: _SegmentFile) -> bool:
+        return info.header is not None and info.size >= (self.segment_size or 0)
+
+    def _check_gaps(self) -> None:
+        for before, after in zip(self.segments, self.segments[1:]):
+            if after > before + 1:
+                lo, hi = before + 1, after - 1
+                which = f"{lo:016X}" if lo == hi else f"{lo:016X} to {hi:016X}"
+                lsn = lo * self.segment_size if self.segment_size else None
+                self.problems.append(Problem("gap", f"segment {which} missing between "
+                                             f"{before:016X} and {after:016X}", lo, lsn))
+
+    # -- reading --
+
+    def _segment(self, segno: int) -> mmap.mmap | None:
+        """The getter for the native reader: a read-only mapping, or None."""
+        seg_map = self._maps.get(segno)
+        if seg_map is not None:
+            return seg_map
+        info = self._files.get(segno)
+        if info is None or not self._usable_file(info):
+            return None
+        try:
+            fd = os.open(os.path.join(self.path, segment_name(segno)), os.O_RDONLY)
+            try:
+                if os.fstat(fd).st_size < self.segment_size:   # shrunk since the header check
+                    raise OSError(errno.EINVAL, "file shorter than a segment")
+                seg_map = mmap.mmap(fd, self.segment_size, mmap.MAP_SHARED, mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._io_problem(segno, "cannot map it", exc)
+            info.header = None
+            self.readable.remove(segno)
+            return None
+        self._maps[segno] = seg_map
+        return seg_map
+
+    def _io_problem(self, segno: int, what: str, exc: OSError) -> None:
+        if exc.errno == errno.ENOENT:   # a writer truncated or recycled it since the listing
+            self.vanished.append(segno)
+            what = "vanished while being read (a writer truncating the WAL?)"
+        else:
+            what = f"{what}: {exc.strerror or exc}"
+        lsn = segno * self.segment_size if self.segment_size else None
+        self.problems.append(Problem("io", what, segno, lsn))
+
+    @property
+    def first_segment(self) -> int | None:
+        """The oldest readable segment: the chain starts at its first record."""
+        return self.readable[0] if self.readable else None
+
+    def records(self, start: int | None = None, limit: int | None = None) -> Records:
+        """The valid records from ``start`` (an LSN; None: the first record of the
+        oldest segment) on, at most ``limit`` of them; iterate it, then see ``.end``."""
+        return Records(self, start, limit)
+
+    def scan(self) -> Records:
+        """The whole chain, followed by the native reader (no records yielded): see
+        the result's ``count``, ``payload_bytes``, ``first_lsn``, ``last_lsn``, ``end``."""
+        result = Records(self, None, None)
+        for _ in result._walk(native=True):    # yields nothing: the native scan counts
+            pass
+        return result
+
+    def payload(self, lsn: int) -> bytes:
+        """The payload of the valid record at ``lsn`` (ValueError if it is not one)."""
+        if self._reader is None:
+            raise ValueError("no readable segment")
+        return self._reader.payload(lsn)
+
+    def _hole(self, lsn: int, status: int, bad_lsn: int) -> End | None:
+        """The chain runs into a segment that is missing or unreadable while a later one
+        exists: it stops short of the end (open would test what lies beyond; this says why)."""
+        segno = bad_lsn // self.segment_size
+        if status != _NO_SEGMENT or segno > self.segments[-1] or segno < self.segments[0]:
+            return None
+        known = [p.reason for p in self.problems if p.segment == segno]
+        why = known[0] if known else "missing"
+        return End("unreadable", lsn, f"the record at {format_lsn(lsn)} runs into segment "
+                   f"{segno:016X}, which cannot be read ({why})")
+
+    def end_problem(self, end: End) -> Problem | None:
+        """The problem an End is, if any: damage to durable records."""
+        if end.kind != "damage":
+            return None
+        return Problem("damage", end.reason, end.lsn // self.segment_size, end.lsn)
+
+    def _classify(self, lsn: int, status: int) -> End:
+        """What the first invalid position ``lsn`` after a chain is: open's test."""
+        reason = _core.status_text(status)
+        durable, pages = self._reader.beyond(lsn, self.readable[-1])
+        if durable:
+            return End("damage", lsn, f"{reason}; the valid record at {format_lsn(durable)} was "
+                       "written after this one was flushed", durable_lsn=durable)
+        cut = len(pages) * PAGE_SIZE
+        size = self.segment_size
+        seg_map = self._segment(lsn // size)
+        if seg_map is not None:     # the rest of the end's page (a page never crosses a segment)
+            off = lsn % size
+            rest = seg_map[off:off + PAGE_SIZE - lsn % PAGE_SIZE]
+            if rest.count(0) != len(rest):
+                cut += len(rest)
+        return End("torn" if cut else "clean", lsn, reason, cut_bytes=cut)
+
+    def usable(self, lsn: int) -> int:
+        """Position of ``lsn`` in the dense record stream (page headers left out)."""
+        size = self.segment_size
+        seg, off = divmod(lsn, size)
+        page, in_page = divmod(off, PAGE_SIZE)
+        return seg * (size // PAGE_SIZE - 1) * PAGE_USABLE + (page - 1) * PAGE_USABLE + \
+            max(in_page - PAGE_HEADER_SIZE, 0)
+
+    def lsn_width(self) -> int:
+        """Characters the largest LSN in these files takes as X/X (for aligned columns)."""
+        return len(format_lsn((self.segments[-1] + 1) * (self.segment_size or PAGE_SIZE) - 1))
+
+    def length_width(self) -> int:
+        """Digits the largest record these files could hold takes."""
+        span = (self.segments[-1] - self.segments[0] + 1) * (self.segment_size or PAGE_SIZE)
+        return len(str(span))
+
+    def format_record(self, rec: RecordInfo, preview: int = 0) -> str:
+        """``lsn: 0/2018  len:   100 prev: 0/0     crc: 0x1234abcd`` (pg_waldump-like, aligned)."""
+        w = self.lsn_width()
+        line = (f"lsn: {format_lsn(rec.lsn):<{w}} len: {rec.length:>{self.length_width()}} "
+                f"prev: {format_lsn(rec.prev_lsn):<{w}} crc: 0x{rec.crc:08x}")
+        if preview > 0:
+            line += f" data: {self.preview(rec, preview)}"
+        return line
+
+    def preview(self, rec: RecordInfo, n: int) -> str:
+        """The first ``n`` payload bytes of a record in hex (``...`` when there are more)."""
+        try:
+            data = self.payload(rec.lsn)[:n] if rec.length and n > 0 else b""
+        except ValueError as exc:       # changed since it was read: a writer at work
+            return f"({exc})"
+        return data.hex() + ("..." if rec.length > n else "")
+
+    def close(self) -> None:
+        self._reader = None
+        for seg_map in self._maps.values():
+            seg_map.close()
+        self._maps.clear()
+
+    def __enter__(self) -> WalView:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Records:
+    """The records of a view from a start on; iterating yields RecordInfo.
+
+    Once iterated: ``count``, ``payload_bytes``, ``first_lsn`` and ``last_lsn``
+    (None without records), and ``end`` (an End: why it stopped).
+    """
+
+    def __init__(self, view: WalView, start: int | None, limit: int | None) -> None:
+        self._view, self.start, self.limit = view, start, limit
+        self.count = self.payload_bytes = 0
+        self.first_lsn: int | None = None
+        self.last_lsn: int | None = None
+        self.end: End | None = None
+
+    def __iter__(self) -> Iterator[RecordInfo]:
+        return self._walk(native=False)
+
+    def _walk(self, native: bool) -> Iterator[RecordInfo]:
+        view = self._view
+        reader = view._reader
+        if reader is None or not view.readable:
+            self.end = End("unreadable", None, "no segment file can be read")
+            return
+        if self.start is None:
+            status, lsn = reader.first_record(view.first_segment)
+            while (status == _NO_SEGMENT and view.readable
+                   and lsn // view.segment_size < view.first_segment):   # the oldest vanished
+                status, lsn = reader.first_record(view.first_segment)
+        else:
+            status, lsn = 0, self.start
+        bad = lsn
+        prev = -1
+        retries = 0
+        while True:
+            if self.limit is not None and self.count >= self.limit:
+                self.end = End("limit", lsn, "limit")
+                return
+            if status == 0:
+                if native:
+                    begin = lsn
+                    status, lsn, last, count, nbytes, bad = reader.scan(lsn, prev, _END)
+                    if count:
+                        self._note(begin, count, nbytes, last)
+                        prev = last
+                else:
+                    status, _, nxt, prv, length, crc, _, _, bad = reader.read(lsn, prev)
+                    if status == 0:
+                        self._note(lsn, 1, length, lsn)
+                        yield RecordInfo(lsn, length, prv, crc, nxt)
+                        prev, lsn = lsn, nxt
+                        continue
+            if self.count == 0 and self.start is not None:
+                self.end = End("bad_start", lsn, _core.status_text(status))
+                return
+            if not view.readable:           # the last readable file could not be mapped
+                self.end = End("unreadable", lsn, "no segment file can be read")
+                return
+            end = view._hole(lsn, status, bad) or view._classify(lsn, status)
+            if end.kind == "damage" and retries < _LIVE_RETRIES and reader.read(lsn, prev)[0] == 0:
+                retries += 1                # the record at the end has become valid: a writer
+                status = 0
+                continue
+            self.end = end
+            return
+
+    def _note(self, lsn: int, count: int, nbytes: int, last: int) -> None:
+        if self.first_lsn is None:
+            self.first_lsn = lsn
+        self.count += count
+        self.payload_bytes += nbytes
+        self.last_lsn = last
+
+    def summary(self) -> dict:
+        """The counts and the end, for a summary line or a JSON object."""
+        end = self.end
+        return {"type": "summary", "records": self.count, "payload_bytes": self.payload_bytes,
+                "first_lsn": self.first_lsn, "last_lsn": self.last_lsn,
+                "end_lsn": end.lsn if end else None, "stopped": end.kind if end else None,
+                "reason": end.describe(self._view.segment_size) if end else None,
+                "problems": [p.as_dict() for p in self._view.problems]}
+
+
+def format_summary(summary: dict) -> str:
+    """A dump's last line, from ``Records.summary()``."""
+    def lsn(value):
+        return format_lsn(value) if value is not None else "-"
+    return (f"records: {summary['records']}, payload bytes: {summary['payload_bytes']}, "
+            f"first: {lsn(summary['first_lsn'])}, last: {lsn(summary['last_lsn'])}, "
+            f"end: {lsn(summary['end_lsn'])}; stopped: {summary['reason']}")
+
+
+# ---- verify ---------------------------------------------------------------------
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found.  ``ok``: the WAL is sound (open would accept it and
+    cut at most a torn tail); ``bytes`` are the payload bytes of the valid records."""
+
+    path: str
+    segments: int
+    segment_size: int | None = None
+    records: int = 0
+    bytes: int = 0
+    first_lsn: int | None = None
+    last_lsn: int | None = None
+    end_lsn: int | None = None
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    torn_tail: End | None = None
+    vanished: bool = field(default=False, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def first_problem(self) -> Problem | None:
+        """The problem earliest in the WAL (those without a position first)."""
+        if not self.problems:
+            return None
+        return min(self.problems, key=lambda p: -1 if p.lsn is None else p.lsn)
+
+    def summary_line(self) -> str:
+        """``OK: N records, M segments, end X/X`` or ``FAIL at X/X (segment ...): reason``."""
+        if self.ok:
+            end = format_lsn(self.end_lsn) if self.end_lsn is not None else "-"
+            return f"OK: {self.records} records, {self.segments} segments, end {end}"
+        first = self.first_problem
+        more = len(self.problems) - 1
+        return f"FAIL{first.where()}: {first.reason}" + (f" (+{more} more problems)" if more else "")
+
+    def note_lines(self) -> list[str]:
+        return [f"note: {n}" for n in self.notes]
+
+    def as_dict(self) -> dict:
+        first = self.first_problem
+        return {"path": self.path, "ok": self.ok, "segments": self.segments,
+                "segment_size": self.segment_size, "records": self.records, "bytes": self.bytes,
+                "first_lsn": self.first_lsn, "last_lsn": self.last_lsn, "end_lsn": self.end_lsn,
+                "first_problem": first.as_dict() if first else None,
+                "problems": [p.as_dict() for p in self.problems], "notes": list(self.notes),
+                "torn_tail": self.torn_tail.as_dict() if self.torn_tail else None}
+
+
+def verify(path: str | os.PathLike[str]) -> VerifyReport:
+    """Check every segment header and the record chain to its end, as open would.
+
+    Raises NotFoundError or FormatError only when ``path`` is no WAL directory at all.
+    """
+    for _ in range(_LIVE_RETRIES):      # segments truncated while they were read: look again
+        report = _verify(path)
+        if not report.vanished:
+            break
+    return report
+
+
+def _verify(path: str | os.PathLike[str]) -> VerifyReport:
+    with WalView(path) as view:
+        chain = view.scan()
+        report = VerifyReport(view.path, len(view.segments), view.segment_size, chain.count,
+                              chain.payload_bytes, chain.first_lsn, chain.last_lsn,
+                              chain.end.lsn, notes=list(view.notes))
+        end = chain.end
+        if end.kind == "damage":
+            view.problems.append(view.end_problem(end))
+        elif end.kind == "torn":
+            report.torn_tail = end
+            report.notes.insert(0, end.describe())
+        report.problems = list(view.problems)
+        report.vanished = bool(view.vanished)
+    return report
+
+
+# ---- stats ------------------------------------------------------------------------
+
+def size_histogram(lengths: np.ndarray) -> list[dict]:
+    """Counts of record lengths in buckets 0, 1-8, 9-64, 65-512, ... up to the largest."""
+    lengths = np.asarray(lengths, dtype=np.uint64)
+    top = int(lengths.max()) if lengths.size else 0
+    edges = [0, 8]
+    while edges[-1] < top:
+        edges.append(edges[-1] * 8)
+    index = np.searchsorted(np.array(edges, dtype=np.uint64), lengths, side="left")
+    counts = np.bincount(index, minlength=len(edges)) if lengths.size else np.zeros(len(edges), int)
+    out = [{"range": "0", "low": 0, "high": 0, "count": int(counts[0])}]
+    for i in range(1, len(edges)):
+        low, high = edges[i - 1] + 1, edges[i]
+        out.append({"range": f"{low}-{high}", "low": low, "high": high, "count": int(counts[i])})
+    return out
+
+
+def wal_stats(path: str | os.PathLike[str]) -> dict:
+    """Segments, records, payload bytes, a record-size histogram and spare segments.
+
+    Raises NotFoundError or FormatError only when ``path`` is no WAL directory at all.
+    """
+    for _ in range(_LIVE_RETRIES):      # segments truncated while they were read: look again
+        stats = _stats(path)
+        if not stats.pop("vanished"):
+            break
+    return stats
+
+
+def _stats(path: str | os.PathLike[str]) -> dict:
+    with WalView(path) as view:
+        lengths = array.array("Q")
+        recs = view.records()
+        for rec in recs:
+            lengths.append(rec.length)
+        if recs.end.kind == "damage":
+            view.problems.append(view.end_problem(recs.end))
+        size = view.segment_size
+        end = recs.end
+        files = [view._files[s] for s in view.segments]
+        spares = [s for s in view.segments if size and end.lsn is not None and s > end.lsn // size]
+        stream = view.usable(end.lsn) - view.usable(recs.first_lsn) if recs.count else 0
+        length_array = np.frombuffer(lengths, dtype=np.uint64) if lengths else np.zeros(0, np.uint64)
+        return {
+            "path": view.path,
+            "segment_size": size,
+            "wal_id": view.wal_id.hex() if view.wal_id else None,
+            "segments": {"count": len(files), "numbers": list(view.segments),
+                         "sizes": [f.size for f in files],
+                         "bytes_on_disk": sum(max(f.size, 0) for f in files),
+                         "allocated_bytes": sum(f.allocated for f in files)},
+            "spare_segments": {"count": len(spares), "numbers": spares},
+            "records": recs.count,
+            "payload_bytes": recs.payload_bytes,
+            "stream_bytes": stream,
+            "first_lsn": recs.first_lsn,
+            "last_lsn": recs.last_lsn,
+            "end_lsn": end.lsn,
+            "end": {**end.as_dict(), "text": end.describe(size)},
+            "record_sizes": {
+                "min": int(length_array.min()) if length_array.size else None,
+                "max": int(length_array.max()) if length_array.size else None,
+                "mean": float(length_array.mean()) if length_array.size else None,
+                "histogram": size_histogram(length_array),
+            },
+            "problems": [p.as_dict() for p in view.problems],
+            "notes": list(view.notes),
+            "vanished": bool(view.vanished),
+        }
+
+
+def format_stats(stats: dict) -> str:
+    """``wal_stats`` as text, the size histogram as a small table."""
+    def lsn(value):
+        return format_lsn(value) if value is not None else "-"
+
+    def names(numbers):
+        if not numbers:
+            return "none"
+        return f"{numbers[0]:016X}" + (f" .. {numbers[-1]:016X}" if len(numbers) > 1 else "")
+
+    seg = stats["segments"]
+    size = stats["segment_size"]
+    spare = stats["spare_segments"]
+    sizes = stats["record_sizes"]
+    lines = [
+        f"path:            {stats['path']}",
+        f"segment size:    {size if size is not None else 'unknown'}"
+        + (f" bytes ({size >> 20} MiB)" if size else ""),
+        f"segments:        {seg['count']} ({names(seg['numbers'])}), "
+        f"{seg['bytes_on_disk']} bytes on disk ({seg['allocated_bytes']} allocated)",
+        f"spare segments:  {spare['count']} ({names(spare['numbers'])})",
+        f"records:         {stats['records']}",
+        f"payload bytes:   {stats['payload_bytes']} ({stats['stream_bytes']} in the stream)",
+        f"first record:    {lsn(stats['first_lsn'])}",
+        f"last record:     {lsn(stats['last_lsn'])}",
+        f"end:             {lsn(stats['end_lsn'])} ({stats['end']['text']})",
+    ]
+    if sizes["max"] is not None:
+        lines.append(f"record size:     min {sizes['min']}, mean {sizes['mean']:.1f}, max {sizes['max']}")
+    width = max(len("bytes"), *(len(b["range"]) for b in sizes["histogram"]))
+    lines.append(f"  {'bytes':>{width}}  {'records':>9}")
+    for bucket in sizes["histogram"]:
+        lines.append(f"  {bucket['range']:>{width}}  {bucket['count']:>9}")
+    for problem in stats["problems"]:
+        lines.append(f"problem: {Problem(**problem)}")
+    for note in stats["notes"]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
