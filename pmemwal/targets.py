@@ -543,13 +543,15 @@ class LibpmemlogTarget:
 
             class Client(_Nothing):
                 def write(self) -> None:
-                    if lib.pmemlog_append(pool, payload, len(payload)) != 0:
-                        if ctypes.get_errno() != _ENOSPC:
+                    tries = 0
+                    while lib.pmemlog_append(pool, payload, len(payload)) != 0:
+                        # full: rewind and append again; another client may refill the
+                        # pool between our rewind and our append, so try a few times
+                        tries += 1
+                        if ctypes.get_errno() != _ENOSPC or tries > 8:
                             raise TargetError(f"pmemlog_append: {_pmemlog_error(lib)}")
                         lib.pmemlog_rewind(pool)
                         rewinds[0] += 1
-                        if lib.pmemlog_append(pool, payload, len(payload)) != 0:
-                            raise TargetError(f"pmemlog_append: {_pmemlog_error(lib)}")
 
             measured = _Clients(workload, 0, lambda i: Client()).measure()
             return _thread_result(
