@@ -25,7 +25,7 @@ import numpy as np
 
 from pmemwal import _core, libpmem
 from pmemwal.background import BackgroundWriter
-from pmemwal.device import ProbeResult, resolve_mode
+from pmemwal.device import resolve_mode
 from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, NotFoundError,
                             format_lsn)
 from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,3 +198,41 @@ def run_child(spec: dict, env: dict[str, str] | None = None, timeout: float = 60
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def shm_dir(shm_tmp: Path) -> Path:
+    """A fresh directory on tmpfs (/dev/shm), removed afterwards."""
+    return shm_tmp
+
+
+def run_and_kill(script: str, spec: dict, env: dict[str, str], delay: float) -> tuple[list[bytes], str]:
+    """Start a writer script, SIGKILL it ``delay`` s after its first line; its lines and stderr.
+
+    The writer prints a line only for what it has acknowledged, so the lines are
+    what the WAL promised when the process died.
+    """
+    proc = subprocess.Popen([sys.executable, script, json.dumps(spec)], env=child_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines: list[bytes] = []
+    ready = threading.Event()
+
+    def reader():
+        for line in proc.stdout:
+            lines.append(line)
+            ready.set()
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    try:
+        assert ready.wait(30), "the writer did not start"
+        time.sleep(delay)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        t.join(timeout=30)
+    stderr = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL, stderr
+    return lines, stderr

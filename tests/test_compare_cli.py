@@ -12,8 +12,6 @@ import dataclasses
 import json
 import os
 import sqlite3
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -160,15 +158,6 @@ def fakes(monkeypatch) -> dict[str, Fake]:
                              get_target=lambda name: targets[name])
     monkeypatch.setattr(harness, "targets_module", lambda: module)
     return targets
-
-
-@pytest.fixture
-def shm_dir() -> Iterator[Path]:
-    """A fresh directory on tmpfs (/dev/shm)."""
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm")
-    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="pmemwal-test-") as d:
-        yield Path(d)
 
 
 def invoke(*args):

@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -50,7 +49,7 @@ import pytest
 import pmemwal
 from _concurrent_child import HDR, make_payload, parse_payload, stress
 from conftest import (HIDDEN_LIBPMEM, SEG, assert_chain, child_env, expected_end,
-                      first_lsn_of_segment, read_all, rec_size)
+                      first_lsn_of_segment, read_all, rec_size, run_and_kill)
 
 CONCURRENT_CHILD = str(Path(__file__).resolve().parent / "_concurrent_child.py")
 STRESS_SECONDS = 0.4
@@ -177,29 +176,7 @@ CRASH_CASES = {  # (mode, environment, persist_method, insert_slots of the two r
 
 def _crash_round(wal_dir, mode, env, spec, delay):
     """Run the crash writer, SIGKILL it ``delay`` s after READY; its complete lines."""
-    proc = subprocess.Popen([sys.executable, CONCURRENT_CHILD, json.dumps(spec)],
-                            env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    lines: list[bytes] = []
-    ready = threading.Event()
-
-    def reader():
-        for line in proc.stdout:
-            lines.append(line)
-            ready.set()
-
-    t = threading.Thread(target=reader, daemon=True)
-    t.start()
-    try:
-        assert ready.wait(30), "the writer did not start"
-        time.sleep(delay)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        t.join(timeout=30)
-    stderr = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL, stderr
+    lines, stderr = run_and_kill(CONCURRENT_CHILD, spec, env, delay)
     assert "Traceback" not in stderr and "Exception" not in stderr, stderr
     return [line for line in lines if line.endswith(b"\n")]   # a cut-off line says nothing
 

@@ -13,20 +13,13 @@ next kill.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import signal
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
 import pmemwal
-from conftest import (CHILD, HIDDEN_LIBPMEM, assert_chain, child_env, expected_end,
-                      first_lsn_of_segment, payload, read_all)
+from conftest import (CHILD, HIDDEN_LIBPMEM, assert_chain, expected_end,
+                      first_lsn_of_segment, payload, read_all, run_and_kill)
 
 CASES = {
     "buffered": ("buffered", {}, "fdatasync"),
@@ -38,29 +31,7 @@ CASES = {
 def _crash_round(wal_dir, mode, env, seed, threads, flush_every, truncate, delay):
     spec = {"op": "writer", "dir": str(wal_dir), "mode": mode, "seed": seed,
             "threads": threads, "flush_every": flush_every, "truncate": truncate}
-    proc = subprocess.Popen([sys.executable, CHILD, json.dumps(spec)], env=child_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    lines: list[bytes] = []
-    ready = threading.Event()
-
-    def reader():
-        for line in proc.stdout:
-            lines.append(line)
-            ready.set()
-
-    t = threading.Thread(target=reader, daemon=True)
-    t.start()
-    try:
-        assert ready.wait(30), "the writer did not start"
-        time.sleep(delay)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        t.join(timeout=30)
-    stderr = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    proc.stdout.close()
-    assert proc.returncode == -signal.SIGKILL, stderr
+    lines, stderr = run_and_kill(CHILD, spec, env, delay)
     assert "Traceback" not in stderr, stderr
     head = lines[0].split()
     assert head[0] == b"READY", lines[0]

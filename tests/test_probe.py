@@ -11,7 +11,6 @@ import mmap
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,15 +22,6 @@ from pmemwal.device import FORCE_ENV_VAR, MODE_ENV_VAR, MODES, ProbeResult, prob
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HIDDEN_LIBPMEM = "/nonexistent/libpmem.so.1"
-
-
-@pytest.fixture
-def shm_dir() -> Iterator[Path]:
-    """A fresh directory on tmpfs (/dev/shm)."""
-    if not os.path.isdir("/dev/shm"):
-        pytest.skip("no /dev/shm")
-    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="pmemwal-test-") as d:
-        yield Path(d)
 
 
 @pytest.fixture
