@@ -110,6 +110,7 @@ class BenchConfig:
     flush: str = "each"  # "each", "end" or "group:K"
     segment_size: int | None = None  # None: the WAL's default
     insert_slots: int = 8
+    prefault: bool = True  # segments mapped pre-faulted and prepared ahead (WAL option)
     keep_bytes: int | None = DEFAULT_KEEP  # WAL kept behind the flushed LSN; None: all
     fresh: bool = True  # delete the WAL directory first (it must hold only a WAL)
     progress_interval: float = 1.0  # seconds between progress lines; 0: none
@@ -249,6 +250,7 @@ class BenchResult:
             ("path", c.path + fs),
             ("segment size", _size_text(self.segment_size)),
             ("insert slots", c.insert_slots),
+            ("prefault", "yes" if c.prefault else "no"),
             ("keep", keep),
         ]
         if self.probe:
@@ -295,7 +297,8 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     segment = config.segment_size or DEFAULT_SEGMENT_SIZE
     recycle = max(2, config.keep_bytes // segment // 2) if config.keep_bytes else 2
     wal = pmemwal.open(config.path, mode=config.mode, segment_size=config.segment_size,
-                       insert_slots=config.insert_slots, recycle_segments=recycle)
+                       insert_slots=config.insert_slots, recycle_segments=recycle,
+                       prefault=config.prefault)
     try:
         probe = wal.probe or pmemwal.probe(wal.path)
         baseline = _warm_up(wal, config.keep_bytes)

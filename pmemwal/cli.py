@@ -90,6 +90,8 @@ def probe(path: str, as_json: bool) -> None:
               help="Segment file size, a power of two from 1m to 1g [default: 16m].")
 @click.option("--insert-slots", type=click.IntRange(min=1), default=8, show_default=True,
               help="Concurrent insertions in progress.")
+@click.option("--prefault/--no-prefault", default=True, show_default=True,
+              help="Map segments pre-faulted and prepare them ahead of the appenders.")
 @click.option("--keep", type=SIZE, default="256m", show_default=True,
               help="WAL kept on disk behind the flushed position; older segments are truncated.")
 @click.option("--progress", "progress_interval", type=click.FloatRange(min=0), default=1.0,
@@ -97,8 +99,8 @@ def probe(path: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_library_errors
 def bench(path: str, mode: str, clients: int, size: int, duration: float, flush: str,
-          segment_size: int | None, insert_slots: int, keep: int, progress_interval: float,
-          as_json: bool) -> None:
+          segment_size: int | None, insert_slots: int, prefault: bool, keep: int,
+          progress_interval: float, as_json: bool) -> None:
     """Append records to a fresh WAL at PATH for a while and report throughput and latency.
 
     PATH is a benchmark directory: a WAL already there is deleted first.
@@ -107,7 +109,7 @@ def bench(path: str, mode: str, clients: int, size: int, duration: float, flush:
     """
     config = _bench.BenchConfig(path=path, mode=mode, clients=clients, size=size,
                                 duration=duration, flush=flush, segment_size=segment_size,
-                                insert_slots=insert_slots, keep_bytes=keep,
+                                insert_slots=insert_slots, prefault=prefault, keep_bytes=keep,
                                 progress_interval=progress_interval)
     result = _bench.run(config, progress=lambda p: click.echo(p["line"], err=True))
     if as_json:

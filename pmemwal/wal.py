@@ -61,14 +61,14 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          sync_method: str = "fdatasync", on_corruption: str = "raise",
          recycle_segments: int = 2, background: bool = True,
          flush_interval: float = DEFAULT_FLUSH_INTERVAL,
-         prepare_segments: int = 2) -> WAL:
+         prepare_segments: int = 2, prefault: bool = True) -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
                max_record_size=max_record_size, sync_method=sync_method,
                on_corruption=on_corruption, recycle_segments=recycle_segments,
                background=background, flush_interval=flush_interval,
-               prepare_segments=prepare_segments)
+               prepare_segments=prepare_segments, prefault=prefault)
 
 
 class WAL:
@@ -94,6 +94,9 @@ class WAL:
       segment preparation); without it appenders create segments themselves.
     - ``flush_interval``: seconds between the background writer's flushes.
     - ``prepare_segments``: segments kept ready ahead of the insert position.
+    - ``prefault``: map direct-mode segments with every page faulted in
+      (MAP_POPULATE), and prepare them ahead; False lets appenders take the
+      first-touch faults (what seed 003 measured), for comparison.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: str = "auto", create: bool = True,
@@ -102,12 +105,13 @@ class WAL:
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE, sync_method: str = "fdatasync",
                  on_corruption: str = "raise", recycle_segments: int = 2,
                  background: bool = True, flush_interval: float = DEFAULT_FLUSH_INTERVAL,
-                 prepare_segments: int = 2) -> None:
+                 prepare_segments: int = 2, prefault: bool = True) -> None:
         _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                        sync_method, on_corruption, recycle_segments, flush_interval,
                        prepare_segments)
         self._background: BackgroundWriter | None = None
-        self._prepare_segments = prepare_segments
+        self._prepare_segments = prepare_segments if prefault else 0
+        self._prefault = prefault
         self._closed = True
         self._core_closed = False
         self._segments: dict[int, Segment] = {}
@@ -277,7 +281,7 @@ class WAL:
                 dsync = not self._direct and self._sync_method == "open_datasync"
                 seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=True, dsync=dsync)
                 if self._direct:
-                    seg.mapping(populate=True, sync=self._map_sync)
+                    seg.mapping(populate=self._prefault, sync=self._map_sync)
                 self._segments[segno] = seg
             if hasattr(self, "_core"):
                 self._core.attach(segno, seg.fd, seg.map)

@@ -211,3 +211,11 @@ def test_probe_cli(shm_dir: Path) -> None:
 def test_version() -> None:
     result = invoke("--version")
     assert result.exit_code == 0 and pmemwal.__version__ in result.stdout
+
+
+def test_no_prefault(shm_dir: Path) -> None:
+    result = invoke("bench", shm_dir / "wal", "--mode", "direct", "--duration", "0.3",
+                    "--no-prefault", "--progress", "0", "--segment-size", "1m", "--keep", "4m")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^prefault: +no$", result.stdout, re.M)
+    assert re.search(r"^  segments_prefaulted: +0$", result.stdout, re.M)
