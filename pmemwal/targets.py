@@ -843,7 +843,10 @@ class LmdbTarget:
         return _missing("lmdb", "lmdb")
 
     def version(self) -> str:
-        import lmdb
+        try:
+            import lmdb
+        except ImportError:
+            return "not installed"
         return f"LMDB {'.'.join(map(str, lmdb.version()))} (py-lmdb {lmdb.__version__})"
 
     def run(self, workload: Workload) -> RunResult:
