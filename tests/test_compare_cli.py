@@ -1,87 +1,30 @@
 """Tests for the comparison harness (pmemwal.harness) and ``pmemwal compare``.
 
-The CLI runs use pmemwal.targets where it exists, else the stand-in targets
-below (the WAL modes driven through pmemwal.bench); either way a target
-``absent`` is added that is never available.  The library tests use fake
+The CLI runs use pmemwal.targets, with a target ``absent`` added that is
+never available.  The library tests use fake
 targets that return made-up results at once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sqlite3
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
-from pmemwal import ConfigError, bench, harness
+from pmemwal import ConfigError, harness
+from pmemwal import targets as real
 from pmemwal.cli import main
+from pmemwal.targets import RunResult, Workload
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-# ---- stand-in targets -------------------------------------------------------------
-
-
-@dataclass
-class Workload:
-    path: str
-    clients: int
-    size: int
-    duration: float
-    flush: str = "each"
-    params: dict = field(default_factory=dict)
-
-
-@dataclass
-class RunResult:
-    target: str
-    records: int
-    bytes: int
-    elapsed: float
-    latency_us: dict
-    extra: dict
-
-    @property
-    def records_per_s(self) -> float:
-        return self.records / self.elapsed
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes / self.elapsed / 1e6
-
-
-class WalTarget:
-    """A WAL mode, run through pmemwal.bench (what pmemwal.targets does for these)."""
-
-    FIXED = ("path", "mode", "clients", "size", "duration", "flush", "progress_interval")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @property
-    def params(self) -> dict:
-        return {f.name: f.default for f in dataclasses.fields(bench.BenchConfig)
-                if f.name not in self.FIXED}
-
-    def available(self) -> str | None:
-        return None
-
-    def version(self) -> str:
-        return "stand-in"
-
-    def run(self, w: Workload) -> RunResult:
-        r = bench.run(bench.BenchConfig(w.path, mode=self.name, clients=w.clients, size=w.size,
-                                        duration=w.duration, flush=w.flush,
-                                        progress_interval=0, **w.params))
-        latency = {"p50": r.append_latency.p50, "p99": r.append_latency.p99}
-        return RunResult(self.name, r.records, r.bytes, r.elapsed, latency,
-                         {"persist_method": r.persist_method})
+# ---- targets ---------------------------------------------------------------------
 
 
 class Unavailable:
@@ -97,23 +40,9 @@ class Unavailable:
         raise AssertionError("run() of an unavailable target")
 
 
-def _stand_in_get_target(name: str):
-    if name not in ("buffered", "direct"):
-        raise ConfigError(f"unknown target {name!r}")
-    return WalTarget(name)
-
-
-STAND_IN = SimpleNamespace(Workload=Workload, RunResult=RunResult,
-                           TARGET_NAMES=("buffered", "direct"), get_target=_stand_in_get_target)
-
-
 @pytest.fixture
 def targets(monkeypatch) -> SimpleNamespace:
-    """pmemwal.targets (or the stand-in) plus the never-available target ``absent``."""
-    try:
-        from pmemwal import targets as real
-    except ImportError:
-        real = STAND_IN
+    """pmemwal.targets plus the never-available target ``absent``."""
     monkeypatch.setenv("PMEM_IS_PMEM_FORCE", "1")  # direct mode on tmpfs
 
     def get_target(name):
