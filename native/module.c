@@ -169,7 +169,8 @@ static PyObject *Core_set_persist(CoreObject *self, PyObject *args)
 {
     int kind;
     unsigned long long flush = 0, drain = 0;
-    if (!PyArg_ParseTuple(args, "i|KK", &kind, &flush, &drain))
+    int stream = -1;
+    if (!PyArg_ParseTuple(args, "i|KKi", &kind, &flush, &drain, &stream))
         return NULL;
     if (kind < WAL_PERSIST_PMEM || kind > WAL_PERSIST_DSYNC ||
         (kind == WAL_PERSIST_PMEM && !(flush && drain)) ||
@@ -177,7 +178,7 @@ static PyObject *Core_set_persist(CoreObject *self, PyObject *args)
         return PyErr_Format(PyExc_ValueError, "persist method %d does not fit this mode", kind);
     wal_set_persist(self->core, (enum wal_persist)kind,
                     (void (*)(const void *, size_t))(uintptr_t)flush,
-                    (void (*)(void))(uintptr_t)drain);
+                    (void (*)(void))(uintptr_t)drain, stream);
     Py_RETURN_NONE;
 }
 
@@ -410,7 +411,9 @@ static PyObject *Core_get_error(CoreObject *self, void *closure)
 static PyMethodDef Core_methods[] = {
     {"set_position", (PyCFunction)Core_set_position, METH_VARARGS, "set_position(insert_lsn, prev_lsn)"},
     {"set_persist", (PyCFunction)Core_set_persist, METH_VARARGS,
-     "set_persist(kind, pmem_flush_address=0, pmem_drain_address=0)"},
+     "set_persist(kind, pmem_flush_address=0, pmem_drain_address=0, stream=-1)\n\n"
+     "stream (pmem only): 1 streams large payloads past the cache, 0 never does\n"
+     "(every store then goes through pmem_flush: what a persist tracer needs), -1 decides."},
     {"set_notify", (PyCFunction)Core_set_notify, METH_VARARGS, "set_notify(eventfd)"},
     {"attach", (PyCFunction)Core_attach, METH_VARARGS, "attach(segno, fd, mapping_or_None)"},
     {"detach", (PyCFunction)Core_detach, METH_VARARGS, "detach(segno)"},

@@ -134,12 +134,12 @@ int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn)
 }
 
 void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_flush)(const void *, size_t),
-                     void (*pmem_drain)(void))
+                     void (*pmem_drain)(void), int stream)
 {
     c->persist = p;
     c->pmem_flush = pmem_flush;
     c->pmem_drain = pmem_drain;
-    c->stream = p == WAL_PERSIST_PMEM && crc32c_streaming();
+    c->stream = p == WAL_PERSIST_PMEM && crc32c_streaming() && stream != 0;
 }
 
 /* ---- segments ---------------------------------------------------------- */

@@ -93,8 +93,9 @@ void wal_core_destroy(wal_core *c);
 
 /* wal_set_position -- where appending resumes (after recovery); lsns are LSNs. */
 int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn);
+/* stream: 1/0 use or never use non-temporal stores in pmem mode; -1: where the CPU has them. */
 void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_flush)(const void *, size_t),
-                     void (*pmem_drain)(void));
+                     void (*pmem_drain)(void), int stream);
 
 void wal_attach(wal_core *c, uint64_t segno, uint8_t *base, int fd);
 void wal_detach(wal_core *c, uint64_t segno);
