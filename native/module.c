@@ -45,7 +45,16 @@ typedef struct call_ctx {
     PyObject *exc_type, *exc_value, *exc_tb;
 } call_ctx;
 
-static PyObject *raise_rc(int rc, call_ctx *cc, uint64_t max_record)
+static PyObject *raise_stopped(const char *fmt, int err, const char *what)
+{
+    return raise_named("WriterStoppedError",
+                       Py_BuildValue("(iN)", err, PyUnicode_FromFormat(fmt, what, strerror(err))));
+}
+
+/* raise_rc -- the exception for a core return code.  An error that stopped the
+ * writer (this call's, or an earlier one's: WAL_ESTOPPED) is a WriterStoppedError
+ * with the errno and what failed. */
+static PyObject *raise_rc(wal_core *core, int rc, call_ctx *cc)
 {
     if (cc && cc->exc_type) {
         PyErr_Restore(cc->exc_type, cc->exc_value, cc->exc_tb);
@@ -56,9 +65,16 @@ static PyObject *raise_rc(int rc, call_ctx *cc, uint64_t max_record)
     if (rc == -EMSGSIZE)
         return raise_named("RecordTooLargeError",
                            PyUnicode_FromFormat("record exceeds max_record_size (%llu bytes)",
-                                                (unsigned long long)max_record));
+                                                (unsigned long long)core->max_record));
     if (rc == -EINVAL)
         return PyErr_Format(PyExc_ValueError, "invalid argument");
+    int stop = -atomic_load(&core->error);
+    if (rc == -WAL_ESTOPPED)
+        return raise_stopped("the writer stopped after an earlier error: %s (%s); "
+                             "reopen the WAL to append again", stop, core->error_what);
+    if (stop)
+        return raise_stopped("%s (%s); the writer stopped: reopen the WAL to append again",
+                             -rc, core->error_what);
     return raise_named("StorageError", Py_BuildValue("(is)", -rc, strerror(-rc)));
 }
 
@@ -287,7 +303,7 @@ static PyObject *Core_append(CoreObject *self, PyObject *const *args, Py_ssize_t
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (rc)
-        return raise_rc(rc, &cc, self->core->max_record);
+        return raise_rc(self->core, rc, &cc);
     return PyLong_FromUnsignedLongLong(lsn);
 }
 
@@ -317,7 +333,7 @@ static PyObject *Core_append_many(CoreObject *self, PyObject *records)
     rc = wal_insert(self->core, &env, bufs, lens, (size_t)n, lsns);
     Py_END_ALLOW_THREADS
     if (rc) {
-        raise_rc(rc, &cc, self->core->max_record);
+        raise_rc(self->core, rc, &cc);
         goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++)
@@ -360,7 +376,7 @@ static PyObject *Core_flush(CoreObject *self, PyObject *args)
         return PyErr_Format(PyExc_ValueError, "LSN %llu is not a record appended so far",
                             (unsigned long long)upto);
     if (rc)
-        return raise_rc(rc, &cc, 0);
+        return raise_rc(self->core, rc, &cc);
     return PyLong_FromUnsignedLongLong(flushed);
 }
 
@@ -374,6 +390,42 @@ static PyObject *Core_close(CoreObject *self, PyObject *unused)
         atomic_store(&self->core->segs[i].tag, 0);
     release_views(self);
     Py_RETURN_NONE;
+}
+
+/* stop(errno, reason) -> errno: stop the writer as a failed write would (the
+ * background writer's check for deleted segments); returns the errno that stopped it. */
+static PyObject *Core_stop(CoreObject *self, PyObject *args)
+{
+    int err;
+    const char *reason;
+    if (!PyArg_ParseTuple(args, "is", &err, &reason))
+        return NULL;
+    if (err <= 0)
+        return PyErr_Format(PyExc_ValueError, "errno must be positive, not %d", err);
+    return PyLong_FromLong(-wal_stop(self->core, -err, reason));
+}
+
+/* inject_fault(op, errno, after=0, count=1) -- a TEST HOOK: the next `count` calls of
+ * op ("write": pwrite, "sync": fdatasync/fsync, "msync"), after `after` that succeed,
+ * fail with errno without being made.  count=0 clears it. */
+static PyObject *Core_inject_fault(CoreObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"op", "errno", "after", "count", NULL};
+    static const char *ops[] = {[WAL_OP_WRITE] = "write", [WAL_OP_SYNC] = "sync",
+                                [WAL_OP_MSYNC] = "msync"};
+    const char *op;
+    int err;
+    unsigned long long after = 0, count = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "si|KK", kwlist, &op, &err, &after, &count))
+        return NULL;
+    for (int i = 0; i < (int)(sizeof(ops) / sizeof(ops[0])); i++)
+        if (!strcmp(op, ops[i])) {
+            if (err <= 0)
+                return PyErr_Format(PyExc_ValueError, "errno must be positive, not %d", err);
+            wal_inject_fault(self->core, (enum wal_op)i, err, after, count);
+            Py_RETURN_NONE;
+        }
+    return PyErr_Format(PyExc_ValueError, "op must be 'write', 'sync' or 'msync', not '%s'", op);
 }
 
 static PyObject *Core_stats(CoreObject *self, PyObject *unused)
@@ -423,6 +475,11 @@ static PyMethodDef Core_methods[] = {
     {"flush", (PyCFunction)Core_flush, METH_VARARGS, "flush(lsn=None) -> flushed LSN"},
     {"close", (PyCFunction)Core_close, METH_NOARGS, "close()"},
     {"stats", (PyCFunction)Core_stats, METH_NOARGS, "stats() -> dict"},
+    {"stop", (PyCFunction)Core_stop, METH_VARARGS,
+     "stop(errno, reason) -> the errno that stopped the writer"},
+    {"inject_fault", (PyCFunction)(void (*)(void))Core_inject_fault, METH_VARARGS | METH_KEYWORDS,
+     "inject_fault(op, errno, after=0, count=1) -- test hook: fail the next calls of\n"
+     "op ('write', 'sync', 'msync') with errno, after `after` that succeed; count=0 clears."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -70,19 +71,51 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* stopped -- why no new work may start: closed, or an earlier error stopped the writer. */
 static inline int stopped(wal_core *c)
 {
     if (atomic_load_explicit(&c->closed, memory_order_acquire))
         return -WAL_ECLOSED;
-    return atomic_load_explicit(&c->error, memory_order_acquire);
+    return atomic_load_explicit(&c->error, memory_order_acquire) ? -WAL_ESTOPPED : 0;
 }
 
-/* fail -- record the first error that stops the writer; later calls see it. */
-static int fail(wal_core *c, int err)
+/* fail -- record the first error that stops the writer, and what failed; later
+ * calls are refused with WAL_ESTOPPED.  Returns err, for the failing call. */
+static int fail(wal_core *c, int err, const char *what)
 {
-    int expected = 0;
-    atomic_compare_exchange_strong(&c->error, &expected, err);
+    if (!atomic_exchange(&c->failing, 1)) {
+        snprintf(c->error_what, sizeof(c->error_what), "%s", what);
+        atomic_store_explicit(&c->error, err, memory_order_release);
+    }
     return err;
+}
+
+int wal_stop(wal_core *c, int err, const char *what)
+{
+    fail(c, err, what);
+    return atomic_load(&c->error);
+}
+
+/* injected -- the test hook (wal_inject_fault): the negative errno this call of op
+ * fails with, or 0.  Callers hold write_lock. */
+static inline int injected(wal_core *c, enum wal_op op)
+{
+    wal_fault *f = &c->fault;
+    if (__builtin_expect(f->count == 0, 1) || f->op != (int)op)
+        return 0;
+    if (f->after) {
+        f->after--;
+        return 0;
+    }
+    f->count--;
+    return -f->err;
+}
+
+void wal_inject_fault(wal_core *c, enum wal_op op, int err, uint64_t after, uint64_t count)
+{
+    pthread_mutex_lock(&c->write_lock);
+    c->fault = (wal_fault){(int)op, err, after, count};
+    pthread_mutex_unlock(&c->write_lock);
 }
 
 int wal_core_init(wal_core *c, uint64_t seg_size, uint32_t wal_id_lo, int direct,
@@ -290,9 +323,8 @@ static int wait_insertions(wal_core *c, uint64_t limit, int by_progress)
             uint64_t v = atomic_load(pos);
             if (v == WAL_POS_FREE || (v != WAL_POS_RESERVING && v >= limit))
                 break;
-            int rc = atomic_load(&c->error);
-            if (rc)
-                return rc;
+            if (atomic_load(&c->error))
+                return -WAL_ESTOPPED;
             if (!t0)
                 t0 = now_ns();
             backoff(&spins);
@@ -312,8 +344,11 @@ static inline uint64_t phys_from(const wal_geom *g, uint64_t u)
     return u % WAL_PAGE_USABLE ? lsn : lsn - WAL_PAGE_HDR;
 }
 
-static int pwrite_all(int fd, const uint8_t *buf, size_t len, uint64_t off)
+static int pwrite_all(wal_core *c, int fd, const uint8_t *buf, size_t len, uint64_t off)
 {
+    int rc = injected(c, WAL_OP_WRITE);
+    if (rc)
+        return rc;
     while (len) {
         ssize_t n = pwrite(fd, buf, len, (off_t)off);
         if (n < 0) {
@@ -345,13 +380,21 @@ static int write_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t 
         wal_seg_entry *e;
         int rc = seg_get(c, env, a / g->seg_size, &e);
         if (!rc)
-            rc = pwrite_all(e->fd, c->ring + a % ring_bytes, end - a, a % g->seg_size);
+            rc = pwrite_all(c, e->fd, c->ring + a % ring_bytes, end - a, a % g->seg_size);
         if (rc)
-            return fail(c, rc);
+            return fail(c, rc, "pwrite failed");
         c->writes++;
         a = end < seg_end ? end : seg_end + WAL_PAGE_SIZE; /* skip the next segment header */
     }
     return 0;
+}
+
+static int sync_fd(wal_core *c, int fd)
+{
+    int rc = injected(c, WAL_OP_SYNC);
+    if (rc)
+        return rc;
+    return (c->persist == WAL_PERSIST_FSYNC ? fsync(fd) : fdatasync(fd)) ? -errno : 0;
 }
 
 /* sync_segments -- buffered: make what was written to segments [s0, s1] durable. */
@@ -362,12 +405,24 @@ static int sync_segments(wal_core *c, const wal_env *env, uint64_t s0, uint64_t 
     for (uint64_t s = s0; s <= s1; s++) {
         wal_seg_entry *e;
         int rc = seg_get(c, env, s, &e);
-        if (!rc && (c->persist == WAL_PERSIST_FSYNC ? fsync(e->fd) : fdatasync(e->fd)))
-            rc = -errno;
         if (rc)
-            return fail(c, rc); /* after a failed sync the page cache can't be trusted */
+            return fail(c, rc, "attaching a segment failed");
+        if ((rc = sync_fd(c, e->fd))) {
+            /* after a failed sync the page cache can't be trusted */
+            int fsync_ = c->persist == WAL_PERSIST_FSYNC;
+            return fail(c, rc, fsync_ ? "fsync failed" : "fdatasync failed");
+        }
     }
     return 0;
+}
+
+static int msync_range(wal_core *c, uint8_t *p, size_t len)
+{
+    int rc = injected(c, WAL_OP_MSYNC);
+    if (rc)
+        return rc;
+    uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(4096 - 1);
+    return msync((void *)lo, (uintptr_t)p + len - lo, MS_SYNC) ? -errno : 0;
 }
 
 /* persist_range -- direct, msync: make usable range [from, to) durable where it lies. */
@@ -381,11 +436,9 @@ static int persist_range(wal_core *c, const wal_env *env, uint64_t from, uint64_
         wal_seg_entry *e;
         int rc = seg_get(c, env, a / g->seg_size, &e);
         if (rc)
-            return fail(c, rc);
-        uint8_t *p = e->base + a % g->seg_size;
-        uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(4096 - 1);
-        if (msync((void *)lo, (uintptr_t)p + (end - a) - lo, MS_SYNC))
-            return fail(c, -errno);
+            return fail(c, rc, "attaching a segment failed");
+        if ((rc = msync_range(c, e->base + a % g->seg_size, end - a)))
+            return fail(c, rc, "msync failed");
         c->writes++;
         a = end;
     }
@@ -628,17 +681,13 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
         lsns[i] = prev_lsn = lsn;
         u += wal_rec_size(lens[i]);
     }
-    if (rc) {
-        /* The reservation can't be undone: keep the slot so that no flush passes
-         * the hole, and stop the writer. */
-        fail(c, rc);
-        return rc;
-    }
-    if (slot->defer_flush)
+    if (!rc && slot->defer_flush)
         rc = flush_range(c, env, start_u, start_u + total);
     if (rc) {
-        fail(c, rc);
-        return rc;
+        /* The reservation can't be undone: the slot stays taken, so that no flush
+         * passes the hole, and the writer stops. */
+        atomic_store(&slot->owner, WAL_SLOT_ABANDONED);
+        return rc == -WAL_ECLOSED ? rc : fail(c, rc, "inserting a record failed");
     }
     if (c->persist == WAL_PERSIST_PMEM)
         c->pmem_drain(); /* our flushes and streaming stores are durable past here */
@@ -727,9 +776,9 @@ void wal_close(wal_core *c)
         unsigned spins = 0;
         uint32_t free_ = 0;
         while (!atomic_compare_exchange_weak(&c->slots[i].owner, &free_, 1)) {
-            free_ = 0;
-            if (atomic_load(&c->error))
+            if (free_ == WAL_SLOT_ABANDONED)
                 break; /* a failed insertion keeps its slot forever */
+            free_ = 0;
             backoff(&spins);
         }
     }

@@ -17,6 +17,8 @@
 #define WAL_MAX_SLOTS 256
 #define WAL_SEG_TABLE 1024      /* segments the writer can have attached at once */
 #define WAL_ECLOSED 100000      /* not an errno: the WAL was closed */
+#define WAL_ESTOPPED 100001     /* not an errno: refused, an earlier error stopped the writer */
+#define WAL_SLOT_ABANDONED 2    /* slot owner: an insertion that failed past its reservation */
 #define WAL_POS_FREE UINT64_MAX /* slot: no insertion in progress */
 #define WAL_POS_RESERVING (UINT64_MAX - 1) /* slot: reserving, position not known yet */
 #define WAL_NO_PREV UINT64_MAX
@@ -29,6 +31,19 @@ enum wal_persist {
     WAL_PERSIST_FSYNC,       /* buffered: pwrite, then fsync */
     WAL_PERSIST_DSYNC,       /* buffered: pwrite to files opened O_DSYNC */
 };
+
+/* The system calls a test can make fail (wal_inject_fault). */
+enum wal_op {
+    WAL_OP_WRITE, /* buffered: pwrite */
+    WAL_OP_SYNC,  /* buffered: fdatasync / fsync */
+    WAL_OP_MSYNC, /* direct: msync */
+};
+
+/* wal_fault -- a test hook: fail `count` calls of `op` with `err`, after `after` good ones. */
+typedef struct wal_fault {
+    int op, err;
+    uint64_t after, count;
+} wal_fault;
 
 /* wal_env -- per call: how the core gets a segment that is not attached yet. */
 typedef struct wal_env {
@@ -69,6 +84,8 @@ typedef struct wal_core {
     uint32_t nslots;
     uint64_t max_record;
     _Atomic int error;       /* sticky negative errno: the writer stopped */
+    _Atomic int failing;     /* claimed by the first failure: it sets error_what, then error */
+    char error_what[64];     /* what failed: written before error is published */
     _Atomic int closed;
 
     /* reservation: a spinlock around two integers, nothing else */
@@ -81,6 +98,7 @@ typedef struct wal_core {
     pthread_mutex_t write_lock;              /* one writer/flusher at a time */
     _Atomic uint64_t flushes, flush_requests, coalesced;
     uint64_t writes;                          /* under write_lock */
+    wal_fault fault;                          /* test hook, under write_lock */
     _Atomic uint64_t insert_wait_ns;         /* flushes waiting for insertions */
 
     wal_slot slots[WAL_MAX_SLOTS];
@@ -106,6 +124,14 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
 
 /* wal_flush -- make durable every record whose LSN is <= upto_lsn (UINT64_MAX: all). */
 int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flushed_lsn);
+
+/* wal_stop -- stop the writer from outside (err: a negative errno; what: why), as a
+ * failed write would: every later append and flush is refused.  Returns the error
+ * that stopped it (an earlier one wins). */
+int wal_stop(wal_core *c, int err, const char *what);
+
+/* wal_inject_fault -- a test hook: the next calls of op fail (see wal_fault); count 0 clears. */
+void wal_inject_fault(wal_core *c, enum wal_op op, int err, uint64_t after, uint64_t count);
 
 /* wal_close -- stop accepting work and wait until none is in progress. */
 void wal_close(wal_core *c);

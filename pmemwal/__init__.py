@@ -10,12 +10,13 @@
 
 from pmemwal.device import ProbeResult, probe
 from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, LockedError,
-                            NotFoundError, RecordTooLargeError, StorageError, WALError, format_lsn)
+                            NotFoundError, RecordTooLargeError, StorageError, WALError, WriterStoppedError,
+                            format_lsn)
 from pmemwal.wal import WAL, Record, open
 
 __all__ = [
     "open", "WAL", "Record", "probe", "ProbeResult", "format_lsn",
     "WALError", "CorruptionError", "FormatError", "LockedError", "ClosedError",
-    "NotFoundError", "ConfigError", "RecordTooLargeError", "StorageError",
+    "NotFoundError", "ConfigError", "RecordTooLargeError", "StorageError", "WriterStoppedError",
 ]
 __version__ = "0.1.0"

@@ -1,15 +1,25 @@
 """The background writer: asynchronous flushes and the segment pipeline.
 
-One thread per WAL.  It wakes every ``flush_interval`` seconds, or at once
+One thread per WAL.  It wakes every ``flush_interval`` seconds, at once
 when the native core reports (through an eventfd) that an insertion entered
-a new segment, and then
+a new segment, and at once when a file leaves the WAL directory (inotify),
+and then
 
 1. keeps ``prepare_segments`` segments ahead of the insert position created
    (or recycled), fully allocated, mapped and pre-faulted, and attached to
    the core, so that appenders never create a file or take a first-touch
    page fault (seed 003: on tmpfs the faults, not the copy, set the pace);
-2. flushes what was appended without a flush, so that asynchronously
+2. checks that no attached segment file was deleted, and stops the writer
+   if one was: writes to a deleted file succeed, and what they made
+   "durable" vanishes with it.  Checking here rather than in every flush
+   keeps a system call off the commit path; inotify makes the check follow
+   the deletion within microseconds, so a flush that races it is the most
+   that can be acknowledged in between;
+3. flushes what was appended without a flush, so that asynchronously
    committed records become durable within ``flush_interval``.
+
+Its waits are poll() timeouts, relative and monotonic: a wall-clock jump does
+not delay or hurry a flush.
 
 Everything it does runs with the GIL released in native code or system
 calls, apart from a little bookkeeping per segment.
@@ -17,6 +27,7 @@ calls, apart from a little bookkeeping per segment.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import threading
@@ -25,15 +36,38 @@ from typing import Callable
 from pmemwal.errors import ClosedError
 
 
+_IN_DELETE, _IN_MOVED_FROM = 0x200, 0x40  # <sys/inotify.h>
+
+
+def watch_removals(directory: str) -> int:
+    """An inotify descriptor that becomes readable when a file leaves ``directory``
+    (deleted or renamed away), or -1 where inotify is not available."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(directory), _IN_DELETE | _IN_MOVED_FROM) < 0:
+        os.close(fd)
+        fd = -1
+    return fd
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
 class BackgroundWriter:
     """Runs ``prepare()`` and ``flush()`` in a daemon thread until ``stop()``."""
 
     def __init__(self, prepare: Callable[[], None], flush: Callable[[], None],
-                 flush_interval: float, name: str) -> None:
+                 flush_interval: float, name: str, watch: str | None = None) -> None:
         self._prepare = prepare
         self._flush = flush
         self._interval = flush_interval
         self.notify_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._watch_fd = watch_removals(watch) if watch else -1
         self._stopping = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -41,13 +75,12 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         poller = select.poll()
-        poller.register(self.notify_fd, select.POLLIN)
+        for fd in (self.notify_fd, self._watch_fd):
+            if fd >= 0:
+                poller.register(fd, select.POLLIN)
         while not self._stopping:
-            if poller.poll(self._interval * 1000):
-                try:
-                    os.eventfd_read(self.notify_fd)
-                except BlockingIOError:
-                    pass
+            for fd, _ in poller.poll(self._interval * 1000):
+                _drain(fd)  # eventfd or inotify: either way, one round now
             if self._stopping:
                 break
             try:
@@ -59,8 +92,10 @@ class BackgroundWriter:
                 self.error = exc      # an appender that needs the segment gets the error itself
 
     def stop(self) -> None:
-        """Wake the thread, wait for it to finish its round, and release the eventfd."""
+        """Wake the thread, wait for it to finish its round, and release its descriptors."""
         self._stopping = True
         os.eventfd_write(self.notify_fd, 1)
         self._thread.join()
-        os.close(self.notify_fd)
+        for fd in (self.notify_fd, self._watch_fd):
+            if fd >= 0:
+                os.close(fd)

@@ -9,6 +9,7 @@
     ├── ConfigError          a bad option value (also ValueError)
     ├── RecordTooLargeError  a record over max_record_size (also ValueError)
     └── StorageError         the file system failed: ENOSPC, EIO (also OSError)
+        └── WriterStoppedError   ...in a way that stopped the writer: reopen to go on
 
 This module imports nothing from pmemwal, so the C extension can load it.
 """
@@ -56,6 +57,14 @@ class RecordTooLargeError(WALError, ValueError):
 
 class StorageError(WALError, OSError):
     """The storage failed (no space, I/O error); durable data is untouched."""
+
+
+class WriterStoppedError(StorageError):
+    """A write, sync or msync failed (or a segment file was deleted) after records
+    were placed: the writer stopped, and refuses every later append and flush with
+    this error, whose errno is the original failure's.  Every record acknowledged
+    before it stays readable; reopen the WAL to append again.  A StorageError that
+    is not a WriterStoppedError (no space for a new segment) stopped nothing."""
 
 
 def format_lsn(lsn: int) -> str:

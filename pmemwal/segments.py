@@ -7,6 +7,21 @@ synced (etcd's file pipeline).  Recycling renames an old segment to a future
 number through the same temp name and rewrites only its header: its pages
 stay allocated, and the page LSNs in them mark the old bytes as stale.  A
 ``.tmp`` left by a crash is removed on open.
+
+Files changed under a running writer.  Deleted: writes, syncs and mappings of
+an unlinked file still succeed, and what they hold vanishes with it.  A
+buffered or msync flush checks that every segment it synced still has a link
+before it acknowledges (WriterStoppedError, ENOENT, otherwise); a pmem flush
+makes no system call, so there the background writer checks the attached
+segments once a round (``flush_interval``), and records acknowledged in
+between are lost with the file.  Records already acknowledged in a deleted
+segment are lost in every mode; on reopen, a missing segment that had been
+made (a record runs into it, or a later segment exists) is a CorruptionError,
+while a missing last segment that no record reaches looks like the end of the
+WAL.  Made read-only: an open descriptor or mapping keeps writing (POSIX
+checks permissions at open), so nothing changes until a segment must be
+created, recycled or opened again, which fails with a StorageError (EACCES,
+EROFS) that stops nothing.
 """
 
 from __future__ import annotations

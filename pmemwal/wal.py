@@ -44,6 +44,7 @@ DEFAULT_MAX_RECORD_SIZE = 64 << 20
 DEFAULT_FLUSH_INTERVAL = 0.05
 _END = (1 << 64) - 1
 _READ_CACHE = 16  # read-only segment mappings kept for readers
+_NO_SEGMENT = 1   # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
 
 
 @dataclass(frozen=True)
@@ -168,9 +169,14 @@ class WAL:
     def _recover(self, on_corruption: str) -> tuple[int, int]:
         """The insert position and last record after a scan; cuts a torn tail."""
         status, lsn = self._reader.first_record(self._segnos[0])
-        last = 0
+        last = bad = 0
         if status == 0:
-            status, lsn, last, _, _, _ = self._reader.scan(lsn, -1, _END)
+            status, lsn, last, _, _, bad = self._reader.scan(lsn, -1, _END)
+        deleted = self._deleted_segment(status, lsn, bad)
+        if deleted is not None and on_corruption == "raise":
+            raise CorruptionError(lsn, deleted, f"segment {deleted:016X} is missing, but it had "
+                                  "been made: it was deleted, with any record in it "
+                                  "(open with on_corruption='truncate' to cut the WAL here)")
         durable, pages = self._reader.beyond(lsn, self._segnos[-1])
         if durable and on_corruption == "raise":
             raise CorruptionError(lsn, lsn // self.segment_size,
@@ -179,6 +185,17 @@ class WAL:
                                   "(open with on_corruption='truncate' to cut the WAL here)")
         self._wipe_beyond(lsn, pages)
         return lsn, last
+
+    def _deleted_segment(self, status: int, lsn: int, bad: int) -> int | None:
+        """The segment the chain ran into that is missing but certainly had been made:
+        a record starts before it and runs into it, or a later segment exists
+        (segments are made in order, each before a record can reach it)."""
+        missing = bad // self.segment_size
+        if status != _NO_SEGMENT or missing in self._segnos:
+            return None
+        if lsn // self.segment_size != missing or self._segnos[-1] > missing:
+            return missing
+        return None
 
     def _wipe_beyond(self, end: int, pages: list[int]) -> None:
         """Zero the rest of the end's page and every later page that looks current.
@@ -239,12 +256,13 @@ class WAL:
 
     def _start_background(self, flush_interval: float) -> None:
         self._background = BackgroundWriter(_weak(self, "_prepare_ahead"), _weak(self, "_flush_async"),
-                                            flush_interval, f"pmemwal-writer {self._dir.path}")
+                                            flush_interval, f"pmemwal-writer {self._dir.path}",
+                                            watch=self._dir.path)
         self._core.set_notify(self._background.notify_fd)
 
     def _prepare_ahead(self) -> None:
         """Background: have the next prepare_segments segments ready and attached."""
-        if self._closed:
+        if self._closed or self._core.error:
             return
         current = self._core.insert_lsn // self.segment_size
         for segno in range(current, current + self._prepare_segments + 1):
@@ -253,9 +271,22 @@ class WAL:
                 self._counters["segments_prefaulted"] += 1
 
     def _flush_async(self) -> None:
-        """Background: make asynchronously appended records durable."""
-        if not self._closed and self._core.insert_lsn != self._core.flushed_lsn:
+        """Background: check the segments, then make asynchronously appended records durable."""
+        if self._closed or self._core.error:
+            return
+        self._check_segments()
+        if self._core.insert_lsn != self._core.flushed_lsn:
             self._core.flush()
+
+    def _check_segments(self) -> None:
+        """Stop the writer once an attached segment file has been deleted: records
+        written to it would vanish with it (background.py: when this runs)."""
+        with self._seg_lock:
+            for seg in self._segments.values():
+                if os.fstat(seg.fd).st_nlink == 0:
+                    self._core.stop(errno.ENOENT, f"segment file {seg.segno:016X} was deleted "
+                                    "under the writer")
+                    return
 
     # ---- segments (called by the native core, with the GIL) -------------------
 
@@ -326,12 +357,13 @@ class WAL:
     def records(self, start: int | None = None) -> Iterator[Record]:
         """The records from ``start`` (a record's LSN; None: the oldest) to the end.
 
-        What was appended before the call is flushed first, then read back.
-        Payloads are read-only views of the segments where a record lies in
-        one page (valid until the segment is truncated), bytes otherwise.
+        What was appended before the call is flushed first, then read back
+        (once an error stopped the writer: what had been flushed).  Payloads
+        are read-only views of the segments where a record lies in one page
+        (valid until the segment is truncated), bytes otherwise.
         """
         self._check_open()
-        end = self._core.flush()
+        end = self._core.flushed_lsn if self._core.error else self._core.flush()
         prev, chosen = -1, start is not None
         if start is None:
             status, start = self._reader.first_record(self._segnos[0])
