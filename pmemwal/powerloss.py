@@ -1,0 +1,455 @@
+"""Simulated power loss: crash images of a live WAL, each recovered and checked.
+
+A power cut keeps what was made durable and, of what was written but not yet
+persisted, an arbitrary part.  This module models both sides exactly enough
+to enumerate thousands of such outcomes without a power switch:
+
+- **Durable shadow.**  Per segment, the bytes known to survive.  A segment's
+  shadow starts as its file when the WAL opens, creates or recycles it
+  (those steps sync the file and the directory themselves).
+
+- **Direct mode, pmem persist.**  A tracer takes libpmem's place: the core's
+  ``pmem_flush(addr, len)`` and ``pmem_drain()`` calls land here (ctypes
+  callbacks; non-temporal stores are turned off so that every store passes
+  through a flush).  A flush snapshots the cache lines it covers; a drain
+  makes the snapshots durable, in order.  Crash points fall inside those
+  calls, i.e. in the middle of insertions, not only between them.
+
+- **Buffered mode and direct mode with msync.**  What a flush has returned
+  for is durable; in between, the page cache can have written back any part
+  of the rest.  Crash points fall between operations, and after a flush but
+  before its acknowledgement (every byte that flush wrote may or may not
+  have reached the disk).
+
+A crash image is the shadow with each unit of not-yet-durable change (an
+8-byte word, as pmreorder does for pmem; 8 B, 512 B or 4 KiB at random for
+the page-cache modes) taken old or new by coin flip.  Its recovery must not
+raise, must return every acknowledged record, and everything it returns
+must be exactly what was written, in order: no damaged, no stale record.
+
+``run_power_loss`` drives one single-threaded workload (mixed sizes, records
+spanning pages and segments, flushes of every kind, truncation and segment
+recycling) and checks every image; ``pmemwal powerloss`` is its command line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import itertools
+import os
+import random
+import shutil
+import struct
+import tempfile
+import threading
+import time
+import traceback
+from bisect import bisect_right
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import pmemwal
+from pmemwal import _core
+from pmemwal.errors import WALError
+from pmemwal.format import segment_name
+
+SEGMENT_SIZE = 1 << 20
+CACHE_LINE = 64
+PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem (8-byte atomicity)
+PAGE_CACHE_GRAINS = (8, 512, 4096)     # torn word, torn sector, whole page written back or not
+MODES = ("pmem", "msync", "buffered")
+MAX_SEGMENTS = 3                       # truncate beyond this: keeps images small, recycles segments
+
+_FLUSH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t)
+_DRAIN_FN = ctypes.CFUNCTYPE(None)
+
+
+def payload(seed: int, index: int, length: int) -> bytes:
+    """The content of record ``index``: its index, then bytes regenerated from it."""
+    return struct.pack("<Q", index) + hashlib.shake_128(struct.pack("<QQ", seed, index)).digest(length - 8)
+
+
+@dataclass
+class Image:
+    """One crash outcome: segment contents, and the LSN below which all had been promised."""
+
+    segments: dict[int, bytes]
+    acked_lsn: int
+    grain: int
+    where: str
+
+
+@dataclass
+class PowerLossReport:
+    """What a run checked, and what (must not have) failed."""
+
+    mode: str
+    threads: int = 1
+    images: int = 0
+    records_written: int = 0
+    flushed_bytes: int = 0
+    lost: int = 0                 # images whose recovery ended below the acknowledged LSN
+    bad: int = 0                  # images whose recovery returned a record that was not written there
+    recovery_errors: int = 0      # images recovery refused (it must not: every image is a crash)
+    recovered_beyond_ack: int = 0 # images that kept unacknowledged records too (allowed)
+    segments_recycled: int = 0    # so images met stale pages of an earlier cycle
+    crash_points: dict[str, int] = field(default_factory=dict)
+    grains: dict[int, int] = field(default_factory=dict)
+    recovery_ms_mean: float = 0.0
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.bad or self.recovery_errors)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+class DurableShadow:
+    """Per segment, the bytes that would survive a power cut now."""
+
+    def __init__(self, wal: pmemwal.WAL, rng: np.random.Generator, grains: tuple[int, ...]) -> None:
+        self.wal = wal
+        self.rng = rng
+        self.grains = grains
+        self.segments: dict[int, np.ndarray] = {
+            segno: self.current(segno).copy() for segno in wal._segnos}
+        # One power cut at a time, and none in the middle of a write-back: the
+        # callbacks run in the writers' threads, and reading files yields the GIL.
+        self.lock = threading.RLock()
+        self._follow(wal._dir)
+
+    def _follow(self, directory) -> None:
+        """Track segment files as the WAL makes, recycles and removes them: a made
+        or recycled file is synced, so durable as it is, before the core can store
+        into it (it attaches it afterwards)."""
+        create, recycle, remove = directory.create, directory.recycle, directory.remove
+
+        def created(segno: int, *args) -> None:
+            create(segno, *args)
+            self.track(segno)
+
+        def recycled(old: int, new: int, *args, **kwargs) -> None:
+            recycle(old, new, *args, **kwargs)
+            self.track(new)
+            self.forget(old)
+
+        def removed(segno: int) -> None:
+            remove(segno)
+            self.forget(segno)
+
+        directory.create, directory.recycle, directory.remove = created, recycled, removed
+
+    def track(self, segno: int) -> None:
+        with self.lock:
+            self.segments[segno] = self.current(segno).copy()
+
+    def forget(self, segno: int) -> None:
+        with self.lock:
+            self.segments.pop(segno, None)
+
+    def current(self, segno: int) -> np.ndarray:
+        """What the segment holds now (page cache or mapping: the same shared pages)."""
+        data = Path(self.wal._dir.file(segno)).read_bytes()
+        return np.frombuffer(data, dtype=np.uint8)
+
+    def settle(self) -> None:
+        """Everything written so far is durable (a flush returned)."""
+        for segno in self.segments:
+            self.segments[segno] = self.current(segno).copy()
+
+    def image(self, acked: int, where: str) -> Image:
+        """A crash now: each changed unit of each segment old or new at random."""
+        with self.lock:
+            grain = int(self.rng.choice(self.grains))
+            return Image({segno: self._mix(old, self.current(segno), grain)
+                          for segno, old in self.segments.items()}, acked, grain, where)
+
+    def _mix(self, old: np.ndarray, new: np.ndarray, grain: int) -> bytes:
+        units_old, units_new = old.reshape(-1, grain), new.reshape(-1, grain)
+        changed = (units_old != units_new).any(axis=1)
+        take_new = changed & (self.rng.random(len(changed)) < 0.5)
+        mixed = units_old.copy()
+        mixed[take_new] = units_new[take_new]
+        return mixed.tobytes()
+
+
+class PmemTracer(DurableShadow):
+    """Stands in for libpmem: records each thread's flushes, makes them durable at its drain."""
+
+    def __init__(self, wal: pmemwal.WAL, rng: np.random.Generator, crash_rate: float,
+                 on_crash: Callable[[str], None]) -> None:
+        super().__init__(wal, rng, (PMEM_GRAIN,))
+        self.crash_rate = crash_rate
+        self.on_crash = on_crash
+        self.pending: dict[int, list[tuple[int, int, bytes, int]]] = {}  # per thread: a fence is per CPU
+        self.versions: dict[int, np.ndarray] = {}  # per segment and line: the write-back it holds
+        self._order = itertools.count(1)
+        self.errors: list[str] = []  # ctypes can only print a callback's exception: keep it
+        self._flush = _FLUSH_FN(self._guarded(self._on_flush))  # alive as long as the core uses them
+        self._drain = _DRAIN_FN(self._guarded(self._on_drain))
+        address = ctypes.cast
+        wal._core.set_persist(_core.PERSIST_PMEM, address(self._flush, ctypes.c_void_p).value,
+                              address(self._drain, ctypes.c_void_p).value, 0)
+
+    def _guarded(self, callback: Callable) -> Callable:
+        def call(*args) -> None:
+            try:
+                callback(*args)
+            except BaseException:
+                self.errors.append(traceback.format_exc())
+        return call
+
+    def _locate(self, addr: int) -> tuple[int, int]:
+        """(segno, offset) of a mapped address."""
+        segments = list(self.wal._segments.items())  # one step: other writers may add one
+        bases = sorted((pmemwal.libpmem.buffer_address(seg.map), segno)
+                       for segno, seg in segments if seg.map is not None)
+        i = bisect_right(bases, (addr, float("inf"))) - 1
+        base, segno = bases[i]
+        if not 0 <= addr - base < self.wal.segment_size:
+            raise AssertionError(f"flush of {addr:#x} outside every segment")
+        return segno, addr - base
+
+    def _on_flush(self, addr: int, length: int) -> None:
+        lo = addr - addr % CACHE_LINE
+        hi = -(-(addr + length) // CACHE_LINE) * CACHE_LINE
+        segno, off = self._locate(lo)
+        lines = ctypes.string_at(lo, hi - lo)  # what write-back takes: whole lines, as they are now
+        self.pending.setdefault(threading.get_ident(), []).append((segno, off, lines, next(self._order)))
+        self._maybe_crash("flush")
+
+    def _on_drain(self) -> None:
+        self._maybe_crash("before drain")
+        with self.lock:
+            for segno, off, data, order in self.pending.pop(threading.get_ident(), []):
+                self._write_back(segno, off, data, order)
+
+    def _write_back(self, segno: int, off: int, data: bytes, order: int) -> None:
+        """Lines reach the media in the order they were written back: a line that
+        another thread wrote back later (with newer bytes) and fenced first keeps them."""
+        first, count = off // CACHE_LINE, len(data) // CACHE_LINE
+        versions = self.versions.setdefault(
+            segno, np.zeros(self.wal.segment_size // CACHE_LINE, dtype=np.int64))[first:first + count]
+        newer = versions < order
+        durable = self.segments[segno].reshape(-1, CACHE_LINE)[first:first + count]
+        durable[newer] = np.frombuffer(data, dtype=np.uint8).reshape(-1, CACHE_LINE)[newer]
+        versions[newer] = order
+
+    def forget(self, segno: int) -> None:
+        with self.lock:
+            super().forget(segno)
+            self.versions.pop(segno, None)
+
+    def _maybe_crash(self, where: str) -> None:
+        if self.rng.random() < self.crash_rate:
+            self.on_crash(where)
+
+    def track(self, segno: int) -> None:
+        with self.lock:
+            super().track(segno)
+            self.versions.pop(segno, None)
+
+    def settle(self) -> None:
+        """Nothing to do: durability is exactly what the drains made durable."""
+
+
+class Workload:
+    """Writers appending self-describing records, with every kind of flush."""
+
+    def __init__(self, wal: pmemwal.WAL, seed: int) -> None:
+        self.wal = wal
+        self.seed = seed
+        self.lsn_of: dict[int, int] = {}  # record index -> LSN, once its append returned
+        self._indexes = itertools.count()
+
+    def step(self, rng: random.Random) -> bool:
+        """One operation; True when it ended with a flush."""
+        roll = rng.random()
+        if roll < 0.35:
+            self._append(rng, 1, flush=True)
+        elif roll < 0.75:
+            self._append(rng, 1, flush=False)
+            return False
+        elif roll < 0.85:
+            self._append(rng, rng.randrange(2, 20), flush=True)
+        else:
+            self.wal.flush()
+        return True
+
+    def _append(self, rng: random.Random, n: int, flush: bool) -> None:
+        indexes = [next(self._indexes) for _ in range(n)]
+        datas = [payload(self.seed, i, _length(rng)) for i in indexes]
+        if n == 1:
+            lsns = [self.wal.append(datas[0], flush=flush)]
+        else:
+            lsns = self.wal.append_many(datas).tolist()
+            if flush:
+                self.wal.flush()
+        self.lsn_of.update(zip(indexes, lsns))
+
+    def run_threads(self, threads: int, steps: int, seed: int) -> None:
+        """``steps`` operations in each of ``threads`` threads at once."""
+        def work(rng: random.Random) -> None:
+            for _ in range(steps):
+                self.step(rng)
+
+        pool = [threading.Thread(target=work, args=(random.Random(seed * 1000 + t),))
+                for t in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+
+    def retain(self) -> None:
+        """Keep the WAL at a few segments: truncation, then recycling, under the writer."""
+        if len(self.wal._segnos) > MAX_SEGMENTS:
+            self.wal.truncate(self.wal.flushed_lsn)
+
+
+def _length(rng: random.Random) -> int:
+    roll = rng.random()
+    if roll < 0.6:
+        return rng.randrange(8, 300)
+    if roll < 0.95:
+        return rng.randrange(300, 20_000)
+    return rng.randrange(20_000, 300_000)  # spans pages, often segments
+
+
+def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str, str]:
+    """Recover one crash image; ("ok"|"beyond"|"lost"|"bad"|"error", detail).
+
+    Every record returned must carry content its index regenerates, at the LSN
+    its append returned (a stale record of an earlier cycle has another), and
+    recovery must end at or past the LSN acknowledged when the power went.
+    """
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    for segno, data in image.segments.items():
+        (directory / segment_name(segno)).write_bytes(data)
+    try:
+        with pmemwal.open(directory, mode="buffered", create=False, background=False) as wal:
+            recovered = [(r.lsn, bytes(r.payload)) for r in wal.records()]
+            end = wal.insert_lsn
+    except WALError as exc:
+        return "error", f"recovery raised {type(exc).__name__}: {exc}"
+    seen = set()
+    for lsn, data in recovered:
+        index = struct.unpack_from("<Q", data)[0] if len(data) >= 8 else -1
+        if (index in seen or data != payload(workload.seed, index, len(data))
+                or workload.lsn_of.get(index, lsn) != lsn):
+            return "bad", f"the record at LSN {lsn:#x} is not one written there"
+        seen.add(index)
+    if end < image.acked_lsn:
+        return "lost", f"recovery ends at {end:#x}, {image.acked_lsn:#x} had been acknowledged"
+    return ("beyond" if end > image.acked_lsn else "ok"), ""
+
+
+def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
+                   directory: str | None = None, crash_rate: float = 0.2,
+                   keep_failures: str | None = None,
+                   progress: Callable[[int], None] | None = None) -> PowerLossReport:
+    """Crash ``images`` times at random moments of a workload in ``mode`` and check each.
+
+    ``mode`` is ``"pmem"`` (direct, traced flush/drain), ``"msync"`` (direct)
+    or ``"buffered"``.  ``threads`` writers append at once (pmem only: the
+    page-cache model takes its durable state when a flush returns, which only
+    a single writer makes exact).  ``crash_rate`` is the chance of a crash
+    image at each crash point.  Failing images are copied under
+    ``keep_failures`` if given.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}: one of {', '.join(MODES)}")
+    if threads < 1 or (threads > 1 and mode != "pmem"):
+        raise ValueError(f"threads={threads}: 1, or more in pmem mode")
+    report = PowerLossReport(mode, threads)
+    rng = np.random.default_rng(seed)
+    root = Path(tempfile.mkdtemp(prefix="pmemwal-powerloss-", dir=directory or _default_dir()))
+    queue: list[Image] = []
+    t0 = time.perf_counter()
+    try:
+        wal = pmemwal.open(root / "wal", mode="buffered" if mode == "buffered" else "direct",
+                           segment_size=SEGMENT_SIZE, background=False, recycle_segments=1,
+                           prepare_segments=0)
+        work = Workload(wal, seed)
+        shadow = _shadow_for(mode, wal, rng, crash_rate,
+                             lambda where: queue.append(shadow.image(wal.flushed_lsn, where)))
+        step_rng = random.Random(seed)
+        rounds = 0
+        while report.images < images:
+            if mode == "pmem":  # crash points come from the tracer, inside the operations
+                work.run_threads(threads, 20, seed + rounds)
+            else:
+                acked = wal.flushed_lsn
+                flushed = work.step(step_rng)
+                if rng.random() < crash_rate:
+                    # a flush's writes may or may not have landed; it was not acknowledged yet
+                    queue.append(shadow.image(acked, "mid-flush" if flushed else "between"))
+                if flushed:
+                    shadow.settle()
+            rounds += 1
+            if getattr(shadow, "errors", None):
+                raise RuntimeError(f"the persist tracer failed:\n{shadow.errors[0]}")
+            work.retain()
+            _check_queue(queue[:images - report.images], work, root / "image", report,
+                         keep_failures, progress)
+            queue.clear()
+        report.records_written = len(work.lsn_of)
+        report.flushed_bytes = wal.flushed_lsn
+        report.segments_recycled = wal.stats()["segments_recycled"]
+        wal.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLossReport,
+                 keep_failures: str | None, progress: Callable[[int], None] | None) -> None:
+    for image in queue:
+        t1 = time.perf_counter()
+        verdict, detail = check_image(image, work, path)
+        elapsed_ms = 1000 * (time.perf_counter() - t1)
+        report.recovery_ms_mean += (elapsed_ms - report.recovery_ms_mean) / (report.images + 1)
+        _count(report, image, verdict, detail, path, keep_failures)
+        if progress:
+            progress(1)
+def _shadow_for(mode: str, wal: pmemwal.WAL, rng: np.random.Generator, crash_rate: float,
+                on_crash: Callable[[str], None]) -> DurableShadow:
+    if mode == "pmem":
+        # a crash point per flush and drain call: far more of them than of operations
+        return PmemTracer(wal, rng, crash_rate / 10, on_crash)
+    if mode == "msync":
+        wal._core.set_persist(_core.PERSIST_MSYNC)  # even where libpmem would say pmem
+    return DurableShadow(wal, rng, PAGE_CACHE_GRAINS)
+
+
+_FAILURE_COUNTERS = {"lost": "lost", "bad": "bad", "error": "recovery_errors"}
+
+
+def _count(report: PowerLossReport, image: Image, verdict: str, detail: str, path: Path,
+           keep_failures: str | None) -> None:
+    report.images += 1
+    report.crash_points[image.where] = report.crash_points.get(image.where, 0) + 1
+    report.grains[image.grain] = report.grains.get(image.grain, 0) + 1
+    if verdict == "beyond":
+        report.recovered_beyond_ack += 1
+    elif verdict != "ok":
+        counter = _FAILURE_COUNTERS[verdict]
+        setattr(report, counter, getattr(report, counter) + 1)
+        message = f"image {report.images} ({image.where}, grain {image.grain}): {verdict}: {detail}"
+        if keep_failures:
+            kept = Path(keep_failures) / f"{report.mode}-{report.images}"
+            shutil.copytree(path, kept, dirs_exist_ok=True)
+            message += f" (kept in {kept})"
+        report.failures.append(message)
+
+
+def _default_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
