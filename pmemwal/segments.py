@@ -9,12 +9,12 @@ stay allocated, and the page LSNs in them mark the old bytes as stale.  A
 ``.tmp`` left by a crash is removed on open.
 
 Files changed under a running writer.  Deleted: writes, syncs and mappings of
-an unlinked file still succeed, and what they hold vanishes with it.  A
-buffered or msync flush checks that every segment it synced still has a link
-before it acknowledges (WriterStoppedError, ENOENT, otherwise); a pmem flush
-makes no system call, so there the background writer checks the attached
-segments once a round (``flush_interval``), and records acknowledged in
-between are lost with the file.  Records already acknowledged in a deleted
+an unlinked file still succeed, and what they hold vanishes with it.  The
+background writer watches the directory (inotify), checks the attached
+segments' link counts when a file leaves it (and once a round), and stops
+the writer (WriterStoppedError, ENOENT); flushes acknowledged in between
+(about one GIL switch interval, ~5 ms) are lost with the file.  Without the
+background writer, nothing notices.  Records already acknowledged in a deleted
 segment are lost in every mode; on reopen, a missing segment that had been
 made (a record runs into it, or a later segment exists) is a CorruptionError,
 while a missing last segment that no record reaches looks like the end of the
