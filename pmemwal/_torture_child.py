@@ -1,0 +1,111 @@
+"""The crash-torture child: ``python -m pmemwal._torture_child SPEC_JSON`` (see pmemwal.torture).
+
+Opens the WAL as the spec says, writes ``R <persist_method> <insert_lsn>`` to
+stdout, then runs ``threads`` writers until the parent kills it.  Each writer
+appends records of pmemwal.torture.make_record, mixing append(flush=True),
+plain appends flushed later (flush() or flush(lsn)), and append_many + flush(),
+and after every flush that returns writes ``A <thread> <seq> <lsn>...`` for
+the records it has appended since its last acknowledgement.  Writer 0 now and
+then truncates the WAL, announcing ``T <lsn>`` first.  Any error ends the
+process with status 70 and a traceback on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+import traceback
+
+import pmemwal
+from pmemwal.torture import make_record, record_size
+
+TRUNCATE_ODDS = 1 / 50   # of writer 0's operations
+KEEP_SEGMENTS = 2        # a truncation keeps this much WAL behind the flushed position
+
+
+class Pipe:
+    """Whole lines to a file descriptor, one thread at a time, unbuffered."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd, self._lock = fd, threading.Lock()
+
+    def say(self, line: str) -> None:
+        data = (line + "\n").encode()
+        with self._lock:
+            while data:
+                data = data[os.write(self._fd, data):]
+
+
+def writer(wal: pmemwal.WAL, pipe: Pipe, spec: dict, thread: int) -> None:
+    """Append and flush forever, acknowledging what each flush made durable."""
+    rnd, segment_size = spec["round"], spec["segment_size"]
+    rng = random.Random(f"{spec['seed']}/{thread}")
+    seq = 0            # the next record's number
+    pending = []       # LSNs of records appended since the last acknowledgement
+
+    def record() -> bytes:
+        nonlocal seq
+        seq += 1
+        return make_record(rnd, thread, seq - 1, record_size(rng, segment_size))
+
+    while True:
+        if thread == 0 and rng.random() < TRUNCATE_ODDS:
+            truncate(wal, pipe, segment_size)
+        op = rng.random()
+        if op < 0.4:                               # a commit: durable when it returns
+            pending.append(wal.append(record(), flush=True))
+        elif op < 0.75:                            # appended now, flushed some time later
+            pending.append(wal.append(record()))
+            if rng.random() < 0.7:
+                continue
+            flushed = wal.flush() if rng.random() < 0.5 else wal.flush(pending[-1])
+            assert flushed > pending[-1], (flushed, pending[-1])
+        else:                                      # a batch, then a flush
+            pending += wal.append_many([record() for _ in range(rng.randint(1, 16))]).tolist()
+            flushed = wal.flush()
+            assert flushed > pending[-1], (flushed, pending[-1])
+        pipe.say(f"A {thread} {seq - len(pending)} {' '.join(map(str, pending))}")
+        pending.clear()
+
+
+def truncate(wal: pmemwal.WAL, pipe: Pipe, segment_size: int) -> None:
+    """Drop old segments, telling the parent first: records below may go from then on."""
+    before = wal.flushed_lsn - KEEP_SEGMENTS * segment_size
+    if before > 0:
+        pipe.say(f"T {before}")
+        wal.truncate(before)
+
+
+def _guarded(*args) -> None:
+    try:
+        writer(*args)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(70)
+
+
+def main(argv: list[str]) -> None:
+    spec = json.loads(argv[1])
+    try:
+        wal = pmemwal.open(spec["dir"], mode=spec["mode"], segment_size=spec["segment_size"],
+                           insert_slots=spec["slots"], background=True)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(70)
+    pipe = Pipe(sys.stdout.fileno())
+    pipe.say(f"R {wal.persist_method} {wal.insert_lsn}")
+    threads = [threading.Thread(target=_guarded, args=(wal, pipe, spec, t), daemon=True)
+               for t in range(spec["threads"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
