@@ -62,6 +62,8 @@ CACHE_LINE = 64
 PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem (8-byte atomicity)
 PAGE_CACHE_GRAINS = (8, 512, 4096)     # torn word, torn sector, whole page written back or not
 MODES = ("pmem", "msync", "buffered")
+SETUPS = {"pmem": ("pmem", 1), "pmem-threads": ("pmem", 4), "msync": ("msync", 1),
+          "buffered": ("buffered", 1)}  # name: (mode, writer threads)
 MAX_SEGMENTS = 3                       # truncate beyond this: keeps images small, recycles segments
 
 _FLUSH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t)
@@ -420,6 +422,28 @@ def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLo
         _count(report, image, verdict, detail, path, keep_failures)
         if progress:
             progress(1)
+def parse_setups(text: str) -> tuple[str, ...]:
+    """"pmem,msync" -> ("pmem", "msync"); ValueError naming the valid setups."""
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [n for n in names if n not in SETUPS]
+    if bad or not names:
+        raise ValueError(f"unknown setup {', '.join(bad) or text!r}: choose from {', '.join(SETUPS)}")
+    return names
+
+
+def table(reports: list[PowerLossReport]) -> str:
+    """The reports as a Markdown table, one row per setup."""
+    rows = ["| setup | images | records written | lost | bad | recovery errors | kept more than "
+            "acknowledged | segments recycled | recovery ms (mean) | seconds |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        name = r.mode if r.threads == 1 else f"{r.mode} x{r.threads} writers"
+        rows.append(f"| {name} | {r.images:,} | {r.records_written:,} | {r.lost} | {r.bad} | "
+                    f"{r.recovery_errors} | {r.recovered_beyond_ack:,} | {r.segments_recycled} | "
+                    f"{r.recovery_ms_mean:.1f} | {r.seconds:.0f} |")
+    return "\n".join(rows)
+
+
 def _shadow_for(mode: str, wal: pmemwal.WAL, rng: np.random.Generator, crash_rate: float,
                 on_crash: Callable[[str], None]) -> DurableShadow:
     if mode == "pmem":

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import pmemwal
 from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, RECORD_HEADER_SIZE, segment_name
@@ -236,3 +237,12 @@ def run_and_kill(script: str, spec: dict, env: dict[str, str], delay: float) -> 
     proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL, stderr
     return lines, stderr
+
+
+def cli_runner() -> CliRunner:
+    """A CLI runner keeping stderr (progress bars) apart from stdout: click < 8.2
+    needs mix_stderr=False, 8.2 and later always do."""
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:
+        return CliRunner()

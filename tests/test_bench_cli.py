@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from conftest import cli_runner
 
 import pmemwal
 from pmemwal import bench
@@ -20,16 +20,8 @@ PARAMETERS = ("mode:", "persist method:", "clients:", "record size:", "flush pol
               "duration:", "path:")
 
 
-def runner() -> CliRunner:
-    """A runner keeping stderr apart: click < 8.2 needs mix_stderr=False, 8.2+ always does."""
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:
-        return CliRunner()
-
-
 def invoke(*args: str):
-    return runner().invoke(main, [str(a) for a in args])
+    return cli_runner().invoke(main, [str(a) for a in args])
 
 
 def segment_files(path: Path) -> list[str]:

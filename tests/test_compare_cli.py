@@ -14,8 +14,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner
 
+from conftest import cli_runner
 from pmemwal import ConfigError, harness
 from pmemwal import targets as real
 from pmemwal.cli import main
@@ -90,11 +90,7 @@ def fakes(monkeypatch) -> dict[str, Fake]:
 
 
 def invoke(*args):
-    try:
-        runner = CliRunner(mix_stderr=False)  # click < 8.2
-    except TypeError:
-        runner = CliRunner()
-    return runner.invoke(main, [str(a) for a in args])
+    return cli_runner().invoke(main, [str(a) for a in args])
 
 
 # ---- the CLI, for real ------------------------------------------------------------

@@ -27,14 +27,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import pmemwal
 from pmemwal import _core, inspect
 from pmemwal.cli import main
 from pmemwal.format import segment_name
-from conftest import (PAGE, REC_HDR, SEG, file_write, flip_byte, next_lsn, payload, rec_size,
-                      seg_file, stream_write)
+from conftest import (PAGE, REC_HDR, SEG, cli_runner, file_write, flip_byte, next_lsn, payload,
+                      rec_size, seg_file, stream_write)
 
 SPANNING = 1_200_000                         # longer than a 1 MiB segment: it crosses into the next
 SIZES = [0, 1, 8168, 20000, SPANNING, 5]
@@ -43,12 +42,8 @@ NO_TRACEBACK = "Traceback"
 
 
 def invoke(*args):
-    """Run the CLI; stdout and stderr kept apart (click < 8.2 needs mix_stderr=False)."""
-    try:
-        runner = CliRunner(mix_stderr=False)
-    except TypeError:
-        runner = CliRunner()
-    result = runner.invoke(main, [str(a) for a in args])
+    """Run the CLI; stdout and stderr kept apart."""
+    result = cli_runner().invoke(main, [str(a) for a in args])
     assert result.exception is None or isinstance(result.exception, SystemExit), \
         f"{args}: {result.exception!r}\n{result.stdout}\n{result.stderr}"
     assert NO_TRACEBACK not in result.stdout + result.stderr

@@ -7,9 +7,13 @@ check that the images then do lose acknowledged records: the check can fail.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from conftest import cli_runner
 from pmemwal import powerloss
+from pmemwal.cli import main
 from pmemwal.powerloss import DurableShadow, PmemTracer, run_power_loss
 
 IMAGES = 150
@@ -61,3 +65,18 @@ def test_unknown_mode_and_threads_outside_pmem_are_refused() -> None:
         run_power_loss("dax", 1)
     with pytest.raises(ValueError, match="threads="):
         run_power_loss("buffered", 1, threads=2)
+
+
+def test_cli_reports_every_setup_as_json() -> None:
+    result = cli_runner().invoke(main, ["powerloss", "--images", "5", "--setups", "pmem-threads,buffered",
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    reports = json.loads(result.stdout)["reports"]
+    assert [(r["mode"], r["threads"], r["images"], r["ok"]) for r in reports] == [
+        ("pmem", 4, 5, True), ("buffered", 1, 5, True)]
+
+
+def test_cli_refuses_an_unknown_setup() -> None:
+    result = cli_runner().invoke(main, ["powerloss", "--setups", "dax"])
+    assert result.exit_code == 2
+    assert "unknown setup" in result.output
