@@ -347,6 +347,18 @@ def test_missing_middle_segment(wal_dir):
     assert invoke("dump", wal_dir).exit_code == 1
 
 
+def test_missing_last_segment_a_record_runs_into(wal_dir):
+    """Like open(): the record spanning into the deleted last segment proves it was made."""
+    recs = make_wal(wal_dir, sizes=[10, SPANNING])   # the second record runs into segment 1
+    assert recs[-1][0] // SEG == 0 and (recs[-1][0] + SPANNING) // SEG == 1
+    seg_file(wal_dir, 1).unlink()
+    with pytest.raises(pmemwal.CorruptionError, match="0000000000000001 is missing"):
+        pmemwal.open(wal_dir, create=False)
+    result = invoke("verify", wal_dir)
+    assert result.exit_code == 1
+    assert "runs into segment 0000000000000001" in result.stdout
+
+
 # ---- arguments ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, value", [("0/2018", 0x2018), ("8216", 8216), ("1/0", 1 << 32),
