@@ -117,8 +117,8 @@ class End:
     (nothing durable past it; ``cut_bytes`` would be zeroed on open), ``damage``
     (the valid record at ``durable_lsn`` proves that the one at ``lsn`` had been
     flushed), ``limit`` (as many records as asked for), ``bad_start`` (no valid
-    record at the chosen start), ``unreadable`` (the chain runs into
-    ``segment``, missing or unreadable but made, or no segment can be read).
+    record at the chosen start), ``unreadable`` (the chain runs into a segment
+    that is missing or unreadable while later ones exist, or no segment can be read).
     """
 
     kind: str
@@ -126,7 +126,6 @@ class End:
     reason: str
     durable_lsn: int = 0
     cut_bytes: int = 0
-    segment: int | None = None
 
     @property
     def failed(self) -> bool:
@@ -356,18 +355,15 @@ class WalView:
         return self._reader.payload(lsn)
 
     def _hole(self, lsn: int, status: int, bad_lsn: int) -> End | None:
-        """The chain runs into a segment that is missing or unreadable but certainly was
-        made (a later one exists, or the record runs into it from an earlier one): it
-        stops short of the end, and open raises CorruptionError there too."""
+        """The chain runs into a segment that is missing or unreadable while a later one
+        exists: it stops short of the end (open raises CorruptionError there too)."""
         segno = bad_lsn // self.segment_size
-        if status != _NO_SEGMENT or segno < self.segments[0]:
+        if status != _NO_SEGMENT or segno > self.segments[-1] or segno < self.segments[0]:
             return None
-        if segno > self.segments[-1] and lsn // self.segment_size == segno:
-            return None     # the chain reached the end of the WAL
         known = [p.reason for p in self.problems if p.segment == segno]
         why = known[0] if known else "missing"
         return End("unreadable", lsn, f"the record at {format_lsn(lsn)} runs into segment "
-                   f"{segno:016X}, which cannot be read ({why})", segment=segno)
+                   f"{segno:016X}, which cannot be read ({why})")
 
     def end_problem(self, end: End) -> Problem | None:
         """The problem an End is, if any: damage to durable records."""
@@ -604,10 +600,6 @@ def _verify(path: str | os.PathLike[str]) -> VerifyReport:
         end = chain.end
         if end.kind == "damage":
             view.problems.append(view.end_problem(end))
-        elif end.segment is not None and not any(p.segment == end.segment for p in view.problems):
-            # the last segment, deleted: no gap between files shows it
-            view.problems.append(Problem("gap", f"segment {end.segment:016X} missing: {end.reason}",
-                                         end.segment, end.segment * view.segment_size))
         elif end.kind == "torn":
             report.torn_tail = end
             report.notes.insert(0, end.describe())

@@ -188,14 +188,15 @@ class WAL:
 
     def _deleted_segment(self, status: int, lsn: int, bad: int) -> int | None:
         """The segment the chain ran into that is missing but certainly had been made:
-        a record starts before it and runs into it, or a later segment exists
-        (segments are made in order, each before a record can reach it)."""
+        a later segment exists (segments are made and recycled in order).
+
+        A record that merely claims to run into it proves nothing: its CRC can't be
+        checked without the segment, and a header torn by a crash can pair a new
+        prev-link with an old length."""
         missing = bad // self.segment_size
-        if status != _NO_SEGMENT or missing in self._segnos:
+        if status != _NO_SEGMENT or missing in self._segnos or self._segnos[-1] < missing:
             return None
-        if lsn // self.segment_size != missing or self._segnos[-1] > missing:
-            return missing
-        return None
+        return missing
 
     def _wipe_beyond(self, end: int, pages: list[int]) -> None:
         """Zero the rest of the end's page and every later page that looks current.

@@ -575,3 +575,20 @@ def test_missing_middle_segment_is_reported(wal_dir, mode):
         got = read_all(wal)
         assert [(lsn, d) for lsn, d, _ in got] == recs[:k] + more
         assert_chain(got)
+
+
+def test_torn_header_claiming_a_missing_next_segment_is_a_torn_tail(wal_dir, mode):
+    """A crash tore the last record's header, in the segment's last page: new prev-link
+    and type, a stale length that runs into the next segment, not made yet.  Its CRC
+    can't be checked, so it proves no segment was deleted: open cuts it, as any torn tail."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        recs = []
+        while wal.insert_lsn < SEG - PAGE + 100:         # into the last page of segment 0
+            recs += _append(wal, [7000], f"torn-hdr/{len(recs)}", flush_each=True)
+        end = wal.insert_lsn
+    assert end // SEG == 0 and not seg_file(wal_dir, 1).exists()
+    stale = struct.pack("<IIQII", 0xDEADBEEF, 50_000, recs[-1][0], 1, 0)
+    stream_write(wal_dir, end, stale)
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert _records(wal) == recs
+        assert wal.insert_lsn == end
