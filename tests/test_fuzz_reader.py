@@ -77,7 +77,12 @@ def mutate(path, mutation) -> None:
             f.write(chunk[: max(0, length - where)])
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# PMEMWAL_FUZZ_EXAMPLES: examples per run (a long run: PMEMWAL_FUZZ_EXAMPLES=20000; .ci/sanitize
+# uses fewer, as every example is slower under AddressSanitizer).
+EXAMPLES = int(os.environ.get("PMEMWAL_FUZZ_EXAMPLES", "120"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=4))
 def test_mutated_wal_never_crashes_or_lies(pristine, tmp_path_factory, mutations):
     source, written = pristine

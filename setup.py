@@ -1,0 +1,35 @@
+"""Build of pmemwal's C core, ``pmemwal._core``; the package metadata is in pyproject.toml.
+
+``PMEMWAL_SANITIZE=address,undefined`` (any list that gcc's ``-fsanitize=`` takes) builds the
+core with AddressSanitizer/UBSan instead of optimised: ``-O1 -g``, frame pointers kept, and
+undefined behaviour fatal.  Such a build needs the sanitizer runtime loaded first
+(``LD_PRELOAD=$(gcc -print-file-name=libasan.so)``); ``.ci/sanitize`` builds one in a scratch
+copy of the tree and runs the fuzzers and crash tests against it.
+"""
+
+import os
+
+from setuptools import Extension, setup
+
+WARNINGS = ["-std=gnu11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"]
+compile_args = ["-O2", *WARNINGS]
+link_args: list[str] = []
+
+sanitize = os.environ.get("PMEMWAL_SANITIZE", "").strip()
+if sanitize:
+    flags = [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all"]
+    compile_args = ["-O1", "-g", *WARNINGS, *flags]
+    link_args = flags
+
+setup(
+    ext_modules=[
+        Extension(
+            "pmemwal._core",
+            sources=["native/module.c", "native/wal_core.c", "native/wal_reader.c",
+                     "native/crc32c.c"],
+            include_dirs=["native"],
+            extra_compile_args=compile_args,
+            extra_link_args=link_args,
+        )
+    ],
+)
