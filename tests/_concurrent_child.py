@@ -149,6 +149,8 @@ def stress(wal: pmemwal.WAL, seconds: float, run: int, seed: str, appenders: int
         i = 0
         while not stop.is_set():
             i += 1
+            if f == 0 and (reads[0] == 0 or i % 50 == 0):  # the first read as soon as it can
+                read_some(rng)
             if rng.random() < 0.3:
                 before = wal.insert_lsn
                 mine.append([-1, before, wal.flush()])
@@ -161,8 +163,6 @@ def stress(wal: pmemwal.WAL, seconds: float, run: int, seed: str, appenders: int
                 lsn = lst[idx][1]
                 before = wal.insert_lsn
                 mine.append([lsn, before, wal.flush(lsn)])
-            if f == 0 and i % 50 == 0:
-                read_some(rng)
             if rng.random() < 0.5:
                 time.sleep(0.0005)
 
