@@ -15,13 +15,12 @@ segments' link counts when a file leaves it (and once a round), and stops
 the writer (WriterStoppedError, ENOENT); flushes acknowledged in between
 (about one GIL switch interval, ~5 ms) are lost with the file.  Without the
 background writer, nothing notices.  Records already acknowledged in a deleted
-segment are lost in every mode; on reopen, a missing segment that had been
-made (a record runs into it, or a later segment exists) is a CorruptionError,
-while a missing last segment that no record reaches looks like the end of the
-WAL.  Made read-only: an open descriptor or mapping keeps writing (POSIX
-checks permissions at open), so nothing changes until a segment must be
-created, recycled or opened again, which fails with a StorageError (EACCES,
-EROFS) that stops nothing.
+segment are lost in every mode; on reopen, a missing segment with a later one
+present (segments are made in order) is a CorruptionError, while a missing
+last segment looks like the end of the WAL.  Made read-only: an open
+descriptor or mapping keeps writing (POSIX checks permissions at open), so
+nothing changes until a segment must be created, recycled or opened again,
+which fails with a StorageError (EACCES, EROFS) that stops nothing.
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def _deleted_segment(path, case):
     assert info.value.errno == errno.ENOENT
     _assert_stopped(wal, errno.ENOENT)
     wal.close()
-    # records in segment 1 went with it; one runs into it, so reopening says so
+    # records in segment 1 went with it; segment 2 (made ahead) shows it had been made
     with pytest.raises(pmemwal.CorruptionError, match="0000000000000001 is missing"):
         pmemwal.open(path, mode=CASES[case][0])
     k = _first_in(acked, 1)
