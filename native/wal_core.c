@@ -508,13 +508,31 @@ static inline void written(wal_core *c, const wal_slot *slot, const void *p, siz
         c->pmem_flush(p, n);
 }
 
+/* store_header -- a header's 8-aligned bytes: streamed past the cache where the
+ * record's payload is (one fence then persists all, no write-back to wait for),
+ * else stored and flushed. */
+static void store_header(wal_core *c, const wal_slot *slot, uint8_t *dst, const void *src, size_t n)
+{
+#if defined(__x86_64__)
+    if (c->stream && !slot->defer_flush) {
+        for (size_t i = 0; i < n; i += 8) {
+            long long w;
+            memcpy(&w, (const uint8_t *)src + i, 8);
+            __builtin_ia32_movnti64((long long *)(dst + i), w);
+        }
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+    written(c, slot, dst, n);
+}
+
 static void write_page_header(wal_core *c, const wal_slot *slot, uint8_t *page, uint64_t page_lsn,
                               uint32_t rem_len)
 {
     wal_page_hdr h = {WAL_PAGE_MAGIC, rem_len, page_lsn, c->geom.wal_id_lo, 0};
     h.crc = crc32c_update(0, &h, offsetof(wal_page_hdr, crc));
-    memcpy(page, &h, sizeof(h));
-    written(c, slot, page, sizeof(h));
+    store_header(c, slot, page, &h, sizeof(h));
 }
 
 /* piece -- one page's share of a record's stream: stream offsets [from, to) at dst. */
@@ -561,8 +579,7 @@ static uint32_t copy_payload(wal_core *c, const wal_slot *slot, uint8_t *dst, co
 static void put_header(wal_core *c, const wal_slot *slot, const piece *pc, const wal_rec_hdr *hdr)
 {
     uint64_t to = pc->to < WAL_REC_HDR ? pc->to : WAL_REC_HDR;
-    memcpy(pc->dst, (const uint8_t *)hdr + pc->from, to - pc->from);
-    written(c, slot, pc->dst, to - pc->from);
+    store_header(c, slot, pc->dst, (const uint8_t *)hdr + pc->from, to - pc->from);
 }
 
 /*
