@@ -111,7 +111,8 @@ FOLD_TARGET static uint32_t fold_copy(uint32_t crc, unsigned char *dst, const un
                                       size_t len, int nt)
 {
     const __m512i k2048 = K_LO(0xdcb17aa4ll, 0xb9e02b86ll), k512 = K_LO(0x740eef02ll, 0x9e4addf8ll);
-    __m512i a[4];
+    __m512i a[4]; /* unrolled below, so that the four accumulators live in registers */
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         a[i] = _mm512_loadu_si512(p + 64 * i);
         if (dst)
@@ -119,6 +120,7 @@ FOLD_TARGET static uint32_t fold_copy(uint32_t crc, unsigned char *dst, const un
     }
     a[0] = _mm512_xor_si512(a[0], _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)crc)));
     for (p += 256, dst = dst ? dst + 256 : NULL, len -= 256; len >= 256; p += 256, len -= 256) {
+#pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             __m512i b = _mm512_loadu_si512(p + 64 * i);
             if (dst)
@@ -127,6 +129,7 @@ FOLD_TARGET static uint32_t fold_copy(uint32_t crc, unsigned char *dst, const un
         }
         dst = dst ? dst + 256 : NULL;
     }
+#pragma GCC unroll 3
     for (int i = 1; i < 4; i++)
         a[i] = _mm512_xor_si512(fold512(a[i - 1], k512), a[i]);
     for (; len >= 64; p += 64, len -= 64) {
