@@ -1,7 +1,7 @@
 """Simulated power loss (pmemwal.powerloss): crash images recovered without loss or garbage.
 
 The short version of ``pmemwal powerloss``; each mode crashes a live workload
-a few hundred times.  The last tests break the persist model on purpose and
+a hundred times.  The last tests break the persist model on purpose and
 check that the images then do lose acknowledged records: the check can fail.
 """
 
@@ -16,7 +16,7 @@ from pmemwal import powerloss
 from pmemwal.cli import main
 from pmemwal.powerloss import DurableShadow, PmemTracer, run_power_loss
 
-IMAGES = 150
+IMAGES = 100
 
 
 @pytest.mark.parametrize("mode, threads", [("pmem", 1), ("pmem", 4), ("msync", 1), ("buffered", 1)])
