@@ -9,6 +9,7 @@ and assert exact positions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -246,3 +247,17 @@ def cli_runner() -> CliRunner:
         return CliRunner(mix_stderr=False)
     except TypeError:
         return CliRunner()
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's syntax: "3m") mounted at ``where``; skips without root."""
+    where.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs (needs root): {proc.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)  # lazy: even if a file is open

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import pmemwal
-from conftest import CHILD, SEG, child_env, payload, read_all, run_child, seg_file
+from conftest import CHILD, SEG, child_env, mounted_tmpfs, payload, read_all, run_child, seg_file
 
 
 def _make(wal_dir, mode="buffered", n=5, seed="data", **opts):
@@ -332,16 +332,8 @@ def test_context_manager_closes_on_error(wal_dir, mode):
 @pytest.fixture
 def tiny_fs(shm_tmp):
     """A 3 MiB tmpfs: room for about three 1 MiB segments."""
-    mnt = shm_tmp / "tiny"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs (needs root): {proc.stderr.strip()}")
-    try:
+    with mounted_tmpfs(shm_tmp / "tiny", "3m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)  # lazy: even if a file is open
 
 
 @pytest.mark.parametrize("background", [False, True])

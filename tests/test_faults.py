@@ -30,8 +30,8 @@ import traceback
 import pytest
 
 import pmemwal
-from conftest import (HIDDEN_LIBPMEM, SEG, child_env, lsn_of, payload, read_all, rec_size,
-                      seg_file, usable_of)
+from conftest import (HIDDEN_LIBPMEM, SEG, child_env, lsn_of, mounted_tmpfs, payload, read_all,
+                      rec_size, seg_file, usable_of)
 from pmemwal.errors import WriterStoppedError
 
 CASES = {  # name: (mode, environment for a child, persist_method)
@@ -313,16 +313,8 @@ def test_read_only_directory_when_a_segment_is_needed(shm_tmp, mode):
 
 @pytest.fixture
 def small_fs(shm_tmp):
-    mnt = shm_tmp / "fs"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs (needs root): {proc.stderr.strip()}")
-    try:
+    with mounted_tmpfs(shm_tmp / "fs", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _remount(mnt, how):
