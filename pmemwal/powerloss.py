@@ -125,6 +125,7 @@ class DurableShadow:
         # One power cut at a time, and none in the middle of a write-back: the
         # callbacks run in the writers' threads, and reading files yields the GIL.
         self.lock = threading.RLock()
+        self.errors: list[str] = []  # what failed in a callback (ctypes can only print it)
         self._follow(wal._dir)
 
     def _follow(self, directory) -> None:
@@ -193,7 +194,6 @@ class PmemTracer(DurableShadow):
         self.pending: dict[int, list[tuple[int, int, bytes, int]]] = {}  # per thread: a fence is per CPU
         self.versions: dict[int, np.ndarray] = {}  # per segment and line: the write-back it holds
         self._order = itertools.count(1)
-        self.errors: list[str] = []  # ctypes can only print a callback's exception: keep it
         self._flush = _FLUSH_FN(self._guarded(self._on_flush))  # alive as long as the core uses them
         self._drain = _DRAIN_FN(self._guarded(self._on_drain))
         address = ctypes.cast
@@ -396,7 +396,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                 if flushed:
                     shadow.settle()
             rounds += 1
-            if getattr(shadow, "errors", None):
+            if shadow.errors:
                 raise RuntimeError(f"the persist tracer failed:\n{shadow.errors[0]}")
             work.retain()
             _check_queue(queue[:images - report.images], work, root / "image", report,
