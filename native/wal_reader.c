@@ -154,9 +154,14 @@ int wal_read(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r
 
 int wal_copy_payload(const wal_src *s, const wal_record *r, uint8_t *dst)
 {
+    return wal_copy_head(s, r, dst, r->length);
+}
+
+int wal_copy_head(const wal_src *s, const wal_record *r, uint8_t *dst, uint64_t n)
+{
     uint64_t u = (uint64_t)wal_usable(&s->g, r->lsn) + WAL_REC_HDR, bad;
     struct gather g = {dst};
-    return walk(s, u, 0, u, u + r->length, gather_visit, &g, &bad);
+    return walk(s, u, 0, u, u + (n < r->length ? n : r->length), gather_visit, &g, &bad);
 }
 
 void wal_scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,

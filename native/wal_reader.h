@@ -65,6 +65,9 @@ int wal_read(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r
 /* wal_copy_payload -- gather a valid record's payload (len bytes) into dst. */
 int wal_copy_payload(const wal_src *s, const wal_record *r, uint8_t *dst);
 
+/* wal_copy_head -- the first min(n, length) payload bytes of a valid record into dst. */
+int wal_copy_head(const wal_src *s, const wal_record *r, uint8_t *dst, uint64_t n);
+
 /* wal_scan -- follow the chain from lsn until stop_lsn or the first invalid record. */
 void wal_scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
               wal_scan_result *r);

@@ -10,12 +10,14 @@
 
 from pmemwal.device import ProbeResult, probe
 from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, LockedError,
-                            NotFoundError, RecordTooLargeError, StorageError, WALError, WriterStoppedError,
-                            format_lsn)
+                            LogIndexError, NotFoundError, RecordTooLargeError, StorageError, TermError,
+                            WALError, WriterStoppedError, format_lsn)
 from pmemwal.wal import WAL, Record, open
+from pmemwal.log import Entry, HardState, Log, open_log
 
 __all__ = [
     "open", "WAL", "Record", "probe", "ProbeResult", "format_lsn",
+    "open_log", "Log", "Entry", "HardState", "LogIndexError", "TermError",
     "WALError", "CorruptionError", "FormatError", "LockedError", "ClosedError",
     "NotFoundError", "ConfigError", "RecordTooLargeError", "StorageError", "WriterStoppedError",
 ]

@@ -8,6 +8,8 @@
     ├── NotFoundError        no WAL here and create=False (also FileNotFoundError)
     ├── ConfigError          a bad option value (also ValueError)
     ├── RecordTooLargeError  a record over max_record_size (also ValueError)
+    ├── LogIndexError        pmemwal.Log: an entry index outside the log (also IndexError)
+    ├── TermError            pmemwal.Log: a term going backwards (also ValueError)
     └── StorageError         the file system failed: ENOSPC, EIO (also OSError)
         └── WriterStoppedError   ...in a way that stopped the writer: reopen to go on
 
@@ -53,6 +55,14 @@ class ConfigError(WALError, ValueError):
 
 class RecordTooLargeError(WALError, ValueError):
     """A record is larger than the WAL's max_record_size."""
+
+
+class LogIndexError(WALError, IndexError):
+    """A log entry index outside what the operation accepts (pmemwal.Log)."""
+
+
+class TermError(WALError, ValueError):
+    """A term lower than the log's last one (pmemwal.Log): terms never go backwards."""
 
 
 class StorageError(WALError, OSError):

@@ -381,6 +381,43 @@ class WAL:
             yield Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
             prev, lsn = lsn, next_lsn
 
+    def record(self, lsn: int) -> Record:
+        """The record at ``lsn`` (flushed first, if it was not yet); ValueError if none is there."""
+        self._check_open()
+        if lsn >= self._core.flushed_lsn and not self._core.error:
+            self._core.flush(lsn)
+        status, _, _, prev_lsn, length, _, _, payload_lsn, _ = self._reader.read(lsn, -1)
+        if status:
+            raise ValueError(f"no valid record at LSN {format_lsn(lsn)}: {_core.status_text(status)}")
+        return Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
+
+    def record_heads(self, head_bytes: int, start: int | None = None,
+                     batch: int = 1 << 16) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The records from ``start`` (None: the oldest) to the end, in batches, as arrays:
+        LSNs (uint64), payload lengths (uint32) and each payload's first ``head_bytes`` bytes
+        (a uint8 array of shape (n, head_bytes), zero-filled past a shorter payload).
+
+        Each record is validated as ``records()`` does, in one native call per batch: what
+        an index over the records' own headers is built from (pmemwal.log).
+        """
+        self._check_open()
+        end = self._core.flushed_lsn if self._core.error else self._core.flush()
+        prev = -1
+        if start is None:
+            status, start = self._reader.first_record(self._segnos[0])
+            if status:
+                return
+        lsn = start
+        while lsn < end:
+            status, lsn, last, lsns, lengths, heads = self._reader.heads(lsn, prev, end, head_bytes,
+                                                                         batch)
+            if lsns:
+                yield (np.frombuffer(lsns, np.uint64), np.frombuffer(lengths, np.uint32),
+                       np.frombuffer(heads, np.uint8).reshape(-1, head_bytes))
+                prev = last
+            if status:
+                raise CorruptionError(lsn, lsn // self.segment_size, _core.status_text(status))
+
     def _payload(self, lsn: int, length: int, payload_lsn: int) -> memoryview:
         if payload_lsn < 0:
             return memoryview(self._reader.payload(lsn))

@@ -1,0 +1,524 @@
+"""The log layer: numbered entries with terms over one WAL (``pmemwal.Log``).
+
+A replicated state machine or an event store thinks in entries 1, 2, 3..., not
+LSNs.  A Log writes four kinds of *log record* into an ordinary WAL (no second
+file format): each is one WAL record whose payload starts with this 24-byte
+header, little-endian (docs/FORMAT.md, "Log records", says the same):
+
+    0  u16  magic    0x4C50 ("PL")
+    2  u8   version  1
+    3  u8   kind     1 entry, 2 rewind, 3 snapshot, 4 state
+    4  u32  aux      snapshot: 1 when it resets the log; state: how the vote is encoded
+    8  u64  index    entry, rewind, snapshot: an entry index; state: the commit index
+   16  u64  term     entry, snapshot: that entry's term; state: the current term
+   24  ...  body     entry: the payload; state: the vote; others: nothing
+
+Open replays them in LSN order, the WAL's own order:
+
+- an entry with index ``next`` is appended; one with a lower index first voids
+  every entry from its index on (etcd's WAL reads an overriding suffix so);
+  the first entry read, or one past a gap, starts the numbering (the scan may
+  begin amid entries that a later snapshot marker drops: at the end, entries
+  missing below the first must be covered by the last snapshot, or the log is
+  damaged: CorruptionError);
+- a rewind ``k`` voids the entries above ``k`` (``truncate_after``);
+- a snapshot ``(k, t)`` drops the entries up to ``k`` and remembers ``t`` as the
+  term of ``k`` (``compact``); a resetting one drops every entry and the log goes
+  on at ``k + 1`` (``reset``, a Raft follower installing a snapshot);
+- a state record replaces the hard state (term, vote, commit): the latest wins.
+
+Since the WAL returns after a crash exactly the records that were durable, the
+log is then exactly the durable entries with every durable rewind, snapshot and
+state applied.  The WAL stays append-only: nothing is ever overwritten in place.
+
+Compaction writes its snapshot marker (and, when the latest state record lies
+in a segment about to go, that state again), flushes, then lets
+``WAL.truncate`` drop the whole segments below the first kept entry; entries
+left in the segment that holds it are skipped by the marker on replay.
+
+The index (entry -> LSN, entry -> term) lives in two numpy uint64 arrays,
+rebuilt on open from the records' headers alone, read in native batches
+(``WAL.record_heads``): ``log[i]`` is O(1) and reads one record.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from typing import Iterable, Iterator, NamedTuple
+
+import numpy as np
+
+from pmemwal.errors import (ClosedError, CorruptionError, FormatError, LogIndexError, TermError,
+                            format_lsn)
+from pmemwal.wal import WAL
+
+MAGIC = 0x4C50
+VERSION = 1
+ENTRY, REWIND, SNAPSHOT, STATE = 1, 2, 3, 4
+KIND_NAMES = {ENTRY: "entry", REWIND: "rewind", SNAPSHOT: "snapshot", STATE: "state"}
+RESET = 1                                   # snapshot aux: the log was reset, not compacted
+VOTE_NONE, VOTE_INT, VOTE_STR, VOTE_BYTES = 0, 1, 2, 3  # state aux: the vote's encoding
+HEADER = struct.Struct("<HBBIQQ")
+HEADER_SIZE = HEADER.size                   # 24
+HEADER_DTYPE = np.dtype([("magic", "<u2"), ("version", "u1"), ("kind", "u1"), ("aux", "<u4"),
+                         ("index", "<u8"), ("term", "<u8")])
+_KEEP = object()                            # set_state: leave this field as it is
+_SCAN_BATCH = 1 << 16                       # records per native call on open
+
+
+class Entry(NamedTuple):
+    """A log entry: its index, its term, and its payload (a read-only memoryview)."""
+
+    index: int
+    term: int
+    payload: memoryview
+
+
+class HardState(NamedTuple):
+    """What a Raft node must not forget: its current term, its vote in it, its commit index."""
+
+    term: int = 0
+    vote: int | str | bytes | None = None
+    commit: int = 0
+
+
+def open_log(path: str | os.PathLike[str], **wal_options) -> Log:
+    """Open (or create) the log in WAL directory ``path``; ``wal_options`` go to ``pmemwal.open``."""
+    return Log(path, **wal_options)
+
+
+class _Index:
+    """Entry index -> (LSN, term), for the entries [first, next): numpy arrays with room
+    at the end to grow into and a start offset that compaction moves forward."""
+
+    def __init__(self) -> None:
+        self.lsn = np.zeros(1024, np.uint64)
+        self.term = np.zeros(1024, np.uint64)
+        self.start = self.count = 0
+        self.first = 1                          # index of entry 0 of the live range
+
+    @property
+    def next(self) -> int:
+        return self.first + self.count
+
+    def slot(self, index: int) -> int:
+        return self.start + index - self.first
+
+    def _room(self, n: int) -> int:
+        """Make room for n more entries; returns where they go."""
+        end = self.start + self.count
+        if end + n > len(self.lsn):
+            cap = max(2 * (self.count + n), 1024)
+            for name in ("lsn", "term"):
+                grown = np.zeros(cap, np.uint64)
+                grown[:self.count] = getattr(self, name)[self.start:end]
+                setattr(self, name, grown)
+            self.start, end = 0, self.count
+        return end
+
+    def extend(self, lsns: np.ndarray, terms: np.ndarray) -> None:
+        end = self._room(len(lsns))
+        self.lsn[end:end + len(lsns)] = lsns
+        self.term[end:end + len(lsns)] = terms
+        self.count += len(lsns)
+
+    def push(self, lsn: int, term: int) -> None:
+        end = self._room(1)
+        self.lsn[end] = lsn
+        self.term[end] = term
+        self.count += 1
+
+    def restart(self, first: int) -> None:
+        """No entries; the next one is ``first``."""
+        self.start, self.count, self.first = 0, 0, first
+
+    def keep_through(self, index: int) -> None:
+        """Void the entries above ``index`` (which may lie below the live range)."""
+        if index < self.first:
+            self.restart(index + 1)
+        elif index < self.next:
+            self.count = index - self.first + 1
+
+    def drop_through(self, index: int) -> None:
+        """Drop the entries up to ``index``; past the end, the log goes on at ``index + 1``."""
+        if index + 1 >= self.next:
+            self.restart(index + 1)
+        elif index >= self.first:
+            gone = index + 1 - self.first
+            self.start, self.count, self.first = self.start + gone, self.count - gone, index + 1
+
+
+class Log:
+    """A log of numbered entries, each with a term, over one WAL directory.
+
+    Entries are numbered from 1 (or from where a ``reset`` put the log).  The
+    options are ``pmemwal.open``'s; the Log owns its WAL (``log.wal``) and
+    closes it.  One writer process; threads may share a Log (its operations
+    are serialized by a lock, as the order of indexes must be the order of
+    LSNs).  Nothing is durable until ``sync`` (or an append with
+    ``sync=True``, or the background writer's periodic flush); ``truncate_after``,
+    ``compact``, ``reset`` and ``set_state`` are durable when they return.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], **wal_options) -> None:
+        self._lock = threading.Lock()
+        self._index = _Index()
+        self._snapshot = (0, 0)                 # (index, term) of the last compacted entry
+        self._state = HardState()
+        self._state_record: bytes | None = None
+        self._state_lsn = 0
+        self.wal = WAL(path, **wal_options)
+        try:
+            self._replay()
+        except BaseException:
+            self.wal.close()
+            raise
+
+    # ---- open: rebuild the index ----------------------------------------------
+
+    def _replay(self) -> None:
+        known = False                           # has any record fixed the numbering yet?
+        for lsns, lengths, heads in self.wal.record_heads(HEADER_SIZE, batch=_SCAN_BATCH):
+            head = heads.view(HEADER_DTYPE)[:, 0]
+            _check_headers(lsns, lengths, head)
+            if _dense_entries(head, self._index.next if known else None):
+                first = int(head["index"][0])
+                if not known:
+                    self._index.restart(first)
+                self._index.keep_through(first - 1)
+                self._index.extend(lsns, head["term"])
+                known = True
+                continue
+            for lsn, h in zip(lsns.tolist(), head.tolist()):
+                known = self._apply(lsn, h, known)
+        if self._snapshot[0] < self._index.first - 1:
+            raise CorruptionError(self.wal.first_lsn, self.wal.first_lsn // self.wal.segment_size,
+                                  f"the log starts at entry {self._index.first}, but entries "
+                                  f"after {self._snapshot[0]} were never compacted: a segment "
+                                  "holding them is missing")
+        if self._state_lsn:
+            self._state = _decode_state(self.wal.record(self._state_lsn).payload)
+            self._state_record = _encode_state(self._state)
+
+    def _apply(self, lsn: int, head: tuple, known: bool) -> bool:
+        """Replay one log record; returns whether the numbering is known from here on.
+
+        An entry past the next index restarts the numbering instead of failing: the scan
+        may begin in a segment that compaction kept, where entries below the first kept
+        one come before the marker that drops them (a later snapshot must then cover the
+        gap; ``_replay`` checks that at the end)."""
+        _, _, kind, aux, index, term = head
+        ix = self._index
+        if kind == ENTRY:
+            if not known or index > ix.next:
+                ix.restart(index)
+            ix.keep_through(index - 1)
+            ix.push(lsn, term)
+        elif kind == REWIND:
+            if not known:
+                ix.restart(index + 1)
+            ix.keep_through(index)
+        elif kind == SNAPSHOT:
+            if aux == RESET or not known:
+                ix.restart(index + 1)
+            else:
+                ix.drop_through(index)
+            self._snapshot = (index, term)
+        elif kind == STATE:
+            self._state_lsn = lsn
+            return known
+        else:
+            raise FormatError(f"log record at LSN {format_lsn(lsn)} has unknown kind {kind}")
+        return True
+
+    # ---- writing ---------------------------------------------------------------
+
+    def append(self, payload, term: int = 0, *, sync: bool = False) -> int:
+        """Append one entry (any bytes-like payload) with ``term``; returns its index.
+
+        ``sync=True`` makes it durable before returning.  A term below the last
+        entry's raises TermError.
+        """
+        with self._lock:
+            self._check_term(term)
+            index = self._index.next
+            record = b"".join((HEADER.pack(MAGIC, VERSION, ENTRY, 0, index, term), payload))
+            lsn = self.wal.append(record, sync)
+            self._index.push(lsn, term)
+            return index
+
+    def append_many(self, payloads: Iterable, term: int = 0, *, sync: bool = False) -> np.ndarray:
+        """Append entries in one native call; returns their indexes (int64)."""
+        with self._lock:
+            self._check_term(term)
+            first = self._index.next
+            records = [b"".join((HEADER.pack(MAGIC, VERSION, ENTRY, 0, first + i, term), p))
+                       for i, p in enumerate(payloads)]
+            if not records:
+                return np.empty(0, np.int64)
+            lsns = self.wal.append_many(records)
+            if sync:
+                self.wal.flush(int(lsns[-1]))
+            self._index.extend(lsns, np.full(len(lsns), term, np.uint64))
+            return np.arange(first, first + len(records), dtype=np.int64)
+
+    def sync(self, index: int | None = None) -> None:
+        """Make every entry up to ``index`` (None: everything appended) durable."""
+        with self._lock:
+            self._check_open()
+            ix = self._index
+            if index is not None and index >= ix.next:
+                raise LogIndexError(f"sync({index}): the last entry is {ix.next - 1}")
+            if index is None:
+                self.wal.flush()
+            elif index >= ix.first:  # below it: compacted, made durable by compact()
+                self.wal.flush(int(ix.lsn[ix.slot(index)]))
+
+    def truncate_after(self, index: int) -> None:
+        """Void every entry above ``index``; the next append gets ``index + 1``.  Durable on return.
+
+        ``index`` may be ``first_index - 1`` (void them all), not lower, nor above the end.
+        """
+        with self._lock:
+            self._check_open()
+            ix = self._index
+            if not ix.first - 1 <= index <= ix.next - 1:
+                raise LogIndexError(f"truncate_after({index}): entries are {_span(ix)}, and "
+                                    f"{ix.first - 1} is the lowest index the log can keep to")
+            if index == ix.next - 1:
+                return
+            self.wal.append(HEADER.pack(MAGIC, VERSION, REWIND, 0, index, 0), True)
+            ix.keep_through(index)
+
+    def compact(self, before_index: int) -> int:
+        """Drop the entries below ``before_index``: ``first_index`` becomes ``before_index``,
+        and whole WAL segments holding only dropped entries go (``WAL.truncate``).
+
+        ``term_at(before_index - 1)`` still answers (a snapshot marker keeps it).  May be
+        ``last_index + 1`` (drop everything), not more.  Durable on return; returns how many
+        segments went.
+        """
+        with self._lock:
+            self._check_open()
+            ix = self._index
+            if before_index > ix.next:
+                raise LogIndexError(f"compact({before_index}): beyond the end, entries are "
+                                    f"{_span(ix)}")
+            if before_index <= ix.first:
+                return 0
+            keep_lsn = int(ix.lsn[ix.slot(before_index)]) if before_index < ix.next else None
+            return self._write_snapshot(before_index - 1, self._term_at(before_index - 1),
+                                        False, keep_lsn)
+
+    def reset(self, index: int, term: int) -> int:
+        """Drop every entry: the log goes on at ``index + 1``, and ``term_at(index)`` is
+        ``term``, as when a Raft follower installs a leader's snapshot.  Durable on return;
+        returns how many segments went."""
+        with self._lock:
+            self._check_open()
+            if index < 0 or term < 0:
+                raise LogIndexError(f"reset({index}, {term}): index and term are 0 or more")
+            return self._write_snapshot(index, term, True, None)
+
+    def _write_snapshot(self, index: int, term: int, reset: bool, keep_lsn: int | None) -> int:
+        """Append a snapshot marker (and the state again when its record would go), flush,
+        then drop the segments below ``keep_lsn`` (None: below the marker)."""
+        records = [HEADER.pack(MAGIC, VERSION, SNAPSHOT, RESET if reset else 0, index, term)]
+        cut = keep_lsn if keep_lsn is not None else self.wal.insert_lsn
+        restate = self._state_record is not None and self._state_lsn < cut
+        if restate:
+            records.append(self._state_record)
+        lsns = self.wal.append_many(records)
+        self.wal.flush()
+        if reset:
+            self._index.restart(index + 1)
+        else:
+            self._index.drop_through(index)
+        self._snapshot = (index, term)
+        if restate:
+            self._state_lsn = int(lsns[1])
+        return self.wal.truncate(keep_lsn if keep_lsn is not None else int(lsns[0]))
+
+    def set_state(self, *, term=_KEEP, vote=_KEEP, commit=_KEEP) -> HardState:
+        """Store the hard state durably (the fields not given keep their values); returns it.
+
+        ``vote`` may be None, an int, a str or bytes.  A term lower than the stored one
+        raises TermError.
+        """
+        with self._lock:
+            self._check_open()
+            old = self._state
+            new = HardState(old.term if term is _KEEP else int(term),
+                            old.vote if vote is _KEEP else vote,
+                            old.commit if commit is _KEEP else int(commit))
+            if new.term < old.term:
+                raise TermError(f"set_state(term={new.term}): the current term is {old.term}")
+            if new.commit < 0:
+                raise LogIndexError(f"set_state(commit={new.commit}): 0 or more")
+            record = _encode_state(new)
+            self._state_lsn = self.wal.append(record, True)
+            self._state, self._state_record = new, record
+            return new
+
+    # ---- reading ---------------------------------------------------------------
+
+    def entry(self, index: int) -> Entry:
+        """Entry ``index``; LogIndexError outside [first_index, last_index]."""
+        with self._lock:
+            self._check_open()
+            ix = self._index
+            if not ix.first <= index < ix.next:
+                raise LogIndexError(f"no entry {index}: entries are {_span(ix)}")
+            slot = ix.slot(index)
+            record = self.wal.record(int(ix.lsn[slot]))
+            return Entry(index, int(ix.term[slot]), record.payload[HEADER_SIZE:])
+
+    __getitem__ = entry
+
+    def entries(self, start: int | None = None, stop: int | None = None) -> Iterator[Entry]:
+        """The entries from ``start`` (None: the first) to before ``stop`` (None: the end),
+        as they are when the call is made."""
+        with self._lock:
+            ix = self._index
+            start = ix.first if start is None else max(start, ix.first)
+            stop = ix.next if stop is None else min(stop, ix.next)
+        for index in range(start, stop):
+            yield self.entry(index)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return self.entries()
+
+    def term_at(self, index: int) -> int:
+        """The term of entry ``index``, from ``first_index - 1`` (the snapshot's) to the last."""
+        with self._lock:
+            return self._term_at(index)
+
+    def _term_at(self, index: int) -> int:
+        ix = self._index
+        if ix.first <= index < ix.next:
+            return int(ix.term[ix.slot(index)])
+        if index == ix.first - 1:
+            return self._snapshot[1] if self._snapshot[0] == index else 0
+        raise LogIndexError(f"term_at({index}): entries are {_span(ix)}")
+
+    @property
+    def first_index(self) -> int:
+        """Index of the first entry kept (``last_index + 1`` when the log is empty)."""
+        return self._index.first
+
+    @property
+    def last_index(self) -> int:
+        """Index of the last entry (``first_index - 1`` when the log is empty)."""
+        return self._index.next - 1
+
+    @property
+    def last_term(self) -> int:
+        """Term of the last entry (or of the snapshot, when the log is empty)."""
+        with self._lock:
+            return self._term_at(self._index.next - 1)
+
+    @property
+    def snapshot(self) -> tuple[int, int]:
+        """(index, term) of the last compacted entry; (0, 0) before any compaction."""
+        return self._snapshot
+
+    @property
+    def state(self) -> HardState:
+        """The hard state last stored with ``set_state`` (zeros and None before)."""
+        return self._state
+
+    def __len__(self) -> int:
+        return self._index.count
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush what was appended and close the WAL; closing twice is fine."""
+        with self._lock:
+            self.wal.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.wal.closed
+
+    def stats(self) -> dict[str, int]:
+        """The WAL's counters (``WAL.stats``) with ``entries``, ``first_index``, ``last_index``."""
+        return {**self.wal.stats(), "entries": len(self), "first_index": self.first_index,
+                "last_index": self.last_index}
+
+    def _check_open(self) -> None:
+        if self.wal.closed:
+            raise ClosedError("the log is closed")
+
+    def _check_term(self, term: int) -> None:
+        self._check_open()
+        last = self._term_at(self._index.next - 1)
+        if term < last:
+            raise TermError(f"term {term} is below the last entry's term {last}")
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"entries {_span(self._index)}"
+        return f"<pmemwal.Log {self.wal.path} {state}>"
+
+
+# ---- helpers ---------------------------------------------------------------------
+
+
+def _span(ix: _Index) -> str:
+    return f"{ix.first}..{ix.next - 1}" if ix.count else f"none (the next is {ix.next})"
+
+
+def _check_headers(lsns: np.ndarray, lengths: np.ndarray, head: np.ndarray) -> None:
+    """FormatError at the first record that is not a log record of a version we read."""
+    bad = (lengths < HEADER_SIZE) | (head["magic"] != MAGIC) | (head["version"] != VERSION)
+    if bad.any():
+        i = int(np.argmax(bad))
+        what = (f"log format version {head['version'][i]} (this pmemwal reads {VERSION})"
+                if lengths[i] >= HEADER_SIZE and head["magic"][i] == MAGIC else "not a log record")
+        raise FormatError(f"the record at LSN {format_lsn(int(lsns[i]))} is {what}: "
+                          "this WAL was not written by pmemwal.Log")
+
+
+def _dense_entries(head: np.ndarray, next_index: int | None) -> bool:
+    """Is this batch only entries numbered consecutively, starting at or below ``next_index``
+    (None: anywhere)?  Then it is applied in one step."""
+    if not (head["kind"] == ENTRY).all():
+        return False
+    index = head["index"]
+    start = int(index[0])
+    if next_index is not None and start > next_index:
+        return False
+    return bool((index == np.arange(start, start + len(index), dtype=np.uint64)).all())
+
+
+def _encode_state(state: HardState) -> bytes:
+    vote = state.vote
+    if vote is None:
+        aux, body = VOTE_NONE, b""
+    elif isinstance(vote, bool) or not isinstance(vote, (int, str, bytes)):
+        raise TypeError(f"vote must be None, an int, a str or bytes, not {type(vote).__name__}")
+    elif isinstance(vote, int):
+        aux, body = VOTE_INT, str(vote).encode()
+    elif isinstance(vote, str):
+        aux, body = VOTE_STR, vote.encode()
+    else:
+        aux, body = VOTE_BYTES, bytes(vote)
+    return HEADER.pack(MAGIC, VERSION, STATE, aux, state.commit, state.term) + body
+
+
+def _decode_state(payload: memoryview) -> HardState:
+    _, _, _, aux, commit, term = HEADER.unpack_from(payload)
+    body = bytes(payload[HEADER_SIZE:])
+    vote = {VOTE_NONE: lambda b: None, VOTE_INT: lambda b: int(b), VOTE_STR: lambda b: b.decode(),
+            VOTE_BYTES: lambda b: b}.get(aux)
+    if vote is None:
+        raise FormatError(f"log state record with unknown vote encoding {aux}")
+    return HardState(term, vote(body), commit)

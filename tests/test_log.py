@@ -1,0 +1,327 @@
+"""pmemwal.Log: numbered entries, tail rewind, compaction, reset and hard state over one WAL.
+
+The main check is a model test: random operations applied to a Log and to a plain
+Python model of it, reopened at random points, must agree on every entry, term,
+snapshot and state.  The rest pin down each error and each replay rule.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pmemwal
+from pmemwal import log as log_module
+from pmemwal.log import HEADER, MAGIC, SNAPSHOT, VERSION
+
+from conftest import SEG, seg_file
+
+
+def open_log(path: Path, **options) -> pmemwal.Log:
+    options.setdefault("segment_size", SEG)
+    return pmemwal.open_log(path, **options)
+
+
+def contents(log: pmemwal.Log) -> list[tuple[int, int, bytes]]:
+    return [(e.index, e.term, bytes(e.payload)) for e in log]
+
+
+# ---- the basics -------------------------------------------------------------------
+
+def test_entries_are_numbered_from_one_and_survive_reopen(wal_dir: Path, mode: str) -> None:
+    with open_log(wal_dir, mode=mode) as log:
+        assert (log.first_index, log.last_index, len(log), log.term_at(0)) == (1, 0, 0, 0)
+        assert log.append(b"one", term=1) == 1
+        assert list(log.append_many([b"two", bytearray(b"three"), memoryview(b"four")], term=2)) \
+            == [2, 3, 4]
+        assert log.append(np.arange(3, dtype=np.uint8), term=2, sync=True) == 5
+        log.sync(3)
+        assert log[2] == (2, 2, memoryview(b"two"))
+        assert log.entry(5).payload.tobytes() == bytes([0, 1, 2])
+        assert log.last_term == 2
+    with open_log(wal_dir, mode=mode) as log:
+        assert contents(log) == [(1, 1, b"one"), (2, 2, b"two"), (3, 2, b"three"),
+                                 (4, 2, b"four"), (5, 2, bytes([0, 1, 2]))]
+        assert [e.index for e in log.entries(2, 4)] == [2, 3]
+        assert log.append(b"six", term=3) == 6
+
+
+def test_large_entries_span_pages_and_segments(wal_dir: Path) -> None:
+    payloads = [bytes([i]) * n for i, n in enumerate((10, 9000, 300_000, 1_500_000, 5))]
+    with open_log(wal_dir) as log:
+        for p in payloads:
+            log.append(p, term=1)
+    with open_log(wal_dir) as log:
+        assert [bytes(e.payload) for e in log] == payloads
+
+
+def test_truncate_after_voids_the_tail_durably(wal_dir: Path) -> None:
+    with open_log(wal_dir) as log:
+        log.append_many([b"a", b"b", b"c", b"d"], term=1)
+        log.truncate_after(2)
+        assert (log.last_index, log.last_term) == (2, 1)
+        assert log.append(b"C", term=2) == 3
+        log.truncate_after(3)  # the end itself: nothing to do
+        log.sync()
+    with open_log(wal_dir) as log:
+        assert contents(log) == [(1, 1, b"a"), (2, 1, b"b"), (3, 2, b"C")]
+        log.truncate_after(0)
+        assert len(log) == 0 and log.append(b"x", term=2) == 1
+    with open_log(wal_dir) as log:
+        assert contents(log) == [(1, 2, b"x")]
+
+
+def test_compact_drops_segments_and_keeps_the_snapshot_term(wal_dir: Path) -> None:
+    with open_log(wal_dir) as log:
+        log.set_state(term=3, vote="n2", commit=1)  # early: its segment is compacted away
+        for term in (1, 2, 3):
+            log.append_many([bytes(4000)] * 300, term=term)
+        assert log.compact(700) >= 1
+        assert (log.first_index, log.term_at(699), log.snapshot) == (700, 3, (699, 3))
+        assert log.compact(5) == 0  # already gone: nothing to do
+        with pytest.raises(pmemwal.LogIndexError):
+            log[699]
+    with open_log(wal_dir) as log:
+        assert (log.first_index, log.last_index, log.term_at(699)) == (700, 900, 3)
+        assert log.state == pmemwal.HardState(3, "n2", 1)
+        assert log[700].term == 3
+        log.compact(901)  # everything
+        assert (len(log), log.first_index, log.last_term) == (0, 901, 3)
+        assert log.append(b"next", term=3) == 901
+    with open_log(wal_dir) as log:
+        assert contents(log) == [(901, 3, b"next")] and log.term_at(900) == 3
+        assert log.state == pmemwal.HardState(3, "n2", 1)
+
+
+def test_reset_restarts_the_numbering(wal_dir: Path) -> None:
+    with open_log(wal_dir) as log:
+        log.append_many([b"a", b"b", b"c"], term=1)
+        log.reset(100, 7)
+        assert (len(log), log.first_index, log.term_at(100), log.last_term) == (0, 101, 7, 7)
+        with pytest.raises(pmemwal.TermError):
+            log.append(b"old", term=6)
+        assert log.append(b"new", term=7) == 101
+        log.reset(50, 8)  # lower than before is fine: the leader's snapshot wins
+    with open_log(wal_dir) as log:
+        assert (len(log), log.first_index, log.snapshot) == (0, 51, (50, 8))
+
+
+@pytest.mark.parametrize("vote", [None, 3, "node-b:4321", b"\x00\xff"])
+def test_hard_state_latest_wins(wal_dir: Path, vote) -> None:
+    with open_log(wal_dir) as log:
+        assert log.state == pmemwal.HardState(0, None, 0)
+        log.set_state(term=1, vote="a")
+        log.set_state(term=2, vote=vote)
+        assert log.set_state(commit=9) == pmemwal.HardState(2, vote, 9)
+    with open_log(wal_dir) as log:
+        assert log.state == pmemwal.HardState(2, vote, 9)
+
+
+# ---- bad input: typed errors, nothing durable lost ------------------------------------
+
+def test_bad_indexes_and_terms_raise_typed_errors(wal_dir: Path) -> None:
+    with open_log(wal_dir, max_record_size=1 << 20) as log:
+        log.append_many([b"a"] * 10, term=2)
+        log.compact(4)
+        for bad in (3, 11, 0, -1):
+            with pytest.raises(pmemwal.LogIndexError):
+                log[bad]
+        with pytest.raises(IndexError):  # also an IndexError, as Python code expects
+            log.entry(11)
+        with pytest.raises(pmemwal.LogIndexError):
+            log.truncate_after(2)  # below the compacted prefix
+        with pytest.raises(pmemwal.LogIndexError):
+            log.truncate_after(11)  # above the end
+        with pytest.raises(pmemwal.LogIndexError):
+            log.compact(12)  # beyond the end
+        with pytest.raises(pmemwal.LogIndexError):
+            log.term_at(2)
+        with pytest.raises(pmemwal.LogIndexError):
+            log.sync(11)
+        with pytest.raises(pmemwal.TermError):
+            log.append(b"x", term=1)
+        with pytest.raises(pmemwal.TermError):
+            log.append_many([b"x"], term=1)
+        log.set_state(term=5)
+        with pytest.raises(pmemwal.TermError):
+            log.set_state(term=4)
+        with pytest.raises(TypeError):
+            log.set_state(vote=1.5)
+        with pytest.raises(pmemwal.RecordTooLargeError):
+            log.append(bytes(2 << 20), term=2)
+        assert (log.first_index, log.last_index, log.state.term) == (4, 10, 5)
+    with pytest.raises(pmemwal.ClosedError):
+        log.append(b"late", term=2)
+    with pytest.raises(pmemwal.ClosedError):
+        log[5]
+    with open_log(wal_dir) as log:
+        assert (log.first_index, log.last_index, log.state.term) == (4, 10, 5)
+
+
+def test_a_plain_wal_is_not_a_log(wal_dir: Path) -> None:
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        wal.append(b"not a log record, but long enough to hold a header")
+    with pytest.raises(pmemwal.FormatError, match="not written by pmemwal.Log"):
+        open_log(wal_dir)
+
+
+def test_a_newer_log_version_is_refused(wal_dir: Path) -> None:
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        wal.append(HEADER.pack(MAGIC, VERSION + 1, 1, 0, 1, 0) + b"x")
+    with pytest.raises(pmemwal.FormatError, match="version 2"):
+        open_log(wal_dir)
+
+
+def test_a_missing_leading_segment_is_damage(wal_dir: Path) -> None:
+    with open_log(wal_dir) as log:
+        log.append_many([bytes(5000)] * 400, term=1)  # about two segments
+    seg_file(wal_dir, 0).unlink()
+    with pytest.raises(pmemwal.CorruptionError, match="never compacted"):
+        open_log(wal_dir)
+
+
+def test_replay_of_an_unknown_kind_is_a_format_error(wal_dir: Path) -> None:
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        wal.append(HEADER.pack(MAGIC, VERSION, 9, 0, 1, 0))
+    with pytest.raises(pmemwal.FormatError, match="unknown kind 9"):
+        open_log(wal_dir)
+
+
+# ---- the model test ---------------------------------------------------------------------
+
+class Model:
+    """What a Log should hold, in plain Python."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[int, bytes]] = {}
+        self.first, self.next = 1, 1
+        self.snapshot, self.state = (0, 0), pmemwal.HardState()
+
+    def last_term(self) -> int:
+        if self.next > self.first:
+            return self.entries[self.next - 1][0]
+        return self.snapshot[1] if self.snapshot[0] == self.first - 1 else 0
+
+    def listing(self) -> list[tuple[int, int, bytes]]:
+        return [(i, *self.entries[i]) for i in range(self.first, self.next)]
+
+
+def step(rng: random.Random, log: pmemwal.Log, model: Model) -> None:
+    op = rng.choices(["append", "many", "rewind", "compact", "reset", "state"],
+                     weights=[40, 15, 12, 10, 2, 5])[0]
+    term = model.last_term() + rng.choice((0, 0, 0, 1))
+    if op == "append":
+        payload = rng.randbytes(rng.choice((0, 8, 100, 3000, 20_000)))
+        assert log.append(payload, term) == model.next
+        model.entries[model.next] = (term, payload)
+        model.next += 1
+    elif op == "many":
+        payloads = [rng.randbytes(rng.randrange(200)) for _ in range(rng.randrange(1, 40))]
+        assert list(log.append_many(payloads, term)) == list(range(model.next, model.next + len(payloads)))
+        for p in payloads:
+            model.entries[model.next] = (term, p)
+            model.next += 1
+    elif op == "rewind":
+        k = rng.randint(model.first - 1, model.next - 1)
+        log.truncate_after(k)
+        model.next = k + 1
+    elif op == "compact":
+        k = rng.randint(model.first, model.next)
+        if k > model.first:
+            model.snapshot = (k - 1, model.entries[k - 1][0] if k - 1 >= model.first
+                              else model.snapshot[1])
+            model.first = k
+        log.compact(k)
+    elif op == "reset":
+        k, t = model.next + rng.randrange(-3, 50), model.last_term() + 1
+        k = max(k, 0)
+        log.reset(k, t)
+        model.first = model.next = k + 1
+        model.snapshot = (k, t)
+    else:
+        new = pmemwal.HardState(model.state.term + rng.randrange(2), rng.choice((None, 1, "x", b"y")),
+                                rng.randrange(100))
+        log.set_state(term=new.term, vote=new.vote, commit=new.commit)
+        model.state = new
+
+
+def check(log: pmemwal.Log, model: Model) -> None:
+    assert (log.first_index, log.last_index) == (model.first, model.next - 1)
+    assert contents(log) == model.listing()
+    assert log.last_term == model.last_term()
+    assert log.state == model.state
+    if model.snapshot[0] == model.first - 1:
+        assert log.snapshot == model.snapshot
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_operations_match_the_model_across_reopens(wal_dir: Path, seed: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(log_module, "_SCAN_BATCH", 7)  # many batch boundaries on replay
+    rng = random.Random(seed)
+    model = Model()
+    log = open_log(wal_dir, mode=("buffered", "direct")[seed % 2])
+    try:
+        for _ in range(400):
+            step(rng, log, model)
+            if rng.random() < 0.04:
+                log.close()
+                log = open_log(wal_dir, mode=("buffered", "direct")[seed % 2])
+                check(log, model)
+        check(log, model)
+    finally:
+        log.close()
+    with open_log(wal_dir) as log:
+        check(log, model)
+
+
+def test_replay_reads_headers_in_batches(wal_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of pure entries take the vectorised path; a rewind inside one does not."""
+    with open_log(wal_dir) as log:
+        log.append_many([struct.pack("<I", i) for i in range(1000)], term=1)
+        log.truncate_after(500)
+        log.append_many([b"second"] * 10, term=2)
+    for batch in (1, 3, 64, 1 << 16):
+        monkeypatch.setattr(log_module, "_SCAN_BATCH", batch)
+        with open_log(wal_dir) as log:
+            assert (log.first_index, log.last_index) == (1, 510)
+            assert bytes(log[500].payload) == struct.pack("<I", 499)
+            assert (log[501].term, bytes(log[510].payload)) == (2, b"second")
+
+
+def test_threads_append_dense_indexes(wal_dir: Path) -> None:
+    import threading
+
+    with open_log(wal_dir) as log:
+        got: list[int] = []
+
+        def writer(tag: int) -> None:
+            for i in range(300):
+                index = log.append(struct.pack("<II", tag, i), term=1)
+                got.append(index)
+
+        threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(got) == list(range(1, 1201))
+    with open_log(wal_dir) as log:
+        seen = [struct.unpack("<II", e.payload) for e in log]
+        for tag in range(4):  # each writer's entries in its own order
+            assert [i for t, i in seen if t == tag] == list(range(300))
+
+
+def test_snapshot_marker_layout(wal_dir: Path) -> None:
+    """The documented header (docs/FORMAT.md, "Log records") is what is on disk."""
+    with open_log(wal_dir) as log:
+        log.append(b"abc", term=4)
+        log.compact(2)
+    with pmemwal.open(wal_dir) as wal:
+        records = [bytes(r.payload) for r in wal.records()]
+    assert records[0] == struct.pack("<HBBIQQ", 0x4C50, 1, 1, 0, 1, 4) + b"abc"
+    assert records[1] == struct.pack("<HBBIQQ", 0x4C50, 1, SNAPSHOT, 0, 1, 4)
