@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh -- everything pmemwal needs on a fresh Debian machine with Python 3.11:
 # libpmem (through apt, when missing and we are root), a virtual environment in
-# .venv, and the package with its test dependencies.  Safe to run again.
+# .venv, and the package with its test and benchmark dependencies.  Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -19,10 +19,10 @@ fi
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q -e '.[test,bench]'
 
-# Peers for the comparison harness (pmemwal.targets): PMDK's libpmemlog, PostgreSQL (initdb,
-# pg_ctl, pgbench), and the Python packages rocksdict and lmdb.  Only with --peers or
+# Peers for the comparison harness (pmemwal.tools.targets): PMDK's libpmemlog, PostgreSQL
+# (initdb, pg_ctl, pgbench), and the Python packages rocksdict and lmdb.  Only with --peers or
 # PMEMWAL_PEERS=1; each target that still lacks its peer says so from available().
 if [ "${PMEMWAL_PEERS:-0}" = 1 ] || case " $* " in *" --peers "*) true ;; *) false ;; esac; then
   if ldconfig -p 2>/dev/null | grep 'libpmemlog\.so\.1' >/dev/null &&
@@ -40,5 +40,5 @@ if [ "${PMEMWAL_PEERS:-0}" = 1 ] || case " $* " in *" --peers "*) true ;; *) fal
     echo "setup: not root (or no apt-get): install the Debian packages libpmemlog1 and" \
          "postgresql yourself for the libpmemlog and postgres targets" >&2
   fi
-  .venv/bin/python -m pip install -q -e '.[test,peers]'
+  .venv/bin/python -m pip install -q -e '.[test,bench,peers]'
 fi

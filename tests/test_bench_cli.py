@@ -1,18 +1,20 @@
-"""Tests for the write benchmark (pmemwal.bench) and the click CLI, on real WALs in /dev/shm."""
+"""Tests for the write benchmark (pmemwal.tools.bench) and the click CLI, on real WALs in
+/dev/shm."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import cli_runner
 
 import pmemwal
-from pmemwal import bench
-from pmemwal.cli import main
+from pmemwal.tools import bench
+from pmemwal.tools.cli import main
 
 PROGRESS_LINE = re.compile(
     r"^progress: \d+\.\d s, \d+\.\d rec/s, \d+\.\d MB/s, lat \d+\.\d{3} ms stddev \d+\.\d{3}$", re.M)
@@ -175,6 +177,14 @@ def test_bench_library_error_is_a_clean_message(shm_dir: Path) -> None:
     assert result.exit_code == 1
     assert "segment_size" in result.stderr and "power of two" in result.stderr
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_bench_without_its_extra_says_which(shm_dir: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "hdrh.histogram", None)  # as if hdrhistogram were missing
+    result = invoke("bench", shm_dir / "wal", "--duration", "0.1")
+    assert result.exit_code == 1
+    assert "pmemwal bench needs the 'bench' extra: pip install 'pmemwal[bench]'" in result.stderr
+    assert not (shm_dir / "wal").exists()  # refused before touching anything
 
 
 def test_keep_bounds_disk_use(shm_dir: Path) -> None:

@@ -1,6 +1,6 @@
-"""Tests for the comparison harness (pmemwal.harness) and ``pmemwal compare``.
+"""Tests for the comparison harness (pmemwal.tools.harness) and ``pmemwal compare``.
 
-The CLI runs use pmemwal.targets, with a target ``absent`` added that is
+The CLI runs use pmemwal.tools.targets, with a target ``absent`` added that is
 never available.  The library tests use fake
 targets that return made-up results at once.
 """
@@ -16,10 +16,11 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import cli_runner
-from pmemwal import ConfigError, harness
-from pmemwal import targets as real
-from pmemwal.cli import main
-from pmemwal.targets import RunResult, Workload
+from pmemwal import ConfigError
+from pmemwal.tools import harness
+from pmemwal.tools import targets as real
+from pmemwal.tools.cli import main
+from pmemwal.tools.targets import RunResult, Workload
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -42,7 +43,7 @@ class Unavailable:
 
 @pytest.fixture
 def targets(monkeypatch) -> SimpleNamespace:
-    """pmemwal.targets plus the never-available target ``absent``."""
+    """pmemwal.tools.targets plus the never-available target ``absent``."""
     monkeypatch.setenv("PMEM_IS_PMEM_FORCE", "1")  # direct mode on tmpfs
 
     def get_target(name):

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import pmemwal
-from pmemwal import inspect
+from pmemwal.tools import inspect
 
 SEG = 1 << 20
 PAGE = 8192

@@ -1,4 +1,5 @@
-"""The read-only inspection tools: ``pmemwal dump``, ``verify`` and ``stats`` (pmemwal.inspect).
+"""The read-only inspection tools: ``pmemwal dump``, ``verify`` and ``stats``
+(pmemwal.tools.inspect).
 
 - on a healthy WAL (each mode, records of 0, 1, 8168, 20000 bytes and one that
   spans a segment boundary) dump lists exactly the appended records, verify
@@ -29,9 +30,10 @@ import numpy as np
 import pytest
 
 import pmemwal
-from pmemwal import _core, inspect
-from pmemwal.cli import main
+from pmemwal import _core
 from pmemwal.format import segment_name
+from pmemwal.tools import inspect
+from pmemwal.tools.cli import main
 from conftest import (PAGE, REC_HDR, SEG, cli_runner, file_write, flip_byte, next_lsn, payload,
                       read_all, rec_size, seg_file, stream_write)
 

@@ -1,4 +1,4 @@
-"""Simulated power loss (pmemwal.powerloss): crash images recovered without loss or garbage.
+"""Simulated power loss (pmemwal.tools.powerloss): crash images recovered without loss or garbage.
 
 The short version of ``pmemwal powerloss``; each mode crashes a live workload
 a hundred times.  The last tests break the persist model on purpose and
@@ -12,9 +12,9 @@ import json
 import pytest
 
 from conftest import cli_runner
-from pmemwal import powerloss
-from pmemwal.cli import main
-from pmemwal.powerloss import DurableShadow, PmemTracer, run_power_loss
+from pmemwal.tools import powerloss
+from pmemwal.tools.cli import main
+from pmemwal.tools.powerloss import DurableShadow, PmemTracer, run_power_loss
 
 IMAGES = 100
 

@@ -1,4 +1,4 @@
-"""The benchmark targets (pmemwal.targets): each one runs a short workload, counts what it
+"""The benchmark targets (pmemwal.tools.targets): each one runs a short workload, counts what it
 wrote, measures it, and leaves nothing but its empty directory behind.
 
 A target whose peer is not installed here is skipped with the reason its
@@ -18,10 +18,9 @@ import pytest
 from hdrh.histogram import HdrHistogram
 
 import pmemwal
-from pmemwal import targets
-from pmemwal.bench import Latency
-from pmemwal.targets import (EXTRA_TARGETS, MARKER, TARGET_NAMES, RunResult, TargetError,
-                             Workload, get_target)
+from pmemwal.tools.bench import Latency
+from pmemwal.tools.targets import (EXTRA_TARGETS, MARKER, TARGET_NAMES, RunResult, TargetError,
+                                   Workload, common, get_target, libpmemlog, pmemwal_modes)
 
 # small storage, so that set-up is quick and wrapping happens within 0.3 s
 SMALL = {"libpmemlog": {"pool_size": "16m"}, "fdatasync": {"file_size": "4m"},
@@ -180,8 +179,8 @@ def test_pmemwal_target_reports_the_wal(shm_tmp):
 
 
 def test_libpmemlog_missing_is_reported_not_raised(monkeypatch, shm_tmp):
-    monkeypatch.setattr(targets, "_PMEMLOG_SONAME", "/nonexistent/libpmemlog.so.1")
-    targets._pmemlog.cache_clear()
+    monkeypatch.setattr(libpmemlog, "_PMEMLOG_SONAME", "/nonexistent/libpmemlog.so.1")
+    libpmemlog._pmemlog.cache_clear()
     try:
         target = get_target("libpmemlog")
         reason = target.available()
@@ -190,11 +189,11 @@ def test_libpmemlog_missing_is_reported_not_raised(monkeypatch, shm_tmp):
         with pytest.raises(TargetError, match="cannot run here"):
             target.run(Workload(str(shm_tmp / "t"), 1, 64, 0.1))
     finally:
-        targets._pmemlog.cache_clear()
+        libpmemlog._pmemlog.cache_clear()
 
 
 def test_missing_module_is_a_one_line_reason():
-    reason = targets._missing("no_such_module_for_pmemwal", "no-such-dist")
+    reason = common._missing("no_such_module_for_pmemwal", "no-such-dist")
     assert reason and "not installed" in reason and "\n" not in reason
 
 
@@ -220,11 +219,11 @@ def test_combined_latency_adds_flush_to_flushed_records():
     flush.record_value(5000, 100)  # group:9 shape: one record in ten is flushed
     a = Latency(count=900, mean=1.0, stddev=0, min=1, p50=1, p99=1, p999=1, max=1)
     f = Latency(count=100, mean=5.0, stddev=0, min=5, p50=5, p99=5, p999=5, max=5)
-    lat = targets._combined_latency(append, flush, a, f)
+    lat = pmemwal_modes._combined_latency(append, flush, a, f)
     assert lat["mean"] == pytest.approx(1.0 + 5.0 * 100 / 900)
     assert lat["p50"] == pytest.approx(1.0, rel=0.01)  # an append alone
     assert lat["p99"] == pytest.approx(6.0, rel=0.01)  # append + flush
-    assert targets._combined_latency(append, HdrHistogram(1, 10, 1), a, None)["p99"] == 1
+    assert pmemwal_modes._combined_latency(append, HdrHistogram(1, 10, 1), a, None)["p99"] == 1
 
 
 def test_run_result_rates():

@@ -1,4 +1,4 @@
-"""Crash torture (pmemwal.torture): real child processes, real SIGKILL, real WALs in /dev/shm.
+"""Crash torture (pmemwal.tools.torture): real child processes, real SIGKILL, real WALs in /dev/shm.
 
 A short run across the persist setups, segment sizes and insertion slots must
 lose nothing; and the checker must catch what it is there to catch: an
@@ -16,10 +16,10 @@ import pytest
 from conftest import cli_runner
 
 import pmemwal
-from pmemwal import torture
-from pmemwal.cli import main
+from pmemwal.tools import torture
+from pmemwal.tools.cli import main
 from pmemwal.format import segment_name
-from pmemwal.torture import Ledger, Setup, check, make_record, parse_record, play_round
+from pmemwal.tools.torture import Ledger, Setup, check, make_record, parse_record, play_round
 
 SEG = 1 << 20
 

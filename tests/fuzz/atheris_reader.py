@@ -8,8 +8,9 @@ zeroed or filled, a torn tail, a file truncated, pages duplicated, swapped or mo
 between segments, a segment file deleted, copied or renamed (with its header rewritten so that it
 passes the header check).  The mutated copy is then checked:
 
-* ``pmemwal.inspect.verify`` and ``pmemwal.open`` (``on_corruption="raise"``, then ``"truncate"``)
-  raise nothing but ``pmemwal.WALError`` subclasses, and never hang (libFuzzer's -timeout);
+* ``pmemwal.tools.inspect.verify`` and ``pmemwal.open`` (``on_corruption="raise"``, then
+  ``"truncate"``) raise nothing but ``pmemwal.WALError`` subclasses, and never hang
+  (libFuzzer's -timeout);
 * a ``CorruptionError`` carries an int ``lsn``, a ``segment`` (the one that LSN lies in, or a
   later one the record runs into) and a reason;
   every problem ``verify`` reports has a kind and a reason, and ``damage`` has LSN and segment;
@@ -58,7 +59,7 @@ import numpy  # noqa: F401
 
 with atheris.instrument_imports(include=["pmemwal"]):
     import pmemwal
-    from pmemwal import inspect as wal_inspect
+    from pmemwal.tools import inspect as wal_inspect
     from pmemwal.errors import CorruptionError, WALError
     from pmemwal.format import HEADER_SIZE, PAGE_SIZE, SegmentHeader, segment_name
 

@@ -1,4 +1,4 @@
-"""The ``pmemwal`` command: a thin layer over the library (pmemwal.bench, pmemwal.probe).
+"""The ``pmemwal`` command: a thin layer over the library (pmemwal.tools.bench, pmemwal.probe).
 
     pmemwal probe /mnt/pmem/wal
     pmemwal bench /dev/shm/pmemwal-bench --mode direct --clients 4 --size 8k --flush group:16
@@ -12,9 +12,10 @@ import json
 import click
 
 import pmemwal
-from pmemwal import bench as _bench
-from pmemwal import powerloss as _powerloss
-from pmemwal import torture as _torture
+from pmemwal.tools import _extras
+from pmemwal.tools import bench as _bench
+from pmemwal.tools import powerloss as _powerloss
+from pmemwal.tools import torture as _torture
 
 
 class _Parsed(click.ParamType):
@@ -120,9 +121,9 @@ def bench(path: str, mode: str, clients: int, size: int, duration: float, flush:
         click.echo(result.report())
 
 
-# ---- dump, verify, stats (pmemwal.inspect: read-only, no lock) ----------------------
+# ---- dump, verify, stats (pmemwal.tools.inspect: read-only, no lock) ----------------
 
-from pmemwal import inspect as _inspect  # noqa: E402  (kept beside the commands that use it)
+from pmemwal.tools import inspect as _inspect  # noqa: E402  (kept beside the commands that use it)
 
 LSN = _Parsed("lsn", _inspect.parse_lsn)
 
@@ -201,9 +202,9 @@ def stats(path: str, as_json: bool) -> None:
         click.echo(_inspect.format_stats(result))
 
 
-# ---- compare (pmemwal.harness) ----------------------------------------------------
+# ---- compare (pmemwal.tools.harness) ----------------------------------------------
 
-from pmemwal import harness as _harness  # noqa: E402  (kept beside the command that uses it)
+from pmemwal.tools import harness as _harness  # noqa: E402  (kept beside the command that uses it)
 
 
 def _merge_params(ctx, param, value):
@@ -217,7 +218,7 @@ def _merge_params(ctx, param, value):
 @click.argument("path", type=click.Path())
 @click.option("--targets", type=_Parsed("targets", _harness.parse_targets),
               default="buffered,direct", show_default=True,
-              help="Comma-separated targets: WAL modes and peers (see pmemwal.targets).")
+              help="Comma-separated targets: WAL modes and peers (see pmemwal.tools.targets).")
 @click.option("--clients", type=_Parsed("clients", _harness.parse_clients), default="1,2,4",
               show_default=True, help="Comma-separated client counts.")
 @click.option("--sizes", type=_Parsed("sizes", _harness.parse_sizes), default="8k,64k,1m",
@@ -251,7 +252,7 @@ def compare(path: str, targets: list[str], clients: list[int], sizes: list[int],
     """
     import sys
 
-    from tqdm import tqdm
+    tqdm = _extras.require("tqdm", "bench", "pmemwal compare").tqdm
 
     config = _harness.CompareConfig(path=path, targets=targets, clients=clients, sizes=sizes,
                                     duration=duration, runs=runs, flush=flush, params=params,
@@ -278,7 +279,7 @@ def compare(path: str, targets: list[str], clients: list[int], sizes: list[int],
         click.echo(f"chart: {plot_path}")
 
 
-# ---- torture (pmemwal.torture) and powerloss (pmemwal.powerloss) ---------------------
+# ---- torture (pmemwal.tools.torture) and powerloss (pmemwal.tools.powerloss) ------
 
 
 @main.command()
@@ -319,7 +320,7 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
     """
     import sys
 
-    from tqdm import tqdm
+    tqdm = _extras.require("tqdm", "bench", "pmemwal torture").tqdm
 
     config = _torture.TortureConfig(path=path, rounds=rounds, threads=threads, seed=seed,
                                     modes=modes, segment_sizes=segment_sizes, slots=slots,
@@ -362,7 +363,7 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
     """
     import sys
 
-    from tqdm import tqdm
+    tqdm = _extras.require("tqdm", "bench", "pmemwal powerloss").tqdm
 
     reports = []
     with tqdm(total=images * len(setups), file=sys.stderr, unit="image", desc="powerloss") as bar:

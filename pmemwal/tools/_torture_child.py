@@ -1,8 +1,9 @@
-"""The crash-torture child: ``python -m pmemwal._torture_child SPEC_JSON`` (see pmemwal.torture).
+"""The crash-torture child: ``python -m pmemwal.tools._torture_child SPEC_JSON``
+(see pmemwal.tools.torture).
 
 Opens the WAL as the spec says, writes ``R <persist_method> <insert_lsn>`` to
 stdout, then runs ``threads`` writers until the parent kills it.  Each writer
-appends records of pmemwal.torture.make_record, mixing append(flush=True),
+appends records of pmemwal.tools.torture.make_record, mixing append(flush=True),
 plain appends flushed later (flush() or flush(lsn)), and append_many + flush(),
 and after every flush that returns writes ``A <thread> <seq> <lsn>...`` for
 the records it has appended since its last acknowledgement.  Writer 0 now and
@@ -20,7 +21,7 @@ import threading
 import traceback
 
 import pmemwal
-from pmemwal.torture import make_record, record_size
+from pmemwal.tools.torture import make_record, record_size
 
 TRUNCATE_ODDS = 1 / 50   # of writer 0's operations
 KEEP_SEGMENTS = 2        # a truncation keeps this much WAL behind the flushed position

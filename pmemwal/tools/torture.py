@@ -1,6 +1,6 @@
 """Crash torture: kill a writing child with SIGKILL at random moments, reopen, check.
 
-Each round a child process (``pmemwal._torture_child``) opens the WAL, says it
+Each round a child process (``pmemwal.tools._torture_child``) opens the WAL, says it
 is ready, and runs threads that append self-describing records
 (``make_record``) and flush them, acknowledging on its stdout every record a
 returned flush made durable.  The parent kills it after a random delay,
@@ -228,7 +228,8 @@ def crash_round(ledger: Ledger, setup: Setup, rnd: int, seed: str, threads: int,
     spec = {"dir": ledger.path, "mode": setup.mode, "segment_size": setup.segment_size,
             "slots": setup.slots, "threads": threads, "round": rnd, "seed": seed}
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "pmemwal._torture_child", json.dumps(spec)],
+        proc = subprocess.Popen([sys.executable, "-m", "pmemwal.tools._torture_child",
+                                 json.dumps(spec)],
                                 stdout=subprocess.PIPE, stderr=err, env=child_env(setup.persist))
         pipe = _PipeReader(proc.stdout)
         if pipe.ready.wait(timeout) and not pipe.eof:

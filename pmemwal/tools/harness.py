@@ -1,6 +1,6 @@
 """The comparison harness: run a grid of targets x params x clients x sizes, keep every run.
 
-    from pmemwal.harness import CompareConfig, run_compare, summarize, plot
+    from pmemwal.tools.harness import CompareConfig, run_compare, summarize, plot
     config = CompareConfig("/dev/shm/cmp", targets=["buffered", "direct"], clients=[1, 2, 4],
                            sizes=["8k", "64k"], duration=5, runs=6, db="results.db")
     result = run_compare(config, progress=lambda p: print(p["done"], "/", p["total"]))
@@ -9,7 +9,7 @@
         print(table.text(), end="\n\n")
     plot(summary, "chart.png")
 
-The grid.  Each point is a target (a WAL mode or a peer: see pmemwal.targets),
+The grid.  Each point is a target (a WAL mode or a peer: see pmemwal.tools.targets),
 a point of the params grid (the cartesian product of ``params``, e.g.
 ``{"insert_slots": [8, 64]}``), a client count and a record size.  The params
 are pmemwal's own options, so they apply to the pmemwal targets only
@@ -60,8 +60,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import pmemwal
-from pmemwal.bench import parse_flush, parse_size
 from pmemwal.errors import ConfigError, WALError
+from pmemwal.tools._extras import require
+from pmemwal.tools.bench import parse_flush, parse_size
 
 PMEMWAL_TARGETS = ("auto", "buffered", "direct")  # the targets that take the params grid
 DEFAULT_DB = "pmemwal-compare.db"
@@ -73,11 +74,11 @@ Progress = Callable[[dict], None]
 
 
 def targets_module():
-    """pmemwal.targets, imported on first use (it imports the peers' client libraries).
+    """pmemwal.tools.targets, imported on first use (it imports the peers' client libraries).
 
     Tests replace this function to run the harness against stand-in targets.
     """
-    from pmemwal import targets
+    from pmemwal.tools import targets
     return targets
 
 
@@ -111,12 +112,12 @@ def parse_clients(text: str) -> list[int]:
 
 
 def parse_sizes(text: str) -> list[int]:
-    """``"64,8k,1m"`` -> ``[64, 8192, 1048576]`` (pmemwal.bench.parse_size for each)."""
+    """``"64,8k,1m"`` -> ``[64, 8192, 1048576]`` (pmemwal.tools.bench.parse_size for each)."""
     return parse_list(text, parse_size, "sizes")
 
 
 def parse_targets(text: str) -> list[str]:
-    """``"buffered,direct"`` -> ``["buffered", "direct"]``, each one pmemwal.targets knows."""
+    """``"buffered,direct"`` -> ``["buffered", "direct"]``, each one pmemwal.tools.targets knows."""
     module = targets_module()
     names = tuple(module.TARGET_NAMES) + tuple(getattr(module, "EXTRA_TARGETS", ()))
 
@@ -788,6 +789,7 @@ def plot(summary: Summary, png: str) -> str:
     The y axis is logarithmic where a panel's values span more than 10x.
     Uses the Agg canvas directly: no pyplot, no global backend change.
     """
+    require("matplotlib", "bench", "pmemwal compare --plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, NullLocator

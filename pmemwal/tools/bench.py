@@ -1,6 +1,6 @@
 """The write benchmark: N client threads append records of one size for T seconds.
 
-    from pmemwal.bench import BenchConfig, run
+    from pmemwal.tools.bench import BenchConfig, run
     result = run(BenchConfig("/dev/shm/pmemwal-bench", size=8192, flush="each"),
                  progress=lambda p: print(p["line"]))
     print(result.report())
@@ -43,17 +43,20 @@ import threading
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-from hdrh.histogram import HdrHistogram
 
 import pmemwal
 from pmemwal.device import ProbeResult
 from pmemwal.errors import ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
 from pmemwal.segments import LOCK_NAME
+from pmemwal.tools._extras import require
 from pmemwal.wal import MODES
+
+if TYPE_CHECKING:
+    from hdrh.histogram import HdrHistogram
 
 FLUSH_POLICIES = ("each", "end", "group:K")
 DEFAULT_PATH = "/dev/shm/pmemwal-bench"
@@ -291,6 +294,7 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     last line covers the remainder of the run, so a run shorter than one
     interval still gets one.
     """
+    _hdr_histogram()  # the 'bench' extra, before anything is touched
     if config.fresh:
         remove_wal_dir(config.path)
     # recycle what the disk bound lets us keep: appenders then reuse mapped, allocated segments
@@ -510,7 +514,7 @@ class _Timings:
 
     def __init__(self) -> None:
         self.samples = array("q")
-        self.hist = HdrHistogram(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
+        self.hist = _hdr_histogram()(HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS)
         self.total = 0.0
         self.squares = 0.0
 
@@ -539,6 +543,11 @@ class _Timings:
         self.hist.add(other.hist)
         self.total += other.total
         self.squares += other.squares
+
+
+def _hdr_histogram() -> type[HdrHistogram]:
+    """hdrh's HdrHistogram (the 'bench' extra), imported on first use."""
+    return require("hdrh.histogram", "bench", "pmemwal bench").HdrHistogram
 
 
 def _asdict(latency: Latency | None) -> dict | None:
