@@ -499,6 +499,29 @@ def _dense_entries(head: np.ndarray, next_index: int | None) -> bool:
     return bool((index == np.arange(start, start + len(index), dtype=np.uint64)).all())
 
 
+def describe(payload: bytes) -> dict | None:
+    """What a WAL record's payload says as a log record (kind and fields), or None when it is
+    not one of a version this module reads; for inspection tools (``pmemwal dump``)."""
+    if len(payload) < HEADER_SIZE:
+        return None
+    magic, version, kind, aux, index, term = HEADER.unpack_from(payload)
+    if magic != MAGIC or version != VERSION or kind not in KIND_NAMES:
+        return None
+    if kind == STATE:
+        try:
+            vote = _decode_state(memoryview(payload)).vote
+        except (FormatError, ValueError):
+            vote = "?"
+        return {"kind": "state", "term": term, "vote": vote if not isinstance(vote, bytes)
+                else vote.hex(), "commit": index}
+    fields = {"kind": KIND_NAMES[kind], "index": index}
+    if kind in (ENTRY, SNAPSHOT):
+        fields["term"] = term
+    if kind == SNAPSHOT and aux == RESET:
+        fields["reset"] = True
+    return fields
+
+
 def _encode_state(state: HardState) -> bytes:
     vote = state.vote
     if vote is None:

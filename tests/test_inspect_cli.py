@@ -453,3 +453,30 @@ def test_random_damage_never_raises(shm_tmp):
         assert digests(work) == before
         seen.add((verdict.exit_code, listing.exit_code))
     assert (1, 1) in seen and (0, 0) in seen
+
+
+def test_dump_names_log_records(wal_dir):
+    """A WAL that holds a pmemwal.Log: each line says the log record's kind and index."""
+    with pmemwal.open_log(wal_dir, segment_size=SEG) as log:
+        log.append_many([b"a", b"b", b"c"], term=1)
+        log.truncate_after(1)
+        log.append(b"x", term=2)
+        log.set_state(term=2, vote="n1", commit=2)
+        log.compact(2)
+        log.reset(10, 3)
+    lines = invoke("dump", wal_dir).stdout.splitlines()
+    assert [line.split(" log: ")[1] for line in lines[:-1]] == [
+        "entry 1 term 1", "entry 2 term 1", "entry 3 term 1", "rewind 1", "entry 2 term 2",
+        "state term 2 vote n1 commit 2", "snapshot 1 term 1", "snapshot 10 term 3 reset",
+        "state term 2 vote n1 commit 2"]
+    objects = [json.loads(line) for line in invoke("dump", wal_dir, "--json").stdout.splitlines()]
+    assert objects[4]["log"] == {"kind": "entry", "index": 2, "term": 2}
+    assert objects[5]["log"] == {"kind": "state", "term": 2, "vote": "n1", "commit": 2}
+
+
+def test_dump_of_a_plain_wal_says_nothing_of_logs(wal_dir):
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        wal.append(bytes(100))
+    result = invoke("dump", wal_dir, "--json")
+    assert "log" not in json.loads(result.stdout.splitlines()[0])
+    assert " log: " not in invoke("dump", wal_dir).stdout

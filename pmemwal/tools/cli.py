@@ -141,6 +141,9 @@ LSN = _Parsed("lsn", _inspect.parse_lsn)
 def dump(path: str, start: int | None, limit: int | None, preview: int, as_json: bool) -> None:
     """List the records of the WAL at PATH, one line each (like pg_waldump), then a summary.
 
+    When the WAL holds a log (pmemwal.Log), each line also says the log record's
+    kind and index (entry, rewind, snapshot, state).
+
     Read-only: works while a writer has the WAL open.  Exits 1 when it stops at
     damage or finds no valid record at --start.
 
@@ -148,12 +151,16 @@ def dump(path: str, start: int | None, limit: int | None, preview: int, as_json:
     """
     with _inspect.WalView(path) as view:
         records = view.records(start, limit)
+        holds_log = view.holds_log()
         for rec in records:
+            fields = view.log_fields(rec) if holds_log else None
             if as_json:
                 click.echo(json.dumps({**rec.as_dict(), **({"data": view.preview(rec, preview)}
-                                                           if preview else {})}))
+                                                           if preview else {}),
+                                       **({"log": fields} if holds_log else {})}))
             else:
-                click.echo(view.format_record(rec, preview))
+                line = view.format_record(rec, preview)
+                click.echo(line + _inspect.format_log_fields(fields) if holds_log else line)
         summary = records.summary()
         click.echo(json.dumps(summary) if as_json else _inspect.format_summary(summary))
         for problem in view.problems:

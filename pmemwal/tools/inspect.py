@@ -42,6 +42,7 @@ import numpy as np
 
 from pmemwal import _core
 from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
+from pmemwal.log import describe as describe_log_record
 from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader,
                             parse_segment_name, segment_name)
 
@@ -354,6 +355,18 @@ class WalView:
             raise ValueError("no readable segment")
         return self._reader.payload(lsn)
 
+    def holds_log(self) -> bool:
+        """Is the oldest record a log record (pmemwal.Log)?  Then the WAL holds a log."""
+        first = next(iter(self.records(None, 1)), None)
+        return first is not None and self.log_fields(first) is not None
+
+    def log_fields(self, rec: RecordInfo) -> dict | None:
+        """The record's log header (kind, index, term...), None when it is not a log record."""
+        try:
+            return describe_log_record(self.payload(rec.lsn))
+        except ValueError:              # changed since it was read: a writer at work
+            return None
+
     def _hole(self, lsn: int, status: int, bad_lsn: int) -> End | None:
         """The chain runs into a segment that is missing or unreadable while a later one
         exists: it stops short of the end (open raises CorruptionError there too)."""
@@ -515,6 +528,17 @@ class Records:
                 "end_lsn": end.lsn if end else None, "stopped": end.kind if end else None,
                 "reason": end.describe(self._view.segment_size) if end else None,
                 "problems": [p.as_dict() for p in self._view.problems]}
+
+
+def format_log_fields(fields: dict | None) -> str:
+    """`` log: entry 12 term 3`` for a dump line; `` log: -`` for a record that is not one."""
+    if fields is None:
+        return " log: -"
+    words = [fields["kind"]]
+    for key, value in fields.items():
+        if key != "kind":
+            words.append(str(value) if key == "index" else key if value is True else f"{key} {value}")
+    return " log: " + " ".join(words)
 
 
 def format_summary(summary: dict) -> str:
