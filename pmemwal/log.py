@@ -125,7 +125,9 @@ class _Index:
         self.count += len(lsns)
 
     def push(self, lsn: int, term: int) -> None:
-        end = self._room(1)
+        end = self.start + self.count
+        if end == len(self.lsn):
+            end = self._room(1)
         self.lsn[end] = lsn
         self.term[end] = term
         self.count += 1
@@ -169,6 +171,7 @@ class Log:
         self._state = HardState()
         self._state_record: bytes | None = None
         self._state_lsn = 0
+        self._last_term = 0                     # the last entry's (or snapshot's) term
         self.wal = WAL(path, **wal_options)
         try:
             self._replay()
@@ -201,6 +204,7 @@ class Log:
         if self._state_lsn:
             self._state = _decode_state(self.wal.record(self._state_lsn).payload)
             self._state_record = _encode_state(self._state)
+        self._last_term = self._term_at(self._index.next - 1)
 
     def _apply(self, lsn: int, head: tuple, known: bool) -> bool:
         """Replay one log record; returns whether the numbering is known from here on.
@@ -241,18 +245,22 @@ class Log:
         ``sync=True`` makes it durable before returning.  A term below the last
         entry's raises TermError.
         """
-        with self._lock:
-            self._check_term(term)
+        with self._lock:  # the WAL raises ClosedError once closed
+            if term < self._last_term:
+                raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             index = self._index.next
             record = b"".join((HEADER.pack(MAGIC, VERSION, ENTRY, 0, index, term), payload))
             lsn = self.wal.append(record, sync)
             self._index.push(lsn, term)
+            self._last_term = term
             return index
 
     def append_many(self, payloads: Iterable, term: int = 0, *, sync: bool = False) -> np.ndarray:
         """Append entries in one native call; returns their indexes (int64)."""
         with self._lock:
-            self._check_term(term)
+            self._check_open()
+            if term < self._last_term:
+                raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             first = self._index.next
             records = [b"".join((HEADER.pack(MAGIC, VERSION, ENTRY, 0, first + i, term), p))
                        for i, p in enumerate(payloads)]
@@ -262,6 +270,7 @@ class Log:
             if sync:
                 self.wal.flush(int(lsns[-1]))
             self._index.extend(lsns, np.full(len(lsns), term, np.uint64))
+            self._last_term = term
             return np.arange(first, first + len(records), dtype=np.int64)
 
     def sync(self, index: int | None = None) -> None:
@@ -291,6 +300,7 @@ class Log:
                 return
             self.wal.append(HEADER.pack(MAGIC, VERSION, REWIND, 0, index, 0), True)
             ix.keep_through(index)
+            self._last_term = self._term_at(index)
 
     def compact(self, before_index: int) -> int:
         """Drop the entries below ``before_index``: ``first_index`` becomes ``before_index``,
@@ -337,6 +347,7 @@ class Log:
         else:
             self._index.drop_through(index)
         self._snapshot = (index, term)
+        self._last_term = self._term_at(self._index.next - 1)
         if restate:
             self._state_lsn = int(lsns[1])
         return self.wal.truncate(keep_lsn if keep_lsn is not None else int(lsns[0]))
@@ -416,8 +427,7 @@ class Log:
     @property
     def last_term(self) -> int:
         """Term of the last entry (or of the snapshot, when the log is empty)."""
-        with self._lock:
-            return self._term_at(self._index.next - 1)
+        return self._last_term
 
     @property
     def snapshot(self) -> tuple[int, int]:
@@ -451,12 +461,6 @@ class Log:
     def _check_open(self) -> None:
         if self.wal.closed:
             raise ClosedError("the log is closed")
-
-    def _check_term(self, term: int) -> None:
-        self._check_open()
-        last = self._term_at(self._index.next - 1)
-        if term < last:
-            raise TermError(f"term {term} is below the last entry's term {last}")
 
     def __enter__(self) -> Log:
         return self
