@@ -392,11 +392,23 @@ class Log:
         """The entries from ``start`` (None: the first) to before ``stop`` (None: the end),
         as they are when the call is made."""
         with self._lock:
+            self._check_open()
             ix = self._index
             start = ix.first if start is None else max(start, ix.first)
             stop = ix.next if stop is None else min(stop, ix.next)
-        for index in range(start, stop):
-            yield self.entry(index)
+            if start >= stop:
+                return
+            lsns = ix.lsn[ix.slot(start):ix.slot(stop)].tolist()
+            terms = ix.term[ix.slot(start):ix.slot(stop)].tolist()
+        # One pass over the WAL from the first entry, stepping over the records in between
+        # that are not these entries (voided ones, rewinds, markers, states).
+        want = 0
+        for record in self.wal.records(lsns[0]):
+            if record.lsn == lsns[want]:
+                yield Entry(start + want, terms[want], record.payload[HEADER_SIZE:])
+                want += 1
+                if want == len(lsns):
+                    return
 
     def __iter__(self) -> Iterator[Entry]:
         return self.entries()
