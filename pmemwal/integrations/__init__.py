@@ -1,0 +1,1 @@
+"""Adapters that let other projects store their logs in pmemwal."""

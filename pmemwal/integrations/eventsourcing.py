@@ -1,0 +1,621 @@
+"""eventsourcing persistence on a ``pmemwal.Log``: each stored batch of events durable on return.
+
+eventsourcing (github.com/pyeventsourcing/eventsourcing, 9.5) finds its persistence module
+through the environment variable ``PERSISTENCE_MODULE``; this module is one::
+
+    import os
+    os.environ["PERSISTENCE_MODULE"] = "pmemwal.integrations.eventsourcing"
+    os.environ["PMEMWAL_PATH"] = "/mnt/pmem/bank"          # a directory; made when missing
+    app = BankAccounts()                                   # any eventsourcing Application
+    account_id = app.open_account("Alice", "alice@example.com")   # durable when save() returns
+
+Environment.  Read by the factory through eventsourcing's ``Environment``, so each may also be
+given for one application as ``<APPLICATION NAME>_<VARIABLE>`` (``BANKACCOUNTS_PMEMWAL_PATH``):
+
+- ``PMEMWAL_PATH``: the base directory (no default: without it the factory raises OSError,
+  as eventsourcing's SQLite module does without ``SQLITE_DBNAME``).
+- ``PMEMWAL_MODE``: ``auto`` (default), ``direct`` or ``buffered``: ``pmemwal.open``'s mode.
+- ``PMEMWAL_SEGMENT_SIZE``: bytes per segment file, a power of two from 1 MiB (default: a
+  log's own, 16 MiB for a new one); a log made with another size is refused (OperationalError).
+- ``CREATE_TABLE``: eventsourcing's own switch, ``yes`` by default; ``no`` opens only log
+  directories that exist (OperationalError otherwise), as the SQL modules then create no table.
+
+Layout.  Each recorder purpose has its own log directory under ``PMEMWAL_PATH``, named as
+eventsourcing's PostgreSQL module names its tables (``<app>``: the application's name in lower
+case; without one, the word in brackets):
+
+    <app [stored]>_events           application_recorder(), process_recorder()
+    <app [stored]>_snapshots        aggregate_recorder("snapshots"), the snapshot store
+    <app [stored]>_<purpose>        aggregate_recorder(purpose)
+    <app [notification]>_tracking   tracking_recorder(), for projections
+
+A process recorder keeps its tracking records in its events log, inside the entry of the events
+they go with (so the two are stored together or not at all); ``tracking_recorder()`` has a log of
+its own.  In one process, every recorder of a directory shares one open log and its index, even
+across factories and applications (``open_datastore``); a log takes one writer process, and a
+second one gets OperationalError (pmemwal's LockedError).
+
+Entries.  ``insert_events`` (with its tracking record, for a process recorder) and
+``insert_tracking`` each append ONE log entry with ``sync=True``: one WAL record, so after a
+crash the batch is there whole or not at all, and it is durable when the call returns.  Nothing
+is written for a batch that conflicts.  The entry's payload, little-endian (struct formats):
+
+    batch header, 6 bytes (BATCH "<BBI"):
+      0  u8   format version, 1
+      1  u8   flags: 1 when a tracking record follows
+      2  u32  number of events
+    tracking record, when flagged (TRACKING "<qH"):
+      0  i64  notification ID
+      8  u16  application name length n
+     10  n    application name, UTF-8
+    each event (EVENT "<BHHIq", 17 bytes, then the three parts it gives the lengths of):
+      0  u8   originator ID kind: 0 a UUID (its 16 bytes), 1 a str (UTF-8)
+      1  u16  originator ID length i
+      3  u16  topic length t
+      5  u32  state length s
+      9  i64  originator version
+     17  i, t, s  the originator ID, the topic (UTF-8), the state (bytes as the mapper made them)
+
+For example, Alice's account opened by a process that was following ``upstream`` at its
+notification 7: the UUID 00010203-0405-0607-0809-0a0b0c0d0e0f, version 1, topic
+``bank:Opened`` and state ``{}`` make a 70-byte payload (pmemwal.Log adds its 24-byte header):
+
+    01 01 01000000                        version 1, tracking follows, 1 event
+    0700000000000000 0800 "upstream"      tracking: notification 7, name of 8 bytes
+    00 1000 0b00 02000000 0100000000000000   UUID, 16-byte ID, 11-byte topic, 2-byte state, v1
+    000102030405060708090a0b0c0d0e0f "bank:Opened" "{}"
+
+Notification IDs are not stored: they are the events' positions in the log, counted on
+replay (dense: 1, 2, 3... across entries).  Opening a directory replays every entry to rebuild
+the index kept in memory: per notification, the entry and offset of its event and its topic
+(numpy columns); per originator, its versions in order and their notification IDs (lists, so
+``select_events`` bisects and never scans other events); per application name, the last
+tracked notification.  Events are read back from the log (``Log.entry``, zero-copy) when
+selected.
+
+Errors are eventsourcing's, the pmemwal error chained: IntegrityError (a version or tracking
+ID already taken), DataError (a batch over the WAL's max_record_size, a field too long for the
+format), InterfaceError (used after close), DatabaseError (damage, an entry that is not a
+batch), OperationalError (the rest: locked, storage failures).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from threading import Event
+from typing import Any, NamedTuple, TypeVar
+from uuid import UUID
+
+import numpy as np
+from eventsourcing.persistence import (AggregateRecorder, ApplicationRecorder, DatabaseError,
+                                       DataError, InfrastructureFactory, IntegrityError,
+                                       InterfaceError, ListenNotifySubscription, Notification,
+                                       OperationalError, PersistenceError, ProcessRecorder,
+                                       Recorder, StoredEvent, Tracking, TrackingRecorder)
+from eventsourcing.utils import Environment, EnvType, resolve_topic, strtobool
+
+import pmemwal
+from pmemwal.errors import ClosedError, CorruptionError, FormatError, RecordTooLargeError, WALError
+
+FORMAT_VERSION = 1
+HAS_TRACKING = 1                    # batch flags: a tracking record follows the header
+ID_UUID, ID_STR = 0, 1              # event: how the originator ID is stored
+BATCH = struct.Struct("<BBI")       # format version, flags, number of events
+TRACKING = struct.Struct("<qH")     # notification ID, application name length (the name follows)
+EVENT = struct.Struct("<BHHIq")     # ID kind, ID length, topic length, state length, version
+
+# pmemwal's errors as eventsourcing's (PEP 249 names), the first match wins.
+_ERRORS: tuple[tuple[type[WALError], type[PersistenceError]], ...] = (
+    (RecordTooLargeError, DataError),
+    (ClosedError, InterfaceError),
+    (CorruptionError, DatabaseError),
+    (FormatError, DatabaseError),
+    (WALError, OperationalError),
+)
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except WALError as exc:
+        target = next(target for source, target in _ERRORS if isinstance(exc, source))
+        raise target(f"pmemwal: {exc}") from exc
+
+
+# ---- the entry format -------------------------------------------------------------
+
+Key = bytes | str                   # an originator ID in the index: a UUID's bytes, or the str
+
+
+class Row(NamedTuple):
+    """What the index keeps of one event of a batch."""
+
+    key: Key
+    version: int
+    topic: str
+    offset: int                     # of its EVENT header in the entry's payload
+
+
+def originator_key(originator_id: UUID | str) -> tuple[int, Key, bytes]:
+    """(ID kind, index key, stored bytes) of an originator ID."""
+    if isinstance(originator_id, UUID):
+        return ID_UUID, originator_id.bytes, originator_id.bytes
+    if isinstance(originator_id, str):
+        return ID_STR, originator_id, originator_id.encode()
+    raise DataError(f"originator ID {originator_id!r}: pmemwal stores a UUID or a str")
+
+
+def encode_batch(events: Sequence[StoredEvent],
+                 tracking: Tracking | None) -> tuple[bytes, list[Row]]:
+    """The payload of the entry that stores ``events`` (and ``tracking``), and its rows."""
+    parts = [BATCH.pack(FORMAT_VERSION, 0 if tracking is None else HAS_TRACKING, len(events))]
+    if tracking is not None:
+        name = tracking.application_name.encode()
+        parts += (TRACKING.pack(tracking.notification_id, len(name)), name)
+    offset = sum(map(len, parts))
+    rows = []
+    for event in events:
+        kind, key, ident = originator_key(event.originator_id)
+        topic = event.topic.encode()
+        parts += (EVENT.pack(kind, len(ident), len(topic), len(event.state),
+                             event.originator_version), ident, topic, event.state)
+        rows.append(Row(key, event.originator_version, event.topic, offset))
+        offset += EVENT.size + len(ident) + len(topic) + len(event.state)
+    return b"".join(parts), rows
+
+
+def decode_batch(payload: memoryview) -> tuple[Tracking | None, list[Row]]:
+    """The tracking record and the rows of a batch; ValueError if it is not one."""
+    version, flags, count = BATCH.unpack_from(payload)
+    if version != FORMAT_VERSION:
+        raise ValueError(f"batch format version {version} (this module reads {FORMAT_VERSION})")
+    offset, tracking = BATCH.size, None
+    if flags & HAS_TRACKING:
+        notification_id, length = TRACKING.unpack_from(payload, offset)
+        offset += TRACKING.size + length
+        tracking = Tracking(application_name=str(payload[offset - length:offset], "utf-8"),
+                            notification_id=notification_id)
+    rows = []
+    for _ in range(count):
+        kind, ident, topic, _, version, end = _event_parts(payload, offset)
+        key = bytes(ident) if kind == ID_UUID else str(ident, "utf-8")
+        rows.append(Row(key, version, str(topic, "utf-8"), offset))
+        offset = end
+    return tracking, rows
+
+
+def decode_event(payload: memoryview, offset: int) -> tuple[UUID | str, int, str, bytes]:
+    """(originator_id, originator_version, topic, state) of the event at ``offset``."""
+    kind, ident, topic, state, version, _ = _event_parts(payload, offset)
+    originator_id = UUID(bytes=bytes(ident)) if kind == ID_UUID else str(ident, "utf-8")
+    return originator_id, version, str(topic, "utf-8"), bytes(state)
+
+
+def _event_parts(payload: memoryview, offset: int
+                 ) -> tuple[int, memoryview, memoryview, memoryview, int, int]:
+    """(kind, ID, topic, state, version, end) of the event at ``offset``; the parts are views."""
+    kind, id_len, topic_len, state_len, version = EVENT.unpack_from(payload, offset)
+    if kind not in (ID_UUID, ID_STR):
+        raise ValueError(f"event at offset {offset} has originator ID kind {kind}")
+    a = offset + EVENT.size
+    b, c = a + id_len, a + id_len + topic_len
+    end = c + state_len
+    if end > len(payload):
+        raise ValueError(f"event at offset {offset} runs past the entry's end")
+    return kind, payload[a:b], payload[b:c], payload[c:end], version, end
+
+
+# ---- the index kept in memory --------------------------------------------------------
+
+class _Column:
+    """An append-only numpy column that doubles when full."""
+
+    def __init__(self, dtype: type) -> None:
+        self._data: np.ndarray = np.empty(1024, dtype)
+        self.size = 0
+
+    def extend(self, values: list[int]) -> None:
+        end = self.size + len(values)
+        if end > len(self._data):
+            grown = np.empty(max(2 * len(self._data), end), self._data.dtype)
+            grown[:self.size] = self._data[:self.size]
+            self._data = grown
+        self._data[self.size:end] = values
+        self.size = end
+
+    def view(self) -> np.ndarray:
+        return self._data[:self.size]
+
+
+class _Index:
+    """Notifications, originators' versions and tracking positions; the caller holds the lock."""
+
+    def __init__(self) -> None:
+        self.entry = _Column(np.int64)      # notification ID - 1 -> the log entry holding it
+        self.offset = _Column(np.uint32)    # ... -> its offset in that entry's payload
+        self.topic = _Column(np.int32)      # ... -> its topic's number in topic_ids
+        self.topic_ids: dict[str, int] = {}
+        self.originators: dict[Key, tuple[list[int], list[int]]] = {}  # versions, their IDs
+        self.tracking: dict[str, int] = {}  # application name -> last notification ID tracked
+
+    @property
+    def count(self) -> int:
+        return self.entry.size
+
+    def check(self, rows: list[Row], tracking: Tracking | None) -> None:
+        """IntegrityError unless every row and the tracking record can be added."""
+        batch = set()
+        for row in rows:
+            where = ("twice in the batch" if (row.key, row.version) in batch else
+                     "stored already" if self._has(row.key, row.version) else None)
+            if where:
+                raise IntegrityError(f"the event of originator {_shown(row.key)} with version "
+                                     f"{row.version} is {where}")
+            batch.add((row.key, row.version))
+        if tracking is not None:
+            last = self.tracking.get(tracking.application_name)
+            if last is not None and tracking.notification_id <= last:
+                raise IntegrityError(f"tracking {tracking.application_name!r} notification "
+                                     f"{tracking.notification_id}: {last} is tracked already")
+
+    def _has(self, key: Key, version: int) -> bool:
+        versions = self.originators.get(key, ([], []))[0]
+        i = bisect.bisect_left(versions, version)
+        return i < len(versions) and versions[i] == version
+
+    def add(self, entry: int, rows: list[Row], tracking: Tracking | None) -> list[int]:
+        """Add the rows of log entry ``entry``; returns their notification IDs."""
+        ids = list(range(self.count + 1, self.count + 1 + len(rows)))
+        for row, notification_id in zip(rows, ids):
+            versions, version_ids = self.originators.setdefault(row.key, ([], []))
+            at = bisect.bisect_left(versions, row.version)  # versions may come out of order
+            versions.insert(at, row.version)
+            version_ids.insert(at, notification_id)
+        self.entry.extend([entry] * len(rows))
+        self.offset.extend([row.offset for row in rows])
+        self.topic.extend([self.topic_ids.setdefault(row.topic, len(self.topic_ids))
+                           for row in rows])
+        if tracking is not None:
+            self.tracking[tracking.application_name] = tracking.notification_id
+        return ids
+
+    def event_ids(self, key: Key, gt: int | None, lte: int | None, desc: bool,
+                  limit: int | None) -> list[int]:
+        """Notification IDs of an originator's events with gt < version <= lte, in order."""
+        versions, ids = self.originators.get(key, ([], []))
+        lo = 0 if gt is None else bisect.bisect_right(versions, gt)
+        hi = len(versions) if lte is None else bisect.bisect_right(versions, lte)
+        chosen = ids[lo:hi][::-1] if desc else ids[lo:hi]
+        return chosen if limit is None else chosen[:limit]
+
+    def notification_ids(self, first: int, stop: int | None, topics: Sequence[str],
+                         limit: int) -> list[int]:
+        """Up to ``limit`` notification IDs from ``first`` to ``stop``, of ``topics`` (if any)."""
+        last = self.count if stop is None else min(stop, self.count)
+        if first > last or limit <= 0:
+            return []
+        if not topics:
+            return list(range(first, min(last, first + limit - 1) + 1))
+        wanted = [self.topic_ids[t] for t in topics if t in self.topic_ids]
+        hits = np.flatnonzero(np.isin(self.topic.view()[first - 1:last], wanted))[:limit]
+        return (hits + first).tolist()
+
+    def places(self, ids: list[int]) -> list[tuple[int, int]]:
+        """(entry, offset) of each notification ID."""
+        at = np.asarray(ids, np.int64) - 1
+        return list(zip(self.entry.view()[at].tolist(), self.offset.view()[at].tolist()))
+
+
+def _shown(key: Key) -> str:
+    return str(UUID(bytes=key)) if isinstance(key, bytes) else repr(key)
+
+
+# ---- the datastore: one log directory ------------------------------------------------
+
+class PmemwalDatastore:
+    """One log directory and its index, shared by the recorders that use it in this process.
+
+    Get one with ``open_datastore``; each call to it is matched by one ``close``, and the last
+    closes the log (so does garbage collection, for a datastore nobody closed).
+    """
+
+    def __init__(self, path: str, **wal_options: Any) -> None:
+        self.path = path
+        self._lock = threading.Lock()       # inserts are checked and indexed in log order
+        self._index = _Index()
+        self._listeners: set[Event] = set()
+        self._users = 1
+        with _translated():
+            self._log = pmemwal.open_log(path, **wal_options)
+        self._close_log = weakref.finalize(self, self._log.close)
+        try:
+            self._replay()
+        except BaseException:
+            self._close_log()
+            raise
+
+    def _replay(self) -> None:
+        with _translated():
+            for entry in self._log.entries():
+                try:
+                    tracking, rows = decode_batch(entry.payload)
+                except (ValueError, struct.error) as exc:   # UnicodeDecodeError is a ValueError
+                    raise DatabaseError(f"{self.path}: log entry {entry.index} is not a batch of "
+                                        f"events ({exc})") from exc
+                self._index.add(entry.index, rows, tracking)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock, _translated():
+            if self._log.closed:
+                raise InterfaceError(f"pmemwal: the datastore {self.path} is closed")
+            yield
+
+    # ---- writing ----
+
+    def insert(self, events: Sequence[StoredEvent], tracking: Tracking | None = None) -> list[int]:
+        """Store ``events`` (and ``tracking``) as one log entry, durable on return; returns the
+        events' notification IDs.  IntegrityError, nothing written, if one is taken already."""
+        if not events and tracking is None:
+            return []
+        try:
+            payload, rows = encode_batch(events, tracking)
+        except struct.error as exc:
+            raise DataError(f"pmemwal: a value does not fit the entry format: {exc}") from exc
+        with self._locked():
+            self._index.check(rows, tracking)
+            entry = self._log.append(payload, sync=True)
+            ids = self._index.add(entry, rows, tracking)
+            listeners = tuple(self._listeners)
+        for listener in listeners:
+            listener.set()
+        return ids
+
+    # ---- reading ----
+
+    def select_events(self, originator_id: UUID | str, *, gt: int | None = None,
+                      lte: int | None = None, desc: bool = False,
+                      limit: int | None = None) -> list[StoredEvent]:
+        key = originator_key(originator_id)[1]
+        with self._locked():
+            places = self._index.places(self._index.event_ids(key, gt, lte, desc, limit))
+        return [StoredEvent(*fields) for fields in self._read(places)]
+
+    def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
+                             topics: Sequence[str] = (), *,
+                             inclusive_of_start: bool = True) -> list[Notification]:
+        first = 1 if start is None else start + (0 if inclusive_of_start else 1)
+        with self._locked():
+            ids = self._index.notification_ids(max(first, 1), stop, topics, limit)
+            places = self._index.places(ids)
+        return [Notification(*fields, id=i) for i, fields in zip(ids, self._read(places))]
+
+    def _read(self, places: list[tuple[int, int]]) -> list[tuple[UUID | str, int, str, bytes]]:
+        """The events at these (entry, offset) places.  Outside the lock: an entry never
+        changes once written, and the log serializes its own reads."""
+        payloads: dict[int, memoryview] = {}     # a batch's events share one read
+        events = []
+        with _translated():
+            for entry, offset in places:
+                if entry not in payloads:
+                    payloads[entry] = self._log.entry(entry).payload
+                events.append(decode_event(payloads[entry], offset))
+        return events
+
+    def max_notification_id(self) -> int | None:
+        with self._locked():
+            return self._index.count or None
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        with self._locked():
+            return self._index.tracking.get(application_name)
+
+    # ---- subscriptions: events set after each insert ----
+
+    def listen(self, listener: Event) -> None:
+        with self._lock:
+            self._listeners.add(listener)
+
+    def unlisten(self, listener: Event) -> None:
+        with self._lock:
+            self._listeners.discard(listener)
+
+    # ---- lifecycle ----
+
+    def close(self) -> None:
+        """Release this user's hold; the last one closes the log."""
+        with _registry_lock:    # held while the log closes: a new open must find it closed
+            if self._users == 0:
+                return
+            self._users -= 1
+            if self._users == 0:
+                if _datastores.get(self.path) is self:
+                    del _datastores[self.path]
+                with _translated():
+                    self._close_log()
+
+    @property
+    def closed(self) -> bool:
+        return self._log.closed
+
+    def __repr__(self) -> str:
+        return f"<PmemwalDatastore {self.path} {self._index.count} events>"
+
+
+_datastores: weakref.WeakValueDictionary[str, PmemwalDatastore] = weakref.WeakValueDictionary()
+_registry_lock = threading.Lock()
+
+
+def open_datastore(path: str | os.PathLike[str], **wal_options: Any) -> PmemwalDatastore:
+    """The datastore of directory ``path``: the one open in this process already (which keeps
+    the options it was opened with), else a new one with ``pmemwal.open``'s ``wal_options``."""
+    key = os.path.realpath(path)
+    with _registry_lock:
+        store = _datastores.get(key)    # one that was closed for good has left the registry
+        if store is None:
+            store = _datastores[key] = PmemwalDatastore(key, **wal_options)
+        else:
+            store._users += 1
+        return store
+
+
+# ---- the recorders ----------------------------------------------------------------
+
+class PmemwalRecorder(Recorder):
+    """A recorder over a datastore (one log directory)."""
+
+    def __init__(self, datastore: PmemwalDatastore) -> None:
+        self.datastore = datastore
+
+
+class PmemwalAggregateRecorder(PmemwalRecorder, AggregateRecorder):
+    def insert_events(self, stored_events: Sequence[StoredEvent],
+                      **kwargs: Any) -> Sequence[int] | None:
+        self.datastore.insert(stored_events)
+        return None     # what eventsourcing's tests expect of an aggregate recorder
+
+    def select_events(self, originator_id: UUID | str, *, gt: int | None = None,
+                      lte: int | None = None, desc: bool = False,
+                      limit: int | None = None) -> list[StoredEvent]:
+        return self.datastore.select_events(originator_id, gt=gt, lte=lte, desc=desc, limit=limit)
+
+
+class PmemwalApplicationRecorder(PmemwalAggregateRecorder, ApplicationRecorder):
+    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> list[int]:
+        return self.datastore.insert(stored_events)
+
+    def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
+                             topics: Sequence[str] = (), *,
+                             inclusive_of_start: bool = True) -> list[Notification]:
+        return self.datastore.select_notifications(start, limit, stop, topics,
+                                                   inclusive_of_start=inclusive_of_start)
+
+    def max_notification_id(self) -> int | None:
+        return self.datastore.max_notification_id()
+
+    def subscribe(self, gt: int | None = None,
+                  topics: Sequence[str] = ()) -> PmemwalSubscription:
+        return PmemwalSubscription(self, gt=gt, topics=topics)
+
+
+class PmemwalTrackingRecorder(PmemwalRecorder, TrackingRecorder):
+    def insert_tracking(self, tracking: Tracking) -> None:
+        self.datastore.insert((), tracking)
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        return self.datastore.max_tracking_id(application_name)
+
+
+class PmemwalProcessRecorder(PmemwalTrackingRecorder, PmemwalApplicationRecorder, ProcessRecorder):
+    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> list[int]:
+        """The events and their tracking record go in one entry: both are stored, or neither."""
+        return self.datastore.insert(stored_events, kwargs.get("tracking"))
+
+
+class PmemwalSubscription(ListenNotifySubscription[PmemwalApplicationRecorder]):
+    """Notifications after ``gt``, then new ones as they are stored (woken by each insert)."""
+
+    def __init__(self, recorder: PmemwalApplicationRecorder, gt: int | None = None,
+                 topics: Sequence[str] = ()) -> None:
+        super().__init__(recorder=recorder, gt=gt, topics=topics)
+        recorder.datastore.listen(self._has_been_notified)
+        # The pull thread started before we listened: pull once more, or an insert made in
+        # between would wait for the next one.
+        self._has_been_notified.set()
+
+    def stop(self) -> None:
+        super().stop()
+        self._recorder.datastore.unlisten(self._has_been_notified)
+
+
+# ---- the factory --------------------------------------------------------------------
+
+_R = TypeVar("_R", bound=PmemwalRecorder)
+
+
+class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder]):
+    """Makes the recorders of an application, each over its log directory (see the module)."""
+
+    PMEMWAL_PATH = "PMEMWAL_PATH"
+    PMEMWAL_MODE = "PMEMWAL_MODE"
+    PMEMWAL_SEGMENT_SIZE = "PMEMWAL_SEGMENT_SIZE"
+    CREATE_TABLE = "CREATE_TABLE"
+
+    aggregate_recorder_class = PmemwalAggregateRecorder
+    application_recorder_class = PmemwalApplicationRecorder
+    tracking_recorder_class = PmemwalTrackingRecorder
+    process_recorder_class = PmemwalProcessRecorder
+
+    def __init__(self, env: Environment | EnvType | None) -> None:
+        super().__init__(env)
+        path = self.env.get(self.PMEMWAL_PATH)
+        if not path:
+            keys = ", ".join(self.env.create_keys(self.PMEMWAL_PATH))
+            raise OSError(f"pmemwal: no directory in the environment (keys: {keys})")
+        self.path = path
+        self._datastores: dict[str, PmemwalDatastore] = {}
+        self._lock = threading.Lock()
+
+    def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
+        return self.aggregate_recorder_class(self.datastore(f"{self._prefix('stored')}_{purpose}"))
+
+    def application_recorder(self) -> ApplicationRecorder:
+        cls = self._recorder_class(self.APPLICATION_RECORDER_TOPIC, self.application_recorder_class)
+        return cls(self.datastore(f"{self._prefix('stored')}_events"))
+
+    def tracking_recorder(self, tracking_recorder_class: type[PmemwalTrackingRecorder] | None = None
+                          ) -> PmemwalTrackingRecorder:
+        cls = self._recorder_class(self.TRACKING_RECORDER_TOPIC, self.tracking_recorder_class,
+                                   tracking_recorder_class)
+        return cls(self.datastore(f"{self._prefix('notification')}_tracking"))
+
+    def process_recorder(self) -> ProcessRecorder:
+        cls = self._recorder_class(self.PROCESS_RECORDER_TOPIC, self.process_recorder_class)
+        return cls(self.datastore(f"{self._prefix('stored')}_events"))
+
+    def datastore(self, name: str) -> PmemwalDatastore:
+        """The datastore of directory ``name`` under the base path, opened on first use."""
+        if not name or os.sep in name or name in (".", ".."):
+            raise ValueError(f"pmemwal: {name!r} is not a directory name")
+        with self._lock:
+            if name not in self._datastores:
+                self._datastores[name] = open_datastore(os.path.join(self.path, name),
+                                                        **self._wal_options())
+            return self._datastores[name]
+
+    def close(self) -> None:
+        """Release the datastores this factory opened (the last user of each closes its log)."""
+        with self._lock:
+            datastores, self._datastores = list(self._datastores.values()), {}
+        for datastore in datastores:
+            datastore.close()
+
+    def _prefix(self, default: str) -> str:
+        return self.env.name.lower() or default
+
+    def _wal_options(self) -> dict[str, Any]:
+        size = self.env.get(self.PMEMWAL_SEGMENT_SIZE)
+        if size and not size.isdigit():
+            raise OSError(f"pmemwal: {self.PMEMWAL_SEGMENT_SIZE}={size!r} is not a number of bytes")
+        return {"mode": self.env.get(self.PMEMWAL_MODE) or "auto",
+                "segment_size": int(size) if size else None,
+                "create": bool(strtobool(self.env.get(self.CREATE_TABLE) or "yes"))}
+
+    def _recorder_class(self, topic_key: str, default: type[_R], given: type[_R] | None = None
+                        ) -> type[_R]:
+        """``given``, else the class named by the topic in ``topic_key``, else ``default``."""
+        topic = self.env.get(topic_key)
+        cls = given or (resolve_topic(topic) if topic else default)
+        if not (isinstance(cls, type) and issubclass(cls, default)):
+            raise TypeError(f"pmemwal: {cls!r} is not a subclass of {default.__qualname__}")
+        return cls
+
+
+Factory = PmemwalFactory

@@ -1,0 +1,265 @@
+"""pmemwal.integrations.eventsourcing's own promises (tests/test_eventsourcing.py runs
+eventsourcing's conformance tests):
+
+- a writer SIGKILLed at a random moment: every acknowledged batch is there after reopening,
+  no batch is there in part, versions are dense per originator, notification IDs are dense and
+  the same as when they were acknowledged, and a new writer carries on from there;
+- the recorders against eventsourcing's in-memory POPO ones, on a random workload, before and
+  after closing and replaying;
+- one insert, one log entry; a conflicting batch writes nothing;
+- the layout, the shared datastores, and the errors.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("eventsourcing")
+
+from conftest import TESTS_DIR, run_and_kill  # noqa: E402
+from eventsourcing.persistence import (  # noqa: E402
+    DatabaseError, DataError, InfrastructureFactory, IntegrityError, InterfaceError,
+    OperationalError, StoredEvent, Tracking)
+from eventsourcing.popo import POPOProcessRecorder  # noqa: E402
+from eventsourcing.utils import Environment  # noqa: E402
+
+import pmemwal  # noqa: E402
+from pmemwal.integrations import eventsourcing as pes  # noqa: E402
+
+CHILD = str(TESTS_DIR / "_eventsourcing_child.py")
+SEGMENT = 1 << 20
+
+
+def module_env(base: Path, **extra: str) -> dict[str, str]:
+    return {"PERSISTENCE_MODULE": "pmemwal.integrations.eventsourcing", "PMEMWAL_PATH": str(base),
+            "PMEMWAL_SEGMENT_SIZE": str(SEGMENT), **extra}
+
+
+def factory_for(base: Path, name: str = "", **extra: str) -> pes.PmemwalFactory:
+    factory = InfrastructureFactory.construct(Environment(name, module_env(base, **extra)))
+    assert isinstance(factory, pes.PmemwalFactory)
+    return factory
+
+
+def event(originator_id, version: int, topic: str = "t", state: bytes = b"s") -> StoredEvent:
+    return StoredEvent(originator_id=originator_id, originator_version=version, topic=topic,
+                       state=state)
+
+
+def log_payloads(path: Path) -> list[bytes]:
+    """Every entry of the (closed) log directory ``path``."""
+    with pmemwal.open_log(path, create=False) as log:
+        return [bytes(e.payload) for e in log]
+
+
+# ---- SIGKILL ------------------------------------------------------------------------
+
+Batches = dict[tuple[int, int], tuple[int, int]]   # (thread, k) -> (events, first ID)
+
+
+def check_after_crash(base: Path, known: Batches) -> Batches:
+    """What a killed child leaves is whole and dense, and holds each batch that was known
+    (acknowledged, or found by an earlier check) as it was known; returns the batches there."""
+    factory = factory_for(base)
+    try:
+        recorder = factory.process_recorder()
+        notes = recorder.select_notifications(None, limit=1 << 30)
+        assert [n.id for n in notes] == list(range(1, len(notes) + 1))
+        rows: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
+        for note in notes:
+            thread, k, j, n = map(int, note.state.split(b" ", 4)[:4])
+            rows[thread, k].append((note.id, j, n))
+        found = {}
+        for batch, batch_rows in rows.items():
+            ids, js, ns = zip(*batch_rows)
+            assert js == tuple(range(ns[0])), f"batch {batch} is there in part: {js}"
+            assert ids == tuple(range(ids[0], ids[0] + len(ids))), f"batch {batch} is split"
+            found[batch] = (ns[0], ids[0])
+        lost = [batch for batch in known if found.get(batch) != known[batch]]
+        assert not lost, f"known batches lost or changed: {lost[:5]}"
+        for thread in {t for t, _ in found}:
+            present = sorted(k for t, k in found if t == thread)
+            assert present == list(range(1, len(present) + 1)), f"thread {thread} has gaps"
+            # At most the batch in flight when the child died is there unacknowledged.
+            assert len(present) <= 1 + sum(1 for t, _ in known if t == thread)
+            assert recorder.max_tracking_id(f"upstream-{thread}") == present[-1]
+        for oid in {note.originator_id for note in notes}:
+            versions = [e.originator_version for e in recorder.select_events(oid)]
+            assert versions == list(range(1, len(versions) + 1))
+        return found
+    finally:
+        factory.close()
+
+
+@pytest.mark.parametrize("mode", ["buffered", "direct"])
+def test_sigkill_keeps_acknowledged_batches_whole(shm_dir: Path, mode: str) -> None:
+    rng = random.Random(f"eventsourcing-sigkill-{mode}")
+    env = module_env(shm_dir, PMEMWAL_MODE=mode)
+    known: Batches = {}
+    for _ in range(3):      # each child carries on from what the killed one left
+        lines, stderr = run_and_kill(CHILD, {"threads": 2}, env, rng.uniform(0.1, 0.3))
+        assert lines and lines[0] == b"READY\n", stderr
+        acked = [tuple(map(int, line.split()[1:])) for line in lines[1:]]
+        known.update({(t, k): (n, first) for t, k, n, first in acked})
+        known = check_after_crash(shm_dir, known)
+    assert len(known) >= 10, "the writers hardly wrote: the test proved little"
+
+
+# ---- against POPO -------------------------------------------------------------------
+
+def random_batch(rng: random.Random, oids: list, versions: dict) -> list[StoredEvent]:
+    """1 to 4 events of one originator; now and then a version taken already (a conflict)."""
+    oid = rng.choice(oids)
+    start = versions[oid] + (0 if rng.random() < 0.1 and versions[oid] else 1)
+    step = rng.choice([1, 1, 1, 3])     # versions may skip (snapshots do)
+    return [event(oid, start + i * step, rng.choice("abcd"), rng.randbytes(rng.randint(0, 40)))
+            for i in range(rng.randint(1, 4))]
+
+
+def same_answers(ours, popo, rng: random.Random, oids: list) -> None:
+    assert ours.max_notification_id() == popo.max_notification_id()
+    assert ours.max_tracking_id("up") == popo.max_tracking_id("up")
+    count = popo.max_notification_id() or 0
+    for _ in range(20):
+        oid = rng.choice(oids)
+        kw = {"gt": rng.choice([None, 0, 2, 5]), "lte": rng.choice([None, 1, 4, 9]),
+              "desc": rng.random() < 0.5, "limit": rng.choice([None, 1, 3])}
+        assert ours.select_events(oid, **kw) == popo.select_events(oid, **kw), kw
+        kw = {"start": rng.choice([None, 0, 1, rng.randint(1, count + 2)]),
+              "limit": rng.randint(1, 30), "stop": rng.choice([None, rng.randint(0, count + 2)]),
+              "topics": rng.choice([(), ("a",), ("b", "d"), ("zz",)]),
+              "inclusive_of_start": rng.random() < 0.5}
+        assert ours.select_notifications(**kw) == popo.select_notifications(**kw), kw
+
+
+def test_same_answers_as_popo_before_and_after_replay(shm_dir: Path) -> None:
+    rng = random.Random("eventsourcing-popo")
+    oids = [uuid.uuid4() for _ in range(4)] + ["str-id-1", "ünï-2"]
+    versions = dict.fromkeys(oids, 0)
+    popo, factory = POPOProcessRecorder(), factory_for(shm_dir)
+    ours = factory.process_recorder()
+    tracked = 0
+    for step in range(300):
+        batch = random_batch(rng, oids, versions)
+        tracking = None
+        if rng.random() < 0.3:
+            tracked += rng.choice([0, 1, 2])    # 0: a tracking ID taken already
+            tracking = Tracking("up", tracked)
+        outcomes = []
+        for recorder in (popo, ours):
+            try:
+                outcomes.append(recorder.insert_events(batch, tracking=tracking))
+            except IntegrityError:
+                outcomes.append("conflict")
+        assert outcomes[0] == outcomes[1], (step, batch, tracking)
+        if outcomes[0] != "conflict":
+            versions[batch[0].originator_id] = batch[-1].originator_version
+        if step % 50 == 0:
+            same_answers(ours, popo, rng, oids)
+    same_answers(ours, popo, rng, oids)
+    factory.close()
+    factory = factory_for(shm_dir)
+    same_answers(factory.process_recorder(), popo, rng, oids)
+    factory.close()
+
+
+def test_versions_inserted_out_of_order_are_selected_in_order(shm_dir: Path) -> None:
+    factory = factory_for(shm_dir)
+    recorder = factory.aggregate_recorder("snapshots")
+    oid = uuid.uuid4()
+    for version in (5, 2, 9, 3):
+        recorder.insert_events([event(oid, version)])
+    assert [e.originator_version for e in recorder.select_events(oid)] == [2, 3, 5, 9]
+    assert [e.originator_version for e in recorder.select_events(oid, lte=4, desc=True)] == [3, 2]
+    factory.close()
+
+
+# ---- entries ------------------------------------------------------------------------
+
+def test_one_entry_per_insert_and_none_for_a_conflict(shm_dir: Path) -> None:
+    factory = factory_for(shm_dir)
+    recorder = factory.process_recorder()
+    a, b = uuid.uuid4(), "b"
+    assert recorder.insert_events([event(a, 1), event(a, 2), event(b, 1)]) == [1, 2, 3]
+    recorder.insert_events([], tracking=Tracking("up", 4))
+    for conflict in ([event(a, 3), event(b, 1)], [event(a, 3), event(a, 3)]):
+        with pytest.raises(IntegrityError):
+            recorder.insert_events(conflict)
+    with pytest.raises(IntegrityError):
+        recorder.insert_events([event(a, 3)], tracking=Tracking("up", 4))
+    assert recorder.insert_events([event(a, 3)], tracking=Tracking("up", 5)) == [4]
+    assert recorder.insert_events([]) == []     # nothing to store: no entry
+    factory.close()
+    batches = [pes.decode_batch(memoryview(p)) for p in log_payloads(shm_dir / "stored_events")]
+    assert [(t, [(r.key, r.version) for r in rows]) for t, rows in batches] == [
+        (None, [(a.bytes, 1), (a.bytes, 2), ("b", 1)]),
+        (Tracking("up", 4), []),
+        (Tracking("up", 5), [(a.bytes, 3)]),
+    ]
+
+
+def test_a_foreign_log_is_refused(shm_dir: Path) -> None:
+    with pmemwal.open_log(shm_dir / "stored_events", segment_size=SEGMENT) as log:
+        log.append(b"\x07 not a batch", sync=True)
+    factory = factory_for(shm_dir)
+    with pytest.raises(DatabaseError, match="entry 1 is not a batch"):
+        factory.application_recorder()
+    factory.close()
+
+
+# ---- layout, sharing, errors --------------------------------------------------------
+
+def test_layout_follows_the_application_name(shm_dir: Path) -> None:
+    factory = factory_for(shm_dir, "BankAccounts")
+    factory.application_recorder()
+    factory.aggregate_recorder("snapshots")
+    factory.tracking_recorder()
+    factory.close()
+    factory = factory_for(shm_dir)
+    factory.process_recorder()
+    factory.tracking_recorder()
+    factory.close()
+    assert sorted(os.listdir(shm_dir)) == ["bankaccounts_events", "bankaccounts_snapshots",
+                                           "bankaccounts_tracking", "notification_tracking",
+                                           "stored_events"]
+
+
+def test_factories_share_a_datastore_until_the_last_closes(shm_dir: Path) -> None:
+    first, second = factory_for(shm_dir), factory_for(shm_dir)
+    r1, r2 = first.application_recorder(), second.process_recorder()
+    assert r1.datastore is r2.datastore
+    r1.insert_events([event("x", 1)])
+    first.close()
+    assert r2.insert_events([event("x", 2)]) == [2]
+    second.close()
+    assert r2.datastore.closed
+    with pytest.raises(InterfaceError):
+        r2.select_events("x")
+    third = factory_for(shm_dir)
+    assert [e.originator_version for e in third.application_recorder().select_events("x")] == [1, 2]
+    third.close()
+
+
+def test_errors_are_eventsourcings(shm_dir: Path) -> None:
+    with pytest.raises(OSError, match="PMEMWAL_PATH"):
+        pes.PmemwalFactory(Environment(env={}))
+    with pytest.raises(OperationalError):       # CREATE_TABLE=no: nothing made
+        factory_for(shm_dir, CREATE_TABLE="no").application_recorder()
+    assert not os.listdir(shm_dir)
+    with pmemwal.open_log(shm_dir / "stored_events"):   # another writer holds it
+        with pytest.raises(OperationalError, match="another writer"):
+            factory_for(shm_dir).application_recorder()
+    store = pes.open_datastore(shm_dir / "small", max_record_size=4096)
+    recorder = pes.PmemwalApplicationRecorder(store)
+    with pytest.raises(DataError):
+        recorder.insert_events([event("big", 1, state=bytes(5000))])
+    with pytest.raises(DataError):
+        recorder.insert_events([event("long topic", 1, topic="t" * 70000)])
+    assert recorder.max_notification_id() is None
+    store.close()
