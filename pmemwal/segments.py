@@ -29,6 +29,7 @@ import errno
 import fcntl
 import mmap
 import os
+import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -50,6 +51,18 @@ def storage_errors(what: str) -> Iterator[None]:
         raise
     except OSError as exc:
         raise StorageError(exc.errno or errno.EIO, f"{what}: {exc.strerror or exc}") from exc
+
+
+_LOCKED: weakref.WeakSet[WalDirectory] = weakref.WeakSet()  # directories whose lock we hold
+
+
+def _after_fork_in_child() -> None:
+    for directory in list(_LOCKED):
+        directory._drop_lock_in_child()
+    _LOCKED.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class WalDirectory:
@@ -74,9 +87,22 @@ class WalDirectory:
         except BlockingIOError:
             self.close()
             raise LockedError(f"{self.path} is open in another writer (lock file {LOCK_NAME})") from None
+        _LOCKED.add(self)
+
+    def _drop_lock_in_child(self) -> None:
+        """After fork, in the child: close (never unlock) our copy of the lock's descriptor.
+
+        An flock belongs to the open file, which a forked child shares: without this, a
+        child that outlives its parent (pysyncobj forks one to write snapshots) would keep
+        the WAL locked after the parent closed it or died.  Closing the child's copy
+        leaves the parent's lock as it is; unlocking would release it."""
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
     def close(self) -> None:
         """Release the lock and the directory."""
+        _LOCKED.discard(self)
         for fd in (self.lock_fd, self.dir_fd):
             try:
                 os.close(fd)

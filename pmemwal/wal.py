@@ -382,11 +382,21 @@ class WAL:
             prev, lsn = lsn, next_lsn
 
     def record(self, lsn: int) -> Record:
-        """The record at ``lsn`` (flushed first, if it was not yet); ValueError if none is there."""
+        """The record at ``lsn``, whose append has returned; ValueError if none is there.
+
+        Direct mode reads it in place, durable or not.  Buffered mode flushes up to it
+        first when it is not yet (the record is in the WAL buffer, not in its file); so
+        does direct mode when the read fails there, as an earlier insertion may still be
+        writing the header of the page the record starts in.
+        """
         self._check_open()
-        if lsn >= self._core.flushed_lsn and not self._core.error:
+        unflushed = lsn >= self._core.flushed_lsn and not self._core.error
+        if unflushed and not self._direct:
             self._core.flush(lsn)
         status, _, _, prev_lsn, length, _, _, payload_lsn, _ = self._reader.read(lsn, -1)
+        if status and unflushed and self._direct:
+            self._core.flush(lsn)
+            status, _, _, prev_lsn, length, _, _, payload_lsn, _ = self._reader.read(lsn, -1)
         if status:
             raise ValueError(f"no valid record at LSN {format_lsn(lsn)}: {_core.status_text(status)}")
         return Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)

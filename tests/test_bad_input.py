@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -207,6 +208,29 @@ def test_second_writer_same_process(wal_dir, mode):
         wal.flush()
     with pmemwal.open(wal_dir, mode=mode) as wal:  # released by close
         assert [(l, d) for l, d, _ in read_all(wal)] == [(lsn, b"first"), (lsn2, b"still mine")]
+
+
+def test_a_forked_child_does_not_keep_the_lock(wal_dir):
+    """A child forked while the WAL is open (pysyncobj forks to write snapshots) and still
+    alive after the parent closed it must not keep the directory locked."""
+    wal = pmemwal.open(wal_dir, segment_size=SEG)
+    wal.append(b"before the fork", flush=True)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: wait until told to go, holding nothing
+        os.close(write_end)
+        os.read(read_end, 1)
+        os._exit(0)
+    os.close(read_end)
+    try:
+        with pytest.raises(pmemwal.LockedError):  # the parent still holds it
+            pmemwal.open(wal_dir)
+        wal.close()
+        with pmemwal.open(wal_dir) as again:  # the child is alive, the lock is free
+            assert [bytes(r.payload) for r in again.records()] == [b"before the fork"]
+    finally:
+        os.close(write_end)
+        os.waitpid(pid, 0)
 
 
 def test_second_writer_other_process(wal_dir, mode):

@@ -325,3 +325,16 @@ def test_snapshot_marker_layout(wal_dir: Path) -> None:
         records = [bytes(r.payload) for r in wal.records()]
     assert records[0] == struct.pack("<HBBIQQ", 0x4C50, 1, 1, 0, 1, 4) + b"abc"
     assert records[1] == struct.pack("<HBBIQQ", 0x4C50, 1, SNAPSHOT, 0, 1, 4)
+
+
+def test_reading_an_entry_does_not_flush_in_direct_mode(wal_dir: Path) -> None:
+    """Direct mode reads an appended entry in place: reading is no hidden sync (a journal's
+    missing sync would go unseen).  Buffered mode must flush: the entry is in the ring."""
+    for mode in ("direct", "buffered"):
+        path = wal_dir / mode
+        with open_log(path, mode=mode, background=False) as log:
+            log.append(b"durable", term=1, sync=True)
+            flushed = log.wal.flushed_lsn
+            index = log.append(b"not yet", term=1)
+            assert bytes(log[index].payload) == b"not yet"
+            assert (log.wal.flushed_lsn == flushed) == (mode == "direct")
