@@ -57,8 +57,9 @@ on an empty journal, which takes any next entry, as pysyncobj needs after ``clea
 Snapshots stay pysyncobj's: it writes ``fullDumpFile`` to a temporary file and renames it,
 without fsync, then compacts the journal; a power failure right after a compaction can
 therefore lose the snapshot that the dropped entries went into.  It writes it from a forked
-child (``useFork``, the default), which inherits the WAL directory's lock: a node restarted
-while such a child of its killed predecessor still runs gets LockedError until the child exits.
+child (``useFork``, the default); the child drops its copy of the WAL directory's lock at fork
+(pmemwal.segments), so a node restarted while such a child of its killed predecessor still
+runs opens its journal as usual.
 """
 
 from __future__ import annotations
