@@ -1,25 +1,31 @@
 """Simulated power loss (pmemwal.tools.powerloss): crash images recovered without loss or garbage.
 
 The short version of ``pmemwal powerloss``; each mode crashes a live workload
-a hundred times.  The last tests break the persist model on purpose and
-check that the images then do lose acknowledged records: the check can fail.
+a hundred times, and a Log's workload (``--workload log``: entries, rewinds,
+compactions, resets, hard states) sixty times.  The last tests break the
+persist model on purpose and check that the images then do lose acknowledged
+records and entries: the check can fail.
 """
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
+import pmemwal
 from conftest import cli_runner
 from pmemwal.tools import powerloss
 from pmemwal.tools.cli import main
-from pmemwal.tools.powerloss import DurableShadow, PmemTracer, run_power_loss
+from pmemwal.tools.powerloss import DurableShadow, LogWorkload, PmemTracer, run_power_loss
 
 IMAGES = 100
+LOG_IMAGES = 60
+SETUPS = [("pmem", 1), ("pmem", 4), ("msync", 1), ("buffered", 1)]
 
 
-@pytest.mark.parametrize("mode, threads", [("pmem", 1), ("pmem", 4), ("msync", 1), ("buffered", 1)])
+@pytest.mark.parametrize("mode, threads", SETUPS)
 def test_crash_images_keep_every_acknowledged_record(mode: str, threads: int, shm_tmp) -> None:
     report = run_power_loss(mode, IMAGES, threads=threads, seed=7, directory=str(shm_tmp))
     assert report.failures == []
@@ -35,7 +41,19 @@ def test_crash_images_keep_every_acknowledged_record(mode: str, threads: int, sh
     assert report.recovered_beyond_ack > 0  # unacknowledged records can survive, intact
 
 
-def test_a_core_that_skips_flushes_loses_records(shm_tmp, monkeypatch) -> None:
+@pytest.mark.parametrize("mode, threads", SETUPS)
+def test_log_crash_images_keep_every_acknowledged_entry(mode: str, threads: int, shm_tmp) -> None:
+    report = run_power_loss(mode, LOG_IMAGES, threads=threads, seed=7, directory=str(shm_tmp),
+                            workload="log")
+    assert report.failures == []
+    assert report.ok and report.workload == "log"
+    assert report.images == LOG_IMAGES
+    assert report.records_written > 200 and report.segments_recycled > 0
+    assert report.recovered_beyond_ack > 0  # unacknowledged entries and operations can survive
+
+
+@pytest.mark.parametrize("workload", ["wal", "log"])
+def test_a_core_that_skips_flushes_loses_records(shm_tmp, monkeypatch, workload: str) -> None:
     """Drop one pmem_flush in three: acknowledged records go missing (or recovery,
     finding valid records past the damage, refuses with CorruptionError)."""
     calls = iter(range(1 << 30))
@@ -46,34 +64,77 @@ def test_a_core_that_skips_flushes_loses_records(shm_tmp, monkeypatch) -> None:
             flush(self, addr, length)
 
     monkeypatch.setattr(PmemTracer, "_on_flush", forgetful)
-    report = run_power_loss("pmem", 60, seed=3, directory=str(shm_tmp))
+    report = run_power_loss("pmem", 60, seed=3, directory=str(shm_tmp), workload=workload)
     assert not report.ok
-    assert report.lost + report.recovery_errors > 0
-    assert any("acknowledged" in f or "CorruptionError" in f for f in report.failures)
+    assert report.lost + report.recovery_errors + report.wrong_state > 0
+    assert any(word in f for f in report.failures
+               for word in ("acknowledged", "CorruptionError", "is lost"))
+
+
+@pytest.mark.parametrize("workload", ["wal", "log"])
+@pytest.mark.parametrize("mode", ["msync", "buffered"])
+def test_a_flush_that_syncs_nothing_loses_records(mode: str, shm_tmp, monkeypatch,
+                                                  workload: str) -> None:
+    """A flush that returns without making anything durable: acknowledgements are lies."""
+    monkeypatch.setattr(DurableShadow, "settle", lambda self: None)
+    report = run_power_loss(mode, 60, seed=3, directory=str(shm_tmp), workload=workload)
+    assert report.lost + report.recovery_errors + report.wrong_state > 0
 
 
 @pytest.mark.parametrize("mode", ["msync", "buffered"])
-def test_a_flush_that_syncs_nothing_loses_records(mode: str, shm_tmp, monkeypatch) -> None:
-    """A flush that returns without making anything durable: acknowledgements are lies."""
-    monkeypatch.setattr(DurableShadow, "settle", lambda self: None)
-    report = run_power_loss(mode, 60, seed=3, directory=str(shm_tmp))
-    assert report.lost + report.recovery_errors > 0
+def test_log_entries_acknowledged_before_their_sync_returned_are_lost(mode: str, shm_tmp,
+                                                                     monkeypatch) -> None:
+    """The model told of each step's acknowledgements before its flush returned: images
+    taken in the middle of those flushes lack them, and the log check says so."""
+    monkeypatch.setattr(LogWorkload, "horizon", lambda self, acked: self.acked())
+    report = run_power_loss(mode, 60, seed=3, directory=str(shm_tmp), workload="log")
+    assert report.lost > 0 and report.recovery_errors == 0, report.failures
+    assert any("is lost: not back at its index" in f for f in report.failures)
 
 
-def test_unknown_mode_and_threads_outside_pmem_are_refused() -> None:
+def test_a_crash_due_in_a_compaction_is_imaged_before_its_segments_go(shm_tmp) -> None:
+    """A compaction drops segments once its flush has returned: a crash in that flush
+    (page-cache modes image it after the step) must still find them, and recover."""
+    log = pmemwal.open_log(shm_tmp / "wal", mode="buffered", segment_size=powerloss.SEGMENT_SIZE,
+                           background=False, recycle_segments=1, prepare_segments=0)
+    log.append_many([bytes(100_000)] * 40, 1, sync=True)
+    shadow = DurableShadow(log.wal, np.random.default_rng(0), (8,))
+    before = set(shadow.segments)
+    shadow.arm(lambda: shadow.image(None, "mid-flush"))
+    assert log.compact(log.last_index + 1) > 0
+    image = shadow.disarm()
+    assert set(image.segments) == before != set(shadow.segments) and shadow.disarm() is None
+    log.close()
+    powerloss._write_image(image, shm_tmp / "image")
+    with pmemwal.open_log(shm_tmp / "image", mode="buffered", create=False) as recovered:
+        assert (recovered.first_index, recovered.last_index) in {(1, 40), (41, 40)}
+
+
+def test_unknown_mode_threads_outside_pmem_and_unknown_workload_are_refused() -> None:
     with pytest.raises(ValueError, match="mode="):
         run_power_loss("dax", 1)
     with pytest.raises(ValueError, match="threads="):
         run_power_loss("buffered", 1, threads=2)
+    with pytest.raises(ValueError, match="workload="):
+        run_power_loss("buffered", 1, workload="raft")
 
 
-def test_cli_reports_every_setup_as_json() -> None:
+@pytest.mark.parametrize("workload", ["wal", "log"])
+def test_cli_reports_every_setup_as_json(workload: str) -> None:
     result = cli_runner().invoke(main, ["powerloss", "--images", "5", "--setups", "pmem-threads,buffered",
-                                       "--json"])
+                                       "--workload", workload, "--json"])
     assert result.exit_code == 0, result.output
     reports = json.loads(result.stdout)["reports"]
-    assert [(r["mode"], r["threads"], r["images"], r["ok"]) for r in reports] == [
-        ("pmem", 4, 5, True), ("buffered", 1, 5, True)]
+    assert [(r["mode"], r["threads"], r["images"], r["ok"], r["workload"]) for r in reports] == [
+        ("pmem", 4, 5, True, workload), ("buffered", 1, 5, True, workload)]
+
+
+def test_cli_table_has_the_log_columns() -> None:
+    result = cli_runner().invoke(main, ["powerloss", "--images", "3", "--setups", "buffered",
+                                        "--workload", "log"])
+    assert result.exit_code == 0, result.output
+    header = result.stdout.splitlines()[0]
+    assert "| entries written | lost | resurrected | wrong state | bad |" in header
 
 
 def test_cli_refuses_an_unknown_setup() -> None:

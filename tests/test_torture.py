@@ -3,13 +3,17 @@
 A short run across the persist setups, segment sizes and insertion slots must
 lose nothing; and the checker must catch what it is there to catch: an
 acknowledged record damaged or gone, a record with wrong content, one out of
-order.
+order.  The same for the log workload (pmemwal.tools.log_workload): a short
+run loses nothing, and its checker catches a lost entry, one misplaced, one
+resurrected, a wrong first index or hard state, garbage.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +23,8 @@ import pmemwal
 from pmemwal.tools import torture
 from pmemwal.tools.cli import main
 from pmemwal.format import segment_name
+from pmemwal.tools.log_workload import (LogLedger, LogModel, Shared, Worker, make_entry,
+                                        parse_entry)
 from pmemwal.tools.torture import Ledger, Setup, check, make_record, parse_record, play_round
 
 SEG = 1 << 20
@@ -127,3 +133,163 @@ def test_cli_torture_default_dir_is_removed():
 def test_cli_torture_rejects_unknown_mode(shm_tmp):
     out = cli_runner().invoke(main, ["torture", str(shm_tmp), "--modes", "buffered,dax"])
     assert out.exit_code == 2 and "modes" in out.stderr
+
+
+# ---- the log workload ----------------------------------------------------------------
+
+
+def test_entries_regenerate_and_any_changed_byte_is_caught():
+    entry = make_entry(7, 2, 41, 1234, 9, 300)
+    assert len(entry) == 300 and parse_entry(entry) == (7, 2, 41, 1234, 9)
+    for i in (0, 12, 20, 35, 36, 299):
+        bad = bytearray(entry)
+        bad[i] ^= 0x40
+        assert parse_entry(bytes(bad)) is None, i
+    assert parse_entry(entry[:-1]) is None and parse_entry(make_record(7, 2, 41, 300)) is None
+
+
+def test_short_log_torture_loses_nothing(shm_tmp):
+    config = torture.TortureConfig(path=str(shm_tmp), rounds=8, threads=4, rounds_per_dir=4,
+                                   delay_ms=(30, 200), seed=8, workload="log")
+    report = torture.run(config)
+    summary = json.dumps(report.to_dict(), indent=1)
+    assert report.ok, summary
+    assert (report.rounds, report.wal_dirs, report.workload) == (8, 2, "log")
+    assert report.lost == report.resurrected == report.garbage == report.state_errors == 0
+    assert report.acknowledged > 1000 and report.checked > 500, summary
+    assert min(report.ops[k] for k in ("rewinds", "compactions", "state_changes")) > 0, summary
+    assert "entries resurrected:  0" in report.table()
+    assert os.listdir(shm_tmp) == []
+
+
+class _LogRun:
+    """A Log written here by one Worker, every event kept and fed to a LogModel."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.events, self.model = path, [], LogModel()
+        self.log = pmemwal.open_log(path, mode="buffered", segment_size=SEG, background=False)
+        self.worker = Worker(Shared(self.log, 0, 1, self._say, lambda rng: 200), 0)
+        self.rng = random.Random(5)
+
+    def _say(self, tag: str, *ints: int) -> None:
+        self.events.append((tag, ints))
+        self.model.feed(tag, ints)
+
+    def append(self, n: int) -> None:
+        self.worker.append(self.rng, n, sync=True)
+        self.worker.acknowledge()
+
+    def model_of(self, events: list) -> LogModel:
+        model = LogModel()
+        for tag, ints in events:
+            model.feed(tag, ints)
+        return model
+
+
+def _recover(model: LogModel, path: Path):
+    return model.recover(path, mode="buffered", segment_size=SEG)
+
+
+def test_log_checker_passes_every_operation_of_the_workload(shm_tmp):
+    run = _LogRun(shm_tmp / "wal")
+    for _ in range(300):
+        run.worker.step(run.rng)
+    run.append(5)
+    run.worker.reset(10)
+    run.append(3)
+    run.log.close()
+    chk = _recover(run.model, run.path)
+    assert chk.ok, chk.problems
+    assert (chk.checked, chk.scanned, chk.beyond) == (3, 3, False)
+    assert min(run.model.ops.values()) > 0, run.model.ops
+
+
+@pytest.mark.parametrize("operation, counter", [
+    ("rewind", "resurrected"), ("reset", "resurrected"), ("compact", "state_errors"),
+    ("set_state", "state_errors")])
+def test_log_checker_allows_either_side_of_an_operation_in_flight_only(shm_tmp, operation,
+                                                                       counter):
+    """Before the operation finished, the directory as before it or as after it passes;
+    once it finished, the directory as before it fails."""
+    run = _LogRun(shm_tmp / "wal")
+    run.append(10)
+    shutil.copytree(run.path, shm_tmp / "before")
+    {"rewind": lambda: run.worker.rewind(3), "reset": lambda: run.worker.reset(5),
+     "compact": lambda: run.worker.compact(4), "set_state": lambda: run.worker.set_state(run.rng),
+     }[operation]()
+    run.log.close()
+    in_flight = run.model_of(run.events[:-1])
+    assert _recover(in_flight, shm_tmp / "before").ok
+    assert _recover(in_flight, run.path).ok
+    assert _recover(run.model, run.path).ok
+    stale = _recover(run.model, shm_tmp / "before")
+    assert getattr(stale, counter) >= 1 and not stale.ok, stale.problems
+    assert stale.lost == 0, stale.problems
+
+
+@pytest.mark.parametrize("where", ["tail", "middle"])
+def test_log_checker_reports_an_acknowledged_entry_gone(shm_tmp, where):
+    run = _LogRun(shm_tmp / "wal")
+    run.append(10)
+    entries = [(e.term, bytes(e.payload)) for e in run.log]
+    run.log.close()
+    if where == "tail":   # the log rewritten without entries 9 and 10
+        with pmemwal.open_log(run.path, mode="buffered", background=False) as log:
+            log.truncate_after(8)
+        expected = {"lost": 2, "order": 0}
+    else:                 # without entry 5: 6..10 each one index down
+        shutil.rmtree(run.path)
+        with pmemwal.open_log(run.path, mode="buffered", segment_size=SEG) as log:
+            for term, payload in entries[:4] + entries[5:]:
+                log.append(payload, term)
+        expected = {"lost": 6, "order": 5}
+    chk = _recover(run.model, run.path)
+    assert {"lost": chk.lost, "order": chk.order} == expected, chk.problems
+    assert not chk.ok and "entry 10 (round 0 thread 0 seq 9, term 1) is lost: not back at its " \
+        "index" in chk.problems
+
+
+def test_log_checker_reports_garbage_and_misplaced_entries(shm_tmp):
+    run = _LogRun(shm_tmp / "wal")
+    run.append(3)
+    run.log.append(b"not an entry at all" * 3, 1)
+    run.log.append(make_entry(0, 0, 99, 999, 1, 100), 1)   # appended elsewhere
+    run.log.append(make_entry(7, 0, 0, 6, 1, 100), 1)      # of a round never run here
+    run.log.close()
+    chk = _recover(run.model, run.path)
+    assert (chk.garbage, chk.order, chk.lost) == (2, 1, 0), chk.problems
+
+
+def test_log_checker_reports_an_earlier_round_entry_the_round_did_not_begin_with(shm_tmp):
+    run = _LogRun(shm_tmp / "wal")
+    run.append(10)
+    run.log.close()
+    began_with = _recover(run.model, run.path).recovered
+    for index in (8, 9, 10):
+        del began_with.entries[index]
+    chk = _recover(LogModel(1, (0, 1), 5, began_with), run.path)
+    assert chk.resurrected == 3 and chk.lost == 0, chk.problems
+
+
+def test_log_ledger_holds_a_round_to_what_the_last_recovery_returned(shm_tmp):
+    ledger = LogLedger(str(shm_tmp / "wal"), SEG)
+    result = play_round(ledger, Setup("buffered", SEG, 8), 0, "test/0", 3, 0.25)
+    assert result.ok, result.check.problems if result.check else result.child.failure
+    returned = len(ledger.start.entries)
+    assert result.child.acknowledged > 0 and returned > 0
+    ledger.begin(1)   # the next round, before its child: all that came back must be there
+    assert ledger.check("buffered").ok
+    with pmemwal.open_log(ledger.path, mode="buffered", background=False) as log:
+        log.truncate_after(log.first_index - 1)
+    chk = ledger.check("buffered")
+    assert chk.lost == returned and chk.checked == returned and not chk.ok, chk.problems
+
+
+def test_cli_torture_log_workload_json(shm_tmp):
+    out = cli_runner().invoke(main, ["torture", str(shm_tmp / "base"), "--workload", "log",
+                                     "--rounds", "2", "--threads", "2", "--seed", "4", "--json"])
+    assert out.exit_code == 0, (out.output, out.stderr)
+    report = json.loads(out.stdout)
+    assert report["ok"] and report["workload"] == "log" and report["acknowledged"] > 0
+    assert report["lost"] == report["resurrected"] == report["state_errors"] == 0
+    assert {"rewinds", "compactions", "resets", "state_changes"} <= set(report)

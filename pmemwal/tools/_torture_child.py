@@ -8,7 +8,8 @@ plain appends flushed later (flush() or flush(lsn)), and append_many + flush(),
 and after every flush that returns writes ``A <thread> <seq> <lsn>...`` for
 the records it has appended since its last acknowledgement.  Writer 0 now and
 then truncates the WAL, announcing ``T <lsn>`` first.  Any error ends the
-process with status 70 and a traceback on stderr.
+process with status 70 and a traceback on stderr.  ``Pipe``, ``opened``,
+``run_threads`` and ``wal_options`` serve the log workload's child, too.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import random
 import sys
 import threading
 import traceback
+from typing import Callable, TypeVar
 
 import pmemwal
 from pmemwal.tools.torture import make_record, record_size
 
 TRUNCATE_ODDS = 1 / 50   # of writer 0's operations
 KEEP_SEGMENTS = 2        # a truncation keeps this much WAL behind the flushed position
+T = TypeVar("T")
 
 
 class Pipe:
@@ -80,32 +83,48 @@ def truncate(wal: pmemwal.WAL, pipe: Pipe, segment_size: int) -> None:
         wal.truncate(before)
 
 
-def _guarded(*args) -> None:
-    try:
-        writer(*args)
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(70)
+def _die() -> None:
+    """The traceback to stderr, then exit 70 at once (other threads must not go on)."""
+    traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(70)
 
 
-def main(argv: list[str]) -> None:
-    spec = json.loads(argv[1])
+def opened(open_target: Callable[[], T]) -> T:
+    """What ``open_target`` opens; a failure to open ends the process like any error."""
     try:
-        wal = pmemwal.open(spec["dir"], mode=spec["mode"], segment_size=spec["segment_size"],
-                           insert_slots=spec["slots"], background=True)
+        return open_target()
     except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(70)
-    pipe = Pipe(sys.stdout.fileno())
-    pipe.say(f"R {wal.persist_method} {wal.insert_lsn}")
-    threads = [threading.Thread(target=_guarded, args=(wal, pipe, spec, t), daemon=True)
-               for t in range(spec["threads"])]
+        _die()
+
+
+def run_threads(count: int, work: Callable[[int], None]) -> None:
+    """``work(thread)`` in ``count`` threads until the parent kills the process."""
+    def guarded(thread: int) -> None:
+        try:
+            work(thread)
+        except BaseException:
+            _die()
+
+    threads = [threading.Thread(target=guarded, args=(t,), daemon=True) for t in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+
+
+def wal_options(spec: dict) -> dict:
+    """pmemwal.open's options for the spec's setup."""
+    return {"mode": spec["mode"], "segment_size": spec["segment_size"],
+            "insert_slots": spec["slots"], "background": True}
+
+
+def main(argv: list[str]) -> None:
+    spec = json.loads(argv[1])
+    wal = opened(lambda: pmemwal.open(spec["dir"], **wal_options(spec)))
+    pipe = Pipe(sys.stdout.fileno())
+    pipe.say(f"R {wal.persist_method} {wal.insert_lsn}")
+    run_threads(spec["threads"], lambda thread: writer(wal, pipe, spec, thread))
 
 
 if __name__ == "__main__":

@@ -310,18 +310,24 @@ def compare(path: str, targets: list[str], clients: list[int], sizes: list[int],
 @click.option("--max-delay", type=click.FloatRange(min=5), default=300.0, show_default=True,
               help="Longest kill delay after the child is ready, in ms (the shortest is 5).")
 @click.option("--keep", is_flag=True, help="Leave the directory (and its last WAL) behind.")
+@click.option("--workload", type=click.Choice(_torture.WORKLOADS), default="wal",
+              show_default=True, help="wal: records appended, flushed, truncated; log: a "
+              "pmemwal.Log's entries appended and synced, rewinds, compactions, resets, states.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_library_errors
 def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes: tuple[str, ...],
             segment_sizes: tuple[int, ...], slots: tuple[int, ...], rounds_per_dir: int,
-            max_delay: float, keep: bool, as_json: bool) -> None:
+            max_delay: float, keep: bool, workload: str, as_json: bool) -> None:
     """Crash torture: a child appends and flushes from several threads, is SIGKILLed at a
     random moment, and the WAL is reopened and checked; repeated ROUNDS times.
 
     Every acknowledged record must come back intact, and nothing else may be
-    garbage.  Exits 1 when anything is lost, garbled, out of order or failed;
-    the WALs of such rounds are kept (named in the report).  PATH defaults to
-    a fresh directory under /dev/shm, removed at the end unless --keep.
+    garbage.  With --workload log the child drives a pmemwal.Log, and every
+    acknowledged entry must be back at its index, no removed entry may come
+    back, and first index and hard state must be as acknowledged.  Exits 1
+    when anything is lost, garbled, out of order, resurrected or failed; the
+    WALs of such rounds are kept (named in the report).  PATH defaults to a
+    fresh directory under /dev/shm, removed at the end unless --keep.
 
     Example: pmemwal torture --rounds 600 --modes buffered,direct,pmem --slots 1,8,256
     """
@@ -332,7 +338,7 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
     config = _torture.TortureConfig(path=path, rounds=rounds, threads=threads, seed=seed,
                                     modes=modes, segment_sizes=segment_sizes, slots=slots,
                                     rounds_per_dir=rounds_per_dir, delay_ms=(5.0, max_delay),
-                                    keep=keep)
+                                    keep=keep, workload=workload)
     with tqdm(total=rounds, file=sys.stderr, unit="round", desc="torture") as bar:
         def progress(report: _torture.TortureReport, result: _torture.RoundResult) -> None:
             bar.set_postfix_str(f"{result.setup.key} acked {report.acknowledged} "
@@ -356,15 +362,20 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of workload and crashes.")
 @click.option("--keep-failures", type=click.Path(file_okay=False), default=None,
               help="Copy every image that fails its check into this directory.")
+@click.option("--workload", type=click.Choice(_powerloss.WORKLOADS), default="wal",
+              show_default=True, help="wal: records appended and flushed; log: a pmemwal.Log's "
+              "entries appended and synced, rewinds, compactions, resets, states.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
 @_library_errors
 def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: str | None,
-              as_json: bool) -> None:
+              workload: str, as_json: bool) -> None:
     """Simulated power loss: crash a live WAL IMAGES times per setup, keeping only what
     was persisted (and a random part of the rest), and check each recovery.
 
     Every acknowledged record must come back, and nothing that was not written
-    there.  Exits 1 when any image fails.
+    there.  With --workload log, every acknowledged entry, rewind, compaction
+    and state must survive, and no removed entry come back.  Exits 1 when any
+    image fails.
 
     Example: pmemwal powerloss --images 5000 --setups pmem,pmem-threads,msync,buffered
     """
@@ -379,7 +390,7 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
             bar.set_postfix_str(setup)
             reports.append(_powerloss.run_power_loss(mode, images, threads=threads, seed=seed,
                                                      keep_failures=keep_failures,
-                                                     progress=bar.update))
+                                                     progress=bar.update, workload=workload))
     if as_json:
         _dump({"reports": [r.to_dict() for r in reports]})
     else:

@@ -30,6 +30,11 @@ must be exactly what was written, in order: no damaged, no stale record.
 ``run_power_loss`` drives one single-threaded workload (mixed sizes, records
 spanning pages and segments, flushes of every kind, truncation and segment
 recycling) and checks every image; ``pmemwal powerloss`` is its command line.
+With ``workload="log"`` (``--workload log``) the workload is a ``pmemwal.Log``'s
+(``LogWorkload``: entries appended and synced, rewinds, compactions, resets,
+hard states; pmemwal.tools.log_workload), each image recovered with
+``pmemwal.open_log`` and held against the model of what had been acknowledged
+and what was in flight when the power went.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ import traceback
 from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -56,6 +61,8 @@ import pmemwal
 from pmemwal import _core
 from pmemwal.errors import WALError
 from pmemwal.format import segment_name
+from pmemwal.tools.log_workload import LogModel, Shared, Worker
+from pmemwal.tools.torture import WORKLOADS
 
 SEGMENT_SIZE = 1 << 20
 CACHE_LINE = 64
@@ -65,6 +72,7 @@ MODES = ("pmem", "msync", "buffered")
 SETUPS = {"pmem": ("pmem", 1), "pmem-threads": ("pmem", 4), "msync": ("msync", 1),
           "buffered": ("buffered", 1)}  # name: (mode, writer threads)
 MAX_SEGMENTS = 3                       # truncate beyond this: keeps images small, recycles segments
+RETAIN_ENTRIES = 20                    # the log workload compacts to this many entries beyond it
 
 _FLUSH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t)
 _DRAIN_FN = ctypes.CFUNCTYPE(None)
@@ -77,10 +85,11 @@ def payload(seed: int, index: int, length: int) -> bytes:
 
 @dataclass
 class Image:
-    """One crash outcome: segment contents, and the LSN below which all had been promised."""
+    """One crash outcome: segment contents, and what had been promised when the power went
+    (the workload's ``horizon``: an LSN, or a LogModel for the log workload)."""
 
     segments: dict[int, bytes]
-    acked_lsn: int
+    acked: Any
     grain: int
     where: str
 
@@ -91,12 +100,15 @@ class PowerLossReport:
 
     mode: str
     threads: int = 1
+    workload: str = "wal"         # one of WORKLOADS
     images: int = 0
-    records_written: int = 0
+    records_written: int = 0      # the log workload: entries
     flushed_bytes: int = 0
     lost: int = 0                 # images whose recovery ended below the acknowledged LSN
     bad: int = 0                  # images whose recovery returned a record that was not written there
     recovery_errors: int = 0      # images recovery refused (it must not: every image is a crash)
+    resurrected: int = 0          # the log workload: images where a removed entry came back
+    wrong_state: int = 0          # the log workload: first index or hard state not as acknowledged
     recovered_beyond_ack: int = 0 # images that kept unacknowledged records too (allowed)
     segments_recycled: int = 0    # so images met stale pages of an earlier cycle
     crash_points: dict[str, int] = field(default_factory=dict)
@@ -107,7 +119,8 @@ class PowerLossReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.bad or self.recovery_errors)
+        return not (self.lost or self.bad or self.recovery_errors or self.resurrected
+                    or self.wrong_state)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "ok": self.ok}
@@ -126,6 +139,8 @@ class DurableShadow:
         # callbacks run in the writers' threads, and reading files yields the GIL.
         self.lock = threading.RLock()
         self.errors: list[str] = []  # what failed in a callback (ctypes can only print it)
+        self._armed: Callable[[], Image] | None = None  # a crash due before a segment goes
+        self._taken: Image | None = None
         self._follow(wal._dir)
 
     def _follow(self, directory) -> None:
@@ -139,15 +154,32 @@ class DurableShadow:
             self.track(segno)
 
         def recycled(old: int, new: int, *args, **kwargs) -> None:
+            self._before_removal()
             recycle(old, new, *args, **kwargs)
             self.track(new)
             self.forget(old)
 
         def removed(segno: int) -> None:
+            self._before_removal()
             remove(segno)
             self.forget(segno)
 
         directory.create, directory.recycle, directory.remove = created, recycled, removed
+
+    def arm(self, take: Callable[[], Image]) -> None:
+        """A crash is due in the operation about to run: should a segment go in it, the
+        image is taken (``take()``) just before.  Segments go after a flush has returned
+        (a Log's compaction and reset), and a crash in that flush still finds them."""
+        self._armed, self._taken = take, None
+
+    def disarm(self) -> Image | None:
+        """The image taken before a segment went in the operation, if one went."""
+        taken, self._armed, self._taken = self._taken, None, None
+        return taken
+
+    def _before_removal(self) -> None:
+        if self._armed is not None:
+            self._taken, self._armed = self._armed(), None
 
     def track(self, segno: int) -> None:
         with self.lock:
@@ -263,7 +295,13 @@ class PmemTracer(DurableShadow):
 
 
 class Workload:
-    """Writers appending self-describing records, with every kind of flush."""
+    """Writers appending self-describing records, with every kind of flush.
+
+    What ``run_power_loss`` asks of a workload (``LogWorkload`` answers the same):
+    ``step``, ``run_threads``, ``retain``, ``acked`` (what is acknowledged now),
+    ``horizon`` (what an image taken now was promised, given what was acknowledged
+    when the crashing operation began), ``check`` (of one image), ``written``.
+    """
 
     def __init__(self, wal: pmemwal.WAL, seed: int) -> None:
         self.wal = wal
@@ -271,7 +309,7 @@ class Workload:
         self.lsn_of: dict[int, int] = {}  # record index -> LSN, once its append returned
         self._indexes = itertools.count()
 
-    def step(self, rng: random.Random) -> bool:
+    def step(self, rng: random.Random, thread: int = 0) -> bool:
         """One operation; True when it ended with a flush."""
         roll = rng.random()
         if roll < 0.35:
@@ -298,21 +336,97 @@ class Workload:
 
     def run_threads(self, threads: int, steps: int, seed: int) -> None:
         """``steps`` operations in each of ``threads`` threads at once."""
-        def work(rng: random.Random) -> None:
+        def work(rng: random.Random, thread: int) -> None:
             for _ in range(steps):
-                self.step(rng)
+                self.step(rng, thread)
 
-        pool = [threading.Thread(target=work, args=(random.Random(seed * 1000 + t),))
+        pool = [threading.Thread(target=work, args=(random.Random(seed * 1000 + t), t))
                 for t in range(threads)]
         for t in pool:
             t.start()
         for t in pool:
             t.join()
 
-    def retain(self) -> None:
-        """Keep the WAL at a few segments: truncation, then recycling, under the writer."""
+    def retain(self) -> bool:
+        """Keep the WAL at a few segments: truncation, then recycling, under the writer.
+        True when what it wrote was made durable (nothing here: truncation syncs itself)."""
         if len(self.wal._segnos) > MAX_SEGMENTS:
             self.wal.truncate(self.wal.flushed_lsn)
+        return False
+
+    def acked(self) -> int:
+        return self.wal.flushed_lsn
+
+    def horizon(self, acked: int) -> int:
+        return acked
+
+    def check(self, image: Image, directory: Path) -> tuple[str, str]:
+        return check_image(image, self, directory)
+
+    @property
+    def written(self) -> int:
+        return len(self.lsn_of)
+
+    def close(self) -> None:
+        self.wal.close()
+
+
+class LogWorkload(Workload):
+    """The log workload (``log_workload.Worker``: entries, rewinds, compactions, resets,
+    hard states) on one Log, each event fed to a ``LogModel`` as it happens."""
+
+    def __init__(self, log: pmemwal.Log, seed: int, threads: int) -> None:
+        super().__init__(log.wal, seed)
+        self.log = log
+        self.model = LogModel()
+        self._lock = threading.Lock()  # events come from every thread
+        shared = Shared(log, 0, 1, self._event, _length)
+        self.workers = [Worker(shared, t) for t in range(threads)]
+
+    def _event(self, tag: str, *ints: int) -> None:
+        with self._lock:
+            self.model.feed(tag, ints)
+
+    def step(self, rng: random.Random, thread: int = 0) -> bool:
+        return self.workers[thread].step(rng)
+
+    def retain(self) -> bool:
+        """Compact to the last few entries when the log spans more than a few segments."""
+        if len(self.wal._segnos) <= MAX_SEGMENTS:
+            return False
+        self.workers[0].compact(RETAIN_ENTRIES)
+        return True
+
+    def acked(self) -> LogModel:
+        with self._lock:
+            return self.model.copy()
+
+    def horizon(self, acked: LogModel) -> LogModel:
+        """An operation announced since ``acked`` was taken is in flight at the crash."""
+        with self._lock:
+            if self.model.announced == acked.announced:
+                return acked
+            promised = acked.copy()
+            promised.in_flight = self.model.last_op
+            return promised
+
+    def check(self, image: Image, directory: Path) -> tuple[str, str]:
+        """Recover the image's log and hold it against the model of when the power went."""
+        _write_image(image, directory)
+        chk = image.acked.recover(directory, mode="buffered")
+        for verdict, failed in (("error", chk.error), ("lost", chk.lost),
+                                ("resurrected", chk.resurrected), ("state", chk.state_errors),
+                                ("bad", chk.garbage or chk.order)):
+            if failed:
+                return verdict, "; ".join(chk.problems[:3])
+        return ("beyond" if chk.beyond else "ok"), ""
+
+    @property
+    def written(self) -> int:
+        return sum(w.seq for w in self.workers)
+
+    def close(self) -> None:
+        self.log.close()
 
 
 def _length(rng: random.Random) -> int:
@@ -324,6 +438,14 @@ def _length(rng: random.Random) -> int:
     return rng.randrange(20_000, 300_000)  # spans pages, often segments
 
 
+def _write_image(image: Image, directory: Path) -> None:
+    """The image's segment files, alone in ``directory``."""
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    for segno, data in image.segments.items():
+        (directory / segment_name(segno)).write_bytes(data)
+
+
 def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str, str]:
     """Recover one crash image; ("ok"|"beyond"|"lost"|"bad"|"error", detail).
 
@@ -331,10 +453,7 @@ def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str,
     its append returned (a stale record of an earlier cycle has another), and
     recovery must end at or past the LSN acknowledged when the power went.
     """
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
-    for segno, data in image.segments.items():
-        (directory / segment_name(segno)).write_bytes(data)
+    _write_image(image, directory)
     try:
         with pmemwal.open(directory, mode="buffered", create=False, background=False) as wal:
             recovered = [(r.lsn, bytes(r.payload)) for r in wal.records()]
@@ -348,15 +467,16 @@ def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str,
                 or workload.lsn_of.get(index, lsn) != lsn):
             return "bad", f"the record at LSN {lsn:#x} is not one written there"
         seen.add(index)
-    if end < image.acked_lsn:
-        return "lost", f"recovery ends at {end:#x}, {image.acked_lsn:#x} had been acknowledged"
-    return ("beyond" if end > image.acked_lsn else "ok"), ""
+    if end < image.acked:
+        return "lost", f"recovery ends at {end:#x}, {image.acked:#x} had been acknowledged"
+    return ("beyond" if end > image.acked else "ok"), ""
 
 
 def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                    directory: str | None = None, crash_rate: float = 0.2,
                    keep_failures: str | None = None,
-                   progress: Callable[[int], None] | None = None) -> PowerLossReport:
+                   progress: Callable[[int], None] | None = None,
+                   workload: str = "wal") -> PowerLossReport:
     """Crash ``images`` times at random moments of a workload in ``mode`` and check each.
 
     ``mode`` is ``"pmem"`` (direct, traced flush/drain), ``"msync"`` (direct)
@@ -364,59 +484,75 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     page-cache model takes its durable state when a flush returns, which only
     a single writer makes exact).  ``crash_rate`` is the chance of a crash
     image at each crash point.  Failing images are copied under
-    ``keep_failures`` if given.
+    ``keep_failures`` if given.  ``workload`` is ``"wal"`` (records) or
+    ``"log"`` (a pmemwal.Log: entries, rewinds, compactions, resets, states).
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: one of {', '.join(MODES)}")
     if threads < 1 or (threads > 1 and mode != "pmem"):
         raise ValueError(f"threads={threads}: 1, or more in pmem mode")
-    report = PowerLossReport(mode, threads)
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
+    report = PowerLossReport(mode, threads, workload)
     rng = np.random.default_rng(seed)
     root = Path(tempfile.mkdtemp(prefix="pmemwal-powerloss-", dir=directory or _default_dir()))
     queue: list[Image] = []
     t0 = time.perf_counter()
     try:
-        wal = pmemwal.open(root / "wal", mode="buffered" if mode == "buffered" else "direct",
-                           segment_size=SEGMENT_SIZE, background=False, recycle_segments=1,
-                           prepare_segments=0)
-        work = Workload(wal, seed)
-        shadow = _shadow_for(mode, wal, rng, crash_rate,
-                             lambda where: queue.append(shadow.image(wal.flushed_lsn, where)))
+        work = _open_workload(workload, root / "wal", mode, seed, threads)
+        wal = work.wal
+        shadow = _shadow_for(mode, wal, rng, crash_rate, lambda where: queue.append(
+            shadow.image(work.horizon(work.acked()), where)))
         step_rng = random.Random(seed)
         rounds = 0
         while report.images < images:
             if mode == "pmem":  # crash points come from the tracer, inside the operations
                 work.run_threads(threads, 20, seed + rounds)
             else:
-                acked = wal.flushed_lsn
+                acked = work.acked()
+                crash = rng.random() < crash_rate  # drawn first: the step may take it (arm)
+                take = lambda where="mid-flush": shadow.image(work.horizon(acked), where)  # noqa: E731
+                if crash:
+                    shadow.arm(take)
                 flushed = work.step(step_rng)
-                if rng.random() < crash_rate:
+                if crash:
                     # a flush's writes may or may not have landed; it was not acknowledged yet
-                    queue.append(shadow.image(acked, "mid-flush" if flushed else "between"))
+                    queue.append(shadow.disarm() or take("mid-flush" if flushed else "between"))
                 if flushed:
                     shadow.settle()
             rounds += 1
             if shadow.errors:
                 raise RuntimeError(f"the persist tracer failed:\n{shadow.errors[0]}")
-            work.retain()
+            if work.retain():
+                shadow.settle()
             _check_queue(queue[:images - report.images], work, root / "image", report,
                          keep_failures, progress)
             queue.clear()
-        report.records_written = len(work.lsn_of)
+        report.records_written = work.written
         report.flushed_bytes = wal.flushed_lsn
         report.segments_recycled = wal.stats()["segments_recycled"]
-        wal.close()
+        work.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report.seconds = time.perf_counter() - t0
     return report
 
 
+def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int) -> Workload:
+    """A fresh WAL (or Log) at ``path`` for ``mode``, with the workload that writes it."""
+    options = {"mode": "buffered" if mode == "buffered" else "direct",
+               "segment_size": SEGMENT_SIZE, "background": False, "recycle_segments": 1,
+               "prepare_segments": 0}
+    if workload == "log":
+        return LogWorkload(pmemwal.open_log(path, **options), seed, threads)
+    return Workload(pmemwal.open(path, **options), seed)
+
+
 def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLossReport,
                  keep_failures: str | None, progress: Callable[[int], None] | None) -> None:
     for image in queue:
         t1 = time.perf_counter()
-        verdict, detail = check_image(image, work, path)
+        verdict, detail = work.check(image, path)
         elapsed_ms = 1000 * (time.perf_counter() - t1)
         report.recovery_ms_mean += (elapsed_ms - report.recovery_ms_mean) / (report.images + 1)
         _count(report, image, verdict, detail, path, keep_failures)
@@ -432,15 +568,23 @@ def parse_setups(text: str) -> tuple[str, ...]:
 
 
 def table(reports: list[PowerLossReport]) -> str:
-    """The reports as a Markdown table, one row per setup."""
-    rows = ["| setup | images | records written | lost | bad | recovery errors | kept more than "
-            "acknowledged | segments recycled | recovery ms (mean) | seconds |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in reports:
-        name = r.mode if r.threads == 1 else f"{r.mode} x{r.threads} writers"
-        rows.append(f"| {name} | {r.images:,} | {r.records_written:,} | {r.lost} | {r.bad} | "
-                    f"{r.recovery_errors} | {r.recovered_beyond_ack:,} | {r.segments_recycled} | "
-                    f"{r.recovery_ms_mean:.1f} | {r.seconds:.0f} |")
+    """The reports as a Markdown table, one row per setup (with the log workload's columns
+    when one of them ran it)."""
+    log = any(r.workload == "log" for r in reports)
+    columns = [("setup", lambda r: r.mode if r.threads == 1 else f"{r.mode} x{r.threads} writers"),
+               ("images", lambda r: f"{r.images:,}"),
+               (f"{'entries' if log else 'records'} written", lambda r: f"{r.records_written:,}"),
+               ("lost", lambda r: r.lost),
+               *([("resurrected", lambda r: r.resurrected),
+                  ("wrong state", lambda r: r.wrong_state)] if log else []),
+               ("bad", lambda r: r.bad), ("recovery errors", lambda r: r.recovery_errors),
+               ("kept more than acknowledged", lambda r: f"{r.recovered_beyond_ack:,}"),
+               ("segments recycled", lambda r: r.segments_recycled),
+               ("recovery ms (mean)", lambda r: f"{r.recovery_ms_mean:.1f}"),
+               ("seconds", lambda r: f"{r.seconds:.0f}")]
+    rows = ["| " + " | ".join(name for name, _ in columns) + " |",
+            "|" + "---|" * len(columns)]
+    rows += ["| " + " | ".join(str(cell(r)) for _, cell in columns) + " |" for r in reports]
     return "\n".join(rows)
 
 
@@ -454,7 +598,8 @@ def _shadow_for(mode: str, wal: pmemwal.WAL, rng: np.random.Generator, crash_rat
     return DurableShadow(wal, rng, PAGE_CACHE_GRAINS)
 
 
-_FAILURE_COUNTERS = {"lost": "lost", "bad": "bad", "error": "recovery_errors"}
+_FAILURE_COUNTERS = {"lost": "lost", "bad": "bad", "error": "recovery_errors",
+                     "resurrected": "resurrected", "state": "wrong_state"}
 
 
 def _count(report: PowerLossReport, image: Image, verdict: str, detail: str, path: Path,

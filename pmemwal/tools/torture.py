@@ -22,7 +22,10 @@ each WAL directory has one segment size (a WAL's size is fixed) and lives for
 kill left it and as recovery left it, with the child's pipe output, and the
 next round starts a fresh directory.
 
-Pipe lines, child to parent (one locked write each):
+The ``log`` workload (``pmemwal.tools.log_workload``, ``--workload log``) runs
+the same rounds on a ``pmemwal.Log``, with its own child, ledger and checks.
+
+Pipe lines of the WAL workload, child to parent (one locked write each):
 
     R <persist_method> <insert_lsn>     opened: recovery done, appending starts
     A <thread> <seq> <lsn> [<lsn> ...]  records seq, seq+1, ... of the thread are durable
@@ -60,10 +63,15 @@ HEADER = struct.Struct("<4sIIII")  # magic, round, thread, seq, length (of the w
 HDR = HEADER.size
 
 
+def digested(head: bytes, length: int) -> bytes:
+    """``head``, then bytes it regenerates, ``length`` (>= len(head)) in all: self-describing
+    content whose every byte can be checked."""
+    return head + hashlib.shake_128(head).digest(length - len(head))
+
+
 def make_record(rnd: int, thread: int, seq: int, length: int) -> bytes:
     """Record ``seq`` of ``thread`` in round ``rnd``: ``length`` (>= HDR) bytes, header first."""
-    head = HEADER.pack(MAGIC, rnd, thread, seq, length)
-    return head + hashlib.shake_128(head).digest(length - HDR)
+    return digested(HEADER.pack(MAGIC, rnd, thread, seq, length), length)
 
 
 def parse_record(data: bytes) -> tuple[int, int, int] | None:
@@ -71,9 +79,7 @@ def parse_record(data: bytes) -> tuple[int, int, int] | None:
     if len(data) < HDR:
         return None
     magic, rnd, thread, seq, length = HEADER.unpack_from(data)
-    if magic != MAGIC or length != len(data):
-        return None
-    if data[HDR:] != hashlib.shake_128(data[:HDR]).digest(length - HDR):
+    if magic != MAGIC or length != len(data) or data != digested(data[:HDR], length):
         return None
     return rnd, thread, seq
 
@@ -137,20 +143,57 @@ def child_env(persist: str) -> dict[str, str]:
 Key = tuple[int, int]  # (round, thread)
 
 
-@dataclass
-class Ledger:
-    """A torture WAL directory and what it must hold.
+class PipeError(ValueError):
+    """A child broke the pipe protocol: a line out of place, a sequence number skipped."""
 
-    ``known[(round, thread)][seq]`` is the LSN of every record known durable
-    (acknowledged, or returned by a recovery; 0 where unknown), ``cut`` the
-    highest truncation point announced, ``rounds`` the rounds run here.
+
+@dataclass
+class TortureDir:
+    """A torture WAL directory: where it is, its segment size, the rounds run in it.
+
+    Each workload's ledger adds what the directory must hold, and what the round
+    machinery (``crash_round``, ``play_round``, ``run``) asks of it: ``CHILD``
+    (the child's module), ``begin`` (a round starts), ``reader`` (the round's pipe
+    lines), ``check`` (recover and check), ``absorb`` (what that recovery returned
+    is durable from now on) and ``kept_info`` (for a kept failing round).
     """
 
     path: str
     segment_size: int
+    rounds: set[int] = field(default_factory=set)
+
+    def begin(self, rnd: int) -> dict:
+        """Round ``rnd`` starts here; returns what its child's spec needs besides the setup."""
+        self.rounds.add(rnd)
+        return {}
+
+    def size(self) -> int:
+        """Bytes of the files in the directory."""
+        return sum(e.stat().st_size for e in os.scandir(self.path) if e.is_file())
+
+
+@dataclass
+class Ledger(TortureDir):
+    """A WAL workload's directory and what it must hold.
+
+    ``known[(round, thread)][seq]`` is the LSN of every record known durable
+    (acknowledged, or returned by a recovery; 0 where unknown), ``cut`` the
+    highest truncation point announced.
+    """
+
+    CHILD = "pmemwal.tools._torture_child"
+
     known: dict[Key, np.ndarray] = field(default_factory=dict)
     cut: int = 0
-    rounds: set[int] = field(default_factory=set)
+
+    def reader(self, rnd: int) -> WalPipe:
+        return WalPipe(self, rnd)
+
+    def check(self, mode: str) -> Check:
+        return check(self, mode)
+
+    def kept_info(self) -> dict:
+        return {"truncation_point": self.cut}
 
     @property
     def keep_from(self) -> int:
@@ -198,9 +241,39 @@ class Ledger:
                                 f"first seq {seq} at {pmemwal.format_lsn(int(lsns[seq]))}")
         return lost
 
-    def size(self) -> int:
-        """Bytes of the files in the directory."""
-        return sum(e.stat().st_size for e in os.scandir(self.path) if e.is_file())
+
+class WalPipe:
+    """A WAL child's pipe lines of one round: acknowledgements (A) and truncations (T);
+    the acknowledgements go into the ledger at ``finish``."""
+
+    TAGS = (b"A", b"T")
+
+    def __init__(self, ledger: Ledger, rnd: int) -> None:
+        self._ledger, self._rnd = ledger, rnd
+        self.acks: dict[int, list[int]] = {}
+        self.ops = {"truncations": 0}
+
+    def opened(self, fields: list[int]) -> None:
+        """The R line's insert LSN: nothing to hold it against."""
+
+    def line(self, tag: bytes, fields: list[int]) -> None:
+        if tag == b"A":
+            thread, seq, lsns = fields[0], fields[1], fields[2:]
+            mine = self.acks.setdefault(thread, [])
+            if seq != len(mine):
+                raise PipeError(f"thread {thread} acknowledged seq {seq} after {len(mine)} records")
+            mine.extend(lsns)
+        else:
+            self._ledger.cut = max(self._ledger.cut, fields[0])
+            self.ops["truncations"] += 1
+
+    def finish(self) -> None:
+        for thread, lsns in self.acks.items():
+            self._ledger.acknowledge((self._rnd, thread), lsns)
+
+    @property
+    def acked_seqs(self) -> dict[int, int]:
+        return {t: len(v) for t, v in self.acks.items()}
 
 
 # ---- one crash --------------------------------------------------------------------
@@ -212,7 +285,7 @@ class ChildRun:
     persist_method: str | None
     acknowledged: int
     acked_seqs: dict[int, int]      # thread -> records acknowledged
-    truncations: int
+    ops: dict[str, int]             # operations announced, by kind (truncations, rewinds...)
     delay_s: float
     returncode: int
     failure: str | None             # did not get ready, died by itself, broke the protocol
@@ -220,16 +293,15 @@ class ChildRun:
     stderr: bytes
 
 
-def crash_round(ledger: Ledger, setup: Setup, rnd: int, seed: str, threads: int,
+def crash_round(ledger: TortureDir, setup: Setup, rnd: int, seed: str, threads: int,
                 delay_s: float, timeout: float = 60.0) -> ChildRun:
     """Run a child on the ledger's WAL, SIGKILL it ``delay_s`` after it is ready, and
     record what it acknowledged and announced in the ledger."""
-    ledger.rounds.add(rnd)
     spec = {"dir": ledger.path, "mode": setup.mode, "segment_size": setup.segment_size,
-            "slots": setup.slots, "threads": threads, "round": rnd, "seed": seed}
+            "slots": setup.slots, "threads": threads, "round": rnd, "seed": seed,
+            **ledger.begin(rnd)}
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "pmemwal.tools._torture_child",
-                                 json.dumps(spec)],
+        proc = subprocess.Popen([sys.executable, "-m", ledger.CHILD, json.dumps(spec)],
                                 stdout=subprocess.PIPE, stderr=err, env=child_env(setup.persist))
         pipe = _PipeReader(proc.stdout)
         if pipe.ready.wait(timeout) and not pipe.eof:
@@ -239,7 +311,7 @@ def crash_round(ledger: Ledger, setup: Setup, rnd: int, seed: str, threads: int,
         pipe.join()
         err.seek(0)
         stderr = err.read()
-    run = _read_pipe(ledger, rnd, pipe.data(), proc.returncode, stderr, delay_s)
+    run = _read_pipe(ledger.reader(rnd), pipe.data(), proc.returncode, stderr, delay_s)
     expected = PERSIST[setup.persist][1]
     if run.failure is None and run.persist_method != expected:
         run.failure = f"persist method {run.persist_method}, expected {expected}"
@@ -269,36 +341,34 @@ class _PipeReader(threading.Thread):
         return b"".join(self._chunks)
 
 
-def _read_pipe(ledger: Ledger, rnd: int, data: bytes, returncode: int, stderr: bytes,
-               delay_s: float) -> ChildRun:
-    acks: dict[int, list[int]] = {}
-    persist, truncations, failure = None, 0, None
+def _read_pipe(reader, data: bytes, returncode: int, stderr: bytes, delay_s: float) -> ChildRun:
+    """Parse a child's pipe: the R line here, the workload's lines in its ``reader``."""
+    persist, failure = None, None
     for line in data.split(b"\n")[:-1]:  # the last piece is empty, or cut off by the kill
         tag, *fields = line.split() or [b""]
-        if tag == b"R" and persist is None:
-            persist = fields[0].decode()
-        elif tag == b"A" and persist is not None:
-            thread, seq, lsns = int(fields[0]), int(fields[1]), [int(x) for x in fields[2:]]
-            mine = acks.setdefault(thread, [])
-            if seq != len(mine):
-                failure = f"thread {thread} acknowledged seq {seq} after {len(mine)} records"
-                break
-            mine.extend(lsns)
-        elif tag == b"T" and persist is not None:
-            ledger.cut = max(ledger.cut, int(fields[0]))
-            truncations += 1
-        else:
+        try:
+            if tag == b"R" and persist is None:
+                persist = fields[0].decode()
+                reader.opened([int(f) for f in fields[1:]])
+            elif persist is not None and tag in reader.TAGS:
+                reader.line(tag, [int(f) for f in fields])
+            else:
+                raise PipeError(f"unexpected pipe line {line[:80]!r}")
+        except PipeError as error:
+            failure = str(error)
+        except (ValueError, IndexError):
             failure = f"unexpected pipe line {line[:80]!r}"
+        if failure:
             break
     if failure is None and (returncode != -signal.SIGKILL or b"Traceback" in stderr):
         # a writer that failed just before the kill has written its traceback
         failure = f"child exited with status {returncode}: {stderr.decode(errors='replace')[-2000:]}"
     elif failure is None and persist is None:
         failure = "child never got ready"
-    for thread, lsns in acks.items():
-        ledger.acknowledge((rnd, thread), lsns)
-    return ChildRun(persist, sum(map(len, acks.values())), {t: len(v) for t, v in acks.items()},
-                    truncations, delay_s, returncode, failure, data, stderr)
+    reader.finish()
+    seqs = reader.acked_seqs
+    return ChildRun(persist, sum(seqs.values()), seqs, reader.ops, delay_s, returncode, failure,
+                    data, stderr)
 
 
 # ---- the check --------------------------------------------------------------------
@@ -315,10 +385,18 @@ class Check:
     error: str | None                           # open or reading raised
     runs: dict[Key, tuple[int, list[int]]]      # (round, thread) -> (first seq, LSNs)
     problems: list[str]
+    resurrected: int = 0    # the log workload: entries back that a done rewind or reset voided
+    state_errors: int = 0   # the log workload: first index or hard state not as acknowledged
+    checked: int = 0        # the log workload: entries that had to be back, looked for
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.garbage or self.order or self.error)
+        return not (self.lost or self.garbage or self.order or self.error or self.resurrected
+                    or self.state_errors)
+
+    def seen_end(self, key: Key) -> int:
+        """One past the last sequence number of ``key`` that recovery returned (0: none)."""
+        return _run_end(self.runs.get(key))
 
 
 def check(ledger: Ledger, mode: str) -> Check:
@@ -414,18 +492,23 @@ def _stats(values: list[float], *names: str) -> dict[str, float]:
 
 @dataclass
 class TortureReport:
-    """Totals of a torture run; ``ok`` when nothing was lost, garbled, misordered or failed."""
+    """Totals of a torture run; ``ok`` when nothing was lost, garbled, misordered, resurrected
+    or failed, and every recovered hard state was as acknowledged."""
 
     seed: int
+    workload: str = "wal"
     rounds: int = 0
     appended: int = 0
     acknowledged: int = 0
+    checked: int = 0              # the log workload: entries held against recoveries
     lost: int = 0
     garbage: int = 0
     order_violations: int = 0
+    resurrected: int = 0
+    state_errors: int = 0
     recovery_errors: int = 0
     child_failures: int = 0
-    truncations: int = 0
+    ops: dict[str, int] = field(default_factory=dict)   # announced, by kind
     silent_rounds: int = 0        # the child acknowledged nothing: a hang shows up here
     wal_dirs: int = 0
     elapsed_s: float = 0.0
@@ -441,8 +524,12 @@ class TortureReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.garbage or self.order_violations or self.recovery_errors
-                    or self.child_failures)
+        return not (self.lost or self.garbage or self.order_violations or self.resurrected
+                    or self.state_errors or self.recovery_errors or self.child_failures)
+
+    @property
+    def truncations(self) -> int:
+        return self.ops.get("truncations", 0)
 
     def add(self, result: RoundResult) -> None:
         """Count one round in."""
@@ -450,7 +537,8 @@ class TortureReport:
         self.rounds += 1
         self.appended += result.appended
         self.acknowledged += child.acknowledged
-        self.truncations += child.truncations
+        for kind, n in child.ops.items():
+            self.ops[kind] = self.ops.get(kind, 0) + n
         self.silent_rounds += child.acknowledged == 0
         self.delays_ms.append(child.delay_s * 1e3)
         self.child_failures += child.failure is not None
@@ -462,26 +550,34 @@ class TortureReport:
         if child.persist_method and child.persist_method not in cfg["persist_methods"]:
             cfg["persist_methods"].append(child.persist_method)
         if chk is not None:
-            self.lost += chk.lost
-            self.garbage += chk.garbage
-            self.order_violations += chk.order
-            self.recovery_errors += chk.error is not None
-            cfg["lost"] += chk.lost
-            cfg["garbage"] += chk.garbage
-            if chk.error is None:
-                self.recovery_ms.append(chk.recovery_s * 1e3)
-                self.scanned.append(chk.scanned)
+            self._add_check(chk, cfg)
             problems += chk.problems
         room = self.MAX_PROBLEMS - len(self.problems)
         self.problems += [f"round {result.rnd} ({result.setup.key}): {p}" for p in problems][:room]
 
+    def _add_check(self, chk: Check, cfg: dict) -> None:
+        self.checked += chk.checked
+        self.lost += chk.lost
+        self.garbage += chk.garbage
+        self.order_violations += chk.order
+        self.resurrected += chk.resurrected
+        self.state_errors += chk.state_errors
+        self.recovery_errors += chk.error is not None
+        cfg["lost"] += chk.lost
+        cfg["garbage"] += chk.garbage
+        if chk.error is None:
+            self.recovery_ms.append(chk.recovery_s * 1e3)
+            self.scanned.append(chk.scanned)
+
     def to_dict(self) -> dict:
         """Everything, JSON-ready."""
         return {
-            "ok": self.ok, "seed": self.seed, "rounds": self.rounds, "appended": self.appended,
-            "acknowledged": self.acknowledged, "lost": self.lost, "garbage": self.garbage,
-            "order_violations": self.order_violations, "recovery_errors": self.recovery_errors,
-            "child_failures": self.child_failures, "truncations": self.truncations,
+            "ok": self.ok, "seed": self.seed, "workload": self.workload, "rounds": self.rounds,
+            "appended": self.appended, "acknowledged": self.acknowledged, "checked": self.checked,
+            "lost": self.lost, "garbage": self.garbage,
+            "order_violations": self.order_violations, "resurrected": self.resurrected,
+            "state_errors": self.state_errors, "recovery_errors": self.recovery_errors,
+            "child_failures": self.child_failures, **self.ops,
             "silent_rounds": self.silent_rounds,
             "wal_dirs": self.wal_dirs, "elapsed_s": round(self.elapsed_s, 1),
             "recovery_ms": _stats(self.recovery_ms, "p50", "p99", "max"),
@@ -495,21 +591,28 @@ class TortureReport:
         """A human summary: totals, recovery times, then one line per configuration."""
         d = self.to_dict()
         rec, scan, delay = d["recovery_ms"], d["records_per_recovery"], d["kill_delay_ms"]
+        log = self.workload == "log"
+        noun = "entries" if log else "records"   # as long as each other: the columns stay
         lines = [
             f"rounds:               {self.rounds} in {self.elapsed_s:.0f} s "
             f"({self.wal_dirs} WAL directories, seed {self.seed})",
-            f"records appended:     {self.appended}",
-            f"records acknowledged: {self.acknowledged}",
-            f"records lost:         {self.lost}",
-            f"garbage records:      {self.garbage}",
+            f"{noun} appended:     {self.appended}",
+            f"{noun} acknowledged: {self.acknowledged}",
+            *([f"entries checked:      {self.checked} (acknowledged or recovered before: "
+               "each must be back at its index)"] if log else []),
+            f"{noun} lost:         {self.lost}",
+            *([f"entries resurrected:  {self.resurrected}"] if log else []),
+            f"garbage {noun}:      {self.garbage}",
             f"order violations:     {self.order_violations}",
+            *([f"state errors:         {self.state_errors} (first index, hard state)"]
+              if log else []),
             f"recovery errors:      {self.recovery_errors}",
             f"child failures:       {self.child_failures}",
-            f"truncations:          {self.truncations}",
+            *(f"{kind.replace('_', ' ') + ':':<22}{n}" for kind, n in self.ops.items()),
             f"silent rounds:        {self.silent_rounds} (nothing acknowledged before the kill)",
             f"recovery time:        p50 {rec['p50']:.2f} ms, p99 {rec['p99']:.2f} ms, "
             f"max {rec['max']:.2f} ms",
-            f"records per recovery: p50 {scan['p50']:.0f}, mean {scan['mean']:.0f}, "
+            f"{noun} per recovery: p50 {scan['p50']:.0f}, mean {scan['mean']:.0f}, "
             f"max {scan['max']:.0f}",
             f"kill delay:           {delay['min']:.0f}..{delay['max']:.0f} ms, "
             f"mean {delay['mean']:.0f} ms",
@@ -547,8 +650,11 @@ class TortureConfig:
     max_dir_bytes: int = 256 << 20
     delay_ms: tuple[float, float] = (5.0, 300.0)
     keep: bool = False                      # leave the last WAL directory behind
+    workload: str = "wal"                   # one of WORKLOADS
 
     def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload {self.workload!r}: choose from {', '.join(WORKLOADS)}")
         bad = [m for m in self.modes if m not in PERSIST]
         if bad or not self.modes:
             raise ValueError(f"modes {bad or '(none)'}: choose from {', '.join(PERSIST)}")
@@ -563,6 +669,15 @@ class TortureConfig:
 
 
 Progress = Callable[[TortureReport, RoundResult], None]
+WORKLOADS = ("wal", "log")  # records of a WAL; entries of a pmemwal.Log (log_workload)
+
+
+def ledger_type(workload: str) -> type[TortureDir]:
+    """The ledger class of a workload (the log's module builds on this one: imported late)."""
+    if workload == "log":
+        from pmemwal.tools.log_workload import LogLedger
+        return LogLedger
+    return Ledger
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
@@ -586,12 +701,13 @@ def run(config: TortureConfig, progress: Progress | None = None) -> TortureRepor
     """Run ``config.rounds`` rounds of append, SIGKILL, recover and check."""
     seed = config.seed if config.seed is not None else random.SystemRandom().getrandbits(32)
     rng = random.Random(seed)
-    report = TortureReport(seed=seed)
+    report = TortureReport(seed=seed, workload=config.workload)
+    new_ledger = ledger_type(config.workload)
     base = config.path or tempfile.mkdtemp(prefix="pmemwal-torture-", dir=_SHM)
     os.makedirs(base, exist_ok=True)
     crash_image = os.path.join(base, "crash-image")
     setups = _setups(config, rng)
-    ledger: Ledger | None = None
+    ledger: TortureDir | None = None
     start = time.perf_counter()
     try:
         for rnd in range(config.rounds):
@@ -599,7 +715,7 @@ def run(config: TortureConfig, progress: Progress | None = None) -> TortureRepor
                     or ledger.size() > config.max_dir_bytes:
                 _discard(ledger)
                 size = config.segment_sizes[report.wal_dirs % len(config.segment_sizes)]
-                ledger = Ledger(tempfile.mkdtemp(prefix="wal-", dir=base), size)
+                ledger = new_ledger(tempfile.mkdtemp(prefix="wal-", dir=base), size)
                 report.wal_dirs += 1
             persist, slots = next(setups)
             setup = Setup(persist, ledger.segment_size, slots)
@@ -632,7 +748,7 @@ def _setups(config: TortureConfig, rng: random.Random) -> Iterator[tuple[str, in
         yield from pairs
 
 
-def play_round(ledger: Ledger, setup: Setup, rnd: int, seed: str, threads: int, delay_s: float,
+def play_round(ledger: TortureDir, setup: Setup, rnd: int, seed: str, threads: int, delay_s: float,
                crash_image: str | None = None) -> RoundResult:
     """One round: crash a child, copy the WAL as the kill left it, recover, check, absorb."""
     child = crash_round(ledger, setup, rnd, seed, threads, delay_s)
@@ -641,10 +757,9 @@ def play_round(ledger: Ledger, setup: Setup, rnd: int, seed: str, threads: int, 
     if crash_image:
         shutil.rmtree(crash_image, ignore_errors=True)
         shutil.copytree(ledger.path, crash_image)
-    chk = check(ledger, setup.mode)
+    chk = ledger.check(setup.mode)
     ledger.absorb(chk)
-    appended = sum(max(child.acked_seqs.get(t, 0), _run_end(chk.runs.get((rnd, t))))
-                   for t in range(threads))
+    appended = sum(max(child.acked_seqs.get(t, 0), chk.seen_end((rnd, t))) for t in range(threads))
     return RoundResult(rnd, setup, child, chk, appended)
 
 
@@ -652,7 +767,7 @@ def _run_end(run: tuple[int, list[int]] | None) -> int:
     return run[0] + len(run[1]) if run else 0
 
 
-def _keep(ledger: Ledger, result: RoundResult, crash_image: str, base: str) -> str:
+def _keep(ledger: TortureDir, result: RoundResult, crash_image: str, base: str) -> str:
     """Keep a failed round for investigation: the WAL before and after recovery, the pipe."""
     kept = tempfile.mkdtemp(prefix=f"kept-round{result.rnd:05d}-", dir=base)
     if os.path.isdir(crash_image):
@@ -664,7 +779,7 @@ def _keep(ledger: Ledger, result: RoundResult, crash_image: str, base: str) -> s
     info = {"round": result.rnd, "setup": result.setup.key, "mode": result.setup.mode,
             "segment_size": result.setup.segment_size, "slots": result.setup.slots,
             "delay_ms": result.child.delay_s * 1e3, "rounds_in_dir": sorted(ledger.rounds),
-            "truncation_point": ledger.cut, "failure": result.child.failure,
+            **ledger.kept_info(), "failure": result.child.failure,
             "stderr": result.child.stderr.decode(errors="replace")[-4000:],
             "problems": chk.problems if chk else []}
     with open(os.path.join(kept, "round.json"), "w") as f:
@@ -672,7 +787,7 @@ def _keep(ledger: Ledger, result: RoundResult, crash_image: str, base: str) -> s
     return kept
 
 
-def _discard(ledger: Ledger | None) -> None:
+def _discard(ledger: TortureDir | None) -> None:
     if ledger is not None:
         shutil.rmtree(ledger.path, ignore_errors=True)
 
