@@ -216,12 +216,17 @@ def test_a_forked_child_does_not_keep_the_lock(wal_dir):
     wal = pmemwal.open(wal_dir, segment_size=SEG)
     wal.append(b"before the fork", flush=True)
     read_end, write_end = os.pipe()
+    ready_read, ready_write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: wait until told to go, holding nothing
+    if pid == 0:  # the child (its after-fork hooks have run): say so, wait until told to go
         os.close(write_end)
+        os.write(ready_write, b"r")
         os.read(read_end, 1)
         os._exit(0)
     os.close(read_end)
+    os.close(ready_write)
+    assert os.read(ready_read, 1) == b"r"
+    os.close(ready_read)
     try:
         with pytest.raises(pmemwal.LockedError):  # the parent still holds it
             pmemwal.open(wal_dir)
