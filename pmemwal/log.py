@@ -64,6 +64,8 @@ HEADER = struct.Struct("<HBBIQQ")
 HEADER_SIZE = HEADER.size                   # 24
 HEADER_DTYPE = np.dtype([("magic", "<u2"), ("version", "u1"), ("kind", "u1"), ("aux", "<u4"),
                          ("index", "<u8"), ("term", "<u8")])
+_ENTRY_PREFIX = HEADER.pack(MAGIC, VERSION, ENTRY, 0, 0, 0)[:8]  # an entry's header: this, then
+_INDEX_TERM = struct.Struct("<QQ")                              # its index and term
 _KEEP = object()                            # set_state: leave this field as it is
 _SCAN_BATCH = 1 << 16                       # records per native call on open
 
@@ -248,10 +250,11 @@ class Log:
         with self._lock:  # the WAL raises ClosedError once closed
             if term < self._last_term:
                 raise TermError(f"term {term} is below the last entry's term {self._last_term}")
-            index = self._index.next
-            record = b"".join((HEADER.pack(MAGIC, VERSION, ENTRY, 0, index, term), payload))
-            lsn = self.wal.append(record, sync)
-            self._index.push(lsn, term)
+            ix = self._index
+            index = ix.first + ix.count
+            lsn = self.wal.append(b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(index, term), payload)),
+                                  sync)
+            ix.push(lsn, term)
             self._last_term = term
             return index
 
@@ -262,7 +265,7 @@ class Log:
             if term < self._last_term:
                 raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             first = self._index.next
-            records = [b"".join((HEADER.pack(MAGIC, VERSION, ENTRY, 0, first + i, term), p))
+            records = [b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(first + i, term), p))
                        for i, p in enumerate(payloads)]
             if not records:
                 return np.empty(0, np.int64)
