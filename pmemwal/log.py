@@ -161,7 +161,8 @@ class Log:
     options are ``pmemwal.open``'s; the Log owns its WAL (``log.wal``) and
     closes it.  One writer process; threads may share a Log (its operations
     are serialized by a lock, as the order of indexes must be the order of
-    LSNs).  Nothing is durable until ``sync`` (or an append with
+    LSNs; an append's sync waits outside it, so threads that append with
+    ``sync=True`` at once share flushes).  Nothing is durable until ``sync`` (or an append with
     ``sync=True``, or the background writer's periodic flush); ``truncate_after``,
     ``compact``, ``reset`` and ``set_state`` are durable when they return.
     """
@@ -252,11 +253,12 @@ class Log:
                 raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             ix = self._index
             index = ix.first + ix.count
-            lsn = self.wal.append(b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(index, term), payload)),
-                                  sync)
+            lsn = self.wal.append(b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(index, term), payload)))
             ix.push(lsn, term)
             self._last_term = term
-            return index
+        if sync:  # outside the lock: threads appending at once share flushes (group commit)
+            self.wal.flush(lsn)
+        return index
 
     def append_many(self, payloads: Iterable, term: int = 0, *, sync: bool = False) -> np.ndarray:
         """Append entries in one native call; returns their indexes (int64)."""
@@ -270,11 +272,11 @@ class Log:
             if not records:
                 return np.empty(0, np.int64)
             lsns = self.wal.append_many(records)
-            if sync:
-                self.wal.flush(int(lsns[-1]))
             self._index.extend(lsns, np.full(len(lsns), term, np.uint64))
             self._last_term = term
-            return np.arange(first, first + len(records), dtype=np.int64)
+        if sync:
+            self.wal.flush(int(lsns[-1]))
+        return np.arange(first, first + len(records), dtype=np.int64)
 
     def sync(self, index: int | None = None) -> None:
         """Make every entry up to ``index`` (None: everything appended) durable."""
