@@ -87,7 +87,7 @@ class HardState(NamedTuple):
 
 
 def open_log(path: str | os.PathLike[str], **wal_options) -> Log:
-    """Open (or create) the log in WAL directory ``path``; ``wal_options`` go to ``pmemwal.open``."""
+    """Open (or create) the log in WAL directory ``path``; ``wal_options`` go to pmemwal.open."""
     return Log(path, **wal_options)
 
 
@@ -162,9 +162,10 @@ class Log:
     closes it.  One writer process; threads may share a Log (its operations
     are serialized by a lock, as the order of indexes must be the order of
     LSNs; an append's sync waits outside it, so threads that append with
-    ``sync=True`` at once share flushes).  Nothing is durable until ``sync`` (or an append with
-    ``sync=True``, or the background writer's periodic flush); ``truncate_after``,
-    ``compact``, ``reset`` and ``set_state`` are durable when they return.
+    ``sync=True`` at once share flushes).  Nothing is durable until ``sync``
+    (or an append with ``sync=True``, or the background writer's periodic
+    flush); ``truncate_after``, ``compact``, ``reset`` and ``set_state`` are
+    durable when they return.
     """
 
     def __init__(self, path: str | os.PathLike[str], **wal_options) -> None:

@@ -221,7 +221,8 @@ def step(rng: random.Random, log: pmemwal.Log, model: Model) -> None:
         model.next += 1
     elif op == "many":
         payloads = [rng.randbytes(rng.randrange(200)) for _ in range(rng.randrange(1, 40))]
-        assert list(log.append_many(payloads, term)) == list(range(model.next, model.next + len(payloads)))
+        indexes = list(log.append_many(payloads, term))
+        assert indexes == list(range(model.next, model.next + len(payloads)))
         for p in payloads:
             model.entries[model.next] = (term, p)
             model.next += 1
@@ -243,8 +244,8 @@ def step(rng: random.Random, log: pmemwal.Log, model: Model) -> None:
         model.first = model.next = k + 1
         model.snapshot = (k, t)
     else:
-        new = pmemwal.HardState(model.state.term + rng.randrange(2), rng.choice((None, 1, "x", b"y")),
-                                rng.randrange(100))
+        new = pmemwal.HardState(model.state.term + rng.randrange(2),
+                                rng.choice((None, 1, "x", b"y")), rng.randrange(100))
         log.set_state(term=new.term, vote=new.vote, commit=new.commit)
         model.state = new
 

@@ -3,8 +3,8 @@
 pysyncobj (github.com/bakwc/PySyncObj) keeps a node's Raft log in a *journal*: a list
 (``MemoryJournal``) or an mmap'ed file synced only when it is closed (``FileJournal``: until
 then entries reach the disk when the kernel writes the pages back, so a power failure can
-lose entries the node had acknowledged).  ``PmemwalJournal`` keeps it in a ``pmemwal.Log``.  To use it, give
-``SyncObjConf`` a ``JournalPath`` as its ``journalFile``::
+lose entries the node had acknowledged).  ``PmemwalJournal`` keeps it in a ``pmemwal.Log``.
+To use it, give ``SyncObjConf`` a ``JournalPath`` as its ``journalFile``::
 
     from pysyncobj import SyncObj, SyncObjConf
     from pysyncobj.batteries import ReplCounter
