@@ -297,11 +297,46 @@ static PyObject *Core_append(CoreObject *self, PyObject *const *args, Py_ssize_t
     uint64_t len = (uint64_t)view.len, lsn = 0, flushed;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = wal_insert(self->core, &env, &buf, &len, 1, &lsn);
+    rc = wal_insert(self->core, &env, NULL, NULL, &buf, &len, 1, &lsn);
     if (!rc && flush)
         rc = wal_flush(self->core, &env, lsn, &flushed);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
+    if (rc)
+        return raise_rc(self->core, rc, &cc);
+    return PyLong_FromUnsignedLongLong(lsn);
+}
+
+/* append_prefixed(prefix, data) -> lsn: one record whose payload is prefix (a multiple of 8
+ * bytes) then data, neither copied together first (pmemwal.log: its header, then an entry). */
+static PyObject *Core_append_prefixed(CoreObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "append_prefixed(prefix, data)");
+        return NULL;
+    }
+    Py_buffer head, body;
+    if (get_record(args[0], &head, -1) < 0)
+        return NULL;
+    if (head.len % WAL_ALIGN) {
+        PyBuffer_Release(&head);
+        PyErr_Format(PyExc_ValueError, "append_prefixed: the prefix is %zd bytes, not a multiple "
+                     "of %u", head.len, WAL_ALIGN);
+        return NULL;
+    }
+    if (get_record(args[1], &body, -1) < 0) {
+        PyBuffer_Release(&head);
+        return NULL;
+    }
+    CORE_ENV(cc);
+    const void *hbuf = head.buf, *bbuf = body.buf;
+    uint64_t hlen = (uint64_t)head.len, blen = (uint64_t)body.len, lsn = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = wal_insert(self->core, &env, &hbuf, &hlen, &bbuf, &blen, 1, &lsn);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&body);
     if (rc)
         return raise_rc(self->core, rc, &cc);
     return PyLong_FromUnsignedLongLong(lsn);
@@ -330,7 +365,7 @@ static PyObject *Core_append_many(CoreObject *self, PyObject *records)
     int rc;
     uint64_t *lsns = (uint64_t *)PyBytes_AS_STRING(out);
     Py_BEGIN_ALLOW_THREADS
-    rc = wal_insert(self->core, &env, bufs, lens, (size_t)n, lsns);
+    rc = wal_insert(self->core, &env, NULL, NULL, bufs, lens, (size_t)n, lsns);
     Py_END_ALLOW_THREADS
     if (rc) {
         raise_rc(self->core, rc, &cc);
@@ -471,6 +506,8 @@ static PyMethodDef Core_methods[] = {
     {"detach", (PyCFunction)Core_detach, METH_VARARGS, "detach(segno)"},
     {"append", (PyCFunction)(void (*)(void))Core_append, METH_FASTCALL | METH_KEYWORDS,
      "append(data, flush=False) -> lsn"},
+    {"append_prefixed", (PyCFunction)(void (*)(void))Core_append_prefixed, METH_FASTCALL,
+     "append_prefixed(prefix, data) -> lsn"},
     {"append_many", (PyCFunction)Core_append_many, METH_O, "append_many(records) -> bytes of u64 LSNs"},
     {"flush", (PyCFunction)Core_flush, METH_VARARGS, "flush(lsn=None) -> flushed LSN"},
     {"close", (PyCFunction)Core_close, METH_NOARGS, "close()"},

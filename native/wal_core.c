@@ -576,6 +576,30 @@ static uint32_t copy_payload(wal_core *c, const wal_slot *slot, uint8_t *dst, co
     return crc;
 }
 
+/* wal_payload -- a record's payload: head (head_len bytes, a multiple of 8, or none), then body. */
+typedef struct wal_payload {
+    const uint8_t *head, *body;
+    uint64_t head_len, len; /* len: the whole payload */
+} wal_payload;
+
+/* copy_parts -- payload bytes [off, off + n) to dst, from head and body as they fall.
+ * head_len is a multiple of 8, so a piece that ends in the head ends 8-aligned, as
+ * crc32c_copy_nt wants of every piece but the padded last one. */
+static uint32_t copy_parts(wal_core *c, const wal_slot *slot, uint8_t *dst, const wal_payload *pl,
+                           uint64_t off, uint64_t n, uint32_t crc, int pad)
+{
+    if (off < pl->head_len) {
+        uint64_t k = pl->head_len - off < n ? pl->head_len - off : n;
+        crc = copy_payload(c, slot, dst, pl->head + off, k, crc, pad && k == n);
+        dst += k;
+        off += k;
+        n -= k;
+    }
+    if (n)
+        crc = copy_payload(c, slot, dst, pl->body + (off - pl->head_len), n, crc, pad);
+    return crc;
+}
+
 static void put_header(wal_core *c, const wal_slot *slot, const piece *pc, const wal_rec_hdr *hdr)
 {
     uint64_t to = pc->to < WAL_REC_HDR ? pc->to : WAL_REC_HDR;
@@ -594,15 +618,16 @@ static void put_header(wal_core *c, const wal_slot *slot, const piece *pc, const
  * later only has to wait for the insertion to end.
  */
 static int place(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u,
-                 wal_rec_hdr *hdr, const uint8_t *payload, uint64_t len)
+                 wal_rec_hdr *hdr, const wal_payload *pl)
 {
-    const uint64_t size = wal_rec_size(len), pay_end = WAL_REC_HDR + len;
+    const uint64_t len = pl->len, size = wal_rec_size(len), pay_end = WAL_REC_HDR + len;
     const int header_last = c->direct;
     piece hp[2];
     int nh = 0;
     uint32_t crc = crc32c_update(0, (const uint8_t *)hdr + 4, WAL_REC_HDR - 4);
     if (!header_last)
-        hdr->crc = crc32c_update(crc, payload, len);
+        hdr->crc = crc32c_update(crc32c_update(crc, pl->head, pl->head_len), pl->body,
+                                 len - pl->head_len);
     for (uint64_t off = 0; off < size;) {
         piece pc;
         int rc = next_piece(c, env, slot, u, size, off, &pc);
@@ -616,8 +641,8 @@ static int place(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u,
         }
         uint64_t a = pc.from > WAL_REC_HDR ? pc.from : WAL_REC_HDR;
         if (a < pc.to) /* payload (and, in the last piece, the padding) */
-            crc = copy_payload(c, slot, pc.dst + (a - pc.from), payload + (a - WAL_REC_HDR),
-                               (pc.to < pay_end ? pc.to : pay_end) - a, crc, pc.to == size);
+            crc = copy_parts(c, slot, pc.dst + (a - pc.from), pl, a - WAL_REC_HDR,
+                             (pc.to < pay_end ? pc.to : pay_end) - a, crc, pc.to == size);
         off = pc.to;
     }
     if (header_last) {
@@ -656,20 +681,32 @@ static inline uint64_t reserve(wal_core *c, uint64_t size, uint64_t last_off, ui
     return start;
 }
 
-int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
-               const uint64_t *lens, size_t n, uint64_t *lsns)
+/* payload_of -- record i's payload: heads[i] (if any) then bufs[i]. */
+static inline wal_payload payload_of(const void *const *heads, const uint64_t *head_lens,
+                                     const void *const *bufs, const uint64_t *lens, size_t i)
+{
+    uint64_t h = heads ? head_lens[i] : 0;
+    return (wal_payload){heads ? heads[i] : NULL, bufs[i], h, h + lens[i]};
+}
+
+int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
+               const uint64_t *head_lens, const void *const *bufs, const uint64_t *lens,
+               size_t n, uint64_t *lsns)
 {
     uint64_t total = 0, last_off = 0, payload = 0, largest = 0;
     int rc = stopped(c);
     if (rc || n == 0)
         return rc;
     for (size_t i = 0; i < n; i++) {
-        if (lens[i] > c->max_record)
+        uint64_t len = payload_of(heads, head_lens, bufs, lens, i).len;
+        if (len > c->max_record || len < lens[i])
             return -EMSGSIZE;
+        if (heads && head_lens[i] % WAL_ALIGN)
+            return -EINVAL;
         last_off = total;
-        total += wal_rec_size(lens[i]);
-        payload += lens[i];
-        largest = lens[i] > largest ? lens[i] : largest;
+        total += wal_rec_size(len);
+        payload += len;
+        largest = len > largest ? len : largest;
     }
     /* Create or attach segments before reserving: a failure here leaves no hole. */
     if ((rc = ensure_segments(c, env, total)))
@@ -690,13 +727,14 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
     uint64_t flushed_lsn = wal_lsn(g, atomic_load_explicit(&c->flushed_u, memory_order_relaxed));
     uint64_t prev_lsn = prev_u == WAL_NO_PREV ? 0 : wal_lsn(g, prev_u);
     for (size_t i = 0; i < n && !rc; i++) {
+        wal_payload pl = payload_of(heads, head_lens, bufs, lens, i);
         uint64_t lsn = wal_lsn(g, u);
         uint64_t gap = lsn - flushed_lsn;
-        wal_rec_hdr h = {0, (uint32_t)lens[i], prev_lsn, WAL_REC_DATA,
+        wal_rec_hdr h = {0, (uint32_t)pl.len, prev_lsn, WAL_REC_DATA,
                          gap > WAL_GAP_MAX ? WAL_GAP_MAX : (uint32_t)gap};
-        rc = place(c, env, slot, u, &h, bufs[i], lens[i]);
+        rc = place(c, env, slot, u, &h, &pl);
         lsns[i] = prev_lsn = lsn;
-        u += wal_rec_size(lens[i]);
+        u += wal_rec_size(pl.len);
     }
     if (!rc && slot->defer_flush)
         rc = flush_range(c, env, start_u, start_u + total);

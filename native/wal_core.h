@@ -118,9 +118,13 @@ void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_flush)(const v
 void wal_attach(wal_core *c, uint64_t segno, uint8_t *base, int fd);
 void wal_detach(wal_core *c, uint64_t segno);
 
-/* wal_insert -- append n records as one reservation; their LSNs go to lsns. */
-int wal_insert(wal_core *c, const wal_env *env, const void *const *bufs,
-               const uint64_t *lens, size_t n, uint64_t *lsns);
+/* wal_insert -- append n records as one reservation; their LSNs go to lsns.  Record i's
+ * payload is bufs[i] (lens[i] bytes), after heads[i] (head_lens[i] bytes, a multiple of 8:
+ * -EINVAL otherwise) when heads is not NULL: a layer's header and its caller's payload
+ * become one record without being copied together first. */
+int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
+               const uint64_t *head_lens, const void *const *bufs, const uint64_t *lens,
+               size_t n, uint64_t *lsns);
 
 /* wal_flush -- make durable every record whose LSN is <= upto_lsn (UINT64_MAX: all). */
 int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flushed_lsn);

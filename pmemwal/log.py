@@ -254,7 +254,7 @@ class Log:
                 raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             ix = self._index
             index = ix.first + ix.count
-            lsn = self.wal.append(b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(index, term), payload)))
+            lsn = self.wal.append_prefixed(_ENTRY_PREFIX + _INDEX_TERM.pack(index, term), payload)
             ix.push(lsn, term)
             self._last_term = term
         if sync:  # outside the lock: threads appending at once share flushes (group commit)

@@ -235,6 +235,7 @@ class WAL:
         # The per-record calls go straight to C: a Python frame here would cost
         # as much as appending a small record (the methods below document them).
         self.append = self._core.append
+        self.append_prefixed = self._core.append_prefixed
         self.flush = self._core.flush
         self.max_record_size = max_record_size
         self._choose_persist(insert_lsn // self.segment_size)
@@ -343,6 +344,12 @@ class WAL:
         ``flush=True`` makes it durable before returning (a commit, in one native call).
         """
         return self._core.append(data, flush)
+
+    def append_prefixed(self, prefix, data) -> int:
+        """Append one record whose payload is ``prefix`` (a multiple of 8 bytes) followed by
+        ``data``, neither copied together first; returns its LSN.  For a layer that puts its
+        own header before its caller's payload (pmemwal.log)."""
+        return self._core.append_prefixed(prefix, data)
 
     def append_many(self, records: Sequence) -> np.ndarray:
         """Append a sequence of records in one native call; returns their LSNs (uint64)."""

@@ -56,6 +56,12 @@ def as_input(data: bytes, kind: int):
     return memoryview(bytearray(b"<" + data + b">"))[1:-1]  # a slice of a larger buffer
 
 
+def prefixed(seed: str, sizes: list[int]) -> list[tuple[bytes, bytes]]:
+    """(prefix, data) pairs for append_prefixed: prefixes of 0, 8, 16 and 24 bytes."""
+    return [(payload(f"{seed}/prefix/{i}", 8 * (i % 4)), payload(f"{seed}/tail/{i}", n))
+            for i, n in enumerate(sizes)]
+
+
 def check(wal, expected: list[tuple[int, bytes]]) -> None:
     recs = [(r.lsn, bytes(r.payload), r.prev_lsn) for r in wal.records()]
     assert [(lsn, data) for lsn, data, _ in recs] == expected, "records differ"
@@ -74,6 +80,8 @@ def roundtrip(spec: dict) -> dict:
         batch = [payload(f"{seed}/many/{i}", n) for i, n in enumerate(spec["sizes"])]
         lsns = wal.append_many([as_input(d, i) for i, d in enumerate(batch)])
         expected += list(zip((int(x) for x in lsns), batch))
+        for i, (prefix, data) in enumerate(prefixed(seed, spec["sizes"])):
+            expected.append((wal.append_prefixed(prefix, as_input(data, i)), prefix + data))
         flushed = wal.flush()
         assert flushed == wal.insert_lsn
         check(wal, expected)

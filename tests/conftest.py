@@ -68,7 +68,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 # ---- payloads ------------------------------------------------------------------
 
-from _child import as_input, payload  # noqa: E402  (one definition, shared with the child)
+from _child import as_input, payload, prefixed  # noqa: E402  (defined once, with the child)
 
 
 # ---- format arithmetic (native/wal_format.h) -------------------------------------

@@ -20,7 +20,7 @@ import pytest
 import pmemwal
 from conftest import (PERSIST_CASES, REC_HDR, SEG, USABLE, as_input, assert_chain,
                       expected_end, first_lsn_of_segment, next_lsn, payload, read_all, rec_size,
-                      run_child, seg_usable)
+                      prefixed, run_child, seg_usable)
 
 PAGE_SIZES = [0, 1, 7, 8, 9, USABLE - REC_HDR, USABLE - 1, USABLE, USABLE + 1,
               8191, 8192, 8193, 3 * USABLE + 5]
@@ -82,6 +82,7 @@ def test_roundtrip_persist_methods(shm_tmp, case):
     # read the child's WAL here, in the other mode too
     expected = [payload(f"{case}/one/{i}", n) for i, n in enumerate(sizes)]
     expected += [payload(f"{case}/many/{i}", n) for i, n in enumerate(sizes)]
+    expected += [prefix + data for prefix, data in prefixed(case, sizes)]
     other = "direct" if mode == "buffered" else "buffered"
     with pmemwal.open(shm_tmp / "w", mode=other) as wal:
         recs = read_all(wal)
@@ -341,3 +342,18 @@ def test_concurrent_appenders_small_ring(wal_dir):
         wal.close()
     with pmemwal.open(wal_dir, mode="direct") as wal:
         _check(wal, expected)
+
+
+def test_append_prefixed_refuses_a_ragged_prefix(wal_dir, mode):
+    """The prefix must end 8-aligned (the streaming copy's pieces do); nothing is written."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, max_record_size=100_000) as wal:
+        before = wal.insert_lsn
+        with pytest.raises(ValueError, match="multiple of 8"):
+            wal.append_prefixed(b"12345", b"data")
+        with pytest.raises(TypeError):
+            wal.append_prefixed(b"12345678", 42)
+        with pytest.raises(pmemwal.RecordTooLargeError):
+            wal.append_prefixed(bytes(8), bytes(wal.max_record_size - 7))
+        assert wal.insert_lsn == before
+        lsn = wal.append_prefixed(bytes(8), bytes(wal.max_record_size - 8))  # exactly the limit
+        assert len(wal.record(lsn).payload) == wal.max_record_size
