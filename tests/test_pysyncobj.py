@@ -281,8 +281,8 @@ class NodeProcess:
     and directory; its ACK lines go to a list shared by all nodes."""
 
     def __init__(self, addr: str, others: list[str], workdir: Path,
-                 acks: list[tuple[str, int]]) -> None:
-        self.addr, self.others, self.workdir = addr, others, workdir
+                 acks: list[tuple[str, int]], env: dict[str, str]) -> None:
+        self.addr, self.others, self.workdir, self.env = addr, others, workdir, env
         self.acks = acks
         self.state: dict | None = None
         self.proc: subprocess.Popen | None = None
@@ -297,7 +297,7 @@ class NodeProcess:
         self.starts += 1
         with open(self.workdir / f"stderr.{self.starts}", "wb") as err:
             self.proc = subprocess.Popen([sys.executable, NODE, json.dumps(spec)],
-                                         env=child_env(), stdin=subprocess.DEVNULL,
+                                         env=child_env(**self.env), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=err)
         self.reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
         self.reader.start()
@@ -333,15 +333,21 @@ CHAOS_SECONDS = 12
 CONVERGE_SECONDS = 60
 
 
+# One node per way to persist: buffered (fdatasync), direct with msync, direct with cache flushes.
+NODE_PERSIST = [{"PMEMWAL_MODE": "buffered"}, {"PMEMWAL_MODE": "direct"},
+                {"PMEMWAL_MODE": "direct", "PMEM_IS_PMEM_FORCE": "1"}]
+
+
 def test_cluster_keeps_acknowledged_writes_through_sigkills(shm_dir: Path) -> None:
     """Three nodes write through the cluster while one or two at a time are SIGKILLed and
     restarted; then all are killed at once and restarted to read: every acknowledged
-    write must be on every node, and the nodes must agree."""
+    write must be on every node, and the nodes must agree.  Each node persists its journal
+    another way (NODE_PERSIST)."""
     rng = random.Random(os.environ.get("PMEMWAL_TEST_SEED", "pysyncobj-cluster"))
     addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
     acks: list[tuple[str, int]] = []
-    nodes = [NodeProcess(a, [o for o in addrs if o != a], shm_dir / f"node{i}", acks)
-             for i, a in enumerate(addrs)]
+    nodes = [NodeProcess(a, [o for o in addrs if o != a], shm_dir / f"node{i}", acks, env)
+             for i, (a, env) in enumerate(zip(addrs, NODE_PERSIST))]
     try:
         for node in nodes:
             node.start(writers=3)
