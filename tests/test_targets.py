@@ -178,6 +178,15 @@ def test_pmemwal_target_reports_the_wal(shm_tmp):
     assert result.extra["stats"]["records"] == result.records
 
 
+def test_pmemwal_target_recycles_after_warm_up(shm_tmp):
+    w = Workload(str(shm_tmp / "d"), 1, 1 << 20, 0.3, "each",
+                 {"segment_size": "1m", "keep_bytes": "4m"})
+    result = get_target("direct").run(w)
+    check(result, "direct", w)
+    segments = result.extra["segments_after_warm_up"]
+    assert segments["created"] == segments["removed"] == 0 < segments["recycled"], segments
+
+
 def test_libpmemlog_missing_is_reported_not_raised(monkeypatch, shm_tmp):
     monkeypatch.setattr(libpmemlog, "_PMEMLOG_SONAME", "/nonexistent/libpmemlog.so.1")
     libpmemlog._pmemlog.cache_clear()

@@ -15,15 +15,25 @@ clients stop; that final flush is part of the elapsed time).  Before the clock
 starts the WAL is filled once and truncated, so the run appends into recycled,
 mapped segments as a long-running log does.
 
+The disk stays bounded by position, not by the clock: whenever a client's
+record lands a truncation step (``keep_bytes / 4``, at least a segment) past
+the last truncation, that client truncates the WAL to ``keep_bytes`` behind
+the flushed LSN, between its timed records (inside the elapsed time, outside
+its latency); once more after the final flush.  A clock could not keep up
+with large records: at 1 MiB a 10 ms cadence let the appenders outrun the
+recycled segments and create new ones.  The WAL keeps enough recycled
+segments (``recycle_segments``) for the live window's swing between two
+truncations, and clients that cross a step while another truncates wait for
+it, so after the warm-up no segment is created or removed, whatever the
+record size: the result's ``segments_after_warm_up`` (and ``stats``) count
+from the end of the warm-up.  Truncation only removes durable segments, so
+where clients flush rarely (``end``, large groups) the truncating client
+first flushes whenever more than a step is unflushed; those flushes are
+counted in ``background_flushes`` and are not in any client's latency.
+
 The main thread meanwhile prints a pgbench-style progress line every interval
 (records/s, MB/s and the mean and standard deviation of the per-record
-latency: append, plus the flush where one followed that record), and keeps
-the disk bounded: every 10 ms (and once after the final flush) it truncates
-the WAL to ``keep_bytes`` behind the flushed LSN, so the disk holds at most
-about ``keep_bytes`` plus 10 ms of appending.  Truncation only removes durable segments, so where
-clients flush rarely (``end``, large groups) it flushes in the background
-whenever more than half of ``keep_bytes`` is unflushed; those flushes are
-counted in ``background_flushes`` and are not in any client's latency.
+latency: append, plus the flush where one followed that record).
 
 Latencies are first kept in arrays and folded into the HdrHistograms in
 batches (rounded to the histogram's 3 significant digits with numpy): a pure
@@ -61,8 +71,7 @@ if TYPE_CHECKING:
 FLUSH_POLICIES = ("each", "end", "group:K")
 DEFAULT_PATH = "/dev/shm/pmemwal-bench"
 DEFAULT_KEEP = 256 << 20
-HOUSEKEEPING_INTERVAL = 0.01  # seconds between truncations: often enough that a writer
-                              # at GB/s keeps reusing recycled segments instead of new ones
+_POLL = 0.05  # s: the main thread's longest sleep, so that a failed client ends the run soon
 HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS = 1, 60_000_000_000, 3  # ns: 1 ns to 60 s
 _DRAIN_EVERY = 1 << 16  # latency samples kept per client before folding into its histogram
 _SUB_BUCKET_BITS = 11  # 3 significant digits: 2048 sub-buckets, resolution 2**(bitlen - 11)
@@ -114,7 +123,8 @@ class BenchConfig:
     segment_size: int | None = None  # None: the WAL's default
     insert_slots: int = 8
     prefault: bool = True  # segments mapped pre-faulted and prepared ahead (WAL option)
-    keep_bytes: int | None = DEFAULT_KEEP  # WAL kept behind the flushed LSN; None: all
+    keep_bytes: int | None = DEFAULT_KEEP  # WAL kept behind the flushed LSN, truncated
+                                           # every truncate_step appended; None: all
     fresh: bool = True  # delete the WAL directory first (it must hold only a WAL)
     progress_interval: float = 1.0  # seconds between progress lines; 0: none
 
@@ -140,6 +150,26 @@ class BenchConfig:
     def flush_every(self) -> int:
         """Records per client flush; 0 for ``end``."""
         return parse_flush(self.flush)
+
+    def truncate_step(self, segment_size: int) -> int | None:
+        """Bytes appended between truncations (None: no truncation): a quarter of
+        ``keep_bytes``, so the disk holds little beyond it, but at least a segment,
+        the least a truncation removes."""
+        if self.keep_bytes is None:
+            return None
+        return max(segment_size, self.keep_bytes // 4)
+
+    def recycle_segments(self, segment_size: int) -> int:
+        """The WAL's ``recycle_segments``: spares enough that appending between two
+        truncations never needs a new segment, and each truncation recycles every
+        segment it drops.  The live window swings by up to two steps (one of
+        appending, one the flushed LSN may lag behind it) plus the records the
+        clients have in flight when the step is crossed."""
+        step = self.truncate_step(segment_size)
+        if step is None:
+            return 2  # the WAL's default: nothing is truncated before the end
+        swing = 2 * step + self.clients * self.size
+        return -(-swing // segment_size) + 1
 
 
 @dataclass(frozen=True)
@@ -192,7 +222,7 @@ class BenchResult:
     per_client_records: list[int]
     append_latency: Latency | None
     flush_latency: Latency | None  # None when no client flushed
-    stats: dict[str, int]
+    stats: dict[str, int]  # the WAL's counters since the end of the warm-up
     append_histogram: HdrHistogram = field(repr=False, compare=False)
     flush_histogram: HdrHistogram = field(repr=False, compare=False)
 
@@ -203,6 +233,12 @@ class BenchResult:
     @property
     def mb_per_s(self) -> float:
         return self.bytes / self.elapsed / 1e6
+
+    @property
+    def segments_after_warm_up(self) -> dict[str, int]:
+        """Segments ``created``, ``recycled`` and ``removed`` during the run; a steady
+        state creates and removes none."""
+        return {k: self.stats.get(f"segments_{k}", 0) for k in ("created", "recycled", "removed")}
 
     @property
     def probe_mode(self) -> str | None:
@@ -233,6 +269,7 @@ class BenchResult:
             "per_client_records": list(self.per_client_records),
             "append_latency_us": _asdict(self.append_latency),
             "flush_latency_us": _asdict(self.flush_latency),
+            "segments_after_warm_up": self.segments_after_warm_up,
             "stats": dict(self.stats),
             "append_histogram": _encode(self.append_histogram),
             "flush_histogram": _encode(self.flush_histogram),
@@ -241,7 +278,9 @@ class BenchResult:
     def report(self) -> str:
         """The summary: parameters, then throughput, then latency, then counters."""
         c = self.config
-        keep = "all" if c.keep_bytes is None else _size_text(c.keep_bytes)
+        step = c.truncate_step(self.segment_size)
+        keep = "all" if step is None else (f"{_size_text(c.keep_bytes)} (truncated every "
+                                           f"{_size_text(step)} appended)")
         fs = f" ({self.probe.fs_type})" if self.probe and self.probe.fs_type else ""
         lines = [
             ("mode", self.mode if c.mode == self.mode else f"{self.mode} (asked: {c.mode})"),
@@ -273,7 +312,10 @@ class BenchResult:
         lines.append(("flush latency (usec)", self.flush_latency.line() if self.flush_latency
                       else "- (in the commit)" if commit else "- (no client flushes)"))
         lines.append(("background flushes", self.background_flushes))
-        lines.append(("wal counters", ""))
+        lines.append(("segments", ", ".join(f"{n} {k}" for k, n in
+                                            self.segments_after_warm_up.items())
+                      + " after warm-up"))
+        lines.append(("wal counters", "(after warm-up)"))
         lines += [(f"  {k}", v) for k, v in self.stats.items()]
         width = max(len(k) for k, _ in lines) + 1
         return "\n".join(f"{k + ':':<{width}} {v}".rstrip() for k, v in lines)
@@ -297,25 +339,28 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     _hdr_histogram()  # the 'bench' extra, before anything is touched
     if config.fresh:
         remove_wal_dir(config.path)
-    # recycle what the disk bound lets us keep: appenders then reuse mapped, allocated segments
-    segment = config.segment_size or DEFAULT_SEGMENT_SIZE
-    recycle = max(2, config.keep_bytes // segment // 2) if config.keep_bytes else 2
+    recycle = config.recycle_segments(config.segment_size or DEFAULT_SEGMENT_SIZE)
     wal = pmemwal.open(config.path, mode=config.mode, segment_size=config.segment_size,
                        insert_slots=config.insert_slots, recycle_segments=recycle,
                        prefault=config.prefault)
     try:
         probe = wal.probe or pmemwal.probe(wal.path)
-        baseline = _warm_up(wal, config.keep_bytes)
+        baseline = _warm_up(wal, config.keep_bytes, recycle)
         return _Run(config, wal, progress, baseline).measure(probe)
     finally:
         wal.close()
 
 
-def _warm_up(wal: pmemwal.WAL, keep: int | None) -> dict[str, int]:
+def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int) -> dict[str, int]:
     """Fill the WAL once and truncate it, so the run starts on recycled, mapped
     segments, as a long-running log would (and as the peers start on warm files);
-    returns the counters to subtract from the run's."""
-    chunk, spare = bytes(1 << 20), 4 * wal.segment_size
+    returns the counters to subtract from the run's.
+
+    It appends enough past ``keep`` that the truncation fills the whole pool:
+    the ``recycle`` spares, the background writer's prepared ones (the WAL's
+    default 2) and the segment in progress.
+    """
+    chunk, spare = bytes(1 << 20), (recycle + 4) * wal.segment_size
     target = wal.insert_lsn + (keep or 0) + spare
     while wal.insert_lsn < target:
         wal.append_many([chunk] * 8)
@@ -395,6 +440,8 @@ class _Client(threading.Thread):
             total += lat
             squares += lat * lat
             self.snapshot = (n, total, squares)
+            if lsn >= r.next_cut:  # a step appended since the last truncation
+                r.cut(lsn)
             if len(append_ns) >= _DRAIN_EVERY:
                 appends.drain()
                 flushes.drain()
@@ -414,6 +461,9 @@ class _Run:
         self.barrier = threading.Barrier(config.clients + 1)
         self.background_flushes = 0
         self.last_tick = (0, 0, 0, 0)  # (time ns, records, latency sum, sum of squares)
+        self.step = config.truncate_step(wal.segment_size)
+        self.next_cut = wal.insert_lsn + self.step if self.step else 1 << 62  # an LSN
+        self.cut_lock = threading.Lock()  # held by the truncating client
 
     def measure(self, probe: ProbeResult | None) -> BenchResult:
         config, wal = self.config, self.wal
@@ -425,7 +475,7 @@ class _Run:
             self.deadline = start + int(config.duration * 1e9)
             self.last_tick = (start, 0, 0, 0)
             self.barrier.wait()
-            self._housekeep_until_deadline(start, clients)
+            self._report_until_deadline(start, clients)
         finally:
             self.deadline = 0
             self.barrier.abort()  # frees clients still waiting if the start itself failed
@@ -455,32 +505,38 @@ class _Run:
             stats={k: v - self.baseline.get(k, 0) for k, v in wal.stats().items()},
             append_histogram=appends.hist, flush_histogram=flushes.hist)
 
-    def _housekeep_until_deadline(self, start: int, clients: list[_Client]) -> None:
-        """Progress lines and truncation, from the main thread, until the clients stop."""
+    def _report_until_deadline(self, start: int, clients: list[_Client]) -> None:
+        """Progress lines, from the main thread, until the clients stop."""
         interval = int(self.config.progress_interval * 1e9) if self.progress else 0
-        house = int(HOUSEKEEPING_INTERVAL * 1e9)
         next_tick = start + interval if interval else 1 << 63
-        next_house = start + house
+        poll = int(_POLL * 1e9)
         while True:
             now = time.perf_counter_ns()
             if now >= self.deadline:  # also 0 when a client failed
                 return
-            wake = min(next_tick, next_house, self.deadline)
-            if wake > now:
-                time.sleep((wake - now) / 1e9)
-                now = time.perf_counter_ns()
-            if now >= next_tick and next_tick < self.deadline:
+            if now >= next_tick:
                 self._tick(now, start, clients)
                 next_tick += interval
-            if now >= next_house:
-                self._truncate()
-                next_house = now + house
+            time.sleep(max(min(next_tick, self.deadline, now + poll) - now, 0) / 1e9)
+
+    def cut(self, lsn: int) -> None:
+        """Truncate from a client whose record at ``lsn`` crossed ``next_cut``.
+
+        Other clients that cross it meanwhile wait here rather than append on:
+        a truncation slowed by the GIL or the scheduler must not let them run
+        through the recycled segments and make new ones.
+        """
+        with self.cut_lock:
+            if lsn < self.next_cut:  # another client has just truncated
+                return
+            self._truncate()
+            self.next_cut = lsn + self.step
 
     def _truncate(self) -> None:
         keep, wal = self.config.keep_bytes, self.wal
         if keep is None:
             return
-        if wal.insert_lsn - wal.flushed_lsn > keep // 2:
+        if wal.insert_lsn - wal.flushed_lsn > self.step:  # bounds the lag the pool must cover
             wal.flush()
             self.background_flushes += 1
         if wal.flushed_lsn > keep:

@@ -96,7 +96,8 @@ def probe(path: str, as_json: bool) -> None:
 @click.option("--prefault/--no-prefault", default=True, show_default=True,
               help="Map segments pre-faulted and prepare them ahead of the appenders.")
 @click.option("--keep", type=SIZE, default="256m", show_default=True,
-              help="WAL kept on disk behind the flushed position; older segments are truncated.")
+              help="WAL kept on disk behind the flushed position; older segments are truncated "
+                   "(recycled) each time a quarter of it has been appended.")
 @click.option("--progress", "progress_interval", type=click.FloatRange(min=0), default=1.0,
               show_default=True, help="Seconds between progress lines on stderr (0: none).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

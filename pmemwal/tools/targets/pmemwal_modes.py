@@ -24,7 +24,11 @@ class _PmemwalTarget:
     clients are threads calling ``wal.append`` and ``wal.flush(lsn)`` per the
     flush policy, with a final ``wal.flush()`` inside the elapsed time.  The
     bench keeps the disk bounded (``keep_bytes`` of WAL behind the flushed
-    LSN, truncated and recycled about every 0.2 s, untimed).  ``params`` are
+    LSN, truncated by a client each time a quarter of it has been appended,
+    outside its latency), so that after the warm-up every record size runs on
+    recycled segments: ``extra['segments_after_warm_up']`` counts those
+    created, recycled and removed during the run (``extra['stats']``, the
+    WAL's counters, count from the same point).  ``params`` are
     BenchConfig's other fields (``segment_size``, ``insert_slots``,
     ``keep_bytes``, ...).
 
@@ -84,6 +88,7 @@ class _PmemwalTarget:
                 "append_latency_us": dataclasses.asdict(append) if append else None,
                 "flush_latency_us": dataclasses.asdict(flush) if flush else None,
                 "latency_method": "append and flush combined at equal ranks; mean exact",
+                "segments_after_warm_up": result.segments_after_warm_up,
                 "stats": result.stats,
                 "pmem_is_pmem_force": os.environ.get("PMEM_IS_PMEM_FORCE"),
             })
