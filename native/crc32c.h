@@ -21,7 +21,8 @@ uint32_t crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len, in
 /* crc32c_streaming -- whether crc32c_copy_nt really streams (needs SSE4.2). */
 int crc32c_streaming(void);
 
-/* crc32c_impl -- "sse4.2" or "table": which implementation was chosen at start-up. */
+/* crc32c_impl -- the path chosen at start-up: "table", "sse4.2", "pclmul", "avx2-vpclmulqdq"
+ * or "avx512-vpclmulqdq" (PMEMWAL_CPU forces one: see crc32c.c). */
 const char *crc32c_impl(void);
 
 #endif

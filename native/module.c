@@ -788,6 +788,7 @@ static PyTypeObject ReaderType = {
 
 /* ---- module ------------------------------------------------------------------- */
 
+/* mod_crc32c -- crc32c(data, crc=0): the CRC-32C of a bytes-like object. */
 static PyObject *mod_crc32c(PyObject *mod, PyObject *args)
 {
     (void)mod;
@@ -803,6 +804,42 @@ static PyObject *mod_crc32c(PyObject *mod, PyObject *args)
     return PyLong_FromUnsignedLong(out);
 }
 
+/* mod_crc32c_copy -- crc32c alone (how 0), crc32c_copy (1) or crc32c_copy_nt (2), repeat times:
+ * for the tests and benchmarks/crc.py. */
+static PyObject *mod_crc32c_copy(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    Py_buffer dst, src;
+    unsigned int crc = 0;
+    int how = 1;
+    Py_ssize_t repeat = 1;
+    if (!PyArg_ParseTuple(args, "w*y*|Iin", &dst, &src, &crc, &how, &repeat))
+        return NULL;
+    if (dst.len < src.len || how < 0 || how > 2 || repeat < 1) {
+        PyBuffer_Release(&dst);
+        PyBuffer_Release(&src);
+        PyErr_SetString(PyExc_ValueError, "dst shorter than src, or a bad how or repeat");
+        return NULL;
+    }
+    uint32_t out = crc;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < repeat; i++) {
+        if (how == 0)
+            out = crc32c_update(crc, src.buf, (size_t)src.len);
+        else if (how == 1)
+            out = crc32c_copy(crc, dst.buf, src.buf, (size_t)src.len);
+        else
+            out = crc32c_copy_nt(crc, dst.buf, src.buf, (size_t)src.len, 0);
+    }
+    if (how == 2)
+        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the streamed stores, visible */
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    return PyLong_FromUnsignedLong(out);
+}
+
+/* mod_status_text -- a wal status code in words. */
 static PyObject *mod_status_text(PyObject *mod, PyObject *arg)
 {
     (void)mod;
@@ -815,6 +852,8 @@ static PyObject *mod_status_text(PyObject *mod, PyObject *arg)
 static PyMethodDef module_methods[] = {
     {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, crc=0) -> int"},
     {"status_text", mod_status_text, METH_O, "status_text(status) -> str"},
+    {"_crc32c_copy", mod_crc32c_copy, METH_VARARGS,
+     "_crc32c_copy(dst, src, crc=0, how=1, repeat=1) -> int: how 0 CRC only, 1 copy, 2 streaming copy"},
     {NULL, NULL, 0, NULL},
 };
 

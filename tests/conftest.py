@@ -38,7 +38,8 @@ PAGE_HDR = PAGE_HEADER_SIZE         # 24
 USABLE = PAGE - PAGE_HDR            # 8168 stream bytes per data page
 REC_HDR = RECORD_HEADER_SIZE        # 24
 HIDDEN_LIBPMEM = "/nonexistent/libpmem.so.1"
-_ENV_SWITCHES = ("PMEM_IS_PMEM_FORCE", "PMEMWAL_LIBPMEM", "PMEMWAL_MODE")
+_ENV_SWITCHES = ("PMEM_IS_PMEM_FORCE", "PMEMWAL_LIBPMEM", "PMEMWAL_MODE", "PMEMWAL_CPU",
+                 "PMEMWAL_NO_CRC_HW")
 
 
 # ---- fixtures ------------------------------------------------------------------

@@ -7,13 +7,18 @@ interleaved chains, 64-byte AVX-512 folding from 256 bytes), and through the
 record path (a record's CRC field, recomputed here from its bytes).
 """
 
+import json
 import os
 import random
 import struct
+import subprocess
+import sys
+from functools import lru_cache
 
 import pytest
 
 import pmemwal
+from conftest import PERSIST_CASES, assert_chain, child_env, payload, prefixed, read_all, run_child
 from pmemwal import _core
 
 POLY = 0x82F63B78
@@ -63,3 +68,128 @@ def test_record_crc_field_matches_definition(tmp_path_factory):
     crc, length = struct.unpack_from("<II", header)
     assert length == len(payload) and body == payload
     assert crc == reference(header[4:] + payload)
+
+
+# ---- the CPU paths (PMEMWAL_CPU) ---------------------------------------------------
+
+CPU_PATHS = {"table": "table", "sse42": "sse4.2", "pclmul": "pclmul",
+             "avx2": "avx2-vpclmulqdq", "avx512": "avx512-vpclmulqdq"}
+CPU_NEEDS = {"table": set(), "sse42": {"sse4_2"}, "pclmul": {"sse4_2", "pclmulqdq"},
+             "avx2": {"sse4_2", "pclmulqdq", "avx2", "vpclmulqdq"},
+             "avx512": {"sse4_2", "pclmulqdq", "avx512f", "avx512bw", "vpclmulqdq"}}
+
+
+@lru_cache
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def need_path(path: str) -> None:
+    missing = CPU_NEEDS[path] - cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU lacks {' '.join(sorted(missing))} for the {path} path")
+
+
+# The child: CRCs of seeded random slices (lengths 0..20000, more of them around FOLD_MIN
+# = 256 and multiples of 64; source offsets 0..63; a random starting CRC), each checked
+# against the fused copy and the streaming copy to every destination alignment.
+CRC_CHILD = r"""
+import json, random, sys
+from pmemwal import _core
+rng = random.Random(10)
+data = rng.randbytes(90000)
+dst = bytearray(90000)
+out, cases = [], []
+for i in range(3000):
+    kind = i % 3
+    if kind == 0:
+        n = rng.randrange(0, 20001)
+    elif kind == 1:
+        n = rng.randrange(180, 700)
+    else:
+        n = 64 * rng.randrange(1, 300) + rng.randrange(-2, 3)
+    n = max(n, 0)
+    so, do, crc0 = rng.randrange(64), rng.randrange(64), rng.getrandbits(32)
+    src = memoryview(data)[so:so + n]
+    crc = _core.crc32c(src, crc0)
+    for how in (1, 2):
+        d = memoryview(dst)[do:do + n + 8]
+        d[:] = bytes(len(d))
+        assert _core._crc32c_copy(d, src, crc0, how) == crc, (i, n, so, do, how)
+        assert d[:n] == src and d[n:] == bytes(8), (i, n, so, do, how)
+    out.append(crc)
+    if i < 30:
+        cases.append((n, so, crc0))
+print(json.dumps({"impl": _core.CRC32C_IMPL, "crcs": out, "cases": cases}))
+"""
+
+
+def crc_child(path: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CRC_CHILD], capture_output=True, text=True,
+                          timeout=120, env=child_env(PMEMWAL_CPU=path, PMEMWAL_NO_CRC_HW=""))
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@lru_cache
+def table_child() -> dict:
+    return crc_child("table")
+
+
+def test_table_path_matches_reference():
+    data = random.Random(10).randbytes(90000)  # the child's data
+    out = table_child()
+    assert out["impl"] == "table"
+    for crc, (n, so, crc0) in zip(out["crcs"], out["cases"]):
+        assert crc == reference(data[so:so + n], crc0)
+
+
+@pytest.mark.parametrize("path", sorted(CPU_PATHS))
+def test_cpu_path_crc_and_copies(path):
+    need_path(path)
+    out = crc_child(path)
+    assert out["impl"] == CPU_PATHS[path]
+    assert out["crcs"] == table_child()["crcs"]
+
+
+@pytest.mark.parametrize("path", sorted(CPU_PATHS))
+def test_cpu_path_wal_roundtrip(shm_tmp, path):
+    """Records of 0..70000 bytes through a direct-mode WAL on forced pmem (streamed copies)."""
+    need_path(path)
+    mode, env, method = PERSIST_CASES["direct-pmem"]
+    sizes = [0, 1, 7, 8, 63, 64, 65, 200, 255, 256, 257, 319, 320, 321, 383, 448, 1000, 4096,
+             8168, 8191, 8200, 12345, 16387, 30001, 65536, 70000, 3]
+    seed = f"cpu-{path}"
+    out = run_child({"op": "roundtrip", "dir": str(shm_tmp / "w"), "mode": mode,
+                     "sizes": sizes, "seed": seed},
+                    env={**env, "PMEMWAL_CPU": path, "PMEMWAL_NO_CRC_HW": ""})
+    assert out["persist_method"] == method
+    expected = [payload(f"{seed}/one/{i}", n) for i, n in enumerate(sizes)]
+    expected += [payload(f"{seed}/many/{i}", n) for i, n in enumerate(sizes)]
+    expected += [prefix + data for prefix, data in prefixed(seed, sizes)]
+    with pmemwal.open(shm_tmp / "w", mode="buffered") as wal:  # this process's CRC checks them
+        recs = read_all(wal)
+        assert [lsn for lsn, _, _ in recs] == out["lsns"]
+        assert [data for _, data, _ in recs] == expected
+        assert_chain(recs)
+
+
+def test_cpu_path_fallback():
+    """A path the CPU lacks falls back below it; PMEMWAL_NO_CRC_HW=1 means table."""
+    def impl(**env):
+        proc = subprocess.run([sys.executable, "-c", "from pmemwal import _core; "
+                               "print(_core.CRC32C_IMPL)"], capture_output=True, text=True,
+                              check=True, env=child_env(**env))
+        return proc.stdout.strip()
+
+    assert impl(PMEMWAL_CPU="avx512", PMEMWAL_NO_CRC_HW="1") == "table"
+    best = next(p for p in ("avx512", "avx2", "sse42", "table")
+                if not CPU_NEEDS[p] - cpu_flags())
+    assert impl(PMEMWAL_CPU="", PMEMWAL_NO_CRC_HW="") == CPU_PATHS[best]  # pclmul only by name
