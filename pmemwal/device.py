@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pmemwal import libpmem
+from pmemwal import _core, libpmem
 
 MODES = ("auto", "buffered", "direct")
 MODE_ENV_VAR = "PMEMWAL_MODE"
@@ -76,6 +76,7 @@ class ProbeResult:
     pmem_is_pmem_force: str | None
     cpu_flush: tuple[str, ...] | None
     cpu_model: str | None
+    crc32c_path: str        # the CRC32C + copy code in use (PMEMWAL_CPU forces one)
     governor: str | None
     recommended_mode: str
     persist_method: str
@@ -139,6 +140,7 @@ def probe(path: str | os.PathLike[str]) -> ProbeResult:
         pmem_is_pmem_force=os.environ.get(FORCE_ENV_VAR),
         cpu_flush=cpu_flush,
         cpu_model=cpu_model,
+        crc32c_path=_core.CRC32C_IMPL,
         governor=_read_line(_GOVERNOR),
         recommended_mode=mode,
         persist_method=method,

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pmemwal import libpmem
+from pmemwal import _core, libpmem
 from pmemwal.device import FORCE_ENV_VAR, MODE_ENV_VAR, MODES, ProbeResult, probe, resolve_mode
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -186,3 +186,14 @@ def test_report_and_json(shm_dir: Path) -> None:
     value_columns = {len(line) - len(line.split(":", 1)[1].lstrip()) for line in lines}
     assert len(value_columns) == 1  # values aligned
     assert "fs_type:" in str(result) and "tmpfs" in str(result)
+
+
+def test_probe_names_the_crc32c_path(tmp_path):
+    """The CRC32C + copy path in use is part of the probe (and so of every harness record);
+    PMEMWAL_CPU, read once at load, forces it."""
+    assert probe(tmp_path).crc32c_path == _core.CRC32C_IMPL
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PMEMWAL_")}
+    out = subprocess.run([sys.executable, "-m", "pmemwal.tools.cli", "probe", str(tmp_path),
+                          "--json"], env={**env, "PMEMWAL_CPU": "table"}, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert json.loads(out)["crc32c_path"] == "table"

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 import pmemwal
+from pmemwal import _core
 from pmemwal.device import ProbeResult
 from pmemwal.errors import ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
@@ -285,6 +286,7 @@ class BenchResult:
         lines = [
             ("mode", self.mode if c.mode == self.mode else f"{self.mode} (asked: {c.mode})"),
             ("persist method", self.persist_method),
+            ("crc32c path", _core.CRC32C_IMPL),
             ("clients", c.clients),
             ("record size", f"{c.size} bytes"),
             ("flush policy", c.flush),
