@@ -370,14 +370,11 @@ class WAL:
         are read-only views of the segments where a record lies in one page
         (valid until the segment is truncated), bytes otherwise.
         """
-        self._check_open()
-        end = self._core.flushed_lsn if self._core.error else self._core.flush()
         prev, chosen = -1, start is not None
-        if start is None:
-            status, start = self._reader.first_record(self._segnos[0])
-            if status:
-                return
-        lsn = start
+        bounds = self._read_bounds(start)
+        if bounds is None:
+            return
+        lsn, end = bounds
         while lsn < end:
             status, _, next_lsn, prev_lsn, length, _, _, payload_lsn, _ = self._reader.read(lsn, prev)
             if status:
@@ -387,6 +384,18 @@ class WAL:
                 raise CorruptionError(lsn, lsn // self.segment_size, reason)
             yield Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
             prev, lsn = lsn, next_lsn
+
+    def _read_bounds(self, start: int | None) -> tuple[int, int] | None:
+        """(first LSN, end) of a read from ``start`` (None: the oldest record), after
+        flushing what was appended (once the writer stopped: up to what had been flushed);
+        None when there is no record to start from."""
+        self._check_open()
+        end = self._core.flushed_lsn if self._core.error else self._core.flush()
+        if start is None:
+            status, start = self._reader.first_record(self._segnos[0])
+            if status:
+                return None
+        return start, end
 
     def record(self, lsn: int) -> Record:
         """The record at ``lsn``, whose append has returned; ValueError if none is there.
@@ -417,14 +426,11 @@ class WAL:
         Each record is validated as ``records()`` does, in one native call per batch: what
         an index over the records' own headers is built from (pmemwal.log).
         """
-        self._check_open()
-        end = self._core.flushed_lsn if self._core.error else self._core.flush()
         prev = -1
-        if start is None:
-            status, start = self._reader.first_record(self._segnos[0])
-            if status:
-                return
-        lsn = start
+        bounds = self._read_bounds(start)
+        if bounds is None:
+            return
+        lsn, end = bounds
         while lsn < end:
             status, lsn, last, lsns, lengths, heads = self._reader.heads(lsn, prev, end, head_bytes,
                                                                          batch)
