@@ -1,11 +1,16 @@
 /*
  * module.c -- pmemwal._core: the thin binding between Python and the C core.
  *
- * Only buffers and integers cross it.  Every call that can wait releases the
- * GIL; when the core needs a segment it does not have, it calls back into
- * Python (the WAL's _ensure_segment) with the GIL taken again, and an
- * exception raised there is carried back to the caller.  C returns negative
- * errnos; this file turns them into pmemwal.errors exceptions.
+ * Only buffers and integers cross it.  An append or flush starts holding the
+ * GIL when its records are smaller than gil_release_size (giving the GIL up
+ * and taking it back would cost more than inserting them, and two threads
+ * handing it over for every record run slower than one) and gives it up at
+ * the core's first wait or system call (wal_env.will_wait), so it never waits
+ * for a thread that needs the GIL; larger appends give it up before copying.
+ * When the core needs a segment it does not have, it calls back into Python
+ * (the WAL's _ensure_segment) with the GIL taken, and an exception raised
+ * there is carried back to the caller.  C returns negative errnos; this file
+ * turns them into pmemwal.errors exceptions.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -39,11 +44,29 @@ static PyObject *raise_named(const char *name, PyObject *args)
     return NULL;
 }
 
-/* call_ctx -- one call's environment; keeps an exception raised in a callback. */
+/* call_ctx -- one call's environment: an exception raised in the segment callback,
+ * and the GIL, held until the core first waits (or given up up front). */
 typedef struct call_ctx {
     PyObject *callback;
     PyObject *exc_type, *exc_value, *exc_tb;
+    PyThreadState *released; /* the GIL was given up: the state to restore; NULL: held */
 } call_ctx;
+
+/* release_gil -- wal_env.will_wait: let other Python threads run while the core waits. */
+static void release_gil(void *ctx)
+{
+    call_ctx *cc = ctx;
+    if (!cc->released)
+        cc->released = PyEval_SaveThread();
+}
+
+static void regain_gil(call_ctx *cc)
+{
+    if (cc->released) {
+        PyEval_RestoreThread(cc->released);
+        cc->released = NULL;
+    }
+}
 
 static PyObject *raise_stopped(const char *fmt, int err, const char *what)
 {
@@ -84,6 +107,7 @@ typedef struct {
     PyObject_HEAD
     wal_core *core;
     PyObject *segment_cb;
+    uint64_t gil_release_size; /* appends of this many payload bytes give up the GIL first */
     Py_buffer ring;
     Py_buffer views[WAL_SEG_TABLE]; /* direct: the attached mappings */
     char has_view[WAL_SEG_TABLE];
@@ -111,13 +135,13 @@ static int need_segment(void *ctx, uint64_t segno)
 static int Core_init(CoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"segment_size", "wal_id_lo", "direct", "ring", "insert_slots",
-                             "max_record_size", "segment_callback", NULL};
-    unsigned long long seg_size, max_record;
+                             "max_record_size", "segment_callback", "gil_release_size", NULL};
+    unsigned long long seg_size, max_record, gil_release_size = 0;
     unsigned int wal_id_lo, nslots;
     int direct;
     PyObject *ring, *cb;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KIpOIKO", kwlist, &seg_size, &wal_id_lo,
-                                     &direct, &ring, &nslots, &max_record, &cb))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KIpOIKO|K", kwlist, &seg_size, &wal_id_lo,
+                                     &direct, &ring, &nslots, &max_record, &cb, &gil_release_size))
         return -1;
     if (self->core) {
         PyErr_SetString(PyExc_RuntimeError, "Core is initialised once");
@@ -139,6 +163,7 @@ static int Core_init(CoreObject *self, PyObject *args, PyObject *kw)
     }
     Py_INCREF(cb);
     self->segment_cb = cb;
+    self->gil_release_size = gil_release_size;
     return 0;
 }
 
@@ -167,9 +192,13 @@ static void Core_dealloc(CoreObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-#define CORE_ENV(cc) \
-    call_ctx cc = {self->segment_cb, NULL, NULL, NULL}; \
-    wal_env env = {need_segment, &cc}
+/* CORE_ENV -- a core call's environment, holding the GIL; `bytes` of payload to copy
+ * at least gil_release_size give it up at once. */
+#define CORE_ENV(cc, bytes) \
+    call_ctx cc = {self->segment_cb, NULL, NULL, NULL, NULL}; \
+    wal_env env = {need_segment, release_gil, &cc}; \
+    if ((uint64_t)(bytes) >= self->gil_release_size) \
+        release_gil(&cc)
 
 static PyObject *Core_set_position(CoreObject *self, PyObject *args)
 {
@@ -184,9 +213,8 @@ static PyObject *Core_set_position(CoreObject *self, PyObject *args)
 static PyObject *Core_set_persist(CoreObject *self, PyObject *args)
 {
     int kind;
-    unsigned long long flush = 0, drain = 0;
-    int stream = -1;
-    if (!PyArg_ParseTuple(args, "i|KKi", &kind, &flush, &drain, &stream))
+    unsigned long long flush = 0, drain = 0, stream_min = WAL_NT_MIN;
+    if (!PyArg_ParseTuple(args, "i|KKK", &kind, &flush, &drain, &stream_min))
         return NULL;
     if (kind < WAL_PERSIST_PMEM || kind > WAL_PERSIST_DSYNC ||
         (kind == WAL_PERSIST_PMEM && !(flush && drain)) ||
@@ -194,7 +222,7 @@ static PyObject *Core_set_persist(CoreObject *self, PyObject *args)
         return PyErr_Format(PyExc_ValueError, "persist method %d does not fit this mode", kind);
     wal_set_persist(self->core, (enum wal_persist)kind,
                     (void (*)(const void *, size_t))(uintptr_t)flush,
-                    (void (*)(void))(uintptr_t)drain, stream);
+                    (void (*)(void))(uintptr_t)drain, stream_min);
     Py_RETURN_NONE;
 }
 
@@ -292,15 +320,13 @@ static PyObject *Core_append(CoreObject *self, PyObject *const *args, Py_ssize_t
     Py_buffer view;
     if (parse_flush_flag(args, nargs, kwnames, &flush) < 0 || get_record(args[0], &view, -1) < 0)
         return NULL;
-    CORE_ENV(cc);
     const void *buf = view.buf;
     uint64_t len = (uint64_t)view.len, lsn = 0, flushed;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = wal_insert(self->core, &env, NULL, NULL, &buf, &len, 1, &lsn);
+    CORE_ENV(cc, len);
+    int rc = wal_insert(self->core, &env, NULL, NULL, &buf, &len, 1, &lsn);
     if (!rc && flush)
         rc = wal_flush(self->core, &env, lsn, &flushed);
-    Py_END_ALLOW_THREADS
+    regain_gil(&cc);
     PyBuffer_Release(&view);
     if (rc)
         return raise_rc(self->core, rc, &cc);
@@ -328,13 +354,11 @@ static PyObject *Core_append_prefixed(CoreObject *self, PyObject *const *args, P
         PyBuffer_Release(&head);
         return NULL;
     }
-    CORE_ENV(cc);
     const void *hbuf = head.buf, *bbuf = body.buf;
     uint64_t hlen = (uint64_t)head.len, blen = (uint64_t)body.len, lsn = 0;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = wal_insert(self->core, &env, &hbuf, &hlen, &bbuf, &blen, 1, &lsn);
-    Py_END_ALLOW_THREADS
+    CORE_ENV(cc, hlen + blen);
+    int rc = wal_insert(self->core, &env, &hbuf, &hlen, &bbuf, &blen, 1, &lsn);
+    regain_gil(&cc);
     PyBuffer_Release(&head);
     PyBuffer_Release(&body);
     if (rc)
@@ -355,18 +379,18 @@ static PyObject *Core_append_many(CoreObject *self, PyObject *records)
         goto fail_nomem;
     const void **bufs = (const void **)(views + n);
     uint64_t *lens = (uint64_t *)(bufs + n);
+    uint64_t total = 0;
     for (; got < n; got++) {
         if (get_record(PySequence_Fast_GET_ITEM(seq, got), &views[got], got) < 0)
             goto fail;
         bufs[got] = views[got].buf;
         lens[got] = (uint64_t)views[got].len;
+        total += lens[got];
     }
-    CORE_ENV(cc);
-    int rc;
     uint64_t *lsns = (uint64_t *)PyBytes_AS_STRING(out);
-    Py_BEGIN_ALLOW_THREADS
-    rc = wal_insert(self->core, &env, NULL, NULL, bufs, lens, (size_t)n, lsns);
-    Py_END_ALLOW_THREADS
+    CORE_ENV(cc, total);
+    int rc = wal_insert(self->core, &env, NULL, NULL, bufs, lens, (size_t)n, lsns);
+    regain_gil(&cc);
     if (rc) {
         raise_rc(self->core, rc, &cc);
         goto fail;
@@ -402,11 +426,9 @@ static PyObject *Core_flush(CoreObject *self, PyObject *args)
             return PyErr_Format(PyExc_ValueError, "LSN %R is out of range", lsn_obj);
         }
     }
-    CORE_ENV(cc);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = wal_flush(self->core, &env, upto, &flushed);
-    Py_END_ALLOW_THREADS
+    CORE_ENV(cc, 0); /* held: a flush that must wait or sync gives it up there */
+    int rc = wal_flush(self->core, &env, upto, &flushed);
+    regain_gil(&cc);
     if (rc == -EINVAL)
         return PyErr_Format(PyExc_ValueError, "LSN %llu is not a record appended so far",
                             (unsigned long long)upto);
@@ -883,5 +905,7 @@ PyMODINIT_FUNC PyInit__core(void)
     PyModule_AddIntConstant(m, "PERSIST_FSYNC", WAL_PERSIST_FSYNC);
     PyModule_AddIntConstant(m, "PERSIST_DSYNC", WAL_PERSIST_DSYNC);
     PyModule_AddStringConstant(m, "CRC32C_IMPL", crc32c_impl());
+    PyModule_AddObject(m, "STREAM_MIN", PyLong_FromUnsignedLongLong(WAL_NT_MIN));
+    PyModule_AddObject(m, "STREAM_NEVER", PyLong_FromUnsignedLongLong(WAL_NT_NEVER));
     return m;
 }

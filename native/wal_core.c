@@ -35,9 +35,19 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* backoff -- spin briefly, then yield, then sleep: threads may outnumber cores. */
-static void backoff(unsigned *spins)
+/* will_wait -- tell the caller's environment that the core is about to wait. */
+static inline void will_wait(const wal_env *env)
 {
+    if (env && env->will_wait)
+        env->will_wait(env->ctx);
+}
+
+/* backoff -- spin briefly, then yield, then sleep: threads may outnumber cores.
+ * The first call of a wait tells the environment (env may be NULL). */
+static void backoff(const wal_env *env, unsigned *spins)
+{
+    if (*spins == 0)
+        will_wait(env);
     ++*spins;
     if (*spins < 64)
         cpu_relax();
@@ -136,6 +146,7 @@ int wal_core_init(wal_core *c, uint64_t seg_size, uint32_t wal_id_lo, int direct
     atomic_flag_clear(&c->insert_lock);
     c->prev_u = WAL_NO_PREV;
     c->notify_fd = -1;
+    c->stream_min = WAL_NT_NEVER;
     for (uint32_t i = 0; i < WAL_MAX_SLOTS; i++) {
         atomic_init(&c->slots[i].start, WAL_POS_FREE);
         atomic_init(&c->slots[i].progress, WAL_POS_FREE);
@@ -167,12 +178,12 @@ int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn)
 }
 
 void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_flush)(const void *, size_t),
-                     void (*pmem_drain)(void), int stream)
+                     void (*pmem_drain)(void), uint64_t stream_min)
 {
     c->persist = p;
     c->pmem_flush = pmem_flush;
     c->pmem_drain = pmem_drain;
-    c->stream = p == WAL_PERSIST_PMEM && crc32c_streaming() && stream != 0;
+    c->stream_min = p == WAL_PERSIST_PMEM && crc32c_streaming() ? stream_min : WAL_NT_NEVER;
 }
 
 /* ---- segments ---------------------------------------------------------- */
@@ -256,7 +267,7 @@ static int try_slots(wal_core *c, uint32_t first, wal_slot **out)
 }
 
 /* acquire_slot -- take an insertion slot and mark it "reserving". */
-static int acquire_slot(wal_core *c, wal_slot **out)
+static int acquire_slot(wal_core *c, const wal_env *env, wal_slot **out)
 {
     if (!slot_hint_set) {
         slot_hint = atomic_fetch_add(&next_slot_hint, 1);
@@ -270,7 +281,7 @@ static int acquire_slot(wal_core *c, wal_slot **out)
             int rc = stopped(c);
             if (rc)
                 return rc;
-            backoff(&spins);
+            backoff(env, &spins);
         }
         waited = now_ns() - t0;
     }
@@ -295,7 +306,7 @@ static void release_slot(wal_slot *s)
 }
 
 /* frontier -- lowest position still being inserted (by start or by progress). */
-static uint64_t frontier(wal_core *c, int by_progress)
+static uint64_t frontier(wal_core *c, const wal_env *env, int by_progress)
 {
     insert_lock(c);
     uint64_t lowest = c->cur_u;
@@ -305,7 +316,7 @@ static uint64_t frontier(wal_core *c, int by_progress)
         uint64_t v;
         unsigned spins = 0;
         while ((v = atomic_load(pos)) == WAL_POS_RESERVING)
-            backoff(&spins);
+            backoff(env, &spins);
         if (v < lowest)
             lowest = v;
     }
@@ -313,7 +324,7 @@ static uint64_t frontier(wal_core *c, int by_progress)
 }
 
 /* wait_insertions -- until no insertion below limit is in progress. */
-static int wait_insertions(wal_core *c, uint64_t limit, int by_progress)
+static int wait_insertions(wal_core *c, const wal_env *env, uint64_t limit, int by_progress)
 {
     uint64_t t0 = 0;
     for (uint32_t i = 0; i < c->nslots; i++) {
@@ -327,7 +338,7 @@ static int wait_insertions(wal_core *c, uint64_t limit, int by_progress)
                 return -WAL_ESTOPPED;
             if (!t0)
                 t0 = now_ns();
-            backoff(&spins);
+            backoff(env, &spins);
         }
     }
     if (t0)
@@ -448,13 +459,14 @@ static int persist_range(wal_core *c, const wal_env *env, uint64_t from, uint64_
 /* write_upto -- buffered: hand everything below usable position u to the OS. */
 static int write_upto(wal_core *c, const wal_env *env, uint64_t u)
 {
-    int rc = wait_insertions(c, u, 1);
+    int rc = wait_insertions(c, env, u, 1);
     if (rc)
         return rc;
+    will_wait(env); /* for the lock, then pwrite */
     pthread_mutex_lock(&c->write_lock);
     uint64_t written = atomic_load(&c->written_u);
     if (written < u && !(rc = stopped(c))) {
-        uint64_t to = frontier(c, 1);
+        uint64_t to = frontier(c, env, 1);
         rc = write_range(c, env, written, to);
         if (!rc)
             atomic_store(&c->written_u, to);
@@ -514,7 +526,7 @@ static inline void written(wal_core *c, const wal_slot *slot, const void *p, siz
 static void store_header(wal_core *c, const wal_slot *slot, uint8_t *dst, const void *src, size_t n)
 {
 #if defined(__x86_64__)
-    if (c->stream && !slot->defer_flush) {
+    if (c->stream_min != WAL_NT_NEVER && !slot->defer_flush) {
         for (size_t i = 0; i < n; i += 8) {
             long long w;
             memcpy(&w, (const uint8_t *)src + i, 8);
@@ -564,7 +576,7 @@ static int next_piece(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t 
 static uint32_t copy_payload(wal_core *c, const wal_slot *slot, uint8_t *dst, const uint8_t *src,
                              uint64_t n, uint32_t crc, int pad)
 {
-    if (c->stream && n >= WAL_NT_MIN)
+    if (n >= c->stream_min)
         return crc32c_copy_nt(crc, dst, src, n, pad); /* past the cache: nothing to flush */
     if (c->direct)
         crc = crc32c_copy(crc, dst, src, n);
@@ -713,7 +725,7 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
         return rc;
 
     wal_slot *slot;
-    if ((rc = acquire_slot(c, &slot)))
+    if ((rc = acquire_slot(c, env, &slot)))
         return rc;
     uint64_t prev_u;
     uint64_t u = reserve(c, total, last_off, &prev_u), start_u = u;
@@ -721,7 +733,7 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
     atomic_store_explicit(&slot->start, u, memory_order_release);
     /* Nothing streamed: flush the whole range once at the end rather than each
      * header and payload as stored (small records share cache lines). */
-    slot->defer_flush = c->persist == WAL_PERSIST_PMEM && largest < WAL_NT_MIN;
+    slot->defer_flush = c->persist == WAL_PERSIST_PMEM && largest < c->stream_min;
 
     const wal_geom *g = &c->geom;
     uint64_t flushed_lsn = wal_lsn(g, atomic_load_explicit(&c->flushed_u, memory_order_relaxed));
@@ -779,9 +791,9 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
     if (flushed < limit && c->persist == WAL_PERSIST_PMEM) {
         /* Inserters persisted their own records before leaving their slots: a
          * flush only waits for them, then moves flushed_u forward, no lock. */
-        if ((rc = wait_insertions(c, limit, 0)))
+        if ((rc = wait_insertions(c, env, limit, 0)))
             return rc;
-        uint64_t to = frontier(c, 0);
+        uint64_t to = frontier(c, env, 0);
         atomic_fetch_add_explicit(&c->flush_requests, 1, memory_order_relaxed);
         while (flushed < to &&
                !atomic_compare_exchange_weak(&c->flushed_u, &flushed, to))
@@ -790,8 +802,9 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
                                   memory_order_relaxed);
         flushed = flushed < to ? to : flushed;
     } else if (flushed < limit) {
-        if ((rc = wait_insertions(c, limit, 0)))
+        if ((rc = wait_insertions(c, env, limit, 0)))
             return rc;
+        will_wait(env); /* for the lock, then the system calls */
         pthread_mutex_lock(&c->write_lock);
         c->flush_requests++;
         flushed = atomic_load(&c->flushed_u);
@@ -799,7 +812,7 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
         } else if (flushed >= limit) {
             c->coalesced++;
         } else {
-            uint64_t to = frontier(c, 0); /* everyone complete below: flush them too */
+            uint64_t to = frontier(c, env, 0); /* everyone complete below: flush them too */
             if (c->direct) {
                 rc = persist_range(c, env, flushed, to);
             } else {
@@ -834,7 +847,7 @@ void wal_close(wal_core *c)
             if (free_ == WAL_SLOT_ABANDONED)
                 break; /* a failed insertion keeps its slot forever */
             free_ = 0;
-            backoff(&spins);
+            backoff(NULL, &spins);
         }
     }
     pthread_mutex_lock(&c->write_lock);

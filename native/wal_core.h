@@ -22,7 +22,8 @@
 #define WAL_POS_FREE UINT64_MAX /* slot: no insertion in progress */
 #define WAL_POS_RESERVING (UINT64_MAX - 1) /* slot: reserving, position not known yet */
 #define WAL_NO_PREV UINT64_MAX
-#define WAL_NT_MIN 256          /* payload pieces this large are streamed in pmem mode */
+#define WAL_NT_MIN 256          /* pmem, with CLWB: payload pieces this large are streamed */
+#define WAL_NT_NEVER UINT64_MAX /* stream_min: never stream */
 
 enum wal_persist {
     WAL_PERSIST_PMEM,        /* direct: libpmem flush + drain, by each inserter */
@@ -45,9 +46,15 @@ typedef struct wal_fault {
     uint64_t after, count;
 } wal_fault;
 
-/* wal_env -- per call: how the core gets a segment that is not attached yet. */
+/* wal_env -- per call: how the core gets a segment that is not attached yet, and
+ * what it does before it waits.  will_wait (may be NULL) runs before every wait
+ * for another thread (a slot, an insertion, the write lock) and every system
+ * call: the binding lets other threads run there (it gives up Python's GIL if
+ * the call still holds it), so a caller may enter holding a lock that the
+ * thread it waits for needs, as long as the core never waits while holding it. */
 typedef struct wal_env {
     int (*need_segment)(void *ctx, uint64_t segno); /* 0, or a negative errno */
+    void (*will_wait)(void *ctx);
     void *ctx;
 } wal_env;
 
@@ -77,7 +84,8 @@ typedef struct wal_core {
     enum wal_persist persist;
     void (*pmem_flush)(const void *, size_t); /* pmem: libpmem's cache-line flush */
     void (*pmem_drain)(void);                 /* pmem: libpmem's fence */
-    int stream;              /* pmem: large payloads bypass the cache (fused CRC + NT copy) */
+    uint64_t stream_min;     /* pmem: payload pieces this large bypass the cache (fused CRC +
+                                NT copy), and so do their records' headers; WAL_NT_NEVER: none */
     int notify_fd;           /* eventfd written when an insertion enters a new segment */
     uint8_t *ring;           /* buffered: WAL buffer pages, indexed by physical page */
     uint64_t ring_pages;
@@ -111,9 +119,11 @@ void wal_core_destroy(wal_core *c);
 
 /* wal_set_position -- where appending resumes (after recovery); lsns are LSNs. */
 int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn);
-/* stream: 1/0 use or never use non-temporal stores in pmem mode; -1: where the CPU has them. */
+/* stream_min: in pmem mode, payload pieces of at least this many bytes are stored with
+ * non-temporal stores where the CPU has them (WAL_NT_NEVER: never), the rest through the
+ * cache and flushed. */
 void wal_set_persist(wal_core *c, enum wal_persist p, void (*pmem_flush)(const void *, size_t),
-                     void (*pmem_drain)(void), int stream);
+                     void (*pmem_drain)(void), uint64_t stream_min);
 
 void wal_attach(wal_core *c, uint64_t segno, uint8_t *base, int fd);
 void wal_detach(wal_core *c, uint64_t segno);

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pmemwal import _core, libpmem
+from pmemwal.errors import ConfigError
 
 MODES = ("auto", "buffered", "direct")
 MODE_ENV_VAR = "PMEMWAL_MODE"
@@ -284,6 +285,34 @@ def _cpu() -> tuple[tuple[str, ...] | None, str | None]:
         return None, info.get("model name")
     present = set(flags.split())
     return tuple(i for i in CPU_FLUSH_INSTRUCTIONS if i in present), info.get("model name")
+
+
+# Direct mode on pmem streams (non-temporal stores, past the cache) every payload piece of at
+# least this many bytes, and the headers of records that have one; smaller ones are stored
+# through the cache and written back.  With CLWB the written-back line stays cached, and 256 B is
+# libpmem's own threshold (Optane writes 256-byte units: a shorter streamed write costs a
+# read-modify-write there).  Without CLWB the write-back (CLFLUSHOPT) evicts the line, so the next
+# small record misses on it: streaming from 64 B ran 2.0x faster at 64-200 B records here
+# (docs/PERFORMANCE.md §8).  STREAM_MIN_ENV_VAR (bytes) overrides both, as libpmem's
+# PMEM_MOVNT_THRESHOLD does for its own copies (that one is followed too when set).
+STREAM_MIN_ENV_VAR = "PMEMWAL_STREAM_MIN"
+STREAM_MIN_CLWB = 256
+STREAM_MIN_NO_CLWB = 64
+
+
+def stream_min() -> int:
+    """Bytes from which direct mode on pmem streams a record (see STREAM_MIN_CLWB)."""
+    for var in (STREAM_MIN_ENV_VAR, "PMEM_MOVNT_THRESHOLD"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            try:
+                return max(0, int(value, 0))
+            except ValueError:
+                raise ConfigError(f"{var}={value!r}: a number of bytes") from None
+    flush, _ = _cpu()
+    # libpmem flushes with CLFLUSHOPT when told PMEM_NO_CLWB=1, or when the CPU lacks CLWB
+    no_clwb = os.environ.get("PMEM_NO_CLWB") == "1" or (flush is not None and "clwb" not in flush)
+    return STREAM_MIN_NO_CLWB if no_clwb else STREAM_MIN_CLWB
 
 
 def _read_line(path: Path) -> str | None:

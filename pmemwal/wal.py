@@ -25,7 +25,7 @@ import numpy as np
 
 from pmemwal import _core, libpmem
 from pmemwal.background import BackgroundWriter
-from pmemwal.device import resolve_mode
+from pmemwal.device import resolve_mode, stream_min
 from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, NotFoundError,
                             format_lsn)
 from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,
@@ -42,6 +42,9 @@ ON_CORRUPTION = ("raise", "truncate")
 DEFAULT_BUFFER_SIZE = 16 << 20
 DEFAULT_MAX_RECORD_SIZE = 64 << 20
 DEFAULT_FLUSH_INTERVAL = 0.05
+# Appends smaller than this keep the GIL while they insert (and persist): giving it up and
+# taking it back costs more than the insertion.  Measured in docs/PERFORMANCE.md §8.
+DEFAULT_GIL_RELEASE_SIZE = 32 << 10
 _END = (1 << 64) - 1
 _READ_CACHE = 16  # read-only segment mappings kept for readers
 _NO_SEGMENT = 1   # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
@@ -62,14 +65,16 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          sync_method: str = "fdatasync", on_corruption: str = "raise",
          recycle_segments: int = 2, background: bool = True,
          flush_interval: float = DEFAULT_FLUSH_INTERVAL,
-         prepare_segments: int = 2, prefault: bool = True) -> WAL:
+         prepare_segments: int = 2, prefault: bool = True,
+         gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE) -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
                max_record_size=max_record_size, sync_method=sync_method,
                on_corruption=on_corruption, recycle_segments=recycle_segments,
                background=background, flush_interval=flush_interval,
-               prepare_segments=prepare_segments, prefault=prefault)
+               prepare_segments=prepare_segments, prefault=prefault,
+               gil_release_size=gil_release_size)
 
 
 class WAL:
@@ -98,6 +103,10 @@ class WAL:
     - ``prefault``: map direct-mode segments with every page faulted in
       (MAP_POPULATE), and prepare them ahead; False lets appenders take the
       first-touch faults (what seed 003 measured), for comparison.
+    - ``gil_release_size``: appends (a batch: its total payload) of at least this
+      many bytes give up the GIL before copying; smaller ones keep it unless they
+      must wait (for a slot, another insertion, a system call), since handing the
+      GIL over costs more than inserting them.  0 always gives it up.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: str = "auto", create: bool = True,
@@ -106,10 +115,11 @@ class WAL:
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE, sync_method: str = "fdatasync",
                  on_corruption: str = "raise", recycle_segments: int = 2,
                  background: bool = True, flush_interval: float = DEFAULT_FLUSH_INTERVAL,
-                 prepare_segments: int = 2, prefault: bool = True) -> None:
+                 prepare_segments: int = 2, prefault: bool = True,
+                 gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE) -> None:
         _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                        sync_method, on_corruption, recycle_segments, flush_interval,
-                       prepare_segments)
+                       prepare_segments, gil_release_size)
         self._background: BackgroundWriter | None = None
         self._prepare_segments = prepare_segments if prefault else 0
         self._prefault = prefault
@@ -130,7 +140,8 @@ class WAL:
             self._map_sync = bool(self.probe and self.probe.map_sync)
             self._reader = _core.Reader(self.segment_size, self._wal_id_lo, _weak(self, "_segment_buffer"))
             insert_lsn, prev_lsn = self._recover(on_corruption)
-            self._start_core(insert_slots, buffer_size, max_record_size, insert_lsn, prev_lsn)
+            self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
+                             insert_lsn, prev_lsn)
             if background:
                 self._start_background(flush_interval)
         except BaseException:
@@ -221,7 +232,7 @@ class WAL:
             os.close(fd)
 
     def _start_core(self, insert_slots: int, buffer_size: int, max_record_size: int,
-                    insert_lsn: int, prev_lsn: int) -> None:
+                    gil_release_size: int, insert_lsn: int, prev_lsn: int) -> None:
         if self._direct:
             self._ring = None
         else:  # the WAL buffer ring: anonymous shared memory seen as a numpy array
@@ -230,7 +241,8 @@ class WAL:
         self._core = _core.Core(segment_size=self.segment_size, wal_id_lo=self._wal_id_lo,
                                 direct=self._direct, ring=self._ring, insert_slots=insert_slots,
                                 max_record_size=max_record_size,
-                                segment_callback=_weak(self, "_ensure_segment"))
+                                segment_callback=_weak(self, "_ensure_segment"),
+                                gil_release_size=gil_release_size)
         self._core.set_position(insert_lsn, prev_lsn)
         # The per-record calls go straight to C: a Python frame here would cost
         # as much as appending a small record (the methods below document them).
@@ -242,6 +254,7 @@ class WAL:
 
     def _choose_persist(self, segno: int) -> None:
         """libpmem's cache flush where the mapping is pmem, msync otherwise; or the sync method."""
+        self.stream_min: int | None = None  # pmem: records streamed from this size on
         if not self._direct:
             self.persist_method = self._sync_method
             self._core.set_persist(SYNC_METHODS[self._sync_method])
@@ -251,7 +264,9 @@ class WAL:
         seg_map = self._segments[segno].map
         if lib and (self._map_sync or lib.is_pmem(libpmem.buffer_address(seg_map), len(seg_map))):
             self.persist_method = "pmem"
-            self._core.set_persist(_core.PERSIST_PMEM, lib.addr_flush, lib.addr_drain)
+            self.stream_min = stream_min()
+            self._core.set_persist(_core.PERSIST_PMEM, lib.addr_flush, lib.addr_drain,
+                                   self.stream_min)
         else:
             self.persist_method = "msync"
             self._core.set_persist(_core.PERSIST_MSYNC)
@@ -582,7 +597,8 @@ def _weak(obj: object, method: str):
 
 def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffer_size: int,
                    max_record_size: int, sync_method: str, on_corruption: str,
-                   recycle_segments: int, flush_interval: float, prepare_segments: int) -> None:
+                   recycle_segments: int, flush_interval: float, prepare_segments: int,
+                   gil_release_size: int) -> None:
     def choose(name: str, value: str, valid) -> None:
         if value not in valid:
             raise ConfigError(f"{name}={value!r}: valid values are {', '.join(valid)}")
@@ -604,3 +620,5 @@ def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffe
         raise ConfigError(f"flush_interval={flush_interval}: seconds, above 0 and at most 60")
     if not 0 <= prepare_segments <= 64:
         raise ConfigError(f"prepare_segments={prepare_segments}: from 0 to 64")
+    if not 0 <= gil_release_size < 1 << 64:
+        raise ConfigError(f"gil_release_size={gil_release_size}: bytes, 0 or more")

@@ -86,7 +86,8 @@ def roundtrip(spec: dict) -> dict:
         assert flushed == wal.insert_lsn
         check(wal, expected)
         result = {"mode": wal.mode, "persist_method": wal.persist_method,
-                  "lsns": [lsn for lsn, _ in expected], "insert_lsn": wal.insert_lsn}
+                  "stream_min": wal.stream_min, "lsns": [lsn for lsn, _ in expected],
+                  "insert_lsn": wal.insert_lsn}
     with pmemwal.open(spec["dir"], **opts) as wal:
         check(wal, expected)
         assert wal.insert_lsn == result["insert_lsn"]

@@ -39,7 +39,7 @@ USABLE = PAGE - PAGE_HDR            # 8168 stream bytes per data page
 REC_HDR = RECORD_HEADER_SIZE        # 24
 HIDDEN_LIBPMEM = "/nonexistent/libpmem.so.1"
 _ENV_SWITCHES = ("PMEM_IS_PMEM_FORCE", "PMEMWAL_LIBPMEM", "PMEMWAL_MODE", "PMEMWAL_CPU",
-                 "PMEMWAL_NO_CRC_HW")
+                 "PMEMWAL_NO_CRC_HW", "PMEMWAL_STREAM_MIN", "PMEM_MOVNT_THRESHOLD", "PMEM_NO_CLWB")
 
 
 # ---- fixtures ------------------------------------------------------------------

@@ -432,3 +432,53 @@ def test_stale_segment_request_after_truncate_is_ignored(wal_dir):
     wal.close()
     with pmemwal.open(wal_dir, mode="buffered") as wal:
         assert any(bytes(r.payload) == b"late" for r in wal.records())
+
+
+# ---- small appends keep the GIL, and give it up to wait ---------------------------------
+
+GIL_WAITS_CHILD = r"""
+import json, sys, threading, time
+import pmemwal
+
+# One insertion slot, a ring smaller than the large records, segments made on demand: a
+# large append (GIL given up) holds the slot while it writes out ring pages and asks
+# Python (the GIL) for segments its reservation reached; small appends (GIL kept) wait
+# for that slot and for its insertion.  A small append that waited holding the GIL
+# would never get either.
+wal = pmemwal.open(sys.argv[1], mode=sys.argv[2], segment_size=1 << 20, insert_slots=1,
+                   buffer_size=16 * 8192, background=False, prepare_segments=0,
+                   gil_release_size=4096)
+done = {"small": 0, "large": 0}
+stop = threading.Event()
+
+def appender(kind, data):
+    while not stop.is_set():
+        wal.append(data, flush=kind == "small")
+        done[kind] += 1
+
+threads = [threading.Thread(target=appender, args=("large", bytes(600 << 10))) for _ in range(2)]
+threads += [threading.Thread(target=appender, args=("small", b"s" * 64)) for _ in range(2)]
+for t in threads:
+    t.start()
+time.sleep(1.0)
+stop.set()
+for t in threads:
+    t.join()
+n = sum(1 for _ in wal.records())
+wal.close()
+print(json.dumps({**done, "read": n}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["buffered", "direct"])
+def test_gil_kept_by_small_appends_is_given_up_to_wait(wal_dir, mode):
+    """No deadlock between small appends that keep the GIL and a large one that needs it."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", GIL_WAITS_CHILD, str(wal_dir), mode],
+                              env=child_env(), capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("appenders deadlocked: a small append waited while holding the GIL")
+    assert proc.returncode == 0, proc.stderr
+    done = json.loads(proc.stdout)
+    assert done["small"] > 0 and done["large"] > 0, done
+    assert done["read"] == done["small"] + done["large"], done

@@ -19,7 +19,8 @@ import pytest
 
 import pmemwal
 from conftest import PERSIST_CASES, assert_chain, child_env, payload, prefixed, read_all, run_child
-from pmemwal import _core
+from pmemwal import _core, device
+from pmemwal.errors import ConfigError
 
 POLY = 0x82F63B78
 TABLE = []
@@ -159,26 +160,59 @@ def test_cpu_path_crc_and_copies(path):
     assert out["crcs"] == table_child()["crcs"]
 
 
-@pytest.mark.parametrize("path", sorted(CPU_PATHS))
-def test_cpu_path_wal_roundtrip(shm_tmp, path):
-    """Records of 0..70000 bytes through a direct-mode WAL on forced pmem (streamed copies)."""
-    need_path(path)
-    mode, env, method = PERSIST_CASES["direct-pmem"]
+def pmem_roundtrip(wal_dir, seed: str, env: dict[str, str]) -> dict:
+    """Records of 0..70000 bytes through a direct-mode WAL on forced pmem, in a child with
+    ``env``, then read back and checked by this process's CRC; the child's report."""
+    mode, pmem_env, method = PERSIST_CASES["direct-pmem"]
     sizes = [0, 1, 7, 8, 63, 64, 65, 200, 255, 256, 257, 319, 320, 321, 383, 448, 1000, 4096,
              8168, 8191, 8200, 12345, 16387, 30001, 65536, 70000, 3]
-    seed = f"cpu-{path}"
-    out = run_child({"op": "roundtrip", "dir": str(shm_tmp / "w"), "mode": mode,
-                     "sizes": sizes, "seed": seed},
-                    env={**env, "PMEMWAL_CPU": path, "PMEMWAL_NO_CRC_HW": ""})
+    out = run_child({"op": "roundtrip", "dir": str(wal_dir), "mode": mode,
+                     "sizes": sizes, "seed": seed}, env={**pmem_env, **env})
     assert out["persist_method"] == method
     expected = [payload(f"{seed}/one/{i}", n) for i, n in enumerate(sizes)]
     expected += [payload(f"{seed}/many/{i}", n) for i, n in enumerate(sizes)]
     expected += [prefix + data for prefix, data in prefixed(seed, sizes)]
-    with pmemwal.open(shm_tmp / "w", mode="buffered") as wal:  # this process's CRC checks them
+    with pmemwal.open(wal_dir, mode="buffered") as wal:
         recs = read_all(wal)
         assert [lsn for lsn, _, _ in recs] == out["lsns"]
         assert [data for _, data, _ in recs] == expected
         assert_chain(recs)
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(CPU_PATHS))
+def test_cpu_path_wal_roundtrip(shm_tmp, path):
+    """Every CPU path through the WAL (streamed copies from 256 B)."""
+    need_path(path)
+    pmem_roundtrip(shm_tmp / "w", f"cpu-{path}", {"PMEMWAL_CPU": path, "PMEMWAL_NO_CRC_HW": ""})
+
+
+@pytest.mark.parametrize("path", sorted(CPU_PATHS))
+@pytest.mark.parametrize("stream_min", ["0", "64", str(2**64 - 1)])
+def test_stream_threshold_wal_roundtrip(shm_tmp, path, stream_min):
+    """Small records streamed (headers too: the no-CLWB choice), or nothing streamed."""
+    need_path(path)
+    out = pmem_roundtrip(shm_tmp / "w", f"stream-{path}-{stream_min}",
+                         {"PMEMWAL_CPU": path, "PMEMWAL_NO_CRC_HW": "",
+                          "PMEMWAL_STREAM_MIN": stream_min})
+    assert out["stream_min"] == int(stream_min)
+
+
+def test_stream_threshold_follows_clwb(monkeypatch):
+    """256 B with CLWB (libpmem's threshold), 64 B where write-back evicts; overrides win."""
+    for var in ("PMEMWAL_STREAM_MIN", "PMEM_MOVNT_THRESHOLD", "PMEM_NO_CLWB"):
+        monkeypatch.delenv(var, raising=False)
+    expected = device.STREAM_MIN_CLWB if "clwb" in cpu_flags() else device.STREAM_MIN_NO_CLWB
+    assert device.stream_min() == expected
+    monkeypatch.setenv("PMEM_NO_CLWB", "1")
+    assert device.stream_min() == device.STREAM_MIN_NO_CLWB
+    monkeypatch.setenv("PMEM_MOVNT_THRESHOLD", "1024")
+    assert device.stream_min() == 1024
+    monkeypatch.setenv("PMEMWAL_STREAM_MIN", "0x80")
+    assert device.stream_min() == 128
+    monkeypatch.setenv("PMEMWAL_STREAM_MIN", "lots")
+    with pytest.raises(ConfigError, match="PMEMWAL_STREAM_MIN"):
+        device.stream_min()
 
 
 def test_cpu_path_fallback():

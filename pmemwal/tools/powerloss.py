@@ -230,7 +230,7 @@ class PmemTracer(DurableShadow):
         self._drain = _DRAIN_FN(self._guarded(self._on_drain))
         address = ctypes.cast
         wal._core.set_persist(_core.PERSIST_PMEM, address(self._flush, ctypes.c_void_p).value,
-                              address(self._drain, ctypes.c_void_p).value, 0)
+                              address(self._drain, ctypes.c_void_p).value, _core.STREAM_NEVER)
 
     def _guarded(self, callback: Callable) -> Callable:
         def call(*args) -> None:
