@@ -226,12 +226,15 @@ static PyObject *Core_set_persist(CoreObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* set_notify(fd) -- an eventfd the core writes to when insertion enters a new segment. */
+/* set_notify(fd, ahead=0) -- an eventfd the core writes to when insertion enters a new
+ * segment while that one or one of the `ahead` after it is not attached. */
 static PyObject *Core_set_notify(CoreObject *self, PyObject *args)
 {
     int fd;
-    if (!PyArg_ParseTuple(args, "i", &fd))
+    unsigned int ahead = 0;
+    if (!PyArg_ParseTuple(args, "i|I", &fd, &ahead))
         return NULL;
+    self->core->notify_ahead = ahead;
     self->core->notify_fd = fd;
     Py_RETURN_NONE;
 }
@@ -425,6 +428,9 @@ static PyObject *Core_flush(CoreObject *self, PyObject *args)
             PyErr_Clear();
             return PyErr_Format(PyExc_ValueError, "LSN %R is out of range", lsn_obj);
         }
+        if (upto == WAL_FLUSH_READY)
+            return PyErr_Format(PyExc_ValueError, "LSN %R is not a record appended so far",
+                                lsn_obj);
     }
     CORE_ENV(cc, 0); /* held: a flush that must wait or sync gives it up there */
     int rc = wal_flush(self->core, &env, upto, &flushed);
@@ -432,6 +438,21 @@ static PyObject *Core_flush(CoreObject *self, PyObject *args)
     if (rc == -EINVAL)
         return PyErr_Format(PyExc_ValueError, "LSN %llu is not a record appended so far",
                             (unsigned long long)upto);
+    if (rc)
+        return raise_rc(self->core, rc, &cc);
+    return PyLong_FromUnsignedLongLong(flushed);
+}
+
+/* flush_ready() -> flushed LSN: make durable what is completely inserted, waiting for no
+ * insertion in progress (the background writer's flush: appenders that flush their own
+ * records are not made to share a core with a flush that spins on them). */
+static PyObject *Core_flush_ready(CoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    uint64_t flushed = 0;
+    CORE_ENV(cc, 0);
+    int rc = wal_flush(self->core, &env, WAL_FLUSH_READY, &flushed);
+    regain_gil(&cc);
     if (rc)
         return raise_rc(self->core, rc, &cc);
     return PyLong_FromUnsignedLongLong(flushed);
@@ -520,10 +541,12 @@ static PyObject *Core_get_error(CoreObject *self, void *closure)
 static PyMethodDef Core_methods[] = {
     {"set_position", (PyCFunction)Core_set_position, METH_VARARGS, "set_position(insert_lsn, prev_lsn)"},
     {"set_persist", (PyCFunction)Core_set_persist, METH_VARARGS,
-     "set_persist(kind, pmem_flush_address=0, pmem_drain_address=0, stream=-1)\n\n"
-     "stream (pmem only): 1 streams large payloads past the cache, 0 never does\n"
-     "(every store then goes through pmem_flush: what a persist tracer needs), -1 decides."},
-    {"set_notify", (PyCFunction)Core_set_notify, METH_VARARGS, "set_notify(eventfd)"},
+     "set_persist(kind, pmem_flush_address=0, pmem_drain_address=0, stream_min=STREAM_MIN)\n\n"
+     "stream_min (pmem only): payloads of at least this many bytes are streamed past the\n"
+     "cache, headers included; STREAM_NEVER: none (every store then goes through pmem_flush:\n"
+     "what a persist tracer needs)."},
+    {"flush_ready", (PyCFunction)Core_flush_ready, METH_NOARGS, "flush_ready() -> flushed lsn"},
+    {"set_notify", (PyCFunction)Core_set_notify, METH_VARARGS, "set_notify(eventfd, ahead=0)"},
     {"attach", (PyCFunction)Core_attach, METH_VARARGS, "attach(segno, fd, mapping_or_None)"},
     {"detach", (PyCFunction)Core_detach, METH_VARARGS, "detach(segno)"},
     {"append", (PyCFunction)(void (*)(void))Core_append, METH_FASTCALL | METH_KEYWORDS,

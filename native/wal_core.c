@@ -693,6 +693,17 @@ static inline uint64_t reserve(wal_core *c, uint64_t size, uint64_t last_off, ui
     return start;
 }
 
+/* ready_ahead -- whether segment s and the notify_ahead after it are attached: then the
+ * background writer has nothing to prepare, and waking it (it needs the GIL) would only
+ * take time from the appenders. */
+static int ready_ahead(wal_core *c, uint64_t s)
+{
+    for (uint64_t k = 0; k <= c->notify_ahead; k++)
+        if (!seg_lookup(c, s + k))
+            return 0;
+    return 1;
+}
+
 /* payload_of -- record i's payload: heads[i] (if any) then bufs[i]. */
 static inline wal_payload payload_of(const void *const *heads, const uint64_t *head_lens,
                                      const void *const *bufs, const uint64_t *lens, size_t i)
@@ -762,8 +773,9 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
     slot->bytes += total;
     slot->payload_bytes += payload;
     release_slot(slot);
-    if (c->notify_fd >= 0 && start_u / g->seg_usable != (start_u + total) / g->seg_usable) {
-        uint64_t one = 1; /* a new segment: wake the background writer */
+    uint64_t end_seg = (start_u + total) / g->seg_usable;
+    if (c->notify_fd >= 0 && start_u / g->seg_usable != end_seg && !ready_ahead(c, end_seg)) {
+        uint64_t one = 1; /* a new segment, and work to do: wake the background writer */
         ssize_t ignored = write(c->notify_fd, &one, sizeof(one));
         (void)ignored;
     }
@@ -777,7 +789,9 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
     insert_lock(c);
     uint64_t limit = c->cur_u;
     insert_unlock(c);
-    if (upto_lsn != UINT64_MAX) {
+    if (upto_lsn == WAL_FLUSH_READY) {
+        limit = frontier(c, env, 0); /* below it, no insertion is in progress */
+    } else if (upto_lsn != UINT64_MAX) {
         int64_t u = wal_usable(&c->geom, upto_lsn);
         if (u < 0 || (uint64_t)u > limit)
             return -EINVAL; /* not a position in the WAL appended so far */

@@ -86,7 +86,8 @@ typedef struct wal_core {
     void (*pmem_drain)(void);                 /* pmem: libpmem's fence */
     uint64_t stream_min;     /* pmem: payload pieces this large bypass the cache (fused CRC +
                                 NT copy), and so do their records' headers; WAL_NT_NEVER: none */
-    int notify_fd;           /* eventfd written when an insertion enters a new segment */
+    int notify_fd;           /* eventfd written when an insertion enters a new segment ... */
+    uint32_t notify_ahead;   /* ... and it or one of the this many after it is not attached */
     uint8_t *ring;           /* buffered: WAL buffer pages, indexed by physical page */
     uint64_t ring_pages;
     uint32_t nslots;
@@ -136,7 +137,9 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
                const uint64_t *head_lens, const void *const *bufs, const uint64_t *lens,
                size_t n, uint64_t *lsns);
 
-/* wal_flush -- make durable every record whose LSN is <= upto_lsn (UINT64_MAX: all). */
+/* wal_flush -- make durable every record whose LSN is <= upto_lsn (UINT64_MAX: all;
+ * WAL_FLUSH_READY: all whose insertion is complete, waiting for none in progress). */
+#define WAL_FLUSH_READY (UINT64_MAX - 1) /* not 8-aligned: never a record's LSN */
 int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flushed_lsn);
 
 /* wal_stop -- stop the writer from outside (err: a negative errno; what: why), as a

@@ -275,7 +275,7 @@ class WAL:
         self._background = BackgroundWriter(_weak(self, "_prepare_ahead"), _weak(self, "_flush_async"),
                                             flush_interval, f"pmemwal-writer {self._dir.path}",
                                             watch=self._dir.path)
-        self._core.set_notify(self._background.notify_fd)
+        self._core.set_notify(self._background.notify_fd, self._prepare_segments)
 
     def _prepare_ahead(self) -> None:
         """Background: have the next prepare_segments segments ready and attached."""
@@ -293,7 +293,7 @@ class WAL:
             return
         self._check_segments()
         if self._core.insert_lsn != self._core.flushed_lsn:
-            self._core.flush()
+            self._core.flush_ready()
 
     def _check_segments(self) -> None:
         """Stop the writer once an attached segment file has been deleted: records
@@ -502,6 +502,7 @@ class WAL:
         if seg is not None:
             seg.segno = new
             self._segments[new] = seg
+            self._core.attach(new, seg.fd, seg.map)  # ready: no appender or wake-up needed
         self._counters["segments_recycled"] += 1
 
     def stats(self) -> dict[str, int]:

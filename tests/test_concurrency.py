@@ -482,3 +482,38 @@ def test_gil_kept_by_small_appends_is_given_up_to_wait(wal_dir, mode):
     done = json.loads(proc.stdout)
     assert done["small"] > 0 and done["large"] > 0, done
     assert done["read"] == done["small"] + done["large"], done
+
+
+# ---- the background writer is woken only for work --------------------------------------
+
+def test_segment_switch_wakes_the_background_writer_only_for_work(wal_dir, mode):
+    """A switch into a segment with the next ``ahead`` attached writes no eventfd; one whose
+    look-ahead reaches a segment not attached does (then the writer has one to prepare)."""
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
+    fd = os.eventfd(0, os.EFD_NONBLOCK)
+    try:
+        for segno in (1, 2, 3):
+            wal._ensure_segment(segno)
+        wal._core.set_notify(fd, 2)
+        record = bytes(seg_usable() // 4)
+        while wal.insert_lsn // SEG < 1:                 # into segment 1: 1, 2 and 3 ready
+            wal.append(record)
+        with pytest.raises(BlockingIOError):
+            os.eventfd_read(fd)
+        while wal.insert_lsn // SEG < 2:                 # into segment 2: 4 is not there
+            wal.append(record)
+        assert os.eventfd_read(fd) == 1
+        wal._core.set_notify(-1)
+    finally:
+        os.close(fd)
+        wal.close()
+
+
+def test_flush_ready_makes_complete_insertions_durable(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, background=False) as wal:
+        for i in range(100):
+            wal.append(b"x" * i)
+        assert wal.flushed_lsn < wal.insert_lsn
+        assert wal._core.flush_ready() == wal.insert_lsn == wal.flushed_lsn
+        with pytest.raises(ValueError, match="not a record"):
+            wal.flush(2**64 - 2)     # the core's "what is ready" sentinel is no LSN
