@@ -292,12 +292,12 @@ def _cpu() -> tuple[tuple[str, ...] | None, str | None]:
 # through the cache and written back.  With CLWB the written-back line stays cached, and 256 B is
 # libpmem's own threshold (Optane writes 256-byte units: a shorter streamed write costs a
 # read-modify-write there).  Without CLWB the write-back (CLFLUSHOPT) evicts the line, so the next
-# small record misses on it: streaming from 64 B ran 2.0x faster at 64-200 B records here
-# (docs/PERFORMANCE.md §8).  STREAM_MIN_ENV_VAR (bytes) overrides both, as libpmem's
+# small record misses on it: streaming every record ran 1.9-2.3x faster at 16-200 B records
+# on Zen 5 (docs/PERFORMANCE.md §8).  STREAM_MIN_ENV_VAR (bytes) overrides both, as libpmem's
 # PMEM_MOVNT_THRESHOLD does for its own copies (that one is followed too when set).
 STREAM_MIN_ENV_VAR = "PMEMWAL_STREAM_MIN"
 STREAM_MIN_CLWB = 256
-STREAM_MIN_NO_CLWB = 64
+STREAM_MIN_NO_CLWB = 0
 
 
 def stream_min() -> int:

@@ -44,7 +44,7 @@ DEFAULT_MAX_RECORD_SIZE = 64 << 20
 DEFAULT_FLUSH_INTERVAL = 0.05
 # Appends smaller than this keep the GIL while they insert (and persist): giving it up and
 # taking it back costs more than the insertion.  Measured in docs/PERFORMANCE.md §8.
-DEFAULT_GIL_RELEASE_SIZE = 32 << 10
+DEFAULT_GIL_RELEASE_SIZE = 8 << 10
 _END = (1 << 64) - 1
 _READ_CACHE = 16  # read-only segment mappings kept for readers
 _NO_SEGMENT = 1   # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)

@@ -199,7 +199,8 @@ def test_stream_threshold_wal_roundtrip(shm_tmp, path, stream_min):
 
 
 def test_stream_threshold_follows_clwb(monkeypatch):
-    """256 B with CLWB (libpmem's threshold), 64 B where write-back evicts; overrides win."""
+    """256 B with CLWB (libpmem's threshold), every record where write-back evicts; overrides
+    win."""
     for var in ("PMEMWAL_STREAM_MIN", "PMEM_MOVNT_THRESHOLD", "PMEM_NO_CLWB"):
         monkeypatch.delenv(var, raising=False)
     expected = device.STREAM_MIN_CLWB if "clwb" in cpu_flags() else device.STREAM_MIN_NO_CLWB
