@@ -5,7 +5,8 @@
 One thread commits records (``append(data, flush=True)``), timing each
 append; another truncates every ``--interval`` seconds to the flushed LSN it
 saw at the previous checkpoint (PostgreSQL's redo point); ``--interval 0``
-never truncates.  After a 1 s warm-up it prints records/s, p99.9 and max
+never truncates; ``--preallocate GIB`` opens the WAL with that much made
+ready (a log that keeps everything).  After ``--warm-up`` seconds it prints records/s, p99.9 and max
 append latency, and the segments created, removed and recycled in the
 measured window.
 """
@@ -42,8 +43,12 @@ def main() -> None:
     parser.add_argument("--mode", default="direct")
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--interval", type=float, default=0.02)
+    parser.add_argument("--warm-up", type=float, default=1.0)
+    parser.add_argument("--preallocate", type=lambda v: int(float(v) * (1 << 30)), default=0,
+                        help="GiB made ready when the WAL is opened")
     args = parser.parse_args()
-    with scratch_dir() as path, pmemwal.open(path, mode=args.mode) as wal:
+    with scratch_dir() as path, pmemwal.open(path, mode=args.mode,
+                                             preallocate=args.preallocate) as wal:
         stop = threading.Event()
 
         def checkpointer() -> None:
@@ -56,7 +61,7 @@ def main() -> None:
         if thread:
             thread.start()
         data = os.urandom(args.size)
-        appends(wal, data, 1.0)
+        appends(wal, data, args.warm_up)
         before, t0 = wal.stats(), time.perf_counter()
         latencies = appends(wal, data, args.seconds)
         elapsed, after = time.perf_counter() - t0, wal.stats()

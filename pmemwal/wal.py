@@ -68,7 +68,7 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          flush_interval: float = DEFAULT_FLUSH_INTERVAL,
          prepare_segments: int = 2, prefault: bool = True,
          gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
-         max_wal_size: int = DEFAULT_MAX_WAL_SIZE) -> WAL:
+         max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0) -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
@@ -76,7 +76,8 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
                on_corruption=on_corruption, recycle_segments=recycle_segments,
                background=background, flush_interval=flush_interval,
                prepare_segments=prepare_segments, prefault=prefault,
-               gil_release_size=gil_release_size, max_wal_size=max_wal_size)
+               gil_release_size=gil_release_size, max_wal_size=max_wal_size,
+               preallocate=preallocate)
 
 
 class WAL:
@@ -103,6 +104,10 @@ class WAL:
     - ``max_wal_size``: bytes of segments, retained and recycled together, past
       which truncation removes segments instead of recycling them (it never
       removes a segment that was not truncated).
+    - ``preallocate``: bytes of WAL made ready when it is opened, ahead of the
+      insert position (segments created, allocated, mapped and attached), so
+      that appending that much creates no segment: a log kept whole up to that
+      size appends at steady-state speed (like a libpmemlog pool's size).
     - ``background``: run the background writer (asynchronous flushes and
       segment preparation); without it appenders create segments themselves.
     - ``flush_interval``: seconds between the background writer's flushes.
@@ -124,10 +129,10 @@ class WAL:
                  background: bool = True, flush_interval: float = DEFAULT_FLUSH_INTERVAL,
                  prepare_segments: int = 2, prefault: bool = True,
                  gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
-                 max_wal_size: int = DEFAULT_MAX_WAL_SIZE) -> None:
+                 max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0) -> None:
         _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                        sync_method, on_corruption, recycle_segments, flush_interval,
-                       prepare_segments, gil_release_size, max_wal_size)
+                       prepare_segments, gil_release_size, max_wal_size, preallocate)
         self._background: BackgroundWriter | None = None
         self._prepare_segments = prepare_segments if prefault else 0
         self._prefault = prefault
@@ -153,6 +158,7 @@ class WAL:
             insert_lsn, prev_lsn = self._recover(on_corruption)
             self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
                              insert_lsn, prev_lsn)
+            self._preallocate(preallocate)
             if background:
                 self._start_background(flush_interval)
         except BaseException:
@@ -281,6 +287,15 @@ class WAL:
         else:
             self.persist_method = "msync"
             self._core.set_persist(_core.PERSIST_MSYNC)
+
+    def _preallocate(self, nbytes: int) -> None:
+        """Make ready the segments that appending ``nbytes`` from here will reach."""
+        if nbytes == 0:
+            return  # none: appenders and the background writer attach them as they come
+        insert = self._core.insert_lsn
+        for segno in range(insert // self.segment_size,
+                           (insert + nbytes - 1) // self.segment_size + 1):
+            self._ensure_segment(segno)
 
     def _start_background(self, flush_interval: float) -> None:
         self._background = BackgroundWriter(_weak(self, "_prepare_ahead"), _weak(self, "_flush_async"),
@@ -635,7 +650,7 @@ def _weak(obj: object, method: str):
 def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffer_size: int,
                    max_record_size: int, sync_method: str, on_corruption: str,
                    recycle_segments: int, flush_interval: float, prepare_segments: int,
-                   gil_release_size: int, max_wal_size: int) -> None:
+                   gil_release_size: int, max_wal_size: int, preallocate: int) -> None:
     def choose(name: str, value: str, valid) -> None:
         if value not in valid:
             raise ConfigError(f"{name}={value!r}: valid values are {', '.join(valid)}")
@@ -661,3 +676,5 @@ def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffe
         raise ConfigError(f"gil_release_size={gil_release_size}: bytes, 0 or more")
     if max_wal_size < 0:
         raise ConfigError(f"max_wal_size={max_wal_size}: bytes, 0 or more")
+    if preallocate < 0:
+        raise ConfigError(f"preallocate={preallocate}: bytes, 0 or more")

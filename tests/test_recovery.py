@@ -592,3 +592,23 @@ def test_torn_header_claiming_a_missing_next_segment_is_a_torn_tail(wal_dir, mod
     with pmemwal.open(wal_dir, mode=mode) as wal:
         assert _records(wal) == recs
         assert wal.insert_lsn == end
+
+
+def test_preallocate_makes_the_segments_appends_will_reach(wal_dir, mode):
+    def files():
+        return sorted(p.name for p in wal_dir.glob("*.wal"))
+
+    def reach(insert_lsn, nbytes):  # the segments that appending nbytes from there reaches
+        return [seg_file(wal_dir, s).name for s in range((insert_lsn + nbytes - 1) // SEG + 1)]
+
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      preallocate=5 * SEG) as wal:
+        assert files() == reach(wal.insert_lsn, 5 * SEG)
+        made = wal.stats()["segments_created"]
+        while wal.insert_lsn < 5 * SEG:
+            wal.append(bytes(3 * PAGE))
+        assert wal.stats()["segments_created"] == made    # none made while appending
+    existing = len(files())
+    with pmemwal.open(wal_dir, mode=mode, preallocate=3 * SEG) as wal:   # from the end on
+        assert files() == reach(wal.insert_lsn, 3 * SEG)
+        assert wal.stats()["segments_created"] == len(files()) - existing > 0
