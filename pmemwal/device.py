@@ -296,7 +296,7 @@ def _cpu() -> tuple[tuple[str, ...] | None, str | None]:
 # on Zen 5 (docs/PERFORMANCE.md §8).  STREAM_MIN_ENV_VAR (bytes) overrides both, as libpmem's
 # PMEM_MOVNT_THRESHOLD does for its own copies (that one is followed too when set).
 STREAM_MIN_ENV_VAR = "PMEMWAL_STREAM_MIN"
-STREAM_MIN_CLWB = 256
+STREAM_MIN_CLWB = _core.STREAM_MIN  # the core's own default: 256 B
 STREAM_MIN_NO_CLWB = 0
 
 
