@@ -744,7 +744,8 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
     atomic_store_explicit(&slot->start, u, memory_order_release);
     /* Nothing streamed: flush the whole range once at the end rather than each
      * header and payload as stored (small records share cache lines). */
-    slot->defer_flush = c->persist == WAL_PERSIST_PMEM && largest < c->stream_min;
+    slot->defer_flush = c->persist == WAL_PERSIST_PMEM &&
+                        largest < (c->stream_min < WAL_NT_MIN ? c->stream_min : WAL_NT_MIN);
 
     const wal_geom *g = &c->geom;
     uint64_t flushed_lsn = wal_lsn(g, atomic_load_explicit(&c->flushed_u, memory_order_relaxed));
