@@ -255,9 +255,16 @@ class PmemTracer(DurableShadow):
         lo = addr - addr % CACHE_LINE
         hi = -(-(addr + length) // CACHE_LINE) * CACHE_LINE
         segno, off = self._locate(lo)
-        lines = ctypes.string_at(lo, hi - lo)  # what write-back takes: whole lines, as they are now
-        self.pending.setdefault(threading.get_ident(), []).append((segno, off, lines, next(self._order)))
+        # What write-back takes (whole lines, as they are now) and its place in the write-back
+        # order, in one step: a thread descheduled between the two would give an older
+        # snapshot a later order, and its drain would overwrite newer durable bytes with it.
+        with self.lock:
+            lines = self._read(lo, hi - lo)
+            order = next(self._order)
+        self.pending.setdefault(threading.get_ident(), []).append((segno, off, lines, order))
         self._maybe_crash("flush")
+
+    _read = staticmethod(ctypes.string_at)  # a test slows it down to widen the window above
 
     def _on_drain(self) -> None:
         self._maybe_crash("before drain")
