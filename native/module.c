@@ -789,15 +789,15 @@ static PyObject *Reader_first_record(ReaderObject *self, PyObject *args)
     return reader_done(self, Py_BuildValue("(iK)", st, lsn));
 }
 
-/* beyond(x, last_segno) -> (durable_lsn, [valid page LSNs after x's page]) */
+/* beyond(x, last_segno, min_prev) -> (durable_lsn, [page LSNs after x's page to wipe]) */
 static PyObject *Reader_beyond(ReaderObject *self, PyObject *args)
 {
-    unsigned long long x, last;
-    if (!PyArg_ParseTuple(args, "KK", &x, &last))
+    unsigned long long x, last, min_prev;
+    if (!PyArg_ParseTuple(args, "KKK", &x, &last, &min_prev))
         return NULL;
     uint64_t durable = 0, *pages = NULL;
     size_t n = 0;
-    int rc = wal_beyond(&self->src, x, last, &durable, &pages, &n);
+    int rc = wal_beyond(&self->src, x, last, min_prev, &durable, &pages, &n);
     PyObject *list = NULL;
     if (rc == 0 && (list = PyList_New((Py_ssize_t)n)))
         for (size_t i = 0; i < n; i++)
@@ -815,7 +815,7 @@ static PyMethodDef Reader_methods[] = {
     {"heads", (PyCFunction)Reader_heads, METH_VARARGS,
      "heads(lsn, expect_prev, stop_lsn, head_bytes, max_count) -> (status, next, last, lsns, lengths, heads)"},
     {"first_record", (PyCFunction)Reader_first_record, METH_VARARGS, "first_record(segno) -> (status, lsn)"},
-    {"beyond", (PyCFunction)Reader_beyond, METH_VARARGS, "beyond(x, last_segno) -> (durable_lsn, pages)"},
+    {"beyond", (PyCFunction)Reader_beyond, METH_VARARGS, "beyond(x, last_segno, min_prev) -> (durable_lsn, pages)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -223,6 +223,25 @@ static int page_may_hold_current(const wal_src *s, uint64_t page_lsn, const uint
     return 0;
 }
 
+/* holds_record_of_cycle -- whether a page whose header is an older cycle's holds the header
+ * of a record of this one anyway: one whose prev-link field points at or past min_prev (every
+ * record of this cycle past the end does; an older cycle's all point below the oldest
+ * segment) and before its own position.  A crash leaves such pages: a record stored before
+ * the insertion that owes the page its header got there, or the page cache writing back the
+ * record's half of the page and not the header's.  Recovery must wipe them: once a record of
+ * the same size lands where the unfinished one was, the header is valid again and the old
+ * record links to it.  A false alarm only wipes a stale page. */
+static int holds_record_of_cycle(uint64_t page_lsn, const uint8_t *page, uint64_t min_prev)
+{
+    for (uint64_t off = WAL_PAGE_HDR; off + WAL_REC_HDR <= WAL_PAGE_SIZE; off += WAL_ALIGN) {
+        uint64_t prev = le_load64(page + off + offsetof(wal_rec_hdr, prev_lsn));
+        uint32_t info = le_load32(page + off + offsetof(wal_rec_hdr, info));
+        if (info == WAL_REC_DATA && prev >= min_prev && prev < page_lsn + off)
+            return 1;
+    }
+    return 0;
+}
+
 /* durable_past -- a valid record at c written after the one at x was flushed:
  * its hint passes x, and it links to x or later (a stale record left in a
  * recycled page links back into the older cycle). */
@@ -233,8 +252,8 @@ static int durable_past(const wal_src *s, uint64_t c, uint64_t x)
            rec.prev_lsn >= x;
 }
 
-int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t *durable_lsn,
-               uint64_t **pages, size_t *npages)
+int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t min_prev,
+               uint64_t *durable_lsn, uint64_t **pages, size_t *npages)
 {
     size_t cap = 64;
     *durable_lsn = 0;
@@ -261,7 +280,8 @@ int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t *dura
             continue;
         }
         const uint8_t *page = base + page_lsn % s->g.seg_size;
-        if (!page_may_hold_current(s, page_lsn, page))
+        if (!page_may_hold_current(s, page_lsn, page) &&
+            !holds_record_of_cycle(page_lsn, page, min_prev))
             continue;
         if (*npages == cap) {
             uint64_t *more = realloc(*pages, 2 * cap * sizeof(uint64_t));

@@ -81,8 +81,10 @@ int wal_first_record(const wal_src *s, uint64_t segno, uint64_t *lsn);
  * last_segno: *durable_lsn is a valid record that links to x or later and whose
  * durable hint passes x (0 if none: x is a torn tail); pages[] the LSNs of the
  * later pages that may hold bytes of this cycle (to be wiped before writing
- * resumes).  pages is malloc'ed. */
-int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t *durable_lsn,
-               uint64_t **pages, size_t *npages);
+ * resumes), those with an older cycle's header included when a record header in
+ * them links at or past min_prev (the first LSN of the oldest segment: no older
+ * cycle's record does).  pages is malloc'ed. */
+int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t min_prev,
+               uint64_t *durable_lsn, uint64_t **pages, size_t *npages);
 
 #endif

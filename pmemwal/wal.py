@@ -6,8 +6,9 @@ segment to the first position that fails validation.  What lies past that
 point decides what it is (native/wal_reader.c): a torn tail is cut, damage to
 records that had been flushed raises CorruptionError unless the caller asked
 to cut there too.  Before appending resumes, the rest of the end's page and
-the headers of any later pages that still look current are wiped, so that no
-old byte can ever follow a new record as if it belonged to it.
+any later page that still looks current, or holds a record of this cycle
+under an older cycle's header, are wiped, so that no old byte can ever
+follow a new record as if it belonged to it.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ class WAL:
             raise CorruptionError(lsn, deleted, f"segment {deleted:016X} is missing, but it had "
                                   "been made: it was deleted, with any record in it "
                                   "(open with on_corruption='truncate' to cut the WAL here)")
-        durable, pages = self._reader.beyond(lsn, self._segnos[-1])
+        durable, pages = self._reader.beyond(lsn, self._segnos[-1], first_lsn(self._segnos[0],
+                                                                          self.segment_size))
         if durable and on_corruption == "raise":
             raise CorruptionError(lsn, lsn // self.segment_size,
                                   f"{_core.status_text(status)}; the valid record at "
@@ -219,7 +221,7 @@ class WAL:
         return missing
 
     def _wipe_beyond(self, end: int, pages: list[int]) -> None:
-        """Zero the rest of the end's page and every later page that looks current.
+        """Zero the rest of the end's page and the later pages ``beyond`` named (see there).
 
         Whole pages: once a new record re-validates a page's header, any old
         record left in it would be readable again.

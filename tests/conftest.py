@@ -148,6 +148,13 @@ def flip_byte(wal_path, lsn: int, seg_size: int = SEG) -> None:
     stream_write(wal_path, lsn, bytes([b[0] ^ 0xFF]), seg_size)
 
 
+def file_bytes(wal_path, lsn: int, n: int, seg_size: int = SEG) -> bytes:
+    """Raw file bytes at an LSN (headers included), in one segment."""
+    with open(seg_file(wal_path, lsn // seg_size), "rb") as f:
+        f.seek(lsn % seg_size)
+        return f.read(n)
+
+
 def file_write(wal_path, lsn: int, data: bytes, seg_size: int = SEG) -> None:
     """Overwrite raw file bytes at an LSN (headers included), in one segment."""
     with open(seg_file(wal_path, lsn // seg_size), "r+b") as f:

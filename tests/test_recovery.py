@@ -26,7 +26,7 @@ import pytest
 import pmemwal
 from pmemwal import _core
 from conftest import (PAGE, PAGE_HDR, REC_HDR, SEG, USABLE, assert_chain, expected_end,
-                      file_write, first_lsn_of_segment, flip_byte, lsn_of, next_lsn, payload,
+                      file_bytes, file_write, first_lsn_of_segment, flip_byte, lsn_of, next_lsn, payload,
                       read_all, rec_size, seg_file, seg_usable, stream_read, stream_write,
                       usable_of)
 
@@ -263,6 +263,36 @@ def test_stale_record_at_insert_position(wal_dir, mode, tear):
     with pmemwal.open(wal_dir, mode=mode) as wal:
         recs = read_all(wal)
         assert [(lsn, d) for lsn, d, _ in recs] == kept + new + after
+        assert_chain(recs)
+
+
+def test_current_bytes_under_a_stale_page_header_are_wiped(wal_dir, mode):
+    """A crash kept a record (R2) of a page whose header, owed by the unfinished record before
+    it (R1, crossing into the page), still is the old cycle's: a later writer owning it, or
+    the page cache writing back R2's half of the page and not the header's, leaves that.
+    Recovery ends at R1.  Once a record of R1's size lands where R1 was, the page's header is
+    valid again and R2 links to it: R2 must have been wiped, or it comes back from the dead."""
+    wal, old, kept, recycled = _fill_and_recycle(wal_dir, mode, background=False)
+    page = recycled[0] * SEG + 4 * PAGE                       # a page of a recycled segment
+    stale_header = file_bytes(wal_dir, page, PAGE_HDR)
+    assert struct.unpack_from("<Q", stale_header, 8)[0] == page - recycled[0] * SEG  # old cycle's
+    with wal:
+        new = []
+        while wal.insert_lsn < recycled[0] * SEG + 2 * PAGE:
+            new += _append(wal, [777], f"new/{len(new)}", flush_each=True)
+        new.append(_pad_to(wal, page - 504, "pad"))          # R1 starts 504 bytes before the page
+        (r1, r1_data), (r2, r2_data) = _append(wal, [1000, 300], "r", flush_each=True)
+        assert r1 < page < r2 < page + PAGE
+    file_write(wal_dir, page, stale_header)                   # the header never reached the media
+    stream_write(wal_dir, r1, bytes(REC_HDR))                 # nor did R1's own header
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert _records(wal) == kept + new and wal.insert_lsn == r1
+        again = _append(wal, [1000], "r1-again", flush_each=True)
+        assert again[0][0] == r1 and wal.insert_lsn == r2     # R2's place, and R2's prev-link
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        recs = read_all(wal)
+        assert [(lsn, d) for lsn, d, _ in recs] == kept + new + again
+        assert r2_data not in [d for _, d, _ in recs]
         assert_chain(recs)
 
 

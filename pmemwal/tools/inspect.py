@@ -43,7 +43,7 @@ import numpy as np
 from pmemwal import _core
 from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
 from pmemwal.log import describe as describe_log_record
-from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader,
+from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader, first_lsn,
                             parse_segment_name, segment_name)
 
 __all__ = ["WalView", "RecordInfo", "Records", "End", "Problem", "VerifyReport", "verify",
@@ -387,7 +387,8 @@ class WalView:
     def _classify(self, lsn: int, status: int) -> End:
         """What the first invalid position ``lsn`` after a chain is: open's test."""
         reason = _core.status_text(status)
-        durable, pages = self._reader.beyond(lsn, self.readable[-1])
+        durable, pages = self._reader.beyond(lsn, self.readable[-1],
+                                             first_lsn(self.segments[0], self.segment_size))
         if durable:
             return End("damage", lsn, f"{reason}; the valid record at {format_lsn(durable)} was "
                        "written after this one was flushed", durable_lsn=durable)
