@@ -342,10 +342,14 @@ class WAL:
             seg = self._segments.get(segno)
             if seg is None:
                 if segno not in self._segnos:
-                    self._dir.create(segno, self.segment_size, self.wal_id)
-                    self._segnos.append(segno)
+                    # In order: an appender whose reservation reached this segment first may ask
+                    # before the one that reserved the segment below, and a crash leaving a
+                    # later segment without an earlier one reads as a deleted segment.
+                    for new in range(min(segno, self._segnos[-1] + 1), segno + 1):
+                        self._dir.create(new, self.segment_size, self.wal_id)
+                        self._segnos.append(new)
+                        self._counters["segments_created"] += 1
                     self._segnos.sort()
-                    self._counters["segments_created"] += 1
                 dsync = not self._direct and self._sync_method == "open_datasync"
                 seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=True, dsync=dsync)
                 if self._direct:

@@ -642,3 +642,16 @@ def test_preallocate_makes_the_segments_appends_will_reach(wal_dir, mode):
     with pmemwal.open(wal_dir, mode=mode, preallocate=3 * SEG) as wal:   # from the end on
         assert files() == reach(wal.insert_lsn, 3 * SEG)
         assert wal.stats()["segments_created"] == len(files()) - existing > 0
+
+
+def test_a_segment_asked_for_before_the_one_below_it_is_made_after_it(wal_dir, mode):
+    """An appender whose reservation reached segment n + 2 may ask for it before the appender
+    that reserved n + 1 does: the segments are still made in order, or a crash between the two
+    leaves a gap that reopening takes for a deleted segment (CorruptionError)."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      prepare_segments=0) as wal:
+        n = wal.insert_lsn // SEG
+        wal._ensure_segment(n + 2)                       # what the native core asks for
+        assert sorted(p.name for p in wal_dir.glob("*.wal")) == [
+            seg_file(wal_dir, s).name for s in range(n + 3)]
+        assert wal.stats()["segments_created"] == 2
