@@ -43,11 +43,10 @@ ON_CORRUPTION = ("raise", "truncate")
 DEFAULT_BUFFER_SIZE = 16 << 20
 DEFAULT_MAX_RECORD_SIZE = 64 << 20
 DEFAULT_FLUSH_INTERVAL = 0.05
-# Appends smaller than gil_release_size keep the GIL while they insert (and persist): giving
-# it up and taking it back costs more than the insertion (8 KiB measured best, docs/
-# PERFORMANCE.md §8.1).  Off by default (0: every append gives it up) until the power-loss
-# images that it fails under ASan (§8.1) are understood.
-DEFAULT_GIL_RELEASE_SIZE = 0
+DEFAULT_MAX_WAL_SIZE = 1 << 30
+# Appends smaller than this keep the GIL while they insert (and persist): giving it up and
+# taking it back costs more than the insertion.  Measured in docs/PERFORMANCE.md §8.
+DEFAULT_GIL_RELEASE_SIZE = 8 << 10
 _END = (1 << 64) - 1
 _READ_CACHE = 16  # read-only segment mappings kept for readers
 _NO_SEGMENT = 1   # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
@@ -70,7 +69,7 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          flush_interval: float = DEFAULT_FLUSH_INTERVAL,
          prepare_segments: int = 2, prefault: bool = True,
          gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
-         preallocate: int = 0) -> WAL:
+         max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0) -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
@@ -78,7 +77,8 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
                on_corruption=on_corruption, recycle_segments=recycle_segments,
                background=background, flush_interval=flush_interval,
                prepare_segments=prepare_segments, prefault=prefault,
-               gil_release_size=gil_release_size, preallocate=preallocate)
+               gil_release_size=gil_release_size, max_wal_size=max_wal_size,
+               preallocate=preallocate)
 
 
 class WAL:
@@ -99,7 +99,12 @@ class WAL:
     - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
       records are followed by more, or ``"truncate"`` the WAL at the damage.
     - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
-      the ``prepare_segments`` the background writer keeps ready.
+      the ``prepare_segments`` the background writer keeps ready; at least this
+      many, and as many as the WAL advances between two truncations (an
+      estimate, as PostgreSQL sizes its recycling), within ``max_wal_size``.
+    - ``max_wal_size``: bytes of segments, retained and recycled together, past
+      which truncation removes segments instead of recycling them (it never
+      removes a segment that was not truncated).
     - ``preallocate``: bytes of WAL made ready when it is opened, ahead of the
       insert position (segments created, allocated, mapped and attached), so
       that appending that much creates no segment: a log kept whole up to that
@@ -125,10 +130,10 @@ class WAL:
                  background: bool = True, flush_interval: float = DEFAULT_FLUSH_INTERVAL,
                  prepare_segments: int = 2, prefault: bool = True,
                  gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
-                 preallocate: int = 0) -> None:
+                 max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0) -> None:
         _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                        sync_method, on_corruption, recycle_segments, flush_interval,
-                       prepare_segments, gil_release_size, preallocate)
+                       prepare_segments, gil_release_size, max_wal_size, preallocate)
         self._background: BackgroundWriter | None = None
         self._prepare_segments = prepare_segments if prefault else 0
         self._prefault = prefault
@@ -141,6 +146,9 @@ class WAL:
                           "segments_prefaulted": 0}
         self._sync_method = sync_method
         self._recycle_segments = recycle_segments
+        self._max_wal_size = max_wal_size
+        self._truncation_distance = 0.0  # estimated bytes appended between two truncations
+        self._last_truncation_lsn: int | None = None
         self._dir = WalDirectory(os.fspath(path), create)
         try:
             self._open_segments(segment_size)
@@ -496,9 +504,10 @@ class WAL:
         cut = min(before_lsn, self.flushed_lsn) // self.segment_size
         with self._seg_lock:
             current = self.insert_lsn // self.segment_size
+            self._estimate_distance(self.insert_lsn)
             victims = [s for s in self._segnos if s < cut]
             spares = sum(1 for s in self._segnos if s > current)
-            target = self._recycle_segments + self._pipeline_depth()
+            target = self._spare_target(sum(1 for s in self._segnos if cut <= s <= current))
             for segno in victims:
                 self._core.detach(segno)
                 cached = self._read_cache.pop(segno, None)
@@ -515,6 +524,27 @@ class WAL:
                     self._dir.remove(segno)
                     self._counters["segments_removed"] += 1
         return len(victims)
+
+    def _estimate_distance(self, insert_lsn: int) -> None:
+        """Fold the WAL's advance since the last truncation into the estimate: a larger
+        one is taken at once, a smaller one decays it slowly (PostgreSQL's
+        CheckPointDistanceEstimate), so a burst does not leave the next one short."""
+        if self._last_truncation_lsn is not None:
+            distance = insert_lsn - self._last_truncation_lsn
+            estimate = self._truncation_distance
+            self._truncation_distance = (distance if distance > estimate
+                                         else 0.9 * estimate + 0.1 * distance)
+        self._last_truncation_lsn = insert_lsn
+
+    def _spare_target(self, retained: int) -> int:
+        """Future segments a truncation keeps, recycled: twice those the WAL is estimated to
+        pass before the next one, since one truncation often comes late (PostgreSQL keeps
+        about 2.2x: checkpoint_completion_target and 10 %), and at least recycle_segments;
+        within max_wal_size beside the ``retained`` segments; plus the background writer's
+        pipeline."""
+        need = -(-2 * int(self._truncation_distance) // self.segment_size)  # rounded up
+        room = self._max_wal_size // self.segment_size - retained
+        return max(self._recycle_segments, min(need, room)) + self._pipeline_depth()
 
     def _pipeline_depth(self) -> int:
         """Future segments the background writer keeps ready (they count as spares)."""
@@ -626,7 +656,7 @@ def _weak(obj: object, method: str):
 def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffer_size: int,
                    max_record_size: int, sync_method: str, on_corruption: str,
                    recycle_segments: int, flush_interval: float, prepare_segments: int,
-                   gil_release_size: int, preallocate: int) -> None:
+                   gil_release_size: int, max_wal_size: int, preallocate: int) -> None:
     def choose(name: str, value: str, valid) -> None:
         if value not in valid:
             raise ConfigError(f"{name}={value!r}: valid values are {', '.join(valid)}")
@@ -650,5 +680,7 @@ def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffe
         raise ConfigError(f"prepare_segments={prepare_segments}: from 0 to 64")
     if not 0 <= gil_release_size < 1 << 64:
         raise ConfigError(f"gil_release_size={gil_release_size}: bytes, 0 or more")
+    if max_wal_size < 0:
+        raise ConfigError(f"max_wal_size={max_wal_size}: bytes, 0 or more")
     if preallocate < 0:
         raise ConfigError(f"preallocate={preallocate}: bytes, 0 or more")

@@ -182,7 +182,7 @@ def test_unknown_choice(wal_dir, option, value, valid):
     ("insert_slots", 0), ("insert_slots", 257), ("buffer_size", 8192 * 16 + 1),
     ("buffer_size", 8192), ("max_record_size", -1), ("max_record_size", (1 << 30) + 1),
     ("recycle_segments", -1), ("gil_release_size", -1), ("gil_release_size", 1 << 64),
-    ("preallocate", -1),
+    ("max_wal_size", -1), ("preallocate", -1),
 ])
 def test_bad_numeric_option(wal_dir, option, value):
     with pytest.raises(pmemwal.ConfigError):

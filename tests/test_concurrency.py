@@ -517,3 +517,36 @@ def test_flush_ready_makes_complete_insertions_durable(wal_dir, mode):
         assert wal._core.flush_ready() == wal.insert_lsn == wal.flushed_lsn
         with pytest.raises(ValueError, match="not a record"):
             wal.flush(2**64 - 2)     # the core's "what is ready" sentinel is no LSN
+
+
+# ---- recycling sized by the distance between truncations -------------------------------
+
+def test_recycling_follows_the_distance_between_truncations(wal_dir, mode):
+    """A checkpointer truncating to its previous point every ~6 segments: after the first
+    truncations the spare pool covers the distance and no segment is created or removed,
+    though recycle_segments is 0; max_wal_size caps the pool, and then segments go."""
+    record = bytes(seg_usable() // 4)
+
+    def checkpoints(wal, count):
+        redo = wal.flushed_lsn
+        for _ in range(count):
+            for _ in range(24):                           # six segments' worth
+                wal.append(record)
+            wal.truncate(redo)
+            redo = wal.flush()
+        return wal.stats()
+
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=0,
+                      background=False) as wal:
+        before = checkpoints(wal, 3)                      # the estimate and the pool grow
+        after = checkpoints(wal, 10)
+        assert after["segments_created"] == before["segments_created"]
+        assert after["segments_removed"] == before["segments_removed"] == 0
+        assert after["segments_recycled"] - before["segments_recycled"] >= 50
+
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=0,
+                      background=False, max_wal_size=8 * SEG) as wal:
+        before = checkpoints(wal, 3)
+        after = checkpoints(wal, 5)
+        assert after["segments_removed"] > before["segments_removed"]   # capped: some go
+        assert len(wal._segnos) <= 8 + 7                  # the bound, plus the retained window
