@@ -171,6 +171,7 @@ class WalDirectory:
         tmp = path + ".tmp"
         with storage_errors(f"recycling {self.file(old)}"):
             os.rename(self.file(old), tmp)
+            self.sync()  # before the new header: a crash must not leave the old name over it
             own = fd < 0
             if own:
                 fd = os.open(tmp, os.O_RDWR)

@@ -141,7 +141,9 @@ class WAL:
         self._core_closed = False
         self._segments: dict[int, Segment] = {}
         self._read_cache: OrderedDict[int, Segment] = OrderedDict()
-        self._seg_lock = threading.RLock()
+        self._seg_lock = threading.RLock()      # the segment table; appenders may need it
+        self._truncate_lock = threading.Lock()  # one truncation at a time; appenders never take it
+        self._recycling: dict[int, threading.Event] = {}  # numbers whose file is being renamed in
         self._counters = {"segments_created": 0, "segments_recycled": 0, "segments_removed": 0,
                           "segments_prefaulted": 0}
         self._sync_method = sync_method
@@ -342,11 +344,19 @@ class WAL:
         (the insert position has moved past it since) is ignored, never
         answered by creating the segment again.
         """
+        while (renaming := self._attach_segment(segno)) is not None:
+            renaming.wait()  # a truncation is recycling an old file into this number
+
+    def _attach_segment(self, segno: int) -> threading.Event | None:
+        """_ensure_segment's work under the segment lock, or the event to wait for when a
+        truncation is still renaming a recycled file into ``segno``."""
         with self._seg_lock:
             if self._core_closed:
                 raise ClosedError("the WAL is closed")
             if segno < self._segnos[0]:
-                return
+                return None
+            if segno in self._recycling:
+                return self._recycling[segno]
             seg = self._segments.get(segno)
             if seg is None:
                 if segno not in self._segnos:
@@ -365,6 +375,7 @@ class WAL:
                 self._segments[segno] = seg
             if hasattr(self, "_core"):
                 self._core.attach(segno, seg.fd, seg.map)
+            return None
 
     def _segment_buffer(self, segno: int) -> mmap.mmap | None:
         """A mapping of segment ``segno`` for reading, or None when it does not exist."""
@@ -374,7 +385,7 @@ class WAL:
                 return seg.map
             seg = self._read_cache.get(segno)
             if seg is None:
-                if segno not in self._segnos:
+                if segno not in self._segnos or segno in self._recycling:
                     return None
                 seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=False)
                 self._read_cache[segno] = seg
@@ -498,32 +509,86 @@ class WAL:
     def truncate(self, before_lsn: int) -> int:
         """Remove or recycle the segments wholly below ``before_lsn`` (and the flushed LSN).
 
-        Returns how many segments went.
+        Returns how many segments went.  Appenders do not wait for it: the segment table
+        changes under the segment lock, and the files are renamed, rewritten, removed and
+        synced after it is released (an appender that reaches a segment still being
+        recycled into place waits for that one).  Truncations run one at a time.
         """
         self._check_open()
-        cut = min(before_lsn, self.flushed_lsn) // self.segment_size
-        with self._seg_lock:
-            current = self.insert_lsn // self.segment_size
-            self._estimate_distance(self.insert_lsn)
-            victims = [s for s in self._segnos if s < cut]
-            spares = sum(1 for s in self._segnos if s > current)
-            target = self._spare_target(sum(1 for s in self._segnos if cut <= s <= current))
-            for segno in victims:
-                self._core.detach(segno)
-                cached = self._read_cache.pop(segno, None)
-                if cached is not None:
-                    cached.close()
-                seg = self._segments.pop(segno, None)
-                self._segnos.remove(segno)
-                if spares < target:
-                    self._recycle(segno, seg)
-                    spares += 1
-                else:
+        with self._truncate_lock:
+            cut = min(before_lsn, self.flushed_lsn) // self.segment_size
+            with self._seg_lock:
+                plan = self._release_below(cut)
+            self._recycle_or_remove(plan)
+        return len(plan)
+
+    def _release_below(self, cut: int) -> list[tuple[int, int | None, Segment | None]]:
+        """Take the segments below ``cut`` out of the table (segment lock held): for each,
+        (its number, the future number it is recycled to or None to remove it, its open
+        Segment if any).  Future numbers are reserved at once, so that no appender makes a
+        new file under one while the recycled file is renamed into it."""
+        current = self.insert_lsn // self.segment_size
+        self._estimate_distance(self.insert_lsn)
+        victims = [s for s in self._segnos if s < cut]
+        spares = sum(1 for s in self._segnos if s > current)
+        target = self._spare_target(sum(1 for s in self._segnos if cut <= s <= current))
+        plan = []
+        for segno in victims:
+            self._core.detach(segno)
+            cached = self._read_cache.pop(segno, None)
+            if cached is not None:
+                cached.close()
+            self._segnos.remove(segno)
+            new = None
+            if spares < target:
+                new = self._segnos[-1] + 1
+                self._segnos.append(new)
+                self._recycling[new] = threading.Event()
+                spares += 1
+            plan.append((segno, new, self._segments.pop(segno, None)))
+        return plan
+
+    def _recycle_or_remove(self, plan: list[tuple[int, int | None, Segment | None]]) -> None:
+        """The file work of a truncation, oldest segment first (a crash part-way leaves the
+        oldest ones gone, never a gap); the segment lock is not held."""
+        for i, (segno, new, seg) in enumerate(plan):
+            try:
+                if new is None:
                     if seg is not None:
                         seg.close()
                     self._dir.remove(segno)
                     self._counters["segments_removed"] += 1
-        return len(victims)
+                else:
+                    self._dir.recycle(segno, new, self.segment_size, self.wal_id,
+                                      seg.fd if seg else -1)
+                    self._recycled(new, seg)
+            except BaseException:
+                self._abandon_recycling(plan[i:])
+                raise
+
+    def _recycled(self, new: int, seg: Segment | None) -> None:
+        """A recycled file is in place as segment ``new``: an open one stays open and
+        mapped, and is attached, so the writer finds its pages allocated and faulted in."""
+        with self._seg_lock:
+            if seg is not None and not self._core_closed:
+                seg.segno = new
+                self._segments[new] = seg
+                self._core.attach(new, seg.fd, seg.map)  # ready: no appender or wake-up needed
+            elif seg is not None:
+                seg.close()
+            self._counters["segments_recycled"] += 1
+            self._recycling.pop(new).set()
+
+    def _abandon_recycling(self, rest: list[tuple[int, int | None, Segment | None]]) -> None:
+        """A truncation failed: the future numbers it had not filled are free again (an
+        appender reaching one makes a new file), and their old files stay where they are."""
+        with self._seg_lock:
+            for _, new, seg in rest:
+                if seg is not None:
+                    seg.close()
+                if new is not None and new in self._recycling:
+                    self._segnos.remove(new)
+                    self._recycling.pop(new).set()
 
     def _estimate_distance(self, insert_lsn: int) -> None:
         """Fold the WAL's advance since the last truncation into the estimate: a larger
@@ -549,18 +614,6 @@ class WAL:
     def _pipeline_depth(self) -> int:
         """Future segments the background writer keeps ready (they count as spares)."""
         return self._prepare_segments if self._background is not None else 0
-
-    def _recycle(self, segno: int, seg: Segment | None) -> None:
-        """Rename a truncated segment to the next future number; an open one stays
-        open and mapped, so the writer finds its pages allocated and faulted in."""
-        new = self._segnos[-1] + 1
-        self._dir.recycle(segno, new, self.segment_size, self.wal_id, seg.fd if seg else -1)
-        self._segnos.append(new)
-        if seg is not None:
-            seg.segno = new
-            self._segments[new] = seg
-            self._core.attach(new, seg.fd, seg.map)  # ready: no appender or wake-up needed
-        self._counters["segments_recycled"] += 1
 
     def stats(self) -> dict[str, int]:
         """Counters since open.
@@ -589,7 +642,7 @@ class WAL:
             self._release()
 
     def _release(self) -> None:
-        with self._seg_lock:  # no segment is attached after this
+        with self._truncate_lock, self._seg_lock:  # no segment is attached after this
             self._core_closed = True
             if hasattr(self, "_core"):
                 self._core.close()

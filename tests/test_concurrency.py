@@ -48,7 +48,7 @@ import pytest
 
 import pmemwal
 from _concurrent_child import HDR, make_payload, parse_payload, stress
-from conftest import (HIDDEN_LIBPMEM, SEG, assert_chain, child_env, expected_end,
+from conftest import (HIDDEN_LIBPMEM, PAGE, SEG, assert_chain, child_env, expected_end,
                       first_lsn_of_segment, read_all, rec_size, run_and_kill, seg_usable,
                       usable_of)
 
@@ -550,3 +550,63 @@ def test_recycling_follows_the_distance_between_truncations(wal_dir, mode):
         after = checkpoints(wal, 5)
         assert after["segments_removed"] > before["segments_removed"]   # capped: some go
         assert len(wal._segnos) <= 8 + 7                  # the bound, plus the retained window
+
+
+# ---- truncation off the appenders' path ---------------------------------------------------
+
+def _block_first(obj, name: str):
+    """Make obj.name block, on its first call, until the returned ``release`` is set;
+    ``entered`` is set when that call begins."""
+    entered, release, real = threading.Event(), threading.Event(), getattr(obj, name)
+
+    def blocked(*args, **kwargs):
+        if not entered.is_set():
+            entered.set()
+            assert release.wait(30)
+        return real(*args, **kwargs)
+
+    setattr(obj, name, blocked)
+    return entered, release
+
+
+def test_appenders_make_segments_while_a_truncation_removes_files(wal_dir, mode):
+    """A truncation stuck in its file work (here: a removal that does not return) holds no
+    lock an appender needs: appending on into segments that must be made goes on."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=0,
+                      background=False, prepare_segments=0) as wal:
+        while wal.insert_lsn < 4 * SEG:
+            wal.append(bytes(PAGE))
+        entered, release = _block_first(wal._dir, "remove")
+        truncation = threading.Thread(target=wal.truncate, args=(wal.flush(),))
+        truncation.start()
+        assert entered.wait(10)
+        while wal.insert_lsn < 6 * SEG:                  # into segments 4 and 5, made now
+            wal.append(bytes(PAGE), flush=True)
+        assert truncation.is_alive() and wal.stats()["segments_created"] >= 2
+        release.set()
+        truncation.join()
+        assert wal.stats()["segments_removed"] == 4 and wal.first_lsn // SEG == 4
+
+
+def test_an_appender_reaching_a_segment_still_being_recycled_waits_for_it(wal_dir, mode):
+    """The future number a truncation recycles a file into is reserved at once: an appender
+    that gets there before the file is in place waits for it, and makes no file of its own."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=2,
+                      background=False, prepare_segments=0) as wal:
+        while wal.insert_lsn < 3 * SEG - 2 * PAGE:
+            wal.append(bytes(PAGE))
+        entered, release = _block_first(wal._dir, "recycle")
+        truncation = threading.Thread(target=wal.truncate, args=(wal.flush(),))
+        truncation.start()
+        assert entered.wait(10)
+        created = wal.stats()["segments_created"]
+        appender = threading.Thread(target=lambda: [wal.append(bytes(PAGE)) for _ in range(8)])
+        appender.start()                                 # on into segment 3: being recycled
+        appender.join(0.5)
+        assert appender.is_alive()
+        release.set()
+        appender.join(10)
+        truncation.join()
+        assert not appender.is_alive()
+        assert wal.stats()["segments_created"] == created
+        assert wal.stats()["segments_recycled"] == 2 and wal.insert_lsn // SEG == 3
