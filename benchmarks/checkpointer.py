@@ -1,20 +1,28 @@
-"""Appends while a checkpointer thread truncates, as applications do (issue 15's first case).
+"""Appends while the WAL is truncated the ways applications do it (issue 15), in one run.
 
-    PMEM_IS_PMEM_FORCE=1 .venv/bin/python benchmarks/checkpointer.py [--size 65536] [--mode direct] [--seconds 2] [--interval 0.02]
+    PMEM_IS_PMEM_FORCE=1 .venv/bin/python benchmarks/checkpointer.py [--size 65536] [--mode direct]
+        [--seconds 2] [--interval 0.02] [--cases inline,thread,never,preallocated]
 
-One thread commits records (``append(data, flush=True)``), timing each
-append; another truncates every ``--interval`` seconds to the flushed LSN it
-saw at the previous checkpoint (PostgreSQL's redo point); ``--interval 0``
-never truncates; ``--preallocate GIB`` opens the WAL with that much made
-ready (a log that keeps everything).  After ``--warm-up`` seconds it prints records/s, p99.9 and max
-append latency, and the segments created, removed and recycled in the
-measured window.
+One thread commits records (``append(data, flush=True)``), timing each append.  The cases:
+
+- ``inline``: the appender itself truncates to ``--keep`` bytes behind it each time it
+  enters a new segment (what ``pmemwal bench`` does);
+- ``thread``: a checkpointer thread truncates every ``--interval`` seconds to the flushed
+  LSN it saw at its previous checkpoint (PostgreSQL's redo point);
+- ``never``: nothing is truncated (a log that keeps everything), with the bytes/s set
+  against the rate at which this machine makes fresh segments, measured in the same run;
+- ``preallocated``: never truncated, the WAL opened with ``--preallocate`` GiB made ready
+  (its warm-up ends at 30 % of them, the case at 90 %).
+
+After ``--warm-up`` seconds each case prints records/s (and its ratio to ``inline``), p99.9
+and max append latency, and the segments created, removed and recycled while measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import threading
 import time
 
@@ -22,33 +30,55 @@ import numpy as np
 
 import pmemwal
 from common import scratch_dir
+from pmemwal.segments import Segment, WalDirectory
+
+CASES = ("inline", "thread", "never", "preallocated")
 
 
-def appends(wal: pmemwal.WAL, data: bytes, seconds: float) -> np.ndarray:
-    """Latencies (s) of committed appends for ``seconds``."""
-    latencies, clock, append = [], time.perf_counter, wal.append
+def appends(wal: pmemwal.WAL, data: bytes, seconds: float, keep: int | None,
+            until_lsn: int = 1 << 64) -> np.ndarray:
+    """Latencies (s) of committed appends for ``seconds`` (or until ``until_lsn``); with
+    ``keep``, the appender truncates to ``keep`` bytes behind it at every new segment."""
+    latencies, clock, append, size = [], time.perf_counter, wal.append, wal.segment_size
+    segment = wal.insert_lsn // size
     deadline = clock() + seconds
-    while True:
+    while wal.insert_lsn < until_lsn:
         t0 = clock()
-        append(data, True)
+        lsn = append(data, True)
         t1 = clock()
         latencies.append(t1 - t0)
+        if keep is not None and lsn // size != segment:
+            segment = lsn // size
+            wal.truncate(lsn - keep)
         if t1 > deadline:
-            return np.array(latencies)
+            break
+    return np.array(latencies)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=64 << 10)
-    parser.add_argument("--mode", default="direct")
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--interval", type=float, default=0.02)
-    parser.add_argument("--warm-up", type=float, default=1.0)
-    parser.add_argument("--preallocate", type=lambda v: int(float(v) * (1 << 30)), default=0,
-                        help="GiB made ready when the WAL is opened")
-    args = parser.parse_args()
-    with scratch_dir() as path, pmemwal.open(path, mode=args.mode,
-                                             preallocate=args.preallocate) as wal:
+def fresh_segment_rate(segment_size: int, count: int = 4) -> float:
+    """Bytes/s at which this machine makes, maps and faults in new segments (as the WAL does)."""
+    path = tempfile.mkdtemp(prefix="pmemwal-fresh-", dir=os.environ.get("PMEMWAL_BENCH_DIR", "/dev/shm"))
+    directory = WalDirectory(path, create=True)
+    try:
+        t0 = time.perf_counter()
+        for segno in range(count):
+            directory.create(segno, segment_size, bytes(16))
+            seg = Segment(directory.file(segno), segno, segment_size, writable=True)
+            seg.mapping(populate=True)
+            seg.close()
+        return count * segment_size / (time.perf_counter() - t0)
+    finally:
+        directory.close()
+        for name in os.listdir(path):
+            os.unlink(os.path.join(path, name))
+        os.rmdir(path)
+
+
+def run_case(case: str, args: argparse.Namespace) -> dict:
+    """One case on a fresh WAL: records/s, latencies, segment counts while measured."""
+    preallocate = args.preallocate if case == "preallocated" else 0
+    with scratch_dir() as path, pmemwal.open(path, mode=args.mode, preallocate=preallocate,
+                                             max_wal_size=args.max_wal_size) as wal:
         stop = threading.Event()
 
         def checkpointer() -> None:
@@ -57,25 +87,57 @@ def main() -> None:
                 wal.truncate(redo)
                 redo = wal.flushed_lsn
 
-        thread = threading.Thread(target=checkpointer) if args.interval > 0 else None
+        thread = threading.Thread(target=checkpointer) if case == "thread" else None
         if thread:
             thread.start()
+        keep = args.keep if case == "inline" else None
         data = os.urandom(args.size)
-        appends(wal, data, args.warm_up)
+        start = wal.insert_lsn
+        until = start + 9 * preallocate // 10 if preallocate else 1 << 64
+        appends(wal, data, args.warm_up, keep, start + 3 * preallocate // 10 if preallocate else until)
         before, t0 = wal.stats(), time.perf_counter()
-        latencies = appends(wal, data, args.seconds)
+        latencies = appends(wal, data, args.seconds, keep, until)
         elapsed, after = time.perf_counter() - t0, wal.stats()
         stop.set()
         if thread:
             thread.join()
+        persist = wal.persist_method
     moved = {k: after[f"segments_{k}"] - before[f"segments_{k}"]
              for k in ("created", "removed", "recycled")}
-    every = f"every {args.interval * 1e3:g} ms" if thread else "never"
-    print(f"{args.mode} ({wal.persist_method}), {args.size:,} B, truncated {every}: "
-          f"{len(latencies) / elapsed / 1e3:,.1f} k records/s, append p99.9 "
-          f"{np.percentile(latencies, 99.9) * 1e3:.2f} ms, max {latencies.max() * 1e3:.1f} ms; "
-          f"segments {moved['created']} created, {moved['removed']} removed, "
-          f"{moved['recycled']} recycled")
+    return {"case": case, "persist": persist, "rate": len(latencies) / elapsed,
+            "bytes_per_s": len(latencies) * args.size / elapsed,
+            "p999_ms": np.percentile(latencies, 99.9) * 1e3, "max_ms": latencies.max() * 1e3,
+            **moved}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=64 << 10)
+    parser.add_argument("--mode", default="direct")
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--interval", type=float, default=0.02, help="the checkpointer's period (s)")
+    parser.add_argument("--keep", type=int, default=256 << 20, help="inline: bytes kept behind")
+    parser.add_argument("--warm-up", type=float, default=1.0)
+    parser.add_argument("--max-wal-size", type=lambda v: int(float(v) * (1 << 30)), default=1 << 30,
+                        help="GiB: the WAL's max_wal_size (retained and recycled segments)")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--preallocate", type=lambda v: int(float(v) * (1 << 30)), default=6 << 30,
+                        help="GiB made ready in the preallocated case, which stops at 90 %% of it")
+    args = parser.parse_args()
+    cases = args.cases.split(",")
+    fresh = fresh_segment_rate(16 << 20) if "never" in cases else None
+    results = [run_case(case, args) for case in cases]
+    base = next((r["rate"] for r in results if r["case"] == "inline"), None)
+    print(f"{args.mode}, {args.size:,} B records, flush each, checkpointer every "
+          f"{args.interval * 1e3:g} ms" + (f"; fresh segments at {fresh / 1e9:.2f} GB/s" if fresh else ""))
+    print("| case | records/s | / inline | MB/s | / fresh | p99.9 ms | max ms | created | removed | recycled |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        ratio = f"{r['rate'] / base:.2f}" if base else "-"
+        vs_fresh = f"{r['bytes_per_s'] / fresh:.2f}" if fresh and r["case"] == "never" else "-"
+        print(f"| {r['case']} ({r['persist']}) | {r['rate'] / 1e3:,.1f} k | {ratio} | "
+              f"{r['bytes_per_s'] / 1e6:,.0f} | {vs_fresh} | {r['p999_ms']:.2f} | {r['max_ms']:.1f} | "
+              f"{r['created']} | {r['removed']} | {r['recycled']} |")
 
 
 if __name__ == "__main__":

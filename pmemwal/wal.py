@@ -143,7 +143,7 @@ class WAL:
         self._read_cache: OrderedDict[int, Segment] = OrderedDict()
         self._seg_lock = threading.RLock()      # the segment table; appenders may need it
         self._truncate_lock = threading.Lock()  # one truncation at a time; appenders never take it
-        self._recycling: dict[int, threading.Event] = {}  # numbers whose file is being renamed in
+        self._arriving: dict[int, threading.Event] = {}  # segments being made, opened or recycled
         self._counters = {"segments_created": 0, "segments_recycled": 0, "segments_removed": 0,
                           "segments_prefaulted": 0}
         self._sync_method = sync_method
@@ -308,12 +308,13 @@ class WAL:
         self._core.set_notify(self._background.notify_fd, self._prepare_segments)
 
     def _prepare_ahead(self) -> None:
-        """Background: have the next prepare_segments segments ready and attached."""
+        """Background: have the next prepare_segments segments ready and attached (those a
+        truncation is recycling into place are left to it)."""
         if self._closed or self._core.error:
             return
         current = self._core.insert_lsn // self.segment_size
         for segno in range(current, current + self._prepare_segments + 1):
-            if segno not in self._segments:
+            if segno not in self._segments and segno not in self._arriving:
                 self._ensure_segment(segno)
                 self._counters["segments_prefaulted"] += 1
 
@@ -342,40 +343,95 @@ class WAL:
 
         A segment below the oldest one was truncated: a stale request for it
         (the insert position has moved past it since) is ignored, never
-        answered by creating the segment again.
+        answered by creating the segment again.  Files are made, opened and
+        mapped outside the segment lock, so that several segments can be on
+        their way at once (an appender and the background writer, each its own);
+        a request for one that is on its way waits for it.
         """
-        while (renaming := self._attach_segment(segno)) is not None:
-            renaming.wait()  # a truncation is recycling an old file into this number
+        while True:
+            with self._seg_lock:
+                todo = self._claim_segments(segno)
+            if isinstance(todo, threading.Event):
+                todo.wait()
+            elif todo:
+                self._make_segments(todo)
+            else:
+                return
 
-    def _attach_segment(self, segno: int) -> threading.Event | None:
-        """_ensure_segment's work under the segment lock, or the event to wait for when a
-        truncation is still renaming a recycled file into ``segno``."""
-        with self._seg_lock:
-            if self._core_closed:
-                raise ClosedError("the WAL is closed")
-            if segno < self._segnos[0]:
-                return None
-            if segno in self._recycling:
-                return self._recycling[segno]
-            seg = self._segments.get(segno)
-            if seg is None:
-                if segno not in self._segnos:
-                    # In order: an appender whose reservation reached this segment first may ask
-                    # before the one that reserved the segment below, and a crash leaving a
-                    # later segment without an earlier one reads as a deleted segment.
-                    for new in range(min(segno, self._segnos[-1] + 1), segno + 1):
-                        self._dir.create(new, self.segment_size, self.wal_id)
-                        self._segnos.append(new)
-                        self._counters["segments_created"] += 1
-                    self._segnos.sort()
-                dsync = not self._direct and self._sync_method == "open_datasync"
-                seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=True, dsync=dsync)
-                if self._direct:
-                    seg.mapping(populate=self._prefault, sync=self._map_sync)
-                self._segments[segno] = seg
+    def _claim_segments(self, segno: int) -> threading.Event | list[tuple[int, bool]] | None:
+        """Under the segment lock: None when ``segno`` is attached (or truncated); the event of
+        its arrival when another thread brings it; else the segments this thread must bring,
+        as (number, whether to create the file), claimed.  Segments are made in order: an
+        appender whose reservation reached this one may ask before the one that reserved the
+        segment below, and a crash leaving a later segment without an earlier one reads as a
+        deleted segment."""
+        if self._core_closed:
+            raise ClosedError("the WAL is closed")
+        if segno < self._segnos[0]:
+            return None
+        if segno in self._arriving:
+            return self._arriving[segno]
+        if segno in self._segments:
             if hasattr(self, "_core"):
+                seg = self._segments[segno]
                 self._core.attach(segno, seg.fd, seg.map)
             return None
+        if segno in self._segnos:
+            todo = [(segno, False)]
+        else:
+            todo = [(n, True) for n in range(min(segno, self._segnos[-1] + 1), segno + 1)]
+            self._segnos.extend(n for n, _ in todo)
+            self._segnos.sort()
+        for n, _ in todo:
+            self._arriving[n] = threading.Event()
+        return todo
+
+    def _make_segments(self, todo: list[tuple[int, bool]]) -> None:
+        """Create (where asked), open and map the claimed segments, then attach them."""
+        for i, (segno, create) in enumerate(todo):
+            try:
+                if create:
+                    self._await_lower(segno)
+                    self._dir.create(segno, self.segment_size, self.wal_id)
+                dsync = not self._direct and self._sync_method == "open_datasync"
+                seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=True,
+                              dsync=dsync)
+                if self._direct:
+                    seg.mapping(populate=self._prefault, sync=self._map_sync)
+            except BaseException:
+                with self._seg_lock:  # the rest were never made: nobody may wait for them
+                    for n, created in todo[i:]:
+                        if created:
+                            self._segnos.remove(n)
+                        self._arriving.pop(n).set()
+                raise
+            self._arrived(segno, seg, created=create)
+
+    def _await_lower(self, segno: int) -> None:
+        """Wait until no segment below ``segno`` is still on its way (made or recycled by
+        another thread): files appear in number order, so that a crash never leaves a
+        later segment without an earlier one, which reopening takes for a deleted one."""
+        while True:
+            with self._seg_lock:
+                lower = [event for n, event in self._arriving.items() if n < segno]
+            if not lower:
+                return
+            lower[0].wait()
+
+    def _arrived(self, segno: int, seg: Segment, *, created: bool = False,
+                 recycled: bool = False) -> None:
+        """A segment made, opened or recycled into place: into the table and attached."""
+        with self._seg_lock:
+            if self._core_closed:
+                seg.close()
+            else:
+                seg.segno = segno
+                self._segments[segno] = seg
+                if hasattr(self, "_core"):
+                    self._core.attach(segno, seg.fd, seg.map)
+            self._counters["segments_created"] += created
+            self._counters["segments_recycled"] += recycled
+            self._arriving.pop(segno).set()
 
     def _segment_buffer(self, segno: int) -> mmap.mmap | None:
         """A mapping of segment ``segno`` for reading, or None when it does not exist."""
@@ -385,7 +441,7 @@ class WAL:
                 return seg.map
             seg = self._read_cache.get(segno)
             if seg is None:
-                if segno not in self._segnos or segno in self._recycling:
+                if segno not in self._segnos or segno in self._arriving:
                     return None
                 seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=False)
                 self._read_cache[segno] = seg
@@ -543,7 +599,7 @@ class WAL:
             if spares < target:
                 new = self._segnos[-1] + 1
                 self._segnos.append(new)
-                self._recycling[new] = threading.Event()
+                self._arriving[new] = threading.Event()
                 spares += 1
             plan.append((segno, new, self._segments.pop(segno, None)))
         return plan
@@ -559,6 +615,7 @@ class WAL:
                     self._dir.remove(segno)
                     self._counters["segments_removed"] += 1
                 else:
+                    self._await_lower(new)
                     self._dir.recycle(segno, new, self.segment_size, self.wal_id,
                                       seg.fd if seg else -1)
                     self._recycled(new, seg)
@@ -569,15 +626,12 @@ class WAL:
     def _recycled(self, new: int, seg: Segment | None) -> None:
         """A recycled file is in place as segment ``new``: an open one stays open and
         mapped, and is attached, so the writer finds its pages allocated and faulted in."""
+        if seg is not None:
+            self._arrived(new, seg, recycled=True)
+            return
         with self._seg_lock:
-            if seg is not None and not self._core_closed:
-                seg.segno = new
-                self._segments[new] = seg
-                self._core.attach(new, seg.fd, seg.map)  # ready: no appender or wake-up needed
-            elif seg is not None:
-                seg.close()
             self._counters["segments_recycled"] += 1
-            self._recycling.pop(new).set()
+            self._arriving.pop(new).set()
 
     def _abandon_recycling(self, rest: list[tuple[int, int | None, Segment | None]]) -> None:
         """A truncation failed: the future numbers it had not filled are free again (an
@@ -586,9 +640,9 @@ class WAL:
             for _, new, seg in rest:
                 if seg is not None:
                     seg.close()
-                if new is not None and new in self._recycling:
+                if new is not None and new in self._arriving:
                     self._segnos.remove(new)
-                    self._recycling.pop(new).set()
+                    self._arriving.pop(new).set()
 
     def _estimate_distance(self, insert_lsn: int) -> None:
         """Fold the WAL's advance since the last truncation into the estimate: a larger
@@ -602,11 +656,11 @@ class WAL:
         self._last_truncation_lsn = insert_lsn
 
     def _spare_target(self, retained: int) -> int:
-        """Future segments a truncation keeps, recycled: twice those the WAL is estimated to
-        pass before the next one, since one truncation often comes late (PostgreSQL keeps
-        about 2.2x: checkpoint_completion_target and 10 %), and at least recycle_segments;
-        within max_wal_size beside the ``retained`` segments; plus the background writer's
-        pipeline."""
+        """Future segments to keep, recycled by truncation or made ahead by the background
+        writer: twice those the WAL is estimated to pass before the next truncation, since
+        one often comes late (PostgreSQL keeps about 2.2x: checkpoint_completion_target and
+        10 %), and at least recycle_segments; within max_wal_size beside the ``retained``
+        segments; plus the background writer's pipeline."""
         need = -(-2 * int(self._truncation_distance) // self.segment_size)  # rounded up
         room = self._max_wal_size // self.segment_size - retained
         return max(self._recycle_segments, min(need, room)) + self._pipeline_depth()

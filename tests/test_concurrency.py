@@ -49,7 +49,7 @@ import pytest
 import pmemwal
 from _concurrent_child import HDR, make_payload, parse_payload, stress
 from conftest import (HIDDEN_LIBPMEM, PAGE, SEG, assert_chain, child_env, expected_end,
-                      first_lsn_of_segment, read_all, rec_size, run_and_kill, seg_usable,
+                      first_lsn_of_segment, read_all, rec_size, run_and_kill, seg_file, seg_usable,
                       usable_of)
 
 CONCURRENT_CHILD = str(Path(__file__).resolve().parent / "_concurrent_child.py")
@@ -610,3 +610,26 @@ def test_an_appender_reaching_a_segment_still_being_recycled_waits_for_it(wal_di
         assert not appender.is_alive()
         assert wal.stats()["segments_created"] == created
         assert wal.stats()["segments_recycled"] == 2 and wal.insert_lsn // SEG == 3
+
+
+def test_no_segment_file_appears_before_the_one_below_it_is_in_place(wal_dir, mode):
+    """While a truncation recycles a file into future number n, a request for n + 1 makes
+    that file only after n is in place: a crash in between must not leave n + 1 without n,
+    which reopening takes for a deleted segment."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=1,
+                      background=False, prepare_segments=0) as wal:
+        while wal.insert_lsn < 3 * SEG - 2 * PAGE:
+            wal.append(bytes(PAGE))
+        entered, release = _block_first(wal._dir, "recycle")
+        truncation = threading.Thread(target=wal.truncate, args=(wal.flush(),))
+        truncation.start()
+        assert entered.wait(10)
+        recycled_to = max(wal._arriving)
+        maker = threading.Thread(target=wal._ensure_segment, args=(recycled_to + 1,))
+        maker.start()
+        maker.join(0.5)
+        assert maker.is_alive() and not seg_file(wal_dir, recycled_to + 1).exists()
+        release.set()
+        maker.join(10)
+        truncation.join()
+        assert seg_file(wal_dir, recycled_to).exists() and seg_file(wal_dir, recycled_to + 1).exists()
