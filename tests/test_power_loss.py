@@ -162,3 +162,20 @@ def test_cli_refuses_an_unknown_setup() -> None:
     result = cli_runner().invoke(main, ["powerloss", "--setups", "dax"])
     assert result.exit_code == 2
     assert "unknown setup" in result.output
+
+
+def test_crash_images_amid_a_checkpointer_keep_every_acknowledged_record(shm_tmp) -> None:
+    """Four writers and a thread truncating every 2 ms: crashes land while segments are
+    removed and recycled under the writers (issue 15); nothing acknowledged is lost."""
+    report = run_power_loss("pmem", IMAGES, threads=4, seed=7, directory=str(shm_tmp),
+                            checkpointer=True)
+    assert report.failures == []
+    assert report.ok and report.images == IMAGES
+    assert report.checkpointer and report.checkpointed > 0 and report.segments_recycled > 0
+
+
+def test_a_checkpointer_runs_in_pmem_mode_with_the_wal_workload_only() -> None:
+    with pytest.raises(ValueError, match="checkpointer"):
+        run_power_loss("msync", 1, checkpointer=True)
+    with pytest.raises(ValueError, match="checkpointer"):
+        run_power_loss("pmem", 1, checkpointer=True, workload="log")

@@ -69,8 +69,10 @@ CACHE_LINE = 64
 PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem (8-byte atomicity)
 PAGE_CACHE_GRAINS = (8, 512, 4096)     # torn word, torn sector, whole page written back or not
 MODES = ("pmem", "msync", "buffered")
-SETUPS = {"pmem": ("pmem", 1), "pmem-threads": ("pmem", 4), "msync": ("msync", 1),
-          "buffered": ("buffered", 1)}  # name: (mode, writer threads)
+SETUPS = {"pmem": ("pmem", 1, False), "pmem-threads": ("pmem", 4, False),
+          "pmem-checkpointer": ("pmem", 4, True), "msync": ("msync", 1, False),
+          "buffered": ("buffered", 1, False)}  # name: (mode, writer threads, checkpointer thread)
+CHECKPOINT_INTERVAL = 0.002            # the checkpointer thread truncates this often (seconds)
 MAX_SEGMENTS = 3                       # truncate beyond this: keeps images small, recycles segments
 RETAIN_ENTRIES = 20                    # the log workload compacts to this many entries beyond it
 
@@ -101,6 +103,8 @@ class PowerLossReport:
     mode: str
     threads: int = 1
     workload: str = "wal"         # one of WORKLOADS
+    checkpointer: bool = False    # a thread truncated while the writers ran ...
+    checkpointed: int = 0         # ... this many segments
     images: int = 0
     records_written: int = 0      # the log workload: entries
     flushed_bytes: int = 0
@@ -146,23 +150,28 @@ class DurableShadow:
     def _follow(self, directory) -> None:
         """Track segment files as the WAL makes, recycles and removes them: a made
         or recycled file is synced, so durable as it is, before the core can store
-        into it (it attaches it afterwards)."""
+        into it (it attaches it afterwards).  Each file operation and its tracking
+        are one step for the images: a checkpointer thread recycles while writers
+        run, and an image must not look for a file renamed under it."""
         create, recycle, remove = directory.create, directory.recycle, directory.remove
 
         def created(segno: int, *args) -> None:
-            create(segno, *args)
-            self.track(segno)
+            with self.lock:
+                create(segno, *args)
+                self.track(segno)
 
         def recycled(old: int, new: int, *args, **kwargs) -> None:
             self._before_removal()
-            recycle(old, new, *args, **kwargs)
-            self.track(new)
-            self.forget(old)
+            with self.lock:
+                recycle(old, new, *args, **kwargs)
+                self.track(new)
+                self.forget(old)
 
         def removed(segno: int) -> None:
             self._before_removal()
-            remove(segno)
-            self.forget(segno)
+            with self.lock:
+                remove(segno)
+                self.forget(segno)
 
         directory.create, directory.recycle, directory.remove = created, recycled, removed
 
@@ -314,6 +323,7 @@ class Workload:
         self.wal = wal
         self.seed = seed
         self.lsn_of: dict[int, int] = {}  # record index -> LSN, once its append returned
+        self.checkpointed = 0             # segments the checkpointer thread truncated
         self._indexes = itertools.count()
 
     def step(self, rng: random.Random, thread: int = 0) -> bool:
@@ -341,18 +351,31 @@ class Workload:
                 self.wal.flush()
         self.lsn_of.update(zip(indexes, lsns))
 
-    def run_threads(self, threads: int, steps: int, seed: int) -> None:
-        """``steps`` operations in each of ``threads`` threads at once."""
+    def run_threads(self, threads: int, steps: int, seed: int, checkpointer: bool = False) -> None:
+        """``steps`` operations in each of ``threads`` threads at once; with
+        ``checkpointer``, another thread truncates to its previous redo point (the
+        flushed LSN it saw last time) every CHECKPOINT_INTERVAL while they run."""
         def work(rng: random.Random, thread: int) -> None:
             for _ in range(steps):
                 self.step(rng, thread)
 
+        def checkpoint(done: threading.Event) -> None:
+            redo = self.wal.flushed_lsn
+            while not done.wait(CHECKPOINT_INTERVAL):
+                self.checkpointed += self.wal.truncate(redo)
+                redo = self.wal.flushed_lsn
+
         pool = [threading.Thread(target=work, args=(random.Random(seed * 1000 + t), t))
                 for t in range(threads)]
-        for t in pool:
+        done = threading.Event()
+        helper = threading.Thread(target=checkpoint, args=(done,)) if checkpointer else None
+        for t in pool + ([helper] if helper else []):
             t.start()
         for t in pool:
             t.join()
+        if helper:
+            done.set()
+            helper.join()
 
     def retain(self) -> bool:
         """Keep the WAL at a few segments: truncation, then recycling, under the writer.
@@ -483,7 +506,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                    directory: str | None = None, crash_rate: float = 0.2,
                    keep_failures: str | None = None,
                    progress: Callable[[int], None] | None = None,
-                   workload: str = "wal") -> PowerLossReport:
+                   workload: str = "wal", checkpointer: bool = False) -> PowerLossReport:
     """Crash ``images`` times at random moments of a workload in ``mode`` and check each.
 
     ``mode`` is ``"pmem"`` (direct, traced flush/drain), ``"msync"`` (direct)
@@ -493,6 +516,8 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     image at each crash point.  Failing images are copied under
     ``keep_failures`` if given.  ``workload`` is ``"wal"`` (records) or
     ``"log"`` (a pmemwal.Log: entries, rewinds, compactions, resets, states).
+    ``checkpointer`` (pmem, wal workload) adds a thread that truncates while the
+    writers run, so crashes land amid recycling.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: one of {', '.join(MODES)}")
@@ -500,7 +525,9 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         raise ValueError(f"threads={threads}: 1, or more in pmem mode")
     if workload not in WORKLOADS:
         raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
-    report = PowerLossReport(mode, threads, workload)
+    if checkpointer and (mode != "pmem" or workload != "wal"):
+        raise ValueError("checkpointer=True: pmem mode and the wal workload only")
+    report = PowerLossReport(mode, threads, workload, checkpointer)
     rng = np.random.default_rng(seed)
     root = Path(tempfile.mkdtemp(prefix="pmemwal-powerloss-", dir=directory or _default_dir()))
     queue: list[Image] = []
@@ -514,7 +541,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         rounds = 0
         while report.images < images:
             if mode == "pmem":  # crash points come from the tracer, inside the operations
-                work.run_threads(threads, 20, seed + rounds)
+                work.run_threads(threads, 20, seed + rounds, checkpointer)
             else:
                 acked = work.acked()
                 crash = rng.random() < crash_rate  # drawn first: the step may take it (arm)
@@ -538,6 +565,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         report.records_written = work.written
         report.flushed_bytes = wal.flushed_lsn
         report.segments_recycled = wal.stats()["segments_recycled"]
+        report.checkpointed = work.checkpointed
         work.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -578,7 +606,8 @@ def table(reports: list[PowerLossReport]) -> str:
     """The reports as a Markdown table, one row per setup (with the log workload's columns
     when one of them ran it)."""
     log = any(r.workload == "log" for r in reports)
-    columns = [("setup", lambda r: r.mode if r.threads == 1 else f"{r.mode} x{r.threads} writers"),
+    columns = [("setup", lambda r: (r.mode if r.threads == 1 else f"{r.mode} x{r.threads} writers")
+                + (" + checkpointer" if r.checkpointer else "")),
                ("images", lambda r: f"{r.images:,}"),
                (f"{'entries' if log else 'records'} written", lambda r: f"{r.records_written:,}"),
                ("lost", lambda r: r.lost),
