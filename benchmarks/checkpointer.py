@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import threading
 import time
 
@@ -30,7 +29,7 @@ import numpy as np
 
 import pmemwal
 from common import scratch_dir
-from pmemwal.segments import Segment, WalDirectory
+from pmemwal.tools.bench import fresh_segment_rate
 
 CASES = ("inline", "thread", "never", "preallocated")
 
@@ -53,25 +52,6 @@ def appends(wal: pmemwal.WAL, data: bytes, seconds: float, keep: int | None,
         if t1 > deadline:
             break
     return np.array(latencies)
-
-
-def fresh_segment_rate(segment_size: int, count: int = 4) -> float:
-    """Bytes/s at which this machine makes, maps and faults in new segments (as the WAL does)."""
-    path = tempfile.mkdtemp(prefix="pmemwal-fresh-", dir=os.environ.get("PMEMWAL_BENCH_DIR", "/dev/shm"))
-    directory = WalDirectory(path, create=True)
-    try:
-        t0 = time.perf_counter()
-        for segno in range(count):
-            directory.create(segno, segment_size, bytes(16))
-            seg = Segment(directory.file(segno), segno, segment_size, writable=True)
-            seg.mapping(populate=True)
-            seg.close()
-        return count * segment_size / (time.perf_counter() - t0)
-    finally:
-        directory.close()
-        for name in os.listdir(path):
-            os.unlink(os.path.join(path, name))
-        os.rmdir(path)
 
 
 def run_case(case: str, args: argparse.Namespace) -> dict:
@@ -125,7 +105,7 @@ def main() -> None:
                         help="GiB made ready in the preallocated case, which stops at 90 %% of it")
     args = parser.parse_args()
     cases = args.cases.split(",")
-    fresh = fresh_segment_rate(16 << 20) if "never" in cases else None
+    fresh = fresh_segment_rate(os.environ.get("PMEMWAL_BENCH_DIR", "/dev/shm"), 16 << 20) if "never" in cases else None
     results = [run_case(case, args) for case in cases]
     base = next((r["rate"] for r in results if r["case"] == "inline"), None)
     print(f"{args.mode}, {args.size:,} B records, flush each, checkpointer every "

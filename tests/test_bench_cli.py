@@ -245,3 +245,41 @@ def test_no_prefault(shm_dir: Path) -> None:
     assert result.exit_code == 0, result.output
     assert re.search(r"^prefault: +no$", result.stdout, re.M)
     assert re.search(r"^  segments_prefaulted: +0$", result.stdout, re.M)
+
+
+def test_a_checkpointer_thread_truncates_instead_of_the_clients(shm_dir: Path) -> None:
+    wal = shm_dir / "wal"
+    result = invoke("bench", wal, "--mode", "direct", "--size", "64k", "--segment-size", "1m",
+                    "--keep", "4m", "--checkpoint", "0.005", "--duration", "0.5", "--json",
+                    "--progress", "0")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["config"]["checkpoint"] == 0.005
+    moved = data["segments_after_warm_up"]
+    assert moved["recycled"] + moved["removed"] > 0     # the checkpointer truncated
+    assert data["bytes"] > 16 << 20 and len(segment_files(wal)) < data["bytes"] // (1 << 20)
+    text = invoke("bench", wal, "--size", "64k", "--keep", "4m", "--checkpoint", "0.005",
+                  "--duration", "0.2", "--progress", "0")
+    assert "a checkpointer thread truncates every 5 ms" in text.output
+
+
+def test_keep_all_never_truncates_and_sets_growth_against_fresh_segments(shm_dir: Path) -> None:
+    wal = shm_dir / "wal"
+    result = invoke("bench", wal, "--mode", "direct", "--size", "64k", "--segment-size", "1m",
+                    "--keep", "all", "--duration", "0.3", "--json", "--progress", "0")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["config"]["keep_bytes"] is None
+    assert data["segments_after_warm_up"]["recycled"] == data["segments_after_warm_up"]["removed"] == 0
+    assert data["fresh_segment_bytes_per_s"] > 0
+    assert len(segment_files(wal)) * (1 << 20) >= data["bytes"]          # everything kept
+    text = invoke("bench", wal, "--size", "64k", "--keep", "all", "--duration", "0.2", "--progress", "0")
+    assert "all (never truncated)" in text.output and "fresh segments:" in text.output
+
+
+def test_keep_all_leaves_a_checkpointer_nothing_and_a_bad_keep_is_refused(shm_dir: Path) -> None:
+    assert bench.BenchConfig(keep_bytes="all", checkpoint=0.02).checkpoint == 0
+    with pytest.raises(pmemwal.ConfigError, match="checkpoint"):
+        bench.BenchConfig(checkpoint=-1)
+    result = invoke("bench", shm_dir / "wal", "--keep", "lots")
+    assert result.exit_code == 2 and "keep" in result.output

@@ -206,6 +206,20 @@ def test_params_grid_from_the_cli(targets, shm_dir: Path) -> None:
     assert [json.loads(p) for (p,) in params] == [{"insert_slots": 2}, {"insert_slots": 16}]
 
 
+def test_truncation_styles_are_grid_dimensions(targets, shm_dir: Path) -> None:
+    """Retention (a size, or all: never truncated) and a checkpointer thread's period."""
+    db = shm_dir / "r.db"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "direct", "--clients", "1",
+                    "--sizes", "64k", "--duration", "0.1", "--runs", "1",
+                    "--param", "keep_bytes=48m,all", "--param", "checkpoint=0,0.01", "--db", db)
+    assert result.exit_code == 0, result.output + result.stderr
+    rows = sqlite3.connect(db).execute("SELECT params, extra FROM runs ORDER BY id").fetchall()
+    grid = [json.loads(p) for p, _ in rows]
+    assert grid == [{"checkpoint": c, "keep_bytes": k} for k in (48 << 20, "all") for c in (0, 0.01)]
+    moved = [json.loads(e)["segments_after_warm_up"] for _, e in rows]
+    assert all(m["recycled"] == m["removed"] == 0 for m in moved[2:])   # all: never truncated
+
+
 def test_unknown_param_fails_before_any_run(targets, shm_dir: Path) -> None:
     result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--duration", "30",
                     "--param", "no_such_knob=1,2", "--db", shm_dir / "r.db")

@@ -49,6 +49,8 @@ import fcntl
 import math
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 from array import array
@@ -62,7 +64,7 @@ from pmemwal import _core
 from pmemwal.device import ProbeResult
 from pmemwal.errors import ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
-from pmemwal.segments import LOCK_NAME
+from pmemwal.segments import LOCK_NAME, Segment, WalDirectory
 from pmemwal.tools._extras import require
 from pmemwal.wal import MODES
 
@@ -97,6 +99,13 @@ def parse_size(text: str | int) -> int:
     return int(match.group(1)) * _UNITS[(match.group(2) or "").lower()]
 
 
+def parse_keep(text: str | int | None) -> int | None:
+    """``--keep``: a size, or ``"all"`` (None: nothing is ever truncated)."""
+    if text is None or (isinstance(text, str) and text.strip().lower() == "all"):
+        return None
+    return parse_size(text)
+
+
 def parse_flush(text: str) -> int:
     """Records per client flush: ``"each"`` -> 1, ``"group:K"`` -> K, ``"end"`` -> 0."""
     policy = str(text).strip().lower()
@@ -126,6 +135,8 @@ class BenchConfig:
     prefault: bool = True  # segments mapped pre-faulted and prepared ahead (WAL option)
     keep_bytes: int | None = DEFAULT_KEEP  # WAL kept behind the flushed LSN, truncated
                                            # every truncate_step appended; None: all
+    checkpoint: float = 0.0  # s between truncations by a checkpointer thread; 0: by the clients
+                             # (with keep_bytes None: nothing is truncated either way)
     fresh: bool = True  # delete the WAL directory first (it must hold only a WAL)
     progress_interval: float = 1.0  # seconds between progress lines; 0: none
 
@@ -134,8 +145,11 @@ class BenchConfig:
         self.size = parse_size(self.size)
         if self.segment_size is not None:
             self.segment_size = parse_size(self.segment_size)
-        if self.keep_bytes is not None:
-            self.keep_bytes = parse_size(self.keep_bytes)
+        self.keep_bytes = parse_keep(self.keep_bytes)
+        if not self.checkpoint >= 0:
+            raise ConfigError(f"checkpoint={self.checkpoint!r}: 0 or more seconds")
+        if self.keep_bytes is None:
+            self.checkpoint = 0.0  # nothing to truncate (a grid may pair keep=all with any)
         self.flush = str(self.flush).strip().lower()
         parse_flush(self.flush)
         if self.mode not in MODES:
@@ -153,10 +167,10 @@ class BenchConfig:
         return parse_flush(self.flush)
 
     def truncate_step(self, segment_size: int) -> int | None:
-        """Bytes appended between truncations (None: no truncation): a quarter of
-        ``keep_bytes``, so the disk holds little beyond it, but at least a segment,
-        the least a truncation removes."""
-        if self.keep_bytes is None:
+        """Bytes appended between the clients' truncations (None: no truncation, or a
+        checkpointer's): a quarter of ``keep_bytes``, so the disk holds little beyond
+        it, but at least a segment, the least a truncation removes."""
+        if self.keep_bytes is None or self.checkpoint:
             return None
         return max(segment_size, self.keep_bytes // 4)
 
@@ -168,7 +182,7 @@ class BenchConfig:
         clients have in flight when the step is crossed."""
         step = self.truncate_step(segment_size)
         if step is None:
-            return 2  # the WAL's default: nothing is truncated before the end
+            return 2  # the WAL's default (a checkpointer's pool follows its distance)
         swing = 2 * step + self.clients * self.size
         return -(-swing // segment_size) + 1
 
@@ -226,6 +240,7 @@ class BenchResult:
     stats: dict[str, int]  # the WAL's counters since the end of the warm-up
     append_histogram: HdrHistogram = field(repr=False, compare=False)
     flush_histogram: HdrHistogram = field(repr=False, compare=False)
+    fresh_segment_rate: float | None = None  # bytes/s this machine makes segments (keep=all)
 
     @property
     def records_per_s(self) -> float:
@@ -271,6 +286,7 @@ class BenchResult:
             "append_latency_us": _asdict(self.append_latency),
             "flush_latency_us": _asdict(self.flush_latency),
             "segments_after_warm_up": self.segments_after_warm_up,
+            "fresh_segment_bytes_per_s": self.fresh_segment_rate,
             "stats": dict(self.stats),
             "append_histogram": _encode(self.append_histogram),
             "flush_histogram": _encode(self.flush_histogram),
@@ -280,8 +296,13 @@ class BenchResult:
         """The summary: parameters, then throughput, then latency, then counters."""
         c = self.config
         step = c.truncate_step(self.segment_size)
-        keep = "all" if step is None else (f"{_size_text(c.keep_bytes)} (truncated every "
-                                           f"{_size_text(step)} appended)")
+        if c.keep_bytes is None:
+            keep = "all (never truncated)"
+        elif c.checkpoint:
+            keep = (f"{_size_text(c.keep_bytes)}, and from the previous redo point (a "
+                    f"checkpointer thread truncates every {c.checkpoint * 1e3:g} ms)")
+        else:
+            keep = f"{_size_text(c.keep_bytes)} (truncated every {_size_text(step)} appended)"
         fs = f" ({self.probe.fs_type})" if self.probe and self.probe.fs_type else ""
         lines = [
             ("mode", self.mode if c.mode == self.mode else f"{self.mode} (asked: {c.mode})"),
@@ -314,6 +335,9 @@ class BenchResult:
         lines.append(("flush latency (usec)", self.flush_latency.line() if self.flush_latency
                       else "- (in the commit)" if commit else "- (no client flushes)"))
         lines.append(("background flushes", self.background_flushes))
+        if self.fresh_segment_rate:
+            lines.append(("fresh segments", f"{self.fresh_segment_rate / 1e6:.0f} MB/s made here "
+                          f"(this run appended {self.bytes / self.elapsed / self.fresh_segment_rate:.2f}x that)"))
         lines.append(("segments", ", ".join(f"{n} {k}" for k, n in
                                             self.segments_after_warm_up.items())
                       + " after warm-up"))
@@ -348,9 +372,34 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     try:
         probe = wal.probe or pmemwal.probe(wal.path)
         baseline = _warm_up(wal, config.keep_bytes, recycle)
-        return _Run(config, wal, progress, baseline).measure(probe)
+        result = _Run(config, wal, progress, baseline).measure(probe)
     finally:
         wal.close()
+    if config.keep_bytes is None:  # the WAL grew: against the pace this machine makes segments
+        rate = fresh_segment_rate(os.path.dirname(os.path.abspath(config.path)), wal.segment_size,
+                                  wal.mode == "direct" and config.prefault)
+        result = dataclasses.replace(result, fresh_segment_rate=rate)
+    return result
+
+
+def fresh_segment_rate(parent: str, segment_size: int, mapped: bool = True, count: int = 4) -> float:
+    """Bytes/s at which this machine makes segments in a scratch directory under ``parent``
+    as the WAL does (created, allocated and synced; ``mapped``: also mapped with every page
+    faulted in): the most a WAL that is never truncated can grow by."""
+    path = tempfile.mkdtemp(prefix=".pmemwal-fresh-", dir=parent)
+    directory = WalDirectory(path, create=True)
+    try:
+        t0 = time.perf_counter()
+        for segno in range(count):
+            directory.create(segno, segment_size, bytes(16))
+            segment = Segment(directory.file(segno), segno, segment_size, writable=True)
+            if mapped:
+                segment.mapping(populate=True)
+            segment.close()
+        return count * segment_size / (time.perf_counter() - t0)
+    finally:
+        directory.close()
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int) -> dict[str, int]:
@@ -466,16 +515,22 @@ class _Run:
         self.step = config.truncate_step(wal.segment_size)
         self.next_cut = wal.insert_lsn + self.step if self.step else 1 << 62  # an LSN
         self.cut_lock = threading.Lock()  # held by the truncating client
+        self.stop_checkpoints = threading.Event()
+        self.checkpoint_error: BaseException | None = None
 
     def measure(self, probe: ProbeResult | None) -> BenchResult:
         config, wal = self.config, self.wal
         clients = [_Client(self, i) for i in range(config.clients)]
         for client in clients:
             client.start()
+        checkpointer = threading.Thread(target=self._checkpoints, name="bench-checkpointer",
+                                        daemon=True) if config.checkpoint else None
         try:
             start = time.perf_counter_ns()
             self.deadline = start + int(config.duration * 1e9)
             self.last_tick = (start, 0, 0, 0)
+            if checkpointer:
+                checkpointer.start()
             self.barrier.wait()
             self._report_until_deadline(start, clients)
         finally:
@@ -483,9 +538,12 @@ class _Run:
             self.barrier.abort()  # frees clients still waiting if the start itself failed
             for client in clients:
                 client.join()
-        for client in clients:
-            if client.error is not None:
-                raise client.error
+            if checkpointer:
+                self.stop_checkpoints.set()
+                checkpointer.join()
+        for error in [client.error for client in clients] + [self.checkpoint_error]:
+            if error is not None:
+                raise error
         if self.progress and config.progress_interval:
             self._tick(time.perf_counter_ns(), start, clients)
         t = time.perf_counter_ns()
@@ -534,11 +592,27 @@ class _Run:
             self._truncate()
             self.next_cut = lsn + self.step
 
+    def _checkpoints(self) -> None:
+        """The checkpointer thread (``checkpoint``): every interval, truncate to the redo
+        point of the previous checkpoint (the flushed LSN then), keeping ``keep_bytes``
+        behind the flushed LSN as well (PostgreSQL's wal_keep_size)."""
+        wal, keep = self.wal, self.config.keep_bytes
+        redo = wal.flushed_lsn
+        try:
+            while not self.stop_checkpoints.wait(self.config.checkpoint):
+                if wal.insert_lsn - wal.flushed_lsn > keep:  # clients that flush rarely
+                    wal.flush()
+                    self.background_flushes += 1
+                wal.truncate(min(redo, wal.flushed_lsn - keep))
+                redo = wal.flushed_lsn
+        except BaseException as exc:  # reported by measure(); the clients stop at once
+            self.checkpoint_error, self.deadline = exc, 0
+
     def _truncate(self) -> None:
         keep, wal = self.config.keep_bytes, self.wal
         if keep is None:
             return
-        if wal.insert_lsn - wal.flushed_lsn > self.step:  # bounds the lag the pool must cover
+        if wal.insert_lsn - wal.flushed_lsn > (self.step or keep):  # bounds the lag the pool covers
             wal.flush()
             self.background_flushes += 1
         if wal.flushed_lsn > keep:

@@ -95,16 +95,23 @@ def probe(path: str, as_json: bool) -> None:
               help="Concurrent insertions in progress.")
 @click.option("--prefault/--no-prefault", default=True, show_default=True,
               help="Map segments pre-faulted and prepare them ahead of the appenders.")
-@click.option("--keep", type=SIZE, default="256m", show_default=True,
+@click.option("--keep", type=_Parsed("keep", _bench.parse_keep), default="256m", show_default=True,
               help="WAL kept on disk behind the flushed position; older segments are truncated "
-                   "(recycled) each time a quarter of it has been appended.")
+                   "(recycled) each time a quarter of it has been appended.  'all': never "
+                   "truncate (a log that keeps everything; the machine's own rate of making "
+                   "segments is measured too, for comparison).")
+@click.option("--checkpoint", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds between truncations by a separate checkpointer thread, to the previous "
+                   "checkpoint's flushed position and --keep behind the flushed one, as "
+                   "applications truncate (e.g. 0.02); 0: the clients truncate as they cross "
+                   "each quarter of --keep.")
 @click.option("--progress", "progress_interval", type=click.FloatRange(min=0), default=1.0,
               show_default=True, help="Seconds between progress lines on stderr (0: none).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_library_errors
 def bench(path: str, mode: str, clients: int, size: int, duration: float, flush: str,
-          segment_size: int | None, insert_slots: int, prefault: bool, keep: int,
-          progress_interval: float, as_json: bool) -> None:
+          segment_size: int | None, insert_slots: int, prefault: bool, keep: int | None,
+          checkpoint: float, progress_interval: float, as_json: bool) -> None:
     """Append records to a fresh WAL at PATH for a while and report throughput and latency.
 
     PATH is a benchmark directory: a WAL already there is deleted first.
@@ -114,7 +121,7 @@ def bench(path: str, mode: str, clients: int, size: int, duration: float, flush:
     config = _bench.BenchConfig(path=path, mode=mode, clients=clients, size=size,
                                 duration=duration, flush=flush, segment_size=segment_size,
                                 insert_slots=insert_slots, prefault=prefault, keep_bytes=keep,
-                                progress_interval=progress_interval)
+                                checkpoint=checkpoint, progress_interval=progress_interval)
     result = _bench.run(config, progress=lambda p: click.echo(p["line"], err=True))
     if as_json:
         _dump(result.as_dict())
