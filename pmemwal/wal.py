@@ -308,12 +308,19 @@ class WAL:
         self._core.set_notify(self._background.notify_fd, self._prepare_segments)
 
     def _prepare_ahead(self) -> None:
-        """Background: have the next prepare_segments segments ready and attached (those a
-        truncation is recycling into place are left to it)."""
+        """Background: have the next segments ready and attached (those a truncation is
+        recycling into place are left to it): prepare_segments, or as many as the WAL passes
+        between two truncations when that is more.  Truncation leaves twice that many
+        recycled, so these are made only when one comes late, before the appenders get
+        there, and not so many that the next truncation has to remove what it drops."""
         if self._closed or self._core.error:
             return
         current = self._core.insert_lsn // self.segment_size
-        for segno in range(current, current + self._prepare_segments + 1):
+        ahead = self._prepare_segments and max(
+            self._prepare_segments,
+            min(-(-int(self._truncation_distance) // self.segment_size),
+                self._max_wal_size // self.segment_size))
+        for segno in range(current, current + ahead + 1):
             if segno not in self._segments and segno not in self._arriving:
                 self._ensure_segment(segno)
                 self._counters["segments_prefaulted"] += 1
