@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -554,60 +555,62 @@ def test_recycling_follows_the_distance_between_truncations(wal_dir, mode):
 
 # ---- truncation off the appenders' path ---------------------------------------------------
 
-def _block_first(obj, name: str):
-    """Make obj.name block, on its first call, until the returned ``release`` is set;
-    ``entered`` is set when that call begins."""
-    entered, release, real = threading.Event(), threading.Event(), getattr(obj, name)
+def _quiet_wal(wal_dir, mode, recycle: int) -> pmemwal.WAL:
+    """A WAL of 1 MiB segments with no background writer: segments move only when asked."""
+    return pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=recycle,
+                        background=False, prepare_segments=0)
 
-    def blocked(*args, **kwargs):
+
+@contextmanager
+def _truncation_stuck_in(wal: pmemwal.WAL, step: str, fill: int):
+    """``wal`` appended to LSN ``fill`` and a truncation to its flushed LSN running in another
+    thread, stuck in its first ``wal._dir.<step>`` call (``remove`` or ``recycle``) until the
+    yielded event is set; the truncation is joined afterwards."""
+    while wal.insert_lsn < fill:
+        wal.append(bytes(PAGE))
+    entered, release, real = threading.Event(), threading.Event(), getattr(wal._dir, step)
+
+    def stuck(*args, **kwargs):
         if not entered.is_set():
             entered.set()
             assert release.wait(30)
         return real(*args, **kwargs)
 
-    setattr(obj, name, blocked)
-    return entered, release
+    setattr(wal._dir, step, stuck)
+    truncation = threading.Thread(target=wal.truncate, args=(wal.flush(),))
+    truncation.start()
+    assert entered.wait(10)
+    try:
+        yield release
+    finally:
+        release.set()
+        truncation.join()
 
 
 def test_appenders_make_segments_while_a_truncation_removes_files(wal_dir, mode):
     """A truncation stuck in its file work (here: a removal that does not return) holds no
     lock an appender needs: appending on into segments that must be made goes on."""
-    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=0,
-                      background=False, prepare_segments=0) as wal:
-        while wal.insert_lsn < 4 * SEG:
-            wal.append(bytes(PAGE))
-        entered, release = _block_first(wal._dir, "remove")
-        truncation = threading.Thread(target=wal.truncate, args=(wal.flush(),))
-        truncation.start()
-        assert entered.wait(10)
-        while wal.insert_lsn < 6 * SEG:                  # into segments 4 and 5, made now
-            wal.append(bytes(PAGE), flush=True)
-        assert truncation.is_alive() and wal.stats()["segments_created"] >= 2
-        release.set()
-        truncation.join()
+    with _quiet_wal(wal_dir, mode, 0) as wal:
+        with _truncation_stuck_in(wal, "remove", 4 * SEG):
+            while wal.insert_lsn < 6 * SEG:              # into segments 4 and 5, made now
+                wal.append(bytes(PAGE), flush=True)
+            assert wal.stats()["segments_created"] >= 2 and wal.stats()["segments_removed"] == 0
         assert wal.stats()["segments_removed"] == 4 and wal.first_lsn // SEG == 4
 
 
 def test_an_appender_reaching_a_segment_still_being_recycled_waits_for_it(wal_dir, mode):
     """The future number a truncation recycles a file into is reserved at once: an appender
     that gets there before the file is in place waits for it, and makes no file of its own."""
-    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=2,
-                      background=False, prepare_segments=0) as wal:
-        while wal.insert_lsn < 3 * SEG - 2 * PAGE:
-            wal.append(bytes(PAGE))
-        entered, release = _block_first(wal._dir, "recycle")
-        truncation = threading.Thread(target=wal.truncate, args=(wal.flush(),))
-        truncation.start()
-        assert entered.wait(10)
-        created = wal.stats()["segments_created"]
-        appender = threading.Thread(target=lambda: [wal.append(bytes(PAGE)) for _ in range(8)])
-        appender.start()                                 # on into segment 3: being recycled
-        appender.join(0.5)
-        assert appender.is_alive()
-        release.set()
-        appender.join(10)
-        truncation.join()
-        assert not appender.is_alive()
+    with _quiet_wal(wal_dir, mode, 2) as wal:
+        with _truncation_stuck_in(wal, "recycle", 3 * SEG - 2 * PAGE) as release:
+            created = wal.stats()["segments_created"]
+            appender = threading.Thread(target=lambda: [wal.append(bytes(PAGE)) for _ in range(8)])
+            appender.start()                             # on into segment 3: being recycled
+            appender.join(0.5)
+            assert appender.is_alive()
+            release.set()
+            appender.join(10)
+            assert not appender.is_alive()
         assert wal.stats()["segments_created"] == created
         assert wal.stats()["segments_recycled"] == 2 and wal.insert_lsn // SEG == 3
 
@@ -616,20 +619,14 @@ def test_no_segment_file_appears_before_the_one_below_it_is_in_place(wal_dir, mo
     """While a truncation recycles a file into future number n, a request for n + 1 makes
     that file only after n is in place: a crash in between must not leave n + 1 without n,
     which reopening takes for a deleted segment."""
-    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=1,
-                      background=False, prepare_segments=0) as wal:
-        while wal.insert_lsn < 3 * SEG - 2 * PAGE:
-            wal.append(bytes(PAGE))
-        entered, release = _block_first(wal._dir, "recycle")
-        truncation = threading.Thread(target=wal.truncate, args=(wal.flush(),))
-        truncation.start()
-        assert entered.wait(10)
-        recycled_to = max(wal._arriving)
-        maker = threading.Thread(target=wal._ensure_segment, args=(recycled_to + 1,))
-        maker.start()
-        maker.join(0.5)
-        assert maker.is_alive() and not seg_file(wal_dir, recycled_to + 1).exists()
-        release.set()
-        maker.join(10)
-        truncation.join()
-        assert seg_file(wal_dir, recycled_to).exists() and seg_file(wal_dir, recycled_to + 1).exists()
+    with _quiet_wal(wal_dir, mode, 1) as wal:
+        with _truncation_stuck_in(wal, "recycle", 3 * SEG - 2 * PAGE) as release:
+            recycled_to = max(wal._arriving)
+            maker = threading.Thread(target=wal._ensure_segment, args=(recycled_to + 1,))
+            maker.start()
+            maker.join(0.5)
+            assert maker.is_alive() and not seg_file(wal_dir, recycled_to + 1).exists()
+            release.set()
+            maker.join(10)
+        assert seg_file(wal_dir, recycled_to).exists()
+        assert seg_file(wal_dir, recycled_to + 1).exists()
