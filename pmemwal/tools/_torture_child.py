@@ -7,7 +7,9 @@ appends records of pmemwal.tools.torture.make_record, mixing append(flush=True),
 plain appends flushed later (flush() or flush(lsn)), and append_many + flush(),
 and after every flush that returns writes ``A <thread> <seq> <lsn>...`` for
 the records it has appended since its last acknowledgement.  Writer 0 now and
-then truncates the WAL, announcing ``T <lsn>`` first.  Any error ends the
+then truncates the WAL, announcing ``T <lsn>`` first; with ``checkpoint`` in the
+spec, a thread besides them truncates every that many seconds too (to the flushed
+LSN of its previous checkpoint, a checkpointer's redo point).  Any error ends the
 process with status 70 and a traceback on stderr.  ``Pipe``, ``opened``,
 ``run_threads`` and ``wal_options`` serve the log workload's child, too.
 """
@@ -19,6 +21,7 @@ import os
 import random
 import sys
 import threading
+import time
 import traceback
 from typing import Callable, TypeVar
 
@@ -75,12 +78,24 @@ def writer(wal: pmemwal.WAL, pipe: Pipe, spec: dict, thread: int) -> None:
         pending.clear()
 
 
-def truncate(wal: pmemwal.WAL, pipe: Pipe, segment_size: int) -> None:
-    """Drop old segments, telling the parent first: records below may go from then on."""
+def truncate(wal: pmemwal.WAL, pipe: Pipe, segment_size: int, redo: int | None = None) -> None:
+    """Drop old segments (below ``redo`` too, when given), telling the parent first:
+    records below may go from then on."""
     before = wal.flushed_lsn - KEEP_SEGMENTS * segment_size
+    if redo is not None:
+        before = min(before, redo)
     if before > 0:
         pipe.say(f"T {before}")
         wal.truncate(before)
+
+
+def checkpointer(wal: pmemwal.WAL, pipe: Pipe, spec: dict) -> None:
+    """Truncate every ``spec['checkpoint']`` seconds to the previous checkpoint's flushed LSN."""
+    redo = wal.flushed_lsn
+    while True:
+        time.sleep(spec["checkpoint"])
+        truncate(wal, pipe, spec["segment_size"], redo)
+        redo = wal.flushed_lsn
 
 
 def _die() -> None:
@@ -124,7 +139,9 @@ def main(argv: list[str]) -> None:
     wal = opened(lambda: pmemwal.open(spec["dir"], **wal_options(spec)))
     pipe = Pipe(sys.stdout.fileno())
     pipe.say(f"R {wal.persist_method} {wal.insert_lsn}")
-    run_threads(spec["threads"], lambda thread: writer(wal, pipe, spec, thread))
+    writers = spec["threads"]
+    run_threads(writers + bool(spec.get("checkpoint")),
+                lambda t: writer(wal, pipe, spec, t) if t < writers else checkpointer(wal, pipe, spec))
 
 
 if __name__ == "__main__":

@@ -321,11 +321,14 @@ def compare(path: str, targets: list[str], clients: list[int], sizes: list[int],
 @click.option("--workload", type=click.Choice(_torture.WORKLOADS), default="wal",
               show_default=True, help="wal: records appended, flushed, truncated; log: a "
               "pmemwal.Log's entries appended and synced, rewinds, compactions, resets, states.")
+@click.option("--checkpoint", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds between truncations by a checkpointer thread beside the writers, so "
+                   "kills land amid recycling (wal workload; e.g. 0.005); 0: none.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_library_errors
 def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes: tuple[str, ...],
             segment_sizes: tuple[int, ...], slots: tuple[int, ...], rounds_per_dir: int,
-            max_delay: float, keep: bool, workload: str, as_json: bool) -> None:
+            max_delay: float, keep: bool, workload: str, checkpoint: float, as_json: bool) -> None:
     """Crash torture: a child appends and flushes from several threads, is SIGKILLed at a
     random moment, and the WAL is reopened and checked; repeated ROUNDS times.
 
@@ -346,7 +349,7 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
     config = _torture.TortureConfig(path=path, rounds=rounds, threads=threads, seed=seed,
                                     modes=modes, segment_sizes=segment_sizes, slots=slots,
                                     rounds_per_dir=rounds_per_dir, delay_ms=(5.0, max_delay),
-                                    keep=keep, workload=workload)
+                                    keep=keep, workload=workload, checkpoint=checkpoint)
     with tqdm(total=rounds, file=sys.stderr, unit="round", desc="torture") as bar:
         def progress(report: _torture.TortureReport, result: _torture.RoundResult) -> None:
             bar.set_postfix_str(f"{result.setup.key} acked {report.acknowledged} "

@@ -294,12 +294,13 @@ class ChildRun:
 
 
 def crash_round(ledger: TortureDir, setup: Setup, rnd: int, seed: str, threads: int,
-                delay_s: float, timeout: float = 60.0) -> ChildRun:
+                delay_s: float, timeout: float = 60.0, checkpoint: float = 0.0) -> ChildRun:
     """Run a child on the ledger's WAL, SIGKILL it ``delay_s`` after it is ready, and
-    record what it acknowledged and announced in the ledger."""
+    record what it acknowledged and announced in the ledger; with ``checkpoint``, a thread
+    of the child truncates every that many seconds besides the writers."""
     spec = {"dir": ledger.path, "mode": setup.mode, "segment_size": setup.segment_size,
             "slots": setup.slots, "threads": threads, "round": rnd, "seed": seed,
-            **ledger.begin(rnd)}
+            "checkpoint": checkpoint, **ledger.begin(rnd)}
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen([sys.executable, "-m", ledger.CHILD, json.dumps(spec)],
                                 stdout=subprocess.PIPE, stderr=err, env=child_env(setup.persist))
@@ -651,10 +652,13 @@ class TortureConfig:
     delay_ms: tuple[float, float] = (5.0, 300.0)
     keep: bool = False                      # leave the last WAL directory behind
     workload: str = "wal"                   # one of WORKLOADS
+    checkpoint: float = 0.0                 # s between a checkpointer thread's truncations; 0: none
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
             raise ValueError(f"workload {self.workload!r}: choose from {', '.join(WORKLOADS)}")
+        if self.checkpoint < 0 or (self.checkpoint and self.workload != "wal"):
+            raise ValueError(f"checkpoint {self.checkpoint}: 0 or more seconds, wal workload only")
         bad = [m for m in self.modes if m not in PERSIST]
         if bad or not self.modes:
             raise ValueError(f"modes {bad or '(none)'}: choose from {', '.join(PERSIST)}")
@@ -721,7 +725,7 @@ def run(config: TortureConfig, progress: Progress | None = None) -> TortureRepor
             setup = Setup(persist, ledger.segment_size, slots)
             delay = rng.uniform(*config.delay_ms) / 1e3
             result = play_round(ledger, setup, rnd, f"{seed}/{rnd}", config.threads, delay,
-                                crash_image)
+                                crash_image, config.checkpoint)
             report.add(result)
             if not result.ok:
                 report.kept.append(_keep(ledger, result, crash_image, base))
@@ -749,9 +753,9 @@ def _setups(config: TortureConfig, rng: random.Random) -> Iterator[tuple[str, in
 
 
 def play_round(ledger: TortureDir, setup: Setup, rnd: int, seed: str, threads: int, delay_s: float,
-               crash_image: str | None = None) -> RoundResult:
+               crash_image: str | None = None, checkpoint: float = 0.0) -> RoundResult:
     """One round: crash a child, copy the WAL as the kill left it, recover, check, absorb."""
-    child = crash_round(ledger, setup, rnd, seed, threads, delay_s)
+    child = crash_round(ledger, setup, rnd, seed, threads, delay_s, checkpoint=checkpoint)
     if child.failure and not any(n.endswith(".wal") for n in os.listdir(ledger.path)):
         return RoundResult(rnd, setup, child, None, 0)
     if crash_image:
