@@ -72,9 +72,9 @@ def run_case(case: str, args: argparse.Namespace) -> dict:
             thread.start()
         keep = args.keep if case == "inline" else None
         data = os.urandom(args.size)
-        start = wal.insert_lsn
-        until = start + 9 * preallocate // 10 if preallocate else 1 << 64
-        appends(wal, data, args.warm_up, keep, start + 3 * preallocate // 10 if preallocate else until)
+        warm_until, until = ((wal.insert_lsn + f * preallocate // 10 for f in (3, 9))
+                             if preallocate else (1 << 64, 1 << 64))
+        appends(wal, data, args.warm_up, keep, warm_until)
         before, t0 = wal.stats(), time.perf_counter()
         latencies = appends(wal, data, args.seconds, keep, until)
         elapsed, after = time.perf_counter() - t0, wal.stats()

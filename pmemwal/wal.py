@@ -319,7 +319,7 @@ class WAL:
         current = self._core.insert_lsn // self.segment_size
         ahead = self._prepare_segments and max(
             self._prepare_segments,
-            min(-(-int(self._truncation_distance) // (2 * self.segment_size)),
+            min(self._segments_for(self._truncation_distance / 2),
                 self._max_wal_size // self.segment_size))
         for segno in range(current, current + ahead + 1):
             if segno not in self._segments and segno not in self._arriving:
@@ -669,9 +669,13 @@ class WAL:
         one often comes late (PostgreSQL keeps about 2.2x: checkpoint_completion_target and
         10 %), and at least recycle_segments; within max_wal_size beside the ``retained``
         segments; plus the background writer's pipeline."""
-        need = -(-2 * int(self._truncation_distance) // self.segment_size)  # rounded up
+        need = self._segments_for(2 * self._truncation_distance)
         room = self._max_wal_size // self.segment_size - retained
         return max(self._recycle_segments, min(need, room)) + self._pipeline_depth()
+
+    def _segments_for(self, nbytes: float) -> int:
+        """Segments that ``nbytes`` of WAL fill, rounded up."""
+        return -(-int(nbytes) // self.segment_size)
 
     def _pipeline_depth(self) -> int:
         """Future segments the background writer keeps ready (they count as spares)."""
