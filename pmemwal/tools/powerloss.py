@@ -155,9 +155,9 @@ class DurableShadow:
         run, and an image must not look for a file renamed under it."""
         create, recycle, remove = directory.create, directory.recycle, directory.remove
 
-        def created(segno: int, *args) -> None:
+        def created(segno: int, *args, **kwargs) -> None:
             with self.lock:
-                create(segno, *args)
+                create(segno, *args, **kwargs)
                 self.track(segno)
 
         def recycled(old: int, new: int, *args, **kwargs) -> None:
@@ -355,9 +355,14 @@ class Workload:
         """``steps`` operations in each of ``threads`` threads at once; with
         ``checkpointer``, another thread truncates to its previous redo point (the
         flushed LSN it saw last time) every CHECKPOINT_INTERVAL while they run."""
+        errors: list[BaseException] = []
+
         def work(rng: random.Random, thread: int) -> None:
-            for _ in range(steps):
-                self.step(rng, thread)
+            try:
+                for _ in range(steps):
+                    self.step(rng, thread)
+            except BaseException as exc:  # raised by the caller's thread, after the joins
+                errors.append(exc)
 
         def checkpoint(done: threading.Event) -> None:
             redo = self.wal.flushed_lsn
@@ -376,6 +381,8 @@ class Workload:
         if helper:
             done.set()
             helper.join()
+        if errors:
+            raise errors[0]
 
     def retain(self) -> bool:
         """Keep the WAL at a few segments: truncation, then recycling, under the writer.
