@@ -1,8 +1,9 @@
 """The WAL directory: its lock, its segment files, and their life cycle.
 
 A new segment is made as ``<name>.tmp``: allocated in full (posix_fallocate,
-so that no write into it can fail for space or fault in a page lazily), its
-header page written and synced, then renamed into place and the directory
+so that no write into it can fail for space; buffered mode writes zeros over
+it instead, so that appends never meet an unwritten block), its header page
+written and synced, then renamed into place and the directory
 synced (etcd's file pipeline).  Recycling renames an old segment to a future
 number through the same temp name and rewrites only its header: its pages
 stay allocated, and the page LSNs in them mark the old bytes as stale.  A
@@ -45,6 +46,7 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _IGNORED = {LOCK_NAME, "lost+found"}
+_ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
 
 
 @contextmanager
@@ -148,14 +150,22 @@ class WalDirectory:
         """Make renames and removals durable."""
         os.fsync(self.dir_fd)
 
-    def create(self, segno: int, segment_size: int, wal_id: bytes) -> None:
-        """A new, fully allocated segment file."""
+    def create(self, segno: int, segment_size: int, wal_id: bytes, zero_fill: bool = False) -> None:
+        """A new, fully allocated segment file; ``zero_fill`` writes every byte of it
+        instead (PostgreSQL's wal_init_zero): allocated blocks are still unwritten
+        (ext4's unwritten extents, tmpfs pages not yet cleared), so the first write to
+        each would cost an appender a page clear or an extent conversion at its sync."""
         path = self.file(segno)
         tmp = path + ".tmp"
         with storage_errors(f"creating {path}"):
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.posix_fallocate(fd, 0, segment_size)
+                if zero_fill:
+                    offset = 0
+                    while offset < segment_size:  # a short write only ever means no space left
+                        offset += os.pwrite(fd, _ZEROS[:segment_size - offset], offset)
+                else:
+                    os.posix_fallocate(fd, 0, segment_size)
                 os.pwrite(fd, SegmentHeader(segno, segment_size, wal_id).pack(), 0)
                 os.fdatasync(fd)
             except OSError:

@@ -114,8 +114,9 @@ class WAL:
     - ``flush_interval``: seconds between the background writer's flushes.
     - ``prepare_segments``: segments kept ready ahead of the insert position.
     - ``prefault``: map direct-mode segments with every page faulted in
-      (MAP_POPULATE), and prepare them ahead; False lets appenders take the
-      first-touch faults (what seed 003 measured), for comparison.
+      (MADV_POPULATE_WRITE), write buffered-mode ones with zeros when made
+      (PostgreSQL's wal_init_zero), and prepare them ahead; False lets
+      appenders take the first-touch faults (what seed 003 measured).
     - ``gil_release_size``: appends (a batch: its total payload) of at least this
       many bytes give up the GIL before copying; smaller ones keep it unless they
       must wait (for a slot, another insertion, a system call), since handing the
@@ -400,7 +401,8 @@ class WAL:
             try:
                 if create:
                     self._await_lower(segno)
-                    self._dir.create(segno, self.segment_size, self.wal_id)
+                    self._dir.create(segno, self.segment_size, self.wal_id,
+                                     zero_fill=self._prefault and not self._direct)
                 dsync = not self._direct and self._sync_method == "open_datasync"
                 seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=True,
                               dsync=dsync)

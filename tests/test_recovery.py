@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import random
 import shutil
 import struct
@@ -655,3 +656,16 @@ def test_a_segment_asked_for_before_the_one_below_it_is_made_after_it(wal_dir, m
         assert sorted(p.name for p in wal_dir.glob("*.wal")) == [
             seg_file(wal_dir, s).name for s in range(n + 3)]
         assert wal.stats()["segments_created"] == 2
+
+
+@pytest.mark.parametrize("prefault", [True, False])
+def test_prefault_leaves_no_unwritten_block_in_a_new_segment(wal_dir, mode, prefault):
+    """Made ahead with ``prefault``, a segment has no block still unwritten (a hole to
+    SEEK_HOLE: a tmpfs page not cleared yet, an ext4 unwritten extent), so no append pays
+    for clearing or converting one; without it, only the header page is written."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      prefault=prefault, preallocate=2 * SEG) as wal:
+        assert wal.stats()["segments_created"] >= 1
+        with open(seg_file(wal_dir, 1), "rb") as f:
+            first_hole = os.lseek(f.fileno(), 0, os.SEEK_HOLE)
+    assert (first_hole == SEG) == prefault
