@@ -150,7 +150,8 @@ class WAL:
         self._sync_method = sync_method
         self._recycle_segments = recycle_segments
         self._max_wal_size = max_wal_size
-        self._truncation_distance = 0.0  # estimated bytes appended between two truncations
+        self._truncation_distance = 0.0  # bytes appended between two truncations: the largest, decaying
+        self._typical_distance = 0.0     # the same, a plain moving average
         self._last_truncation_lsn: int | None = None
         self._dir = WalDirectory(os.fspath(path), create)
         try:
@@ -310,18 +311,18 @@ class WAL:
 
     def _prepare_ahead(self) -> None:
         """Background: have the next segments ready and attached (those a truncation is
-        recycling into place are left to it): prepare_segments, or as many as the WAL passes
-        in half the time between two truncations when that is more.  Truncation leaves
-        twice the distance recycled, so these are made only when one comes late, before the
-        appenders get there, and rarely so many that the next truncation has to remove
-        what it drops (with a whole distance ahead, it did at every slight delay)."""
-        if self._closed or self._core.error:
+        recycling into place are left to it): prepare_segments, or twice the typical
+        distance between two truncations when that is more.  Truncation alone cannot build
+        that pool: in a steady state it recycles as many segments as the appenders used
+        since the last one.  It is sized from the moving average, not from the decaying
+        largest distance truncation keeps spares for, so that a truncation that came late
+        makes the pool grow once instead of making segments that the next ones remove."""
+        if self._closed or self._core.error or not self._prepare_segments:
             return
         current = self._core.insert_lsn // self.segment_size
-        ahead = self._prepare_segments and max(
-            self._prepare_segments,
-            min(self._segments_for(self._truncation_distance / 2),
-                self._max_wal_size // self.segment_size))
+        with self._seg_lock:
+            retained = sum(1 for s in self._segnos if s <= current)
+            ahead = max(self._prepare_segments, self._spares_wanted(self._typical_distance, retained))
         for segno in range(current, current + ahead + 1):
             if segno not in self._segments and segno not in self._arriving:
                 self._ensure_segment(segno)
@@ -655,25 +656,31 @@ class WAL:
                     self._arriving.pop(new).set()
 
     def _estimate_distance(self, insert_lsn: int) -> None:
-        """Fold the WAL's advance since the last truncation into the estimate: a larger
+        """Fold the WAL's advance since the last truncation into the estimates: a larger
         one is taken at once, a smaller one decays it slowly (PostgreSQL's
-        CheckPointDistanceEstimate), so a burst does not leave the next one short."""
+        CheckPointDistanceEstimate), so a burst does not leave the next one short; and
+        the moving average, which never exceeds it."""
         if self._last_truncation_lsn is not None:
             distance = insert_lsn - self._last_truncation_lsn
-            estimate = self._truncation_distance
-            self._truncation_distance = (distance if distance > estimate
-                                         else 0.9 * estimate + 0.1 * distance)
+            largest, typical = self._truncation_distance, self._typical_distance
+            self._truncation_distance = (distance if distance > largest
+                                         else 0.9 * largest + 0.1 * distance)
+            self._typical_distance = 0.9 * typical + 0.1 * distance if typical else distance
         self._last_truncation_lsn = insert_lsn
 
     def _spare_target(self, retained: int) -> int:
-        """Future segments to keep, recycled by truncation or made ahead by the background
-        writer: twice those the WAL is estimated to pass before the next truncation, since
-        one often comes late (PostgreSQL keeps about 2.2x: checkpoint_completion_target and
-        10 %), and at least recycle_segments; within max_wal_size beside the ``retained``
-        segments; plus the background writer's pipeline."""
-        need = self._segments_for(2 * self._truncation_distance)
+        """Future segments a truncation keeps, recycled or made ahead by the background
+        writer: those wanted for the largest recent distance, at least recycle_segments,
+        plus the background writer's pipeline."""
+        wanted = self._spares_wanted(self._truncation_distance, retained)
+        return max(self._recycle_segments, wanted) + self._pipeline_depth()
+
+    def _spares_wanted(self, distance: float, retained: int) -> int:
+        """Segments for twice ``distance``, since a truncation often comes late (PostgreSQL
+        keeps about 2.2x: checkpoint_completion_target and 10 %), within max_wal_size
+        beside the ``retained`` segments."""
         room = self._max_wal_size // self.segment_size - retained
-        return max(self._recycle_segments, min(need, room)) + self._pipeline_depth()
+        return max(0, min(self._segments_for(2 * distance), room))
 
     def _segments_for(self, nbytes: float) -> int:
         """Segments that ``nbytes`` of WAL fill, rounded up."""
