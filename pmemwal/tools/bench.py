@@ -377,23 +377,25 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
         wal.close()
     if config.keep_bytes is None:  # the WAL grew: against the pace this machine makes segments
         rate = fresh_segment_rate(os.path.dirname(os.path.abspath(config.path)), wal.segment_size,
-                                  wal.mode == "direct" and config.prefault)
+                                  wal.mode, config.prefault)
         result = dataclasses.replace(result, fresh_segment_rate=rate)
     return result
 
 
-def fresh_segment_rate(parent: str, segment_size: int, mapped: bool = True, count: int = 4) -> float:
+def fresh_segment_rate(parent: str, segment_size: int, mode: str = "direct", prefault: bool = True,
+                       count: int = 8) -> float:
     """Bytes/s at which this machine makes segments in a scratch directory under ``parent``
-    as the WAL does (created, allocated and synced; ``mapped``: also mapped with every page
-    faulted in): the most a WAL that is never truncated can grow by."""
+    as a WAL in ``mode`` does (created, allocated and synced; with ``prefault``, direct
+    mode's mapped with every page faulted in, buffered mode's written with zeros): the
+    most a WAL that is never truncated can grow by."""
     path = tempfile.mkdtemp(prefix=".pmemwal-fresh-", dir=parent)
     directory = WalDirectory(path, create=True)
     try:
         t0 = time.perf_counter()
         for segno in range(count):
-            directory.create(segno, segment_size, bytes(16))
+            directory.create(segno, segment_size, bytes(16), zero_fill=prefault and mode == "buffered")
             segment = Segment(directory.file(segno), segno, segment_size, writable=True)
-            if mapped:
+            if prefault and mode == "direct":
                 segment.mapping(populate=True)
             segment.close()
         return count * segment_size / (time.perf_counter() - t0)
