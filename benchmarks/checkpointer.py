@@ -11,7 +11,8 @@ One thread commits records (``append(data, flush=True)``), timing each append.  
   LSN it saw at its previous checkpoint (PostgreSQL's redo point);
 - ``never``: nothing is truncated (a log that keeps everything), up to ``--grow`` GiB,
   with the bytes/s set against the rate at which this machine makes fresh segments,
-  measured right after it beside its WAL (so at the same memory footprint);
+  measured right after it beside its WAL (``/ fresh``), and against the pace at which
+  the WAL made its own segments in the case (``/ made``: ``segment_make_ns``);
 - ``preallocated``: never truncated, the WAL opened with ``--preallocate`` GiB made ready
   (its warm-up ends at 30 % of them, the case at 90 %).
 
@@ -73,8 +74,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict:
             thread.start()
         keep = args.keep if case == "inline" else None
         data = os.urandom(args.size)
-        # the growing cases end at a size: past about 3 GiB of fresh memory this VM
-        # faults pages in at a tenth of the pace (PERFORMANCE.md §11)
+        # the growing cases end at a size, so that they fit in memory whatever the speed
         bounds = {"preallocated": (0.3, 0.9), "never": (0.1, 1.0)}.get(case)
         warm_until, until = ((wal.insert_lsn + int(f * (preallocate or args.grow)) for f in bounds)
                              if bounds else (1 << 64, 1 << 64))
@@ -85,17 +85,19 @@ def run_case(case: str, args: argparse.Namespace) -> dict:
         stop.set()
         if thread:
             thread.join()
-        persist = wal.persist_method
-        # the pace of fresh segments now, beside this WAL: on a VM the memory a growing WAL
-        # reaches past what the guest touched before faults in several times slower
+        persist, segment_size = wal.persist_method, wal.segment_size
+        # the pace of fresh segments now, beside this WAL; on a VM that hands free memory
+        # back to its host, it depends on what the guest touched lately (PERFORMANCE.md §11)
         fresh = (fresh_segment_rate(os.path.dirname(path), wal.segment_size, wal.mode)
                  if case == "never" else None)
     moved = {k: after[f"segments_{k}"] - before[f"segments_{k}"]
              for k in ("created", "removed", "recycled")}
+    made_ns = after["segment_make_ns"] - before["segment_make_ns"]  # making them, in this run
     return {"case": case, "persist": persist, "rate": len(latencies) / elapsed,
             "bytes_per_s": len(latencies) * args.size / elapsed,
             "p999_ms": np.percentile(latencies, 99.9) * 1e3, "max_ms": latencies.max() * 1e3,
-            "fresh": fresh, **moved}
+            "fresh": fresh, "made": moved["created"] * segment_size / made_ns * 1e9 if made_ns else None,
+            **moved}
 
 
 def main() -> None:
@@ -120,13 +122,16 @@ def main() -> None:
     fresh = next((r["fresh"] for r in results if r["fresh"]), None)
     print(f"{args.mode}, {args.size:,} B records, flush each, checkpointer every "
           f"{args.interval * 1e3:g} ms" + (f"; fresh segments at {fresh / 1e9:.2f} GB/s" if fresh else ""))
-    print("| case | records/s | / inline | MB/s | / fresh | p99.9 ms | max ms | created | removed | recycled |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| case | records/s | / inline | MB/s | / fresh | / made | p99.9 ms | max ms "
+          "| created | removed | recycled |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ratio = f"{r['rate'] / base:.2f}" if base else "-"
-        vs_fresh = f"{r['bytes_per_s'] / r['fresh']:.2f}" if r["fresh"] else "-"
+        vs_fresh, vs_made = (f"{r['bytes_per_s'] / r[k]:.2f}" if r[k] and r["case"] == "never"
+                             else "-" for k in ("fresh", "made"))
         print(f"| {r['case']} ({r['persist']}) | {r['rate'] / 1e3:,.1f} k | {ratio} | "
-              f"{r['bytes_per_s'] / 1e6:,.0f} | {vs_fresh} | {r['p999_ms']:.2f} | {r['max_ms']:.1f} | "
+              f"{r['bytes_per_s'] / 1e6:,.0f} | {vs_fresh} | {vs_made} | {r['p999_ms']:.2f} | "
+              f"{r['max_ms']:.1f} | "
               f"{r['created']} | {r['removed']} | {r['recycled']} |")
 
 

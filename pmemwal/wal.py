@@ -17,6 +17,7 @@ import errno
 import mmap
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -146,7 +147,7 @@ class WAL:
         self._truncate_lock = threading.Lock()  # one truncation at a time; appenders never take it
         self._arriving: dict[int, threading.Event] = {}  # segments being made, opened or recycled
         self._counters = {"segments_created": 0, "segments_recycled": 0, "segments_removed": 0,
-                          "segments_prefaulted": 0}
+                          "segments_prefaulted": 0, "segment_make_ns": 0}
         self._sync_method = sync_method
         self._recycle_segments = recycle_segments
         self._max_wal_size = max_wal_size
@@ -400,8 +401,10 @@ class WAL:
         """Create (where asked), open and map the claimed segments, then attach them."""
         for i, (segno, create) in enumerate(todo):
             try:
+                started = 0
                 if create:
                     self._await_lower(segno)
+                    started = time.perf_counter_ns()
                     self._dir.create(segno, self.segment_size, self.wal_id,
                                      zero_fill=self._prefault and not self._direct)
                 dsync = not self._direct and self._sync_method == "open_datasync"
@@ -416,7 +419,8 @@ class WAL:
                             self._segnos.remove(n)
                         self._arriving.pop(n).set()
                 raise
-            self._arrived(segno, seg, created=create)
+            self._arrived(segno, seg, created=create,
+                          make_ns=time.perf_counter_ns() - started if create else 0)
 
     def _await_lower(self, segno: int) -> None:
         """Wait until no segment below ``segno`` is still on its way (made or recycled by
@@ -430,8 +434,9 @@ class WAL:
             lower[0].wait()
 
     def _arrived(self, segno: int, seg: Segment, *, created: bool = False,
-                 recycled: bool = False) -> None:
-        """A segment made, opened or recycled into place: into the table and attached."""
+                 recycled: bool = False, make_ns: int = 0) -> None:
+        """A segment made (in ``make_ns``), opened or recycled into place: into the table
+        and attached."""
         with self._seg_lock:
             if self._core_closed:
                 seg.close()
@@ -442,6 +447,7 @@ class WAL:
                     self._core.attach(segno, seg.fd, seg.map)
             self._counters["segments_created"] += created
             self._counters["segments_recycled"] += recycled
+            self._counters["segment_make_ns"] += make_ns
             self._arriving.pop(segno).set()
 
     def _segment_buffer(self, segno: int) -> mmap.mmap | None:
@@ -700,7 +706,10 @@ class WAL:
         ``flushes`` done, ``flush_requests`` and ``coalesced`` requests that an
         earlier flush had already covered (group commit); ``writes`` (pwrite,
         msync calls); ``segments_created``, ``_recycled``, ``_removed`` and
-        ``_prefaulted`` (made ready ahead by the background writer).
+        ``_prefaulted`` (made ready ahead by the background writer);
+        ``segment_make_ns``, the time threads spent making the created ones (allocated,
+        written, mapped and pre-faulted: bytes created over it is the pace at which this
+        machine grows the WAL).
         """
         self._check_open()
         return {**self._core.stats(), **self._counters}

@@ -272,9 +272,11 @@ def test_keep_all_never_truncates_and_sets_growth_against_fresh_segments(shm_dir
     assert data["config"]["keep_bytes"] is None
     assert data["segments_after_warm_up"]["recycled"] == data["segments_after_warm_up"]["removed"] == 0
     assert data["fresh_segment_bytes_per_s"] > 0
+    assert data["stats"]["segment_make_ns"] > 0 and data["segment_making_bytes_per_s"] > 0
     assert len(segment_files(wal)) * (1 << 20) >= data["bytes"]          # everything kept
     text = invoke("bench", wal, "--size", "64k", "--keep", "all", "--duration", "0.2", "--progress", "0")
     assert "all (never truncated)" in text.output and "fresh segments:" in text.output
+    assert "segments made:" in text.output
 
 
 def test_keep_all_leaves_a_checkpointer_nothing_and_a_bad_keep_is_refused(shm_dir: Path) -> None:

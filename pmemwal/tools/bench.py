@@ -257,6 +257,14 @@ class BenchResult:
         return {k: self.stats.get(f"segments_{k}", 0) for k in ("created", "recycled", "removed")}
 
     @property
+    def making_rate(self) -> float | None:
+        """Bytes/s at which this run's WAL made its new segments (their bytes over the
+        time spent making them, ``segment_make_ns``), or None when it made none."""
+        made_ns = self.stats.get("segment_make_ns", 0)
+        return self.segments_after_warm_up["created"] * self.segment_size / made_ns * 1e9 \
+            if made_ns else None
+
+    @property
     def probe_mode(self) -> str | None:
         return self.probe.recommended_mode if self.probe else None
 
@@ -287,6 +295,7 @@ class BenchResult:
             "flush_latency_us": _asdict(self.flush_latency),
             "segments_after_warm_up": self.segments_after_warm_up,
             "fresh_segment_bytes_per_s": self.fresh_segment_rate,
+            "segment_making_bytes_per_s": self.making_rate,
             "stats": dict(self.stats),
             "append_histogram": _encode(self.append_histogram),
             "flush_histogram": _encode(self.flush_histogram),
@@ -335,9 +344,13 @@ class BenchResult:
         lines.append(("flush latency (usec)", self.flush_latency.line() if self.flush_latency
                       else "- (in the commit)" if commit else "- (no client flushes)"))
         lines.append(("background flushes", self.background_flushes))
+        appended = self.bytes / self.elapsed
         if self.fresh_segment_rate:
             lines.append(("fresh segments", f"{self.fresh_segment_rate / 1e6:.0f} MB/s made here "
-                          f"(this run appended {self.bytes / self.elapsed / self.fresh_segment_rate:.2f}x that)"))
+                          f"(this run appended {appended / self.fresh_segment_rate:.2f}x that)"))
+        if self.making_rate and c.keep_bytes is None:
+            lines.append(("segments made", f"at {self.making_rate / 1e6:.0f} MB/s in this run "
+                          f"(appended {appended / self.making_rate:.2f}x that)"))
         lines.append(("segments", ", ".join(f"{n} {k}" for k, n in
                                             self.segments_after_warm_up.items())
                       + " after warm-up"))
