@@ -312,18 +312,23 @@ class WAL:
 
     def _prepare_ahead(self) -> None:
         """Background: have the next segments ready and attached (those a truncation is
-        recycling into place are left to it): prepare_segments, or twice the typical
-        distance between two truncations when that is more.  Truncation alone cannot build
-        that pool: in a steady state it recycles as many segments as the appenders used
-        since the last one.  It is sized from the moving average, not from the decaying
-        largest distance truncation keeps spares for, so that a truncation that came late
-        makes the pool grow once instead of making segments that the next ones remove."""
+        recycling into place are left to it): prepare_segments, or what is left of twice
+        the typical distance between two truncations once the WAL's advance since the
+        last one is taken off, when that is more.  Truncation alone cannot build that
+        pool: in a steady state it recycles as many segments as the appenders used since
+        the last one.  Taking the advance off leaves the next truncation to refill what
+        the appenders use, so the background makes segments only for a WAL outrunning
+        its truncations (then kept: the late truncation raises the spare target), never
+        ones the next truncation removes as surplus."""
         if self._closed or self._core.error or not self._prepare_segments:
             return
-        current = self._core.insert_lsn // self.segment_size
+        insert = self._core.insert_lsn
+        current = insert // self.segment_size
         with self._seg_lock:
             retained = sum(1 for s in self._segnos if s <= current)
-            ahead = max(self._prepare_segments, self._spares_wanted(self._typical_distance, retained))
+            since = insert - self._last_truncation_lsn if self._last_truncation_lsn is not None else 0
+            ahead = max(self._prepare_segments,
+                        self._spares_within(2 * self._typical_distance - since, retained))
         for segno in range(current, current + ahead + 1):
             if segno not in self._segments and segno not in self._arriving:
                 self._ensure_segment(segno)
@@ -665,28 +670,34 @@ class WAL:
         """Fold the WAL's advance since the last truncation into the estimates: a larger
         one is taken at once, a smaller one decays it slowly (PostgreSQL's
         CheckPointDistanceEstimate), so a burst does not leave the next one short; and
-        the moving average, which never exceeds it."""
+        the moving average, which never exceeds it.  The decay is 2 % a truncation, not
+        PostgreSQL's 10 %: its checkpoints are minutes apart, ours can be 20 ms, and at
+        10 % a late truncation was forgotten within a fraction of a second, so the
+        spares it had the background make were removed and made again."""
         if self._last_truncation_lsn is not None:
             distance = insert_lsn - self._last_truncation_lsn
             largest, typical = self._truncation_distance, self._typical_distance
             self._truncation_distance = (distance if distance > largest
-                                         else 0.9 * largest + 0.1 * distance)
+                                         else 0.98 * largest + 0.02 * distance)
             self._typical_distance = 0.9 * typical + 0.1 * distance if typical else distance
         self._last_truncation_lsn = insert_lsn
 
     def _spare_target(self, retained: int) -> int:
         """Future segments a truncation keeps, recycled or made ahead by the background
-        writer: those wanted for the largest recent distance, at least recycle_segments,
-        plus the background writer's pipeline."""
-        wanted = self._spares_wanted(self._truncation_distance, retained)
+        writer: those for 2.5 times the largest recent distance, at least
+        recycle_segments, plus the background writer's pipeline.  PostgreSQL keeps about
+        2.2 times (checkpoint_completion_target and 10 %) for a checkpoint that comes
+        late; the background writer makes segments up to twice the typical distance, and
+        the margin between the two absorbs truncations that come a few segments early or
+        late, which would otherwise have one make what the other removes."""
+        wanted = self._spares_within(2.5 * self._truncation_distance, retained)
         return max(self._recycle_segments, wanted) + self._pipeline_depth()
 
-    def _spares_wanted(self, distance: float, retained: int) -> int:
-        """Segments for twice ``distance``, since a truncation often comes late (PostgreSQL
-        keeps about 2.2x: checkpoint_completion_target and 10 %), within max_wal_size
-        beside the ``retained`` segments."""
+    def _spares_within(self, nbytes: float, retained: int) -> int:
+        """Segments for ``nbytes`` of WAL, within max_wal_size beside the ``retained``
+        segments."""
         room = self._max_wal_size // self.segment_size - retained
-        return max(0, min(self._segments_for(2 * distance), room))
+        return max(0, min(self._segments_for(nbytes), room))
 
     def _segments_for(self, nbytes: float) -> int:
         """Segments that ``nbytes`` of WAL fill, rounded up."""

@@ -553,6 +553,36 @@ def test_recycling_follows_the_distance_between_truncations(wal_dir, mode):
         assert len(wal._segnos) <= 8 + 7                  # the bound, plus the retained window
 
 
+def test_the_background_pool_and_truncation_agree_on_jittery_and_late_truncations(wal_dir, mode):
+    """The background writer (run here by hand after each record, as it is woken at each
+    segment entered) and truncation size the spare pool alike: truncations 5-7 segments
+    apart make and remove nothing once the pool is built, and a late one (20 segments)
+    has segments made for it that the next truncations keep rather than remove."""
+    record = bytes(seg_usable() // 4)
+
+    def checkpoints(wal, distances):
+        redo = wal.flushed_lsn
+        for segments in distances:
+            for _ in range(4 * segments):
+                wal.append(record)
+                wal._prepare_ahead()
+            wal.truncate(redo)
+            redo = wal.flush()
+        return wal.stats()
+
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=0,
+                      background=False) as wal:
+        built = checkpoints(wal, [5, 7, 6] * 2)
+        steady = checkpoints(wal, [5, 7, 6, 5, 6, 7] * 3)
+        assert steady["segments_created"] == built["segments_created"]
+        assert steady["segments_removed"] == 0
+        late = checkpoints(wal, [20, 6])          # the late one, and the next: its victims
+        assert late["segments_created"] > steady["segments_created"]    # made for the late one
+        after = checkpoints(wal, [5, 7, 6, 5, 6, 7] * 3)
+        assert after["segments_created"] == late["segments_created"]
+        assert after["segments_removed"] == 0                            # and kept
+
+
 # ---- truncation off the appenders' path ---------------------------------------------------
 
 def _quiet_wal(wal_dir, mode, recycle: int) -> pmemwal.WAL:
