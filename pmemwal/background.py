@@ -13,8 +13,9 @@ and then
    if one was: writes to a deleted file succeed, and what they made
    "durable" vanishes with it.  Checking here rather than in every flush
    keeps a system call off the commit path; inotify makes the check follow
-   the deletion within microseconds, so a flush that races it is the most
-   that can be acknowledged in between;
+   the deletion within microseconds (or, amid a truncation, whose own renames
+   and removals it sits out, as soon as that is done), so a flush that races
+   it is the most that can be acknowledged in between;
 3. flushes what was appended without a flush, so that asynchronously
    committed records become durable within ``flush_interval``.
 
@@ -91,10 +92,14 @@ class BackgroundWriter:
             except Exception as exc:  # e.g. no space for a new segment: try again next round;
                 self.error = exc      # an appender that needs the segment gets the error itself
 
+    def wake(self) -> None:
+        """Have the thread run a round now."""
+        os.eventfd_write(self.notify_fd, 1)
+
     def stop(self) -> None:
         """Wake the thread, wait for it to finish its round, and release its descriptors."""
         self._stopping = True
-        os.eventfd_write(self.notify_fd, 1)
+        self.wake()
         self._thread.join()
         for fd in (self.notify_fd, self._watch_fd):
             if fd >= 0:

@@ -617,6 +617,37 @@ def _truncation_stuck_in(wal: pmemwal.WAL, step: str, fill: int):
         truncation.join()
 
 
+def test_a_segment_deleted_amid_a_truncation_stops_the_writer_once_it_is_done(wal_dir, mode):
+    """The background writer sits out the rounds a truncation's own renames and removals
+    wake it for; the truncation wakes it once done, so a deletion by someone else in the
+    meantime is still noticed at once (the flush interval is far too long to do it).
+    The truncation is held after its last removal, so that no file event of its own
+    comes after the deletion's."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=0,
+                      prepare_segments=0, flush_interval=30) as wal:   # nothing else wakes it
+        while wal.insert_lsn < 4 * SEG:
+            wal.append(bytes(PAGE))
+        removed, release, real = threading.Event(), threading.Event(), wal._dir.remove
+
+        def remove(segno):
+            real(segno)
+            if segno == 3:                       # the last of 0-3
+                removed.set()
+                assert release.wait(30)
+
+        wal._dir.remove = remove
+        truncation = threading.Thread(target=wal.truncate, args=(wal.flush(),))
+        truncation.start()
+        assert removed.wait(10)
+        seg_file(wal_dir, wal.insert_lsn // SEG).unlink()
+        time.sleep(0.2)                          # inotify has woken the writer: a round sat out
+        release.set()
+        truncation.join()
+        time.sleep(1)                            # no file event since: only the wake-up
+        with pytest.raises(pmemwal.WriterStoppedError, match="deleted"):
+            wal.append(b"after it", flush=True)
+
+
 def test_appenders_make_segments_while_a_truncation_removes_files(wal_dir, mode):
     """A truncation stuck in its file work (here: a removal that does not return) holds no
     lock an appender needs: appending on into segments that must be made goes on."""
