@@ -101,7 +101,7 @@ class WAL:
       records are followed by more, or ``"truncate"`` the WAL at the damage.
     - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
       the ``prepare_segments`` the background writer keeps ready; at least this
-      many, and twice as many as the WAL advances between two truncations (an
+      many, and 2.5 times as many as the WAL advances between two truncations (an
       estimate, as PostgreSQL sizes its recycling), within ``max_wal_size``.
     - ``max_wal_size``: bytes of segments, retained and recycled together, past
       which truncation removes segments instead of recycling them (it never
