@@ -68,6 +68,7 @@ class BackgroundWriter:
         self._flush = flush
         self._interval = flush_interval
         self.notify_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._descriptors = threading.Lock()  # wake() against stop() closing them
         self._watch_fd = watch_removals(watch) if watch else -1
         self._stopping = False
         self.error: BaseException | None = None
@@ -93,14 +94,19 @@ class BackgroundWriter:
                 self.error = exc      # an appender that needs the segment gets the error itself
 
     def wake(self) -> None:
-        """Have the thread run a round now."""
-        os.eventfd_write(self.notify_fd, 1)
+        """Have the thread run a round now; nothing once it is stopped (any thread may
+        call this, racing stop())."""
+        with self._descriptors:
+            if self.notify_fd >= 0:
+                os.eventfd_write(self.notify_fd, 1)
 
     def stop(self) -> None:
         """Wake the thread, wait for it to finish its round, and release its descriptors."""
         self._stopping = True
         self.wake()
         self._thread.join()
-        for fd in (self.notify_fd, self._watch_fd):
-            if fd >= 0:
-                os.close(fd)
+        with self._descriptors:
+            for fd in (self.notify_fd, self._watch_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self.notify_fd = self._watch_fd = -1

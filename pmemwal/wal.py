@@ -607,8 +607,9 @@ class WAL:
             with self._seg_lock:
                 plan = self._release_below(cut)
             self._recycle_or_remove(plan)
-            if plan and self._background is not None and not self._core_closed:
-                self._background.wake()  # the round it sat out (_truncating); not yet stopped
+        background = self._background
+        if plan and background is not None:
+            background.wake()  # the round it sat out (_truncating), now that it would not
         return len(plan)
 
     def _release_below(self, cut: int) -> list[tuple[int, int | None, Segment | None]]:

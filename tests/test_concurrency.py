@@ -648,6 +648,17 @@ def test_a_segment_deleted_amid_a_truncation_stops_the_writer_once_it_is_done(wa
             wal.append(b"after it", flush=True)
 
 
+def test_waking_a_stopped_background_writer_does_nothing(wal_dir):
+    """A truncation wakes the writer after releasing its lock, so close() may have
+    stopped it and closed its eventfd by then: the wake must not write to that number,
+    which a new descriptor may already hold."""
+    wal = pmemwal.open(wal_dir, segment_size=SEG)
+    background = wal._background
+    wal.close()
+    background.wake()
+    assert background.notify_fd == -1
+
+
 def test_appenders_make_segments_while_a_truncation_removes_files(wal_dir, mode):
     """A truncation stuck in its file work (here: a removal that does not return) holds no
     lock an appender needs: appending on into segments that must be made goes on."""
