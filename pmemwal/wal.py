@@ -41,6 +41,7 @@ SYNC_METHODS = {
     "open_datasync": _core.PERSIST_DSYNC,
 }
 ON_CORRUPTION = ("raise", "truncate")
+PERSIST = ("auto", "pmem", "msync")  # direct mode: how records become durable
 DEFAULT_BUFFER_SIZE = 16 << 20
 DEFAULT_MAX_RECORD_SIZE = 64 << 20
 DEFAULT_FLUSH_INTERVAL = 0.05
@@ -70,7 +71,8 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          flush_interval: float = DEFAULT_FLUSH_INTERVAL,
          prepare_segments: int = 2, prefault: bool = True,
          gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
-         max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0) -> WAL:
+         max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
+         persist: str = "auto") -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
@@ -79,7 +81,7 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
                background=background, flush_interval=flush_interval,
                prepare_segments=prepare_segments, prefault=prefault,
                gil_release_size=gil_release_size, max_wal_size=max_wal_size,
-               preallocate=preallocate)
+               preallocate=preallocate, persist=persist)
 
 
 class WAL:
@@ -97,6 +99,13 @@ class WAL:
     - ``buffer_size``: buffered mode's WAL buffer ring, a multiple of 8 KiB.
     - ``max_record_size``: the largest payload accepted (up to 1 GiB).
     - ``sync_method``: buffered mode's ``fdatasync``, ``fsync`` or ``open_datasync``.
+    - ``persist``: how direct mode makes records durable: ``"auto"`` by libpmem's
+      cache flush where libpmem takes the mapping for persistent memory (DAX, or
+      ``PMEM_IS_PMEM_FORCE=1``), by ``msync`` otherwise; ``"msync"`` always by
+      ``msync`` (the kernel's path, as on a file system without DAX: what
+      seed 003's non-DAX runs measured), ``"pmem"`` only by cache flush, a
+      ConfigError where the mapping is not persistent memory.  Buffered mode
+      takes ``"auto"`` only: it persists with ``sync_method``.
     - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
       records are followed by more, or ``"truncate"`` the WAL at the damage.
     - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
@@ -132,10 +141,11 @@ class WAL:
                  background: bool = True, flush_interval: float = DEFAULT_FLUSH_INTERVAL,
                  prepare_segments: int = 2, prefault: bool = True,
                  gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
-                 max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0) -> None:
+                 max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
+                 persist: str = "auto") -> None:
         _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                        sync_method, on_corruption, recycle_segments, flush_interval,
-                       prepare_segments, gil_release_size, max_wal_size, preallocate)
+                       prepare_segments, gil_release_size, max_wal_size, preallocate, persist)
         self._background: BackgroundWriter | None = None
         self._prepare_segments = prepare_segments if prefault else 0
         self._prefault = prefault
@@ -149,6 +159,7 @@ class WAL:
         self._counters = {"segments_created": 0, "segments_recycled": 0, "segments_removed": 0,
                           "segments_prefaulted": 0, "segment_make_ns": 0}
         self._sync_method = sync_method
+        self._persist = persist
         self._recycle_segments = recycle_segments
         self._max_wal_size = max_wal_size
         self._truncation_distance = 0.0  # bytes appended between two truncations: the largest, decaying
@@ -277,16 +288,27 @@ class WAL:
         self._choose_persist(insert_lsn // self.segment_size)
 
     def _choose_persist(self, segno: int) -> None:
-        """libpmem's cache flush where the mapping is pmem, msync otherwise; or the sync method."""
+        """libpmem's cache flush where the mapping is pmem, msync otherwise (or as the
+        ``persist`` option says); or the sync method."""
         self.stream_min: int | None = None  # pmem: records streamed from this size on
         if not self._direct:
+            if self._persist != "auto":
+                raise ConfigError(f"persist={self._persist!r}: buffered mode persists with "
+                                  f"sync_method ({self._sync_method}); persist is direct mode's")
             self.persist_method = self._sync_method
             self._core.set_persist(SYNC_METHODS[self._sync_method])
             return
         self._ensure_segment(segno)
         lib = libpmem.load()
         seg_map = self._segments[segno].map
-        if lib and (self._map_sync or lib.is_pmem(libpmem.buffer_address(seg_map), len(seg_map))):
+        pmem = self._persist != "msync" and lib is not None and (
+            self._map_sync or lib.is_pmem(libpmem.buffer_address(seg_map), len(seg_map)))
+        if self._persist == "pmem" and not pmem:
+            why = ("libpmem is not installed" if lib is None else
+                   "libpmem does not take this mapping for persistent memory (no DAX)")
+            raise ConfigError(f"persist='pmem': {why}; PMEM_IS_PMEM_FORCE=1 emulates it on "
+                              "tmpfs, persist='auto' uses msync here")
+        if pmem:
             self.persist_method = "pmem"
             self.stream_min = stream_min()
             self._core.set_persist(_core.PERSIST_PMEM, lib.addr_flush, lib.addr_drain,
@@ -816,7 +838,8 @@ def _weak(obj: object, method: str):
 def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffer_size: int,
                    max_record_size: int, sync_method: str, on_corruption: str,
                    recycle_segments: int, flush_interval: float, prepare_segments: int,
-                   gil_release_size: int, max_wal_size: int, preallocate: int) -> None:
+                   gil_release_size: int, max_wal_size: int, preallocate: int,
+                   persist: str) -> None:
     def choose(name: str, value: str, valid) -> None:
         if value not in valid:
             raise ConfigError(f"{name}={value!r}: valid values are {', '.join(valid)}")
@@ -824,6 +847,7 @@ def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffe
     choose("mode", mode, MODES)
     choose("sync_method", sync_method, tuple(SYNC_METHODS))
     choose("on_corruption", on_corruption, ON_CORRUPTION)
+    choose("persist", persist, PERSIST)
     if segment_size is not None and not is_valid_segment_size(segment_size):
         raise ConfigError(f"segment_size={segment_size}: a power of two from 1 MiB to 1 GiB")
     if not 1 <= insert_slots <= 256:

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pmemwal import _core, libpmem
+import pmemwal
+from pmemwal import ConfigError, _core, libpmem
 from pmemwal.device import FORCE_ENV_VAR, MODE_ENV_VAR, MODES, ProbeResult, probe, resolve_mode
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -197,3 +198,62 @@ def test_probe_names_the_crc32c_path(tmp_path):
                           "--json"], env={**env, "PMEMWAL_CPU": "table"}, capture_output=True,
                          text=True, timeout=60, check=True).stdout
     assert json.loads(out)["crc32c_path"] == "table"
+
+
+# ---- the persist option: direct mode's persistence chosen, not only probed ----------
+
+def _open_in_subprocess(directory: Path, options: dict, **env: str) -> str:
+    """In a new interpreter: open a WAL with ``options``, append and flush a record,
+    reopen it, and print its persist method and the record; or the error's type and text."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in (FORCE_ENV_VAR, MODE_ENV_VAR, libpmem.ENV_VAR)}
+    paths = [str(REPO_ROOT), os.environ.get("PYTHONPATH")]
+    clean["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    code = ("import json, sys, pmemwal\n"
+            "path, options = sys.argv[1], json.loads(sys.argv[2])\n"
+            "try:\n"
+            "    with pmemwal.open(path, **options) as wal:\n"
+            "        method = wal.persist_method\n"
+            "        wal.append(b'kept', flush=True)\n"
+            "except pmemwal.WALError as error:\n"
+            "    method = f'{type(error).__name__}: {error}'\n"
+            "with pmemwal.open(path) as wal:\n"
+            "    print(method, [bytes(r.payload) for r in wal.records()])\n")
+    done = subprocess.run([sys.executable, "-c", code, str(directory / "wal"), json.dumps(options)],
+                          env={**clean, **env}, cwd=REPO_ROOT, capture_output=True, text=True,
+                          check=True)
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize("persist, expected", [("msync", "msync [b'kept']"),
+                                               ("pmem", "pmem [b'kept']"),
+                                               ("auto", "pmem [b'kept']")])
+def test_persist_chooses_direct_modes_path_under_emulated_pmem(shm_dir: Path, persist,
+                                                              expected) -> None:
+    """With PMEM_IS_PMEM_FORCE=1 both paths can run in one process (seed 003's grid)."""
+    if libpmem.load() is None:
+        pytest.skip("libpmem cannot be loaded here")
+    out = _open_in_subprocess(shm_dir, {"mode": "direct", "persist": persist},
+                              **{FORCE_ENV_VAR: "1"})
+    assert out == expected
+
+
+@pytest.mark.parametrize("env, why", [
+    ({}, "libpmem does not take this mapping for persistent memory"),
+    ({libpmem.ENV_VAR: HIDDEN_LIBPMEM}, "libpmem is not installed"),
+])
+def test_persist_pmem_where_it_cannot_be_is_a_config_error(shm_dir: Path, env, why) -> None:
+    """Not pmem (tmpfs without the force variable), or no libpmem: a typed error that says
+    how to emulate it, and the WAL opens afterwards (the failed open left no lock)."""
+    if not env and libpmem.load() is None:
+        pytest.skip("libpmem cannot be loaded here")
+    out = _open_in_subprocess(shm_dir, {"mode": "direct", "persist": "pmem"}, **env)
+    assert out.startswith(f"ConfigError: persist='pmem': {why}")
+    assert "PMEM_IS_PMEM_FORCE=1 emulates it" in out and out.endswith("[]")
+
+
+def test_persist_is_direct_modes_alone(shm_dir: Path) -> None:
+    out = _open_in_subprocess(shm_dir, {"mode": "buffered", "persist": "msync"})
+    assert out.startswith("ConfigError: persist='msync': buffered mode persists with sync_method")
+    with pytest.raises(ConfigError, match="persist='nvme': valid values are auto, pmem, msync"):
+        pmemwal.open(shm_dir / "other", persist="nvme")

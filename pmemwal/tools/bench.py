@@ -66,7 +66,7 @@ from pmemwal.errors import ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
 from pmemwal.segments import LOCK_NAME, Segment, WalDirectory
 from pmemwal.tools._extras import require
-from pmemwal.wal import MODES
+from pmemwal.wal import MODES, PERSIST
 
 if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram
@@ -133,6 +133,7 @@ class BenchConfig:
     segment_size: int | None = None  # None: the WAL's default
     insert_slots: int = 8
     prefault: bool = True  # segments mapped pre-faulted and prepared ahead (WAL option)
+    persist: str = "auto"  # direct mode's persistence: "auto", "pmem" or "msync" (WAL option)
     keep_bytes: int | None = DEFAULT_KEEP  # WAL kept behind the flushed LSN, truncated
                                            # every truncate_step appended; None: all
     checkpoint: float = 0.0  # s between truncations by a checkpointer thread; 0: by the clients
@@ -154,6 +155,8 @@ class BenchConfig:
         parse_flush(self.flush)
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r}: valid values are {', '.join(MODES)}")
+        if self.persist not in PERSIST:
+            raise ConfigError(f"persist={self.persist!r}: valid values are {', '.join(PERSIST)}")
         if not (isinstance(self.clients, int) and self.clients >= 1):
             raise ConfigError(f"clients={self.clients!r}: 1 or more")
         if not self.duration > 0:
@@ -381,7 +384,7 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     recycle = config.recycle_segments(config.segment_size or DEFAULT_SEGMENT_SIZE)
     wal = pmemwal.open(config.path, mode=config.mode, segment_size=config.segment_size,
                        insert_slots=config.insert_slots, recycle_segments=recycle,
-                       prefault=config.prefault)
+                       prefault=config.prefault, persist=config.persist)
     try:
         probe = wal.probe or pmemwal.probe(wal.path)
         baseline = _warm_up(wal, config.keep_bytes, recycle)
