@@ -149,6 +149,13 @@ def probe(path: str | os.PathLike[str]) -> ProbeResult:
     )
 
 
+def fs_type(path: str | os.PathLike[str]) -> str | None:
+    """The file system type of ``path`` (or of its nearest existing ancestor), from
+    mountinfo alone: no mapping, so libpmem is not asked (it reads PMEM_IS_PMEM_FORCE
+    once, on the first question)."""
+    return _mount_of(_nearest_dir(os.path.abspath(path)))[1]
+
+
 def resolve_mode(mode: str, path: str | os.PathLike[str]) -> tuple[str, ProbeResult | None]:
     """The mode to use for a WAL at ``path``, and the probe if one was needed.
 

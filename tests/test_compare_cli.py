@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import cli_runner
-from pmemwal import ConfigError
+from conftest import child_env, cli_runner
+from pmemwal import ConfigError, libpmem
 from pmemwal.tools import harness
 from pmemwal.tools import targets as real
 from pmemwal.tools.cli import main
@@ -220,6 +222,96 @@ def test_truncation_styles_are_grid_dimensions(targets, shm_dir: Path) -> None:
     assert all(m["recycled"] == m["removed"] == 0 for m in moved[2:])   # all: never truncated
 
 
+def test_persist_varies_direct_mode_alone(targets, shm_dir: Path) -> None:
+    """Seed 003's grid: direct mode by cache flush and by msync beside buffered mode in
+    one comparison; buffered runs once, and each run records the path it took."""
+    db = shm_dir / "r.db"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "buffered,direct", "--clients", "1",
+                    "--sizes", "64", "--duration", "0.1", "--runs", "1",
+                    "--param", "persist=auto,msync", "--db", db)
+    assert result.exit_code == 0, result.output + result.stderr
+    for title in ("buffered: records/s", "direct persist=auto: ratio to buffered",
+                  "direct persist=msync: ratio to buffered"):
+        assert title in result.output
+    rows = sqlite3.connect(db).execute("SELECT target, params, extra FROM runs ORDER BY id")
+    runs = [(t, json.loads(p), json.loads(e)["persist_method"]) for t, p, e in rows]
+    assert runs[0] == ("buffered", {}, "fdatasync") and len(runs) == 3
+    assert runs[2] == ("direct", {"persist": "msync"}, "msync")
+
+
+def test_columns_table_and_draw_the_wal_counters(targets, shm_dir: Path) -> None:
+    """Seed 001's table: a row per slot count, records/s and the two waits (ms/s)."""
+    db, png = shm_dir / "r.db", shm_dir / "c.png"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--clients", "2",
+                    "--sizes", "64", "--duration", "0.2", "--runs", "1", "--param",
+                    "insert_slots=1,8", "--columns", "slot_wait,insert_wait", "--db", db,
+                    "--plot", png)
+    assert result.exit_code == 0, result.output + result.stderr
+    table = result.output[result.output.index("2 clients, 64 records"):].splitlines()
+    assert table[1].split() == ["series", "records/s", "slot_wait", "ms/s", "insert_wait", "ms/s"]
+    for row, slots in zip(table[3:5], ("1", "8")):
+        assert row.split()[:2] == ["buffered", f"insert_slots={slots}"]
+        assert all(float(cell) >= 0 for cell in row.split()[2:])
+    assert png.read_bytes().startswith(PNG_SIGNATURE)
+    (config,) = sqlite3.connect(db).execute("SELECT config FROM environment").fetchone()
+    assert json.loads(config)["columns"] == ["slot_wait_ns", "insert_wait_ns"]
+
+
+def test_an_unknown_column_is_a_usage_error(targets, shm_dir: Path) -> None:
+    result = invoke("compare", shm_dir / "cmp", "--columns", "slot_wait,lock_wait")
+    assert result.exit_code == 2
+    assert "column 'lock_wait': not a counter the pmemwal targets report (valid: slot_wait, " \
+        in result.stderr
+
+
+@pytest.mark.parametrize("preset, series, more", [
+    ("nvwal", ["buffered", "direct persist=pmem", "direct persist=msync"],
+     ["PMEM_IS_PMEM_FORCE=1 set", "direct persist=msync: ratio to buffered"]),
+    ("insert-slots", [f"buffered insert_slots={n}" for n in (1, 2, 4, 8)],
+     ["slot_wait ms/s", "insert_wait ms/s", "ratio to buffered insert_slots=8"]),
+    ("buffer-mapping", ["buffered", "direct"], ["8k", "64k", "1m", "direct: ratio to buffered"]),
+    ("governor", ["buffered", "direct"], ["governor:", "direct: ratio to buffered"]),
+])
+def test_each_preset_runs_in_one_command(shm_dir: Path, preset, series, more) -> None:
+    """A fresh interpreter without PMEM_IS_PMEM_FORCE, as a user would start it: the preset
+    sets the grid (here shortened: one client, one run, a short duration), and emulates
+    persistent memory on tmpfs where it runs direct mode."""
+    if preset == "nvwal" and libpmem.load() is None:
+        pytest.skip("no libpmem: the next test runs this preset without it")
+    out = _cli_in_subprocess(shm_dir, "--preset", preset, "--clients", "1", "--runs", "1",
+                             "--duration", "0.05")
+    assert out.startswith(f"preset {preset}: seed 00")
+    for label in series:
+        assert f"{label}: records/s (mean of 1 runs, flush each)" in out
+    assert all(text in out for text in more), out
+    config = json.loads(sqlite3.connect(shm_dir / "r.db").execute(
+        "SELECT config FROM environment").fetchone()[0])
+    assert config["preset"] == preset and config["runs"] == 1 and config["clients"] == [1]
+
+
+def test_nvwal_preset_without_libpmem_leaves_the_cache_flush_series_out(shm_dir: Path) -> None:
+    out = _cli_in_subprocess(shm_dir, "--preset", "nvwal", "--clients", "1", "--runs", "1",
+                             "--duration", "0.05", "--sizes", "64",
+                             env={"PMEMWAL_LIBPMEM": "/nonexistent/libpmem.so.1"})
+    assert "libpmem is not installed: the cache-flush (persist=pmem) series is left out" in out
+    assert "direct persist=msync: ratio to buffered" in out and "direct persist=pmem" not in out
+
+
+def test_full_needs_a_preset(targets, shm_dir: Path) -> None:
+    result = invoke("compare", shm_dir / "cmp", "--full")
+    assert result.exit_code == 2 and "--full needs --preset" in result.stderr
+
+
+def _cli_in_subprocess(shm_dir: Path, *args: str, env: dict | None = None) -> str:
+    """``pmemwal compare SHM/cmp --db SHM/r.db ARGS`` in a new interpreter; its stdout."""
+    code = "import sys; from pmemwal.tools.cli import main; sys.exit(main())"
+    done = subprocess.run([sys.executable, "-c", code, "compare", str(shm_dir / "cmp"), "--db",
+                           str(shm_dir / "r.db"), *args], env=child_env(**(env or {})),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
 def test_unknown_param_fails_before_any_run(targets, shm_dir: Path) -> None:
     result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--duration", "30",
                     "--param", "no_such_knob=1,2", "--db", shm_dir / "r.db")
@@ -296,12 +388,13 @@ def test_trimmed_mean_of_nothing() -> None:
         harness.trimmed_mean([])
 
 
-def _made_up_db(path: Path, rates: dict) -> str:
-    """A results database with one run group: rates[(target, clients, size)] = [records/s]."""
+def _made_up_db(path: Path, rates: dict, extra=lambda target, run: {}, config=None) -> str:
+    """A results database with one run group: rates[(target, clients, size)] = [records/s];
+    ``extra(target, run)`` the JSON each run stores beside them."""
     db = harness.open_db(str(path))
     env = {c: None for c in harness._ENV_COLUMNS}
     env.update(run_group="g1", timestamp="2025-01-01T00:00:00+00:00", cpu_model="Test CPU",
-               config=json.dumps({"flush": "group:4", "baseline": "master"}))
+               config=json.dumps(config or {"flush": "group:4", "baseline": "master"}))
     harness._insert(db, "environment", env, harness._ENV_COLUMNS)
     for run in range(max(len(v) for v in rates.values())):
         for (target, clients, size), values in rates.items():
@@ -312,7 +405,7 @@ def _made_up_db(path: Path, rates: dict) -> str:
                 "flush": "group:4", "duration": 1.0, "records": int(rate),
                 "bytes": int(rate) * size,
                 "elapsed": 1.0, "records_per_s": rate, "mb_per_s": rate * size / 1e6,
-                "latency": "{}", "extra": "{}"}, harness._RUN_COLUMNS)
+                "latency": "{}", "extra": json.dumps(extra(target, run))}, harness._RUN_COLUMNS)
     db.commit()
     db.close()
     return str(path)
@@ -355,6 +448,46 @@ def test_throughput_and_ratio_tables_from_made_up_numbers(tmp_path: Path) -> Non
         summary.ratio_tables("nosuch")
     report = summary.report(markdown=True)
     assert "**master: records/s" in report and "unstable" in report
+
+
+def test_counter_columns_and_machine_warnings_from_made_up_numbers(tmp_path: Path) -> None:
+    """Counters per second of each run (waits in ms/s), trimmed like records/s, in a table
+    per client count and size with a row per series (seed 001's layout); and warnings when
+    the runs saw different governors or CPU frequencies (seed 002)."""
+    waits = {"slots=8": (3.0e9, 0.5e9), "slots=64": (0.5e9, 2.0e9)}  # ns in 1 s runs
+
+    def extra(target, run):
+        slot, insert = waits[target]
+        governor = "powersave" if target == "slots=64" and run == 2 else "performance"
+        return {"stats": {"slot_wait_ns": slot * (1 + run), "insert_wait_ns": insert,
+                          "flushes": 1000},
+                "machine": {"start": {"governor": "performance", "mhz": 3000.0, "load": 1.0},
+                            "end": {"governor": governor, "mhz": 2000.0 if run == 1 else 3000.0,
+                                    "load": 2.0}}}
+
+    rates = {("slots=8", 4, 256): [100.0, 200.0, 300.0], ("slots=64", 4, 256): [90.0] * 3}
+    db = _made_up_db(tmp_path / "r.db", rates, extra,
+                     {"flush": "each", "columns": ["slot_wait_ns", "insert_wait_ns"]})
+    summary = harness.summarize(db)
+    point = summary.point("slots=8", 4, 256)
+    assert point.counters == {"slot_wait_ns": pytest.approx(6000.0),  # 3, 6, 9 s: trimmed 6
+                              "insert_wait_ns": pytest.approx(500.0), "flushes": 1000.0}
+    (table,) = summary.series_tables()
+    assert table.text().splitlines() == [
+        "4 clients, 256 records (trimmed mean of 3 runs)",
+        "  series  records/s  slot_wait ms/s  insert_wait ms/s",
+        "--------  ---------  --------------  ----------------",
+        " slots=8        200            6000               500",
+        "slots=64       90.0            1000              2000"]
+    assert summary.series_tables(["flushes"])[0].columns == ["records/s", "flushes /s"]
+    assert summary.machine_line() == ("machine over the 6 runs: governor performance, "
+                                      "powersave, 2000-3000 MHz, load average 1.00-2.00")
+    governors, frequency = summary.machine_warnings()
+    assert "different CPU governors (performance, powersave)" in governors
+    assert "CPU frequency moved from 2000 to 3000 MHz" in frequency
+    report = summary.report()
+    assert table.text() in report and governors in report and frequency in report
+    assert harness.plot(summary, tmp_path / "c.png")  # a row of panels per column
 
 
 def test_summarize_picks_the_latest_group_and_rejects_unknown(tmp_path: Path) -> None:

@@ -95,6 +95,9 @@ def probe(path: str, as_json: bool) -> None:
               help="Concurrent insertions in progress.")
 @click.option("--prefault/--no-prefault", default=True, show_default=True,
               help="Map segments pre-faulted and prepare them ahead of the appenders.")
+@click.option("--persist", type=click.Choice(_bench.PERSIST), default="auto", show_default=True,
+              help="Direct mode: cache flush where the mapping is pmem, else msync (auto); msync "
+                   "always; or pmem only (an error where the mapping is not pmem).")
 @click.option("--keep", type=_Parsed("keep", _bench.parse_keep), default="256m", show_default=True,
               help="WAL kept on disk behind the flushed position; older segments are truncated "
                    "(recycled) each time a quarter of it has been appended.  'all': never "
@@ -110,8 +113,8 @@ def probe(path: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_library_errors
 def bench(path: str, mode: str, clients: int, size: int, duration: float, flush: str,
-          segment_size: int | None, insert_slots: int, prefault: bool, keep: int | None,
-          checkpoint: float, progress_interval: float, as_json: bool) -> None:
+          segment_size: int | None, insert_slots: int, prefault: bool, persist: str,
+          keep: int | None, checkpoint: float, progress_interval: float, as_json: bool) -> None:
     """Append records to a fresh WAL at PATH for a while and report throughput and latency.
 
     PATH is a benchmark directory: a WAL already there is deleted first.
@@ -120,8 +123,9 @@ def bench(path: str, mode: str, clients: int, size: int, duration: float, flush:
     """
     config = _bench.BenchConfig(path=path, mode=mode, clients=clients, size=size,
                                 duration=duration, flush=flush, segment_size=segment_size,
-                                insert_slots=insert_slots, prefault=prefault, keep_bytes=keep,
-                                checkpoint=checkpoint, progress_interval=progress_interval)
+                                insert_slots=insert_slots, prefault=prefault, persist=persist,
+                                keep_bytes=keep, checkpoint=checkpoint,
+                                progress_interval=progress_interval)
     result = _bench.run(config, progress=lambda p: click.echo(p["line"], err=True))
     if as_json:
         _dump(result.as_dict())
@@ -219,7 +223,9 @@ def stats(path: str, as_json: bool) -> None:
 
 # ---- compare (pmemwal.tools.harness) ----------------------------------------------
 
+from pmemwal import device as _device, libpmem as _libpmem  # noqa: E402
 from pmemwal.tools import harness as _harness  # noqa: E402  (kept beside the command that uses it)
+from pmemwal.tools import presets as _presets  # noqa: E402
 
 
 def _merge_params(ctx, param, value):
@@ -254,24 +260,39 @@ def _merge_params(ctx, param, value):
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Draw the results as a PNG chart here.")
 @click.option("--markdown", is_flag=True, help="Print the tables as markdown.")
+@click.option("--columns", type=_Parsed("columns", _harness.parse_columns), default=None,
+              help="WAL counters to table and draw beside records/s, per second of each run "
+                   "(waits in ms/s), e.g. slot_wait,insert_wait.")
+@click.option("--preset", type=click.Choice(list(_presets.PRESETS)), default=None,
+              help="A seed's experiment: sets every option not given (docs/EXPERIMENTS.md).")
+@click.option("--full", is_flag=True,
+              help="With --preset: the seed's own scale (its clients and run lengths).")
+@click.pass_context
 @_library_errors
-def compare(path: str, targets: list[str], clients: list[int], sizes: list[int], duration: float,
-            runs: int, params: dict, flush: str, baseline: str | None, db: str,
-            plot_path: str | None, markdown: bool) -> None:
+def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int],
+            sizes: list[int], duration: float, runs: int, params: dict, flush: str,
+            baseline: str | None, db: str, plot_path: str | None, markdown: bool,
+            columns: list[str], preset: str | None, full: bool) -> None:
     """Run targets x params x clients x sizes, RUNS times each, and print tables of the results.
 
     PATH is a base directory: each run uses a fresh subdirectory of it.
 
     Example: pmemwal compare /dev/shm/cmp --targets buffered,direct --clients 1,2,4
     --sizes 8k,64k,1m --param insert_slots=8,64 --db results.db --plot chart.png
+
+    Example: pmemwal compare /dev/shm/cmp --preset insert-slots --plot slots.png
     """
     import sys
 
     tqdm = _extras.require("tqdm", "bench", "pmemwal compare").tqdm
 
-    config = _harness.CompareConfig(path=path, targets=targets, clients=clients, sizes=sizes,
-                                    duration=duration, runs=runs, flush=flush, params=params,
-                                    baseline=baseline, db=db, plot=plot_path)
+    options = dict(targets=targets, clients=clients, sizes=sizes, duration=duration, runs=runs,
+                   flush=flush, params=params, baseline=baseline, columns=columns or [])
+    if full and not preset:
+        raise click.UsageError("--full needs --preset")
+    if preset:
+        options = _with_preset(ctx, _presets.get_preset(preset), full, path, options)
+    config = _harness.CompareConfig(path=path, db=db, plot=plot_path, **options)
     plan = _harness.prepare(config)
     click.echo(_harness.environment_text(plan.environment, plan.group))
     warning = _harness.governor_warning(plan.environment)
@@ -292,6 +313,34 @@ def compare(path: str, targets: list[str], clients: list[int], sizes: list[int],
     if plot_path:
         _harness.plot(summary, plot_path)
         click.echo(f"chart: {plot_path}")
+
+
+def _with_preset(ctx: click.Context, preset: _presets.Preset, full: bool, path: str,
+                 options: dict) -> dict:
+    """``options`` with the preset's values where the command line left the default
+    (its --param values merged under those given); on tmpfs, a preset with direct mode
+    emulates persistent memory unless PMEM_IS_PMEM_FORCE says otherwise."""
+    import os
+
+    given = {name for name in options
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    values = preset.config(full)
+    merged = {**options, **{k: v for k, v in values.items() if k not in given and k != "params"}}
+    merged["params"] = {**values.get("params", {}), **options["params"]}
+    click.echo(f"preset {preset.name}{' (full scale)' if full else ''}: seed {preset.seed}: "
+               f"{preset.measures}")
+    if preset.emulate_pmem and not os.environ.get("PMEM_IS_PMEM_FORCE") \
+            and _device.fs_type(path) == "tmpfs":
+        os.environ["PMEM_IS_PMEM_FORCE"] = "1"  # before libpmem is first asked (prepare)
+        click.echo("preset: PMEM_IS_PMEM_FORCE=1 set: direct mode on tmpfs persists by cache "
+                   "flush, as on DAX persistent memory (tmpfs itself is volatile: durability "
+                   "here is a benchmark setting)")
+    persist = merged["params"].get("persist", [])
+    if "pmem" in persist and "persist" not in options["params"] and _libpmem.load() is None:
+        merged["params"]["persist"] = [p for p in persist if p != "pmem"] or ["auto"]
+        click.echo("preset: libpmem is not installed: the cache-flush (persist=pmem) series is "
+                   "left out (apt install libpmem1)")
+    return merged
 
 
 # ---- torture (pmemwal.tools.torture) and powerloss (pmemwal.tools.powerloss) ------

@@ -13,8 +13,9 @@ The grid.  Each point is a target (a WAL mode or a peer: see pmemwal.tools.targe
 a point of the params grid (the cartesian product of ``params``, e.g.
 ``{"insert_slots": [8, 64]}``), a client count and a record size.  The params
 are pmemwal's own options, so they apply to the pmemwal targets only
-(``PMEMWAL_TARGETS``); a peer runs once per (clients, size), with params ``{}``
-stored.  A target whose ``available()`` gives a reason is skipped, the reason
+(``PMEMWAL_TARGETS``), and of those to the ones they concern (``persist`` to
+direct mode: buffered runs once); a peer runs once per (clients, size), with
+params ``{}`` stored.  A target whose ``available()`` gives a reason is skipped, the reason
 reported once.
 
 Runs.  Every point runs ``runs`` times, and the repeats are interleaved: round
@@ -29,11 +30,16 @@ variables, and the view ``results`` joins the two.  A point's result is the
 trimmed mean of its runs: with 3 or more runs the highest and the lowest are
 dropped and the rest averaged (6 runs: the mean of the middle 4).
 
+Each run also stores the machine's state at its start and end (``machine_state``:
+governor, CPU frequency, load) in its ``extra``; ``Summary.machine_warnings`` says
+when the runs of a group did not all run alike.
+
 Tables.  ``throughput_tables`` has one table per series (target, with its
 params): rows are client counts, columns record sizes, cells records/s.
 ``ratio_tables`` has the same layout with each cell divided by the baseline's
 cell: compare ratios measured in one run group, not absolute numbers from
-different days.
+different days.  ``series_tables`` has one table per (clients, size), a row per
+series, records/s and the ``columns`` counters (``COUNTERS``) per second.
 
 The CPU frequency governor matters: with ``powersave`` (or an
 energy_performance_preference other than ``performance``) contended runs can
@@ -65,6 +71,13 @@ from pmemwal.tools._extras import require
 from pmemwal.tools.bench import parse_flush, parse_size
 
 PMEMWAL_TARGETS = ("auto", "buffered", "direct")  # the targets that take the params grid
+# The WAL's counters (pmemwal.WAL.stats), which the pmemwal targets store per run in
+# extra["stats"] and ``--columns`` tables and draws per second of the run: a ``_ns``
+# counter as milliseconds of it per second (summed over clients: 2 clients each waiting
+# all the time is 2000 ms/s), the others as counts per second.
+COUNTERS = ("slot_wait_ns", "insert_wait_ns", "flushes", "flush_requests", "coalesced", "writes",
+            "segments_created", "segments_recycled", "segments_removed", "segments_prefaulted",
+            "segment_make_ns")
 DEFAULT_DB = "pmemwal-compare.db"
 UNSTABLE = 0.10  # a point whose runs' stddev exceeds this fraction of the mean is flagged
 _CPU_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/"
@@ -126,6 +139,21 @@ def parse_targets(text: str) -> list[str]:
             raise ValueError(f"unknown target {part!r}: valid targets are {', '.join(names)}")
         return part.lower()
     return parse_list(text, one, "targets")
+
+
+def parse_columns(text: str) -> list[str]:
+    """``"slot_wait,insert_wait"`` -> ``["slot_wait_ns", "insert_wait_ns"]`` (COUNTERS)."""
+    return parse_list(text, counter_name, "columns")
+
+
+def counter_name(name: str) -> str:
+    """A counter of ``COUNTERS`` by its name, or by that name without ``_ns``."""
+    name = str(name).strip().lower()
+    for candidate in (name, name + "_ns"):
+        if candidate in COUNTERS:
+            return candidate
+    raise ConfigError(f"column {name!r}: not a counter the pmemwal targets report (valid: "
+                      f"{', '.join(c.removesuffix('_ns') for c in COUNTERS)})")
 
 
 def parse_param_value(text: str) -> object:
@@ -190,6 +218,8 @@ class CompareConfig:
     baseline: str | None = None  # target (or series label) of the ratio tables; None: the first
     db: str = DEFAULT_DB  # SQLite file the runs are appended to
     plot: str | None = None  # PNG path, or None
+    columns: list[str] = field(default_factory=list)  # counters tabled and drawn (COUNTERS)
+    preset: str | None = None  # the preset this grid came from (pmemwal.tools.presets), if any
 
     def __post_init__(self) -> None:
         self.path = os.fspath(self.path)
@@ -223,6 +253,7 @@ class CompareConfig:
                               f"({', '.join(self.targets)})")
         if self.plot is not None and not os.path.isdir(os.path.dirname(os.path.abspath(self.plot))):
             raise ConfigError(f"plot={self.plot!r}: its directory does not exist")
+        self.columns = [counter_name(c) for c in self.columns]
 
 
 @dataclass(frozen=True)
@@ -271,7 +302,6 @@ def prepare(config: CompareConfig) -> Plan:
     """
     open_db(config.db).close()
     targets = targets_module()
-    grid = params_grid(config.params)
     points, skipped, versions = [], {}, {}
     for name in config.targets:
         target = targets.get_target(name)
@@ -286,7 +316,7 @@ def prepare(config: CompareConfig) -> Plan:
             if unknown:
                 raise ConfigError(f"param {unknown[0]!r}: {name} has no such option "
                                   f"(valid: {', '.join(sorted(known)) or 'none'})")
-        for params in (grid if name in PMEMWAL_TARGETS else [{}]):
+        for params in (_grid_for(target, config.params) if name in PMEMWAL_TARGETS else [{}]):
             key = tuple(sorted(params.items()))
             points += [Point(name, key, c, s) for c in config.clients for s in config.sizes]
     os.makedirs(config.path, exist_ok=True)
@@ -295,6 +325,14 @@ def prepare(config: CompareConfig) -> Plan:
     environment["config"] = dataclasses.asdict(config)
     return Plan(group=group, points=points, skipped=skipped, versions=versions,
                 environment=environment, runs=config.runs)
+
+
+def _grid_for(target, params: dict[str, list]) -> list[dict]:
+    """The params grid ``target`` runs: over the params that apply to it (a target
+    without ``applies`` takes them all), so that ``persist=pmem,msync`` beside buffered
+    mode runs buffered once."""
+    applies = getattr(target, "applies", lambda name: True)
+    return params_grid({k: v for k, v in params.items() if applies(k)})
 
 
 # ---- the environment ----------------------------------------------------------------
@@ -319,6 +357,7 @@ def collect_environment(path: str) -> dict:
         "probe": {k: list(v) if isinstance(v, tuple) else v for k, v in probe.items()},
         "env": {k: v for k, v in sorted(os.environ.items())
                 if k.startswith(("PMEM_", "PMEMWAL_"))},
+        "machine": machine_state(),  # shown before the runs; each run stores its own
     }
 
 
@@ -357,6 +396,32 @@ def cpu_governor() -> str | None:
     return _cpu_setting("scaling_governor")
 
 
+def cpu_mhz() -> float | None:
+    """The CPUs' mean current frequency (MHz): cpufreq's scaling_cur_freq, else
+    /proc/cpuinfo's "cpu MHz" (which a VM may report as a constant), else None."""
+    values = []
+    for directory in glob.glob(_CPU_GLOB):
+        try:
+            with open(os.path.join(directory, "scaling_cur_freq")) as f:
+                values.append(int(f.read()) / 1000)
+        except (OSError, ValueError):
+            continue
+    if not values:
+        try:
+            with open("/proc/cpuinfo") as f:
+                values = [float(line.partition(":")[2]) for line in f
+                          if line.partition(":")[0].strip() == "cpu MHz"]
+        except (OSError, ValueError):
+            values = []
+    return round(statistics.fmean(values), 1) if values else None
+
+
+def machine_state() -> dict:
+    """What may change between two runs and change their results: the governor, the CPU
+    frequency, the load average (1 min).  Recorded at the start and end of each run."""
+    return {"governor": cpu_governor(), "mhz": cpu_mhz(), "load": round(os.getloadavg()[0], 2)}
+
+
 def governor_warning(environment: dict | None = None) -> str | None:
     """A warning unless every CPU runs the ``performance`` governor (and EPP, where shown)."""
     env = environment if environment is not None else {
@@ -387,11 +452,14 @@ def environment_text(environment: dict, group: str | None = None) -> str:
     governor = env.get("governor") or "not visible"
     if env.get("energy_perf"):
         governor += f" (energy_performance_preference {env['energy_perf']})"
+    machine = env.get("machine") or {}
+    mhz = f"{machine['mhz']:.0f} MHz" if machine.get("mhz") else "frequency not visible"
     lines = [
         ("run group", group or env.get("run_group") or "-"),
         ("host", f"{env.get('hostname')}, {env.get('nproc')} CPUs"),
         ("cpu", env.get("cpu_model")),
         ("governor", governor),
+        ("cpu now", f"{mhz}, load average {machine.get('load', '?')} (1 min)"),
         ("kernel", env.get("kernel")),
         ("versions", f"python {env.get('python')}, numpy {env.get('numpy')}, "
                      f"pmemwal {env.get('pmemwal')}"),
@@ -514,7 +582,9 @@ def run_compare(config: CompareConfig, progress: Progress | None = None,
         base = os.path.join(config.path, plan.group)
         order = plan.order()
         for done, (run_index, point) in enumerate(order, 1):
+            start = machine_state()
             result = _run_one(targets, config, base, done, run_index, point)
+            result.extra = {**result.extra, "machine": {"start": start, "end": machine_state()}}
             params = dict(point.params)
             row = {
                 "run_group": plan.group, "timestamp": _now(), "run_index": run_index,
@@ -591,6 +661,7 @@ class PointSummary:
     max: float
     stddev: float  # of all runs; 0 for one run
     mb_per_s: float  # trimmed mean
+    counters: dict = field(default_factory=dict)  # COUNTERS per second of the run, trimmed means
 
     @property
     def label(self) -> str:
@@ -639,11 +710,13 @@ class Table:
 
 @dataclass
 class Summary:
-    """A run group's points, in grid order, and its environment."""
+    """A run group's points, in grid order, its environment, and the machine's state at
+    the start and end of each run (``machine_state``; None where not recorded)."""
 
     group: str
     environment: dict
     points: list[PointSummary]
+    machine: list[dict | None] = field(default_factory=list)
 
     @property
     def config(self) -> dict:
@@ -722,6 +795,62 @@ class Summary:
             tables.append(self._table(f"{label}: ratio to {base}", value, lambda r: f"{r:.2f}"))
         return tables
 
+    def columns(self) -> list[str]:
+        """The counters the comparison asked to table (``--columns``)."""
+        return [c for c in self.config.get("columns") or [] if c in COUNTERS]
+
+    def series_tables(self, columns: list[str] | None = None) -> list[Table]:
+        """Per client count and record size: a row per series, records/s and each counter
+        (per second of the run), as seed 001 tabled insertion slots against their waits."""
+        columns = self.columns() if columns is None else columns
+        tables = []
+        for c in self.clients():
+            for size in self.sizes():
+                rows = []
+                for label in self.series():
+                    p = self.point(label, c, size)
+                    if p:
+                        counters = [p.counters.get(k) for k in columns]
+                        rows.append((label, [p.records_per_s] + counters))
+                if rows:
+                    tables.append(Table(f"{c} clients, {size_text(size)} records "
+                                        f"({self._runs_note(flush=False)})", "series",
+                                        ["records/s"] + [column_title(k) for k in columns],
+                                        rows, _rate_text))
+        return tables
+
+    def machine_line(self) -> str | None:
+        """The machine's state over the runs, one line: governors, frequency and load
+        ranges (None where the runs did not record it)."""
+        states = [s for run in self.machine if run for s in (run.get("start"), run.get("end")) if s]
+        if not states:
+            return None
+        governors = sorted({str(s["governor"]) for s in states if s.get("governor")})
+        mhz = [s["mhz"] for s in states if s.get("mhz")]
+        load = [s["load"] for s in states if s.get("load") is not None]
+        parts = [f"governor {', '.join(governors)}" if governors else "governor not visible",
+                 f"{min(mhz):.0f}-{max(mhz):.0f} MHz" if mhz else "frequency not visible"]
+        if load:
+            parts.append(f"load average {min(load):.2f}-{max(load):.2f}")
+        return f"machine over the {len(self.machine)} runs: {', '.join(parts)}"
+
+    def machine_warnings(self) -> list[str]:
+        """Warnings when the runs of this group did not all run alike: under different
+        CPU governors, or at CPU frequencies more than 10 % apart (seed 002: an unset
+        governor made one side of a comparison 2x slower)."""
+        states = [s for run in self.machine if run for s in (run.get("start"), run.get("end")) if s]
+        warnings = []
+        governors = sorted({str(s.get("governor")) for s in states if s.get("governor")})
+        if len(governors) > 1:
+            warnings.append(f"warning: the runs of group {self.group} ran under different CPU "
+                            f"governors ({', '.join(governors)}): compare them with care")
+        mhz = [s["mhz"] for s in states if s.get("mhz")]
+        if mhz and max(mhz) > 1.10 * min(mhz):
+            warnings.append(f"warning: the CPU frequency moved from {min(mhz):.0f} to "
+                            f"{max(mhz):.0f} MHz across the runs of group {self.group}: a "
+                            "governor or thermal limit at work; ratios may mix speeds")
+        return warnings
+
     def unstable_points(self) -> list[PointSummary]:
         """Points whose runs' standard deviation is over 10% of their trimmed mean."""
         return [p for p in self.points if p.unstable]
@@ -734,6 +863,9 @@ class Summary:
             parts += [render(t) for t in self.ratio_tables(baseline)]
         except ConfigError as error:  # the baseline was skipped, or failed
             parts.append(f"no ratio tables: {error}")
+        if self.columns():
+            parts += [render(t) for t in self.series_tables()]
+        parts += [line for line in [self.machine_line()] if line] + self.machine_warnings()
         unstable = self.unstable_points()
         if unstable:
             parts.append("unstable (stddev over {:.0%} of the mean): ".format(UNSTABLE) + "; ".join(
@@ -761,78 +893,128 @@ def summarize(db: str | sqlite3.Connection, group: str | None = None) -> Summary
         for key in _JSON_COLUMNS:
             environment[key] = json.loads(environment[key]) if environment[key] else None
         runs: dict[tuple, list] = {}
-        for r in conn.execute("SELECT target, params, clients, size, records_per_s, mb_per_s "
-                              "FROM runs WHERE run_group = ? ORDER BY id", (group,)):
+        machine = []
+        for r in conn.execute("SELECT target, params, clients, size, records_per_s, mb_per_s, "
+                              "elapsed, extra FROM runs WHERE run_group = ? ORDER BY id", (group,)):
             key = (r["target"], r["params"], r["clients"], r["size"])
-            runs.setdefault(key, []).append((r["records_per_s"], r["mb_per_s"]))
+            extra = _json_object(r["extra"])
+            runs.setdefault(key, []).append((r["records_per_s"], r["mb_per_s"],
+                                             _per_second(extra.get("stats"), r["elapsed"])))
+            machine.append(extra.get("machine"))
     finally:
         if conn is not db:
             conn.close()
     points = []
     for (target, params, clients, size), values in runs.items():
         rates = [v[0] for v in values]
+        counters = {name: trimmed_mean(v[2][name] for v in values) for name in COUNTERS
+                    if all(name in v[2] for v in values)}
         points.append(PointSummary(
             target=target, params=json.loads(params), clients=clients, size=size,
             runs=len(rates), records_per_s=trimmed_mean(rates), min=min(rates), max=max(rates),
             stddev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
-            mb_per_s=trimmed_mean(v[1] for v in values)))
-    return Summary(group=group, environment=environment, points=points)
+            mb_per_s=trimmed_mean(v[1] for v in values), counters=counters))
+    return Summary(group=group, environment=environment, points=points, machine=machine)
+
+
+def _json_object(text: str | None) -> dict:
+    """A stored JSON object, or {} for anything else (a peer's extra may be anything)."""
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _per_second(stats: object, elapsed: float) -> dict[str, float]:
+    """The COUNTERS in a run's WAL stats per second of it: ``_ns`` ones as ms/s."""
+    if not isinstance(stats, dict) or not elapsed > 0:
+        return {}
+    return {name: stats[name] / elapsed / (1e6 if name.endswith("_ns") else 1)
+            for name in COUNTERS if isinstance(stats.get(name), (int, float))}
+
+
+def column_title(name: str) -> str:
+    """``slot_wait_ns`` -> ``slot_wait ms/s``, ``flushes`` -> ``flushes /s``."""
+    return f"{name.removesuffix('_ns')} ms/s" if name.endswith("_ns") else f"{name} /s"
 
 
 # ---- the chart ----------------------------------------------------------------------
 
 
 def plot(summary: Summary, png: str) -> str:
-    """Draw records/s against clients, one panel per record size, one line per series.
+    """Draw records/s against clients, one panel per record size, one line per series,
+    and below it a row of the same panels for each counter the comparison tabled
+    (``--columns``).
 
-    Each point is the trimmed mean, its error bar the lowest and highest run.
+    Each records/s point is the trimmed mean, its error bar the lowest and highest run.
     The y axis is logarithmic where a panel's values span more than 10x.
     Uses the Agg canvas directly: no pyplot, no global backend change.
     """
     require("matplotlib", "bench", "pmemwal compare --plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FixedLocator, NullLocator
 
-    sizes, clients, series = summary.sizes(), summary.clients(), summary.series()
+    sizes = summary.sizes()
     if not sizes:
         raise ConfigError("no results to plot")
+    metrics = [None] + summary.columns()  # None: records/s
     columns = min(len(sizes), 3)
-    rows = math.ceil(len(sizes) / columns)
+    rows_per_metric = math.ceil(len(sizes) / columns)
+    rows = rows_per_metric * len(metrics)
     fig = Figure(figsize=(4.8 * columns, 3.8 * rows + 0.6), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, columns, squeeze=False).ravel()
-    for ax, size in zip(axes, sizes):
-        values = []
-        for label in series:
-            pts = [summary.point(label, c, size) for c in clients]
-            pts = [p for p in pts if p]
-            if not pts:
-                continue
-            xs, ys = [p.clients for p in pts], [p.records_per_s for p in pts]
-            err = [[y - p.min for y, p in zip(ys, pts)], [p.max - y for y, p in zip(ys, pts)]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", markersize=4, capsize=3, label=label)
-            values += [p.min for p in pts if p.min > 0] + [p.max for p in pts]
-        if values and min(values) > 0 and max(values) / min(values) > 10:
-            ax.set_yscale("log")
-        if len(clients) > 1 and clients[-1] / clients[0] >= 4:
-            ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(clients))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([str(c) for c in clients])
-        ax.set_title(f"record size {size_text(size)}")
-        ax.set_xlabel("clients")
-        ax.set_ylabel("records/s")
-        ax.grid(True, which="both", alpha=0.3)
-    for ax in axes[len(sizes):]:
-        ax.set_visible(False)
-    axes[0].legend(fontsize="small")
+    axes = fig.subplots(rows, columns, squeeze=False)
+    for m, metric in enumerate(metrics):
+        panels = axes[m * rows_per_metric:(m + 1) * rows_per_metric].ravel()
+        for ax, size in zip(panels, sizes):
+            _draw_panel(ax, summary, size, metric)
+        for ax in panels[len(sizes):]:
+            ax.set_visible(False)
+    axes[0][0].legend(fontsize="small")
     cpu = summary.environment.get("cpu_model") or "unknown CPU"
-    fig.suptitle(f"pmemwal compare: flush {summary.flush}, {cpu}\n"
+    preset = summary.config.get("preset")
+    fig.suptitle(f"pmemwal compare{f' --preset {preset}' if preset else ''}: flush "
+                 f"{summary.flush}, {cpu}\n"
                  f"{summary._runs_note(flush=False)} (bars: lowest to highest run), "
                  f"run group {summary.group}", fontsize="medium")
     fig.savefig(png, format="png")
     return png
+
+
+def _draw_panel(ax, summary: Summary, size: int, metric: str | None) -> None:
+    """One panel: ``metric`` (a counter, per second; None: records/s with the runs'
+    spread) against clients for each series, at record size ``size``."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    clients = summary.clients()
+    values = []
+    for label in summary.series():
+        pts = [p for p in (summary.point(label, c, size) for c in clients)
+               if p and (metric is None or metric in p.counters)]
+        if not pts:
+            continue
+        xs = [p.clients for p in pts]
+        if metric is None:
+            ys = [p.records_per_s for p in pts]
+            err = [[y - p.min for y, p in zip(ys, pts)], [p.max - y for y, p in zip(ys, pts)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", markersize=4, capsize=3, label=label)
+            values += [p.min for p in pts if p.min > 0] + [p.max for p in pts]
+        else:
+            ys = [p.counters[metric] for p in pts]
+            ax.plot(xs, ys, marker="o", markersize=4, label=label)
+            values += [y for y in ys if y > 0]
+    if values and min(values) > 0 and max(values) / min(values) > 10:
+        ax.set_yscale("log")
+    if len(clients) > 1 and clients[-1] / clients[0] >= 4:
+        ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(clients))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(c) for c in clients])
+    ax.set_title(f"record size {size_text(size)}")
+    ax.set_xlabel("clients")
+    ax.set_ylabel("records/s" if metric is None else column_title(metric))
+    ax.grid(True, which="both", alpha=0.3)
 
 
 # ---- helpers ------------------------------------------------------------------------

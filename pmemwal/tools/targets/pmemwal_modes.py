@@ -42,11 +42,17 @@ class _PmemwalTarget:
     name = mode = "auto"
     _FIXED = ("path", "mode", "clients", "size", "duration", "flush", "fresh",
               "progress_interval")
+    _OTHER_MODES = ()  # params of another mode only: a grid varies them for that mode alone
 
     @property
     def params(self) -> dict:
         return {f.name: _field_default(f) for f in dataclasses.fields(BenchConfig)
                 if f.name not in self._FIXED}
+
+    def applies(self, param: str) -> bool:
+        """Whether ``param`` changes what this target does (``persist`` is direct mode's
+        alone): the harness runs a target once per value of the params that apply to it."""
+        return param in self.params and param not in self._OTHER_MODES
 
     def available(self) -> str | None:
         return None
@@ -99,6 +105,7 @@ class BufferedTarget(_PmemwalTarget):
     pwrite and made durable with fdatasync; run as ``_PmemwalTarget`` says."""
 
     name = mode = "buffered"
+    _OTHER_MODES = ("persist",)
 
 
 class DirectTarget(_PmemwalTarget):
