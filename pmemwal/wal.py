@@ -487,7 +487,13 @@ class WAL:
             self._arriving.pop(segno).set()
 
     def _segment_buffer(self, segno: int) -> mmap.mmap | None:
-        """A mapping of segment ``segno`` for reading, or None when it does not exist."""
+        """A mapping of segment ``segno`` for reading, or None when it does not exist.
+
+        A segment on its way in (the background writer opening an existing file, which
+        after a reopen can be the one the WAL ends in) is waited for: it exists, and
+        answering None would make the reader report it missing."""
+        while (arriving := self._arriving.get(segno)) is not None:
+            arriving.wait()
         with self._seg_lock:
             seg = self._segments.get(segno)
             if seg is not None and seg.map is not None:

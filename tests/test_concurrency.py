@@ -659,6 +659,29 @@ def test_waking_a_stopped_background_writer_does_nothing(wal_dir):
     assert background.notify_fd == -1
 
 
+def test_a_reader_waits_for_a_segment_the_background_writer_is_opening(wal_dir):
+    """After a reopen, buffered mode's last segment is opened and attached by the background
+    writer, not by open(): a reader reaching it meanwhile (a log replaying itself) must wait
+    for it, not report it missing (seen as CorruptionError "segment missing" in CI)."""
+    with pmemwal.open(wal_dir, mode="buffered", segment_size=SEG) as wal:
+        written = [wal.append(bytes([i % 251]) * PAGE) for i in range(200)]   # into segment 1
+    assert written[-1] // SEG == 1
+    with pmemwal.open(wal_dir, mode="buffered", background=False) as wal:
+        assert 1 not in wal._segments
+        for cached in wal._read_cache.values():            # recovery's reads, long evicted
+            cached.close()                                  # in a WAL of many segments
+        wal._read_cache.clear()
+        opening = wal._arriving[1] = threading.Event()       # as _ensure_segment marks it
+
+        def opened():
+            time.sleep(0.3)
+            del wal._arriving[1]
+            opening.set()
+
+        threading.Thread(target=opened).start()
+        assert [r.lsn for r in wal.records()] == written
+
+
 def test_appenders_make_segments_while_a_truncation_removes_files(wal_dir, mode):
     """A truncation stuck in its file work (here: a removal that does not return) holds no
     lock an appender needs: appending on into segments that must be made goes on."""
