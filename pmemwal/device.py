@@ -272,8 +272,9 @@ def _recommend(
         )
     absent = "; libpmem is not loaded" if lib is None else ""
     return "buffered", "fdatasync", (
-        "not DAX: an mmapped segment would pay page-cache faults and msync, so the buffered "
-        f"pwrite+fdatasync path is faster (seed 003){absent}"
+        "not DAX: mapped segments would go through the page cache (faults, then msync "
+        "writing dirty pages back), where pwrite+fdatasync is usually faster; a rule, not a "
+        f"measurement of this file system{absent}"
     )
 
 

@@ -99,6 +99,7 @@ def test_hidden_libpmem_gives_buffered(shm_dir: Path) -> None:
     assert result["is_pmem"] is None and result["auto_flush"] is None
     assert (result["recommended_mode"], result["persist_method"]) == ("buffered", "fdatasync")
     assert "libpmem is not loaded" in result["reason"]
+    assert "a rule, not a measurement" in result["reason"] and "seed" not in result["reason"]
 
 
 @pytest.mark.parametrize("value", ["", "none", "off", "0", "OFF", HIDDEN_LIBPMEM])
