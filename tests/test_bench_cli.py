@@ -93,7 +93,7 @@ def test_run_reports_progress_and_result(shm_dir: Path) -> None:
     lines = []
     config = bench.BenchConfig(shm_dir / "wal", mode="buffered", clients=2, size=512,
                                duration=0.5, flush="group:4", keep_bytes=None,
-                               progress_interval=0.2)
+                               progress_interval=0.2, keep_wal=True)
     result = bench.run(config, progress=lines.append)
     assert len(lines) >= 2 and all(PROGRESS_LINE.match(p["line"]) for p in lines)
     assert lines[-1]["elapsed"] >= 0.5 and lines[0]["records_per_s"] > 0
@@ -174,6 +174,11 @@ def test_bench_bad_flush() -> None:
     assert result.exit_code == 2 and "each, end or group:K" in result.stderr
 
 
+def test_bench_insert_slots_range_is_in_the_cli_type() -> None:
+    result = invoke("bench", "--insert-slots", "300")
+    assert result.exit_code == 2 and "1<=x<=256" in result.stderr
+
+
 def test_bench_unknown_mode() -> None:
     result = invoke("bench", "--mode", "fast")
     assert result.exit_code == 2
@@ -198,7 +203,7 @@ def test_bench_without_its_extra_says_which(shm_dir: Path, monkeypatch) -> None:
 def test_keep_bounds_disk_use(shm_dir: Path) -> None:
     wal = shm_dir / "wal"
     result = invoke("bench", wal, "--mode", "buffered", "--duration", "1.5", "--segment-size", "1m",
-                    "--keep", "4m", "--flush", "end", "--json", "--progress", "0")
+                    "--keep", "4m", "--flush", "end", "--json", "--progress", "0", "--keep-wal")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["bytes"] > 16 << 20  # far more written than kept
@@ -214,7 +219,7 @@ def test_large_records_run_on_recycled_segments(shm_dir: Path, mode: str) -> Non
     the warm-up no segment is created or removed, and the directory stays bounded."""
     wal = shm_dir / "wal"
     result = invoke("bench", wal, "--mode", mode, "--size", "1m", "--segment-size", "1m",
-                    "--keep", "4m", "--duration", "0.5", "--json", "--progress", "0")
+                    "--keep", "4m", "--duration", "0.5", "--json", "--progress", "0", "--keep-wal")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     stats = data["stats"]
@@ -251,7 +256,7 @@ def test_a_checkpointer_thread_truncates_instead_of_the_clients(shm_dir: Path) -
     wal = shm_dir / "wal"
     result = invoke("bench", wal, "--mode", "direct", "--size", "64k", "--segment-size", "1m",
                     "--keep", "4m", "--checkpoint", "0.005", "--duration", "0.5", "--json",
-                    "--progress", "0")
+                    "--progress", "0", "--keep-wal")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["config"]["checkpoint"] == 0.005
@@ -266,7 +271,8 @@ def test_a_checkpointer_thread_truncates_instead_of_the_clients(shm_dir: Path) -
 def test_keep_all_never_truncates_and_sets_growth_against_fresh_segments(shm_dir: Path) -> None:
     wal = shm_dir / "wal"
     result = invoke("bench", wal, "--mode", "direct", "--size", "64k", "--segment-size", "1m",
-                    "--keep", "all", "--duration", "0.3", "--json", "--progress", "0")
+                    "--keep", "all", "--duration", "0.3", "--json", "--progress", "0",
+                    "--keep-wal")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["config"]["keep_bytes"] is None
@@ -277,6 +283,26 @@ def test_keep_all_never_truncates_and_sets_growth_against_fresh_segments(shm_dir
     text = invoke("bench", wal, "--size", "64k", "--keep", "all", "--duration", "0.2", "--progress", "0")
     assert "all (never truncated)" in text.output and "fresh segments:" in text.output
     assert "segments made:" in text.output
+
+
+def test_the_wal_is_removed_after_the_run_unless_kept(shm_dir: Path) -> None:
+    """A run's WAL can be GiBs of RAM on /dev/shm: gone after the run, and after a run
+    that fails or is interrupted part-way (here: Ctrl-C in the warm-up)."""
+    wal = shm_dir / "wal"
+    result = invoke("bench", wal, "--duration", "0.1", "--progress", "0")
+    assert result.exit_code == 0 and not wal.exists() and os.listdir(shm_dir) == []
+    kept = invoke("bench", wal, "--duration", "0.1", "--progress", "0", "--keep-wal")
+    assert kept.exit_code == 0 and segment_files(wal)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    config = bench.BenchConfig(wal, duration=0.1, progress_interval=0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench, "_warm_up", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            bench.run(config)
+    assert not wal.exists()
 
 
 def test_keep_all_leaves_a_checkpointer_nothing_and_a_bad_keep_is_refused(shm_dir: Path) -> None:

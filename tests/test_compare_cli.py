@@ -110,7 +110,8 @@ def test_compare_writes_db_tables_and_png(targets, shm_dir: Path) -> None:
                  "PMEM_IS_PMEM_FORCE=1", "buffered: records/s (trimmed mean of 3 runs, flush each)",
                  "direct: records/s", "direct: ratio to buffered", "24 runs stored in"):
         assert text in out
-    assert "24/24" in result.stderr  # the progress bar
+    assert "24 runs of 0.2 s each planned: about 0:" in out
+    assert "compare: 24/24 runs (100%)" in result.stderr and "\r" not in result.stderr
     # the tables: rows 1 and 2 clients, columns 64 and 8k
     table = out[out.index("direct: ratio to buffered"):].splitlines()
     assert table[1].split() == ["clients", "64", "8k"]
@@ -312,6 +313,23 @@ def _cli_in_subprocess(shm_dir: Path, *args: str, env: dict | None = None) -> st
     return done.stdout
 
 
+def test_a_baseline_that_names_no_series_fails_before_any_run(targets, shm_dir: Path) -> None:
+    """A label matching nothing is an error naming the valid ones, not a quiet fall-back
+    to another series of its target; a target alone picks its first series."""
+    db = shm_dir / "r.db"
+    args = ["compare", shm_dir / "cmp", "--targets", "buffered", "--clients", "1", "--sizes",
+            "64", "--duration", "0.1", "--runs", "1", "--param", "segment_size=1m,2m", "--db", db]
+    result = invoke(*args, "--baseline", "buffered segment_size=4m")
+    assert result.exit_code == 1
+    assert ("baseline 'buffered segment_size=4m': no such series in this comparison (valid: "
+            "buffered segment_size=1m, buffered segment_size=2m)") in result.stderr
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+    result = invoke(*args, "--baseline", "buffered segment_size=2m", "--quiet")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "buffered segment_size=1m: ratio to buffered segment_size=2m" in result.output
+    assert "compare:" not in result.stderr        # --quiet
+
+
 def test_unknown_param_fails_before_any_run(targets, shm_dir: Path) -> None:
     result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--duration", "30",
                     "--param", "no_such_knob=1,2", "--db", shm_dir / "r.db")
@@ -357,6 +375,41 @@ def test_grid_order_params_and_peers(fakes, shm_dir: Path) -> None:
     assert ratios[0].rows == [(1, [pytest.approx(2.0)]), (4, [pytest.approx(2.0)])]
     png = harness.plot(summary, shm_dir / "chart.png")
     assert Path(png).read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_report_lists_reprints_and_joins_stored_groups(fakes, shm_dir: Path) -> None:
+    """Two comparisons in one database (as if made under two environments): `report`
+    lists them, re-prints the latest by default, and joins both, naming the series found
+    in each with its group; CSV and chart from the joined set."""
+    db = shm_dir / "r.db"
+    groups = []
+    for targets in (["buffered", "direct"], ["direct", "sqlite"]):
+        config = harness.CompareConfig(shm_dir / "cmp", targets=targets, clients=[1, 2],
+                                       sizes=[64], duration=0.1, runs=3, db=db)
+        groups.append(harness.run_compare(config).group)
+    listed = invoke("report", db, "--list")
+    assert listed.exit_code == 0, listed.output + listed.stderr
+    assert [line.split()[0] for line in listed.output.splitlines()] == groups
+    assert "12 runs  buffered,direct" in listed.output.splitlines()[0]
+    latest = invoke("report", db)
+    assert latest.exit_code == 0 and f"run group:     {groups[1]}" in latest.output
+    assert "sqlite: ratio to direct" in latest.output
+
+    csv_path, png = shm_dir / "j.csv", shm_dir / "j.png"
+    joined = invoke("report", db, "--group", groups[0], "--group", groups[1], "--baseline",
+                    "buffered", "--csv", csv_path, "--plot", png)
+    assert joined.exit_code == 0, joined.output + joined.stderr
+    out = joined.output
+    assert f"direct@{groups[0]}: ratio to buffered" in out
+    assert f"direct@{groups[1]}: ratio to buffered" in out and "sqlite: ratio to buffered" in out
+    row = [line.split()[1:] for line in out[out.index(f"direct@{groups[1]}: ratio"):]
+           .splitlines()[3:5]]
+    assert row == [["3.00"], ["3.00"]]                 # the fakes: direct 3000, buffered 1000
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("run_group,series,target,params,clients,size,runs,records_per_s")
+    assert len(lines) == 1 + 4 * 2 and lines[1].startswith(f"{groups[0]},buffered,")
+    assert png.read_bytes().startswith(PNG_SIGNATURE)
+    assert invoke("report", shm_dir / "none.db").exit_code == 2
 
 
 def test_a_failing_run_keeps_the_runs_before_it(fakes, shm_dir: Path) -> None:

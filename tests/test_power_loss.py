@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import time
 
 import numpy as np
@@ -148,6 +149,18 @@ def test_cli_reports_every_setup_as_json(workload: str) -> None:
     reports = json.loads(result.stdout)["reports"]
     assert [(r["mode"], r["threads"], r["images"], r["ok"], r["workload"]) for r in reports] == [
         ("pmem", 4, 5, True, workload), ("buffered", 1, 5, True, workload)]
+
+
+def test_cli_progress_is_plain_lines_off_a_terminal_and_quiet_silences_it() -> None:
+    """stderr here is not a terminal: a line per 10 s and one at the end, no bar's
+    carriage returns; --quiet: nothing."""
+    args = ["powerloss", "--images", "3", "--setups", "buffered"]
+    plain = cli_runner().invoke(main, args)
+    assert plain.exit_code == 0, plain.output
+    assert "\r" not in plain.stderr
+    assert re.search(r"^powerloss: 3/3 images \(100%\), 0:\d\d elapsed; buffered$", plain.stderr, re.M)
+    quiet = cli_runner().invoke(main, args + ["--quiet"])
+    assert quiet.exit_code == 0 and quiet.stderr == "" and "| buffered" in quiet.stdout
 
 
 def test_cli_table_has_the_log_columns() -> None:

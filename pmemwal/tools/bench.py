@@ -139,6 +139,7 @@ class BenchConfig:
     checkpoint: float = 0.0  # s between truncations by a checkpointer thread; 0: by the clients
                              # (with keep_bytes None: nothing is truncated either way)
     fresh: bool = True  # delete the WAL directory first (it must hold only a WAL)
+    keep_wal: bool = False  # leave the WAL behind after the run (else removed, on Ctrl-C too)
     progress_interval: float = 1.0  # seconds between progress lines; 0: none
 
     def __post_init__(self) -> None:
@@ -382,15 +383,19 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     if config.fresh:
         remove_wal_dir(config.path)
     recycle = config.recycle_segments(config.segment_size or DEFAULT_SEGMENT_SIZE)
-    wal = pmemwal.open(config.path, mode=config.mode, segment_size=config.segment_size,
-                       insert_slots=config.insert_slots, recycle_segments=recycle,
-                       prefault=config.prefault, persist=config.persist)
     try:
-        probe = wal.probe or pmemwal.probe(wal.path)
-        baseline = _warm_up(wal, config.keep_bytes, recycle)
-        result = _Run(config, wal, progress, baseline).measure(probe)
+        wal = pmemwal.open(config.path, mode=config.mode, segment_size=config.segment_size,
+                           insert_slots=config.insert_slots, recycle_segments=recycle,
+                           prefault=config.prefault, persist=config.persist)
+        try:
+            probe = wal.probe or pmemwal.probe(wal.path)
+            baseline = _warm_up(wal, config.keep_bytes, recycle)
+            result = _Run(config, wal, progress, baseline).measure(probe)
+        finally:
+            wal.close()
     finally:
-        wal.close()
+        if not config.keep_wal:  # a run's WAL can be GiBs of RAM on /dev/shm
+            remove_wal_dir(config.path)
     if config.keep_bytes is None:  # the WAL grew: against the pace this machine makes segments
         rate = fresh_segment_rate(os.path.dirname(os.path.abspath(config.path)), wal.segment_size,
                                   wal.mode, config.prefault)

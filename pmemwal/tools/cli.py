@@ -12,9 +12,9 @@ import json
 import click
 
 import pmemwal
-from pmemwal.tools import _extras
 from pmemwal.tools import bench as _bench
 from pmemwal.tools import powerloss as _powerloss
+from pmemwal.tools import progress as _progress
 from pmemwal.tools import torture as _torture
 
 
@@ -91,7 +91,7 @@ def probe(path: str, as_json: bool) -> None:
               help="Flush after each record, after every K (group:K), or only at the end.")
 @click.option("--segment-size", type=SIZE, default=None,
               help="Segment file size, a power of two from 1m to 1g [default: 16m].")
-@click.option("--insert-slots", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--insert-slots", type=click.IntRange(1, 256), default=8, show_default=True,
               help="Concurrent insertions in progress.")
 @click.option("--prefault/--no-prefault", default=True, show_default=True,
               help="Map segments pre-faulted and prepare them ahead of the appenders.")
@@ -110,14 +110,18 @@ def probe(path: str, as_json: bool) -> None:
                    "each quarter of --keep.")
 @click.option("--progress", "progress_interval", type=click.FloatRange(min=0), default=1.0,
               show_default=True, help="Seconds between progress lines on stderr (0: none).")
+@click.option("--keep-wal", is_flag=True,
+              help="Leave the WAL at PATH after the run (by default it is removed, on Ctrl-C too).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_library_errors
 def bench(path: str, mode: str, clients: int, size: int, duration: float, flush: str,
           segment_size: int | None, insert_slots: int, prefault: bool, persist: str,
-          keep: int | None, checkpoint: float, progress_interval: float, as_json: bool) -> None:
+          keep: int | None, checkpoint: float, progress_interval: float, keep_wal: bool,
+          as_json: bool) -> None:
     """Append records to a fresh WAL at PATH for a while and report throughput and latency.
 
-    PATH is a benchmark directory: a WAL already there is deleted first.
+    PATH is a benchmark directory: a WAL already there is deleted first, and the run's WAL
+    is removed after it unless --keep-wal.
 
     Example: pmemwal bench /dev/shm/pmemwal-bench --mode direct --size 8k --flush group:16
     """
@@ -125,7 +129,7 @@ def bench(path: str, mode: str, clients: int, size: int, duration: float, flush:
                                 duration=duration, flush=flush, segment_size=segment_size,
                                 insert_slots=insert_slots, prefault=prefault, persist=persist,
                                 keep_bytes=keep, checkpoint=checkpoint,
-                                progress_interval=progress_interval)
+                                progress_interval=progress_interval, keep_wal=keep_wal)
     result = _bench.run(config, progress=lambda p: click.echo(p["line"], err=True))
     if as_json:
         _dump(result.as_dict())
@@ -267,12 +271,14 @@ def _merge_params(ctx, param, value):
               help="A seed's experiment: sets every option not given (docs/EXPERIMENTS.md).")
 @click.option("--full", is_flag=True,
               help="With --preset: the seed's own scale (its clients and run lengths).")
+@click.option("--quiet", is_flag=True, help="No progress on stderr (a terminal gets a bar, a "
+              "file or pipe a line every 10 s).")
 @click.pass_context
 @_library_errors
 def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int],
             sizes: list[int], duration: float, runs: int, params: dict, flush: str,
             baseline: str | None, db: str, plot_path: str | None, markdown: bool,
-            columns: list[str], preset: str | None, full: bool) -> None:
+            columns: list[str], preset: str | None, full: bool, quiet: bool) -> None:
     """Run targets x params x clients x sizes, RUNS times each, and print tables of the results.
 
     PATH is a base directory: each run uses a fresh subdirectory of it.
@@ -282,10 +288,6 @@ def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int
 
     Example: pmemwal compare /dev/shm/cmp --preset insert-slots --plot slots.png
     """
-    import sys
-
-    tqdm = _extras.require("tqdm", "bench", "pmemwal compare").tqdm
-
     options = dict(targets=targets, clients=clients, sizes=sizes, duration=duration, runs=runs,
                    flush=flush, params=params, baseline=baseline, columns=columns or [])
     if full and not preset:
@@ -300,8 +302,11 @@ def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int
         click.echo(warning, err=True)
     for name, reason in plan.skipped.items():
         click.echo(f"skipped {name}: {reason}")
+    seconds = plan.total_runs * (config.duration + _RUN_OVERHEAD_S)
+    click.echo(f"{plan.total_runs} runs of {config.duration:g} s each planned: about "
+               f"{_progress.clock(seconds)} (longer with peers that start a server)")
     click.echo()
-    with tqdm(total=plan.total_runs, file=sys.stderr, unit="run", desc="compare") as bar:
+    with _progress.progress(plan.total_runs, "run", "compare", "pmemwal compare", quiet) as bar:
         def progress(p: dict) -> None:
             bar.set_postfix_str(f"{p['label']} x{p['clients']} {_harness.size_text(p['size'])}: "
                                 f"{p['records_per_s']:.0f} rec/s")
@@ -313,6 +318,49 @@ def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int
     if plot_path:
         _harness.plot(summary, plot_path)
         click.echo(f"chart: {plot_path}")
+
+
+_RUN_OVERHEAD_S = 0.45  # a pmemwal target's run beyond its duration: WAL, warm-up, clean-up
+
+
+@main.command()
+@click.argument("db", type=click.Path(exists=True, dir_okay=False))
+@click.option("--group", "groups", multiple=True,
+              help="A run group to report (repeatable: several are joined into one set of "
+                   "tables) [default: the latest].")
+@click.option("--list", "list_groups", is_flag=True, help="List the run groups in DB and stop.")
+@click.option("--baseline", default=None,
+              help="Series (or target) the ratio tables divide by [default: as stored].")
+@click.option("--markdown", is_flag=True, help="Print the tables as markdown.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write every point as a CSV row here.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw the results as a PNG chart here.")
+@_library_errors
+def report(db: str, groups: tuple[str, ...], list_groups: bool, baseline: str | None,
+           markdown: bool, csv_path: str | None, plot_path: str | None) -> None:
+    """Print the tables, ratios, counters and chart of runs stored by `pmemwal compare`.
+
+    Several --group options join their run groups: a series found in more than one is
+    named with its group (e.g. two runs of one target under different environments).
+
+    Example: pmemwal report results.db --group 20261204T152839-8cd30b --group
+    20261204T153126-d1086b --baseline buffered --csv joined.csv --plot joined.png
+    """
+    if list_groups:
+        for g in _harness.list_groups(db):
+            preset = f", preset {g['preset']}" if g["preset"] else ""
+            click.echo(f"{g['group']}  {g['timestamp']}  {g['runs']} runs  {g['targets']}{preset}")
+        return
+    summaries = [_harness.summarize(db, group) for group in (groups or [None])]
+    for summary in summaries:
+        click.echo(_harness.environment_text(summary.environment, summary.group) + "\n")
+    summary = _harness.join(summaries)
+    click.echo(summary.report(markdown=markdown, baseline=baseline))
+    if csv_path:
+        click.echo(f"\ncsv: {_harness.write_csv(summary, csv_path)}")
+    if plot_path:
+        click.echo(f"chart: {_harness.plot(summary, plot_path)}")
 
 
 def _with_preset(ctx: click.Context, preset: _presets.Preset, full: bool, path: str,
@@ -374,10 +422,13 @@ def _with_preset(ctx: click.Context, preset: _presets.Preset, full: bool, path: 
               help="Seconds between truncations by a checkpointer thread beside the writers, so "
                    "kills land amid recycling (wal workload; e.g. 0.005); 0: none.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress on stderr (a terminal gets a bar, a "
+              "file or pipe a line every 10 s).")
 @_library_errors
 def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes: tuple[str, ...],
             segment_sizes: tuple[int, ...], slots: tuple[int, ...], rounds_per_dir: int,
-            max_delay: float, keep: bool, workload: str, checkpoint: float, as_json: bool) -> None:
+            max_delay: float, keep: bool, workload: str, checkpoint: float, as_json: bool,
+            quiet: bool) -> None:
     """Crash torture: a child appends and flushes from several threads, is SIGKILLed at a
     random moment, and the WAL is reopened and checked; repeated ROUNDS times.
 
@@ -391,15 +442,11 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
 
     Example: pmemwal torture --rounds 600 --modes buffered,direct,pmem --slots 1,8,256
     """
-    import sys
-
-    tqdm = _extras.require("tqdm", "bench", "pmemwal torture").tqdm
-
     config = _torture.TortureConfig(path=path, rounds=rounds, threads=threads, seed=seed,
                                     modes=modes, segment_sizes=segment_sizes, slots=slots,
                                     rounds_per_dir=rounds_per_dir, delay_ms=(5.0, max_delay),
                                     keep=keep, workload=workload, checkpoint=checkpoint)
-    with tqdm(total=rounds, file=sys.stderr, unit="round", desc="torture") as bar:
+    with _progress.progress(rounds, "round", "torture", "pmemwal torture", quiet) as bar:
         def progress(report: _torture.TortureReport, result: _torture.RoundResult) -> None:
             bar.set_postfix_str(f"{result.setup.key} acked {report.acknowledged} "
                                 f"lost {report.lost} garbage {report.garbage}")
@@ -427,9 +474,11 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
               show_default=True, help="wal: records appended and flushed; log: a pmemwal.Log's "
               "entries appended and synced, rewinds, compactions, resets, states.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
+@click.option("--quiet", is_flag=True, help="No progress on stderr (a terminal gets a bar, a "
+              "file or pipe a line every 10 s).")
 @_library_errors
 def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: str | None,
-              workload: str, as_json: bool) -> None:
+              workload: str, as_json: bool, quiet: bool) -> None:
     """Simulated power loss: crash a live WAL IMAGES times per setup, keeping only what
     was persisted (and a random part of the rest), and check each recovery.
 
@@ -440,14 +489,11 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
 
     Example: pmemwal powerloss --images 5000 --setups pmem,pmem-threads,msync,buffered
     """
-    import sys
-
-    tqdm = _extras.require("tqdm", "bench", "pmemwal powerloss").tqdm
-
     reports = []
     # the log workload compacts from its own workers: no checkpointer setup for it
     setups = tuple(s for s in setups if workload == "wal" or not _powerloss.SETUPS[s][2])
-    with tqdm(total=images * len(setups), file=sys.stderr, unit="image", desc="powerloss") as bar:
+    with _progress.progress(images * len(setups), "image", "powerloss", "pmemwal powerloss",
+                            quiet) as bar:
         for setup in setups:
             mode, threads, checkpointer = _powerloss.SETUPS[setup]
             bar.set_postfix_str(setup)

@@ -272,7 +272,19 @@ class Point:
 
 
 def series_label(target: str, params: dict) -> str:
-    return " ".join([target] + [f"{k}={_value_text(v)}" for k, v in sorted(params.items())])
+    """``direct insert_slots=64 segment_size=64m``: sizes as they are written."""
+    return " ".join([target] + [f"{k}={_param_text(k, v)}" for k, v in sorted(params.items())])
+
+
+# params that are sizes in bytes: labels print them as the CLI takes them (64m)
+_SIZE_PARAMS = ("segment_size", "keep_bytes", "buffer_size", "max_wal_size", "preallocate",
+                "max_record_size", "gil_release_size")
+
+
+def _param_text(name: str, value: object) -> str:
+    if name in _SIZE_PARAMS and isinstance(value, int) and not isinstance(value, bool) and value:
+        return size_text(value)
+    return _value_text(value)
 
 
 @dataclass
@@ -319,12 +331,30 @@ def prepare(config: CompareConfig) -> Plan:
         for params in (_grid_for(target, config.params) if name in PMEMWAL_TARGETS else [{}]):
             key = tuple(sorted(params.items()))
             points += [Point(name, key, c, s) for c in config.clients for s in config.sizes]
+    labels = list(dict.fromkeys(p.label for p in points))
+    if config.baseline and config.baseline.split()[0].lower() not in skipped:
+        pick_baseline(config.baseline, labels, "this comparison")  # before any run
     os.makedirs(config.path, exist_ok=True)
     group = (datetime.datetime.now().strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3))
     environment = collect_environment(config.path)
     environment["config"] = dataclasses.asdict(config)
     return Plan(group=group, points=points, skipped=skipped, versions=versions,
                 environment=environment, runs=config.runs)
+
+
+def pick_baseline(baseline: str, series: list[str], where: str) -> str:
+    """The series ``baseline`` names: a whole label (``direct insert_slots=8``), or a
+    target alone for its first series; a label that matches none is an error naming the
+    valid ones, never a quiet fall-back to another series."""
+    wanted = " ".join(baseline.split())
+    if wanted in series:
+        return wanted
+    if len(wanted.split()) == 1:
+        for label in series:  # a target alone: its first series (of the first group joined)
+            if label.split()[0].split("@")[0] == wanted.lower():
+                return label
+    raise ConfigError(f"baseline {baseline!r}: no such series in {where} (valid: "
+                      f"{', '.join(series)})")
 
 
 def _grid_for(target, params: dict[str, list]) -> list[dict]:
@@ -662,6 +692,7 @@ class PointSummary:
     stddev: float  # of all runs; 0 for one run
     mb_per_s: float  # trimmed mean
     counters: dict = field(default_factory=dict)  # COUNTERS per second of the run, trimmed means
+    group: str = ""  # the run group it comes from
 
     @property
     def label(self) -> str:
@@ -774,13 +805,7 @@ class Summary:
             raise ConfigError("no results to compare")
         if baseline is None:
             return series[0]
-        if baseline in series:
-            return baseline
-        for label in series:
-            if label.split()[0] == baseline.split()[0].lower():
-                return label
-        raise ConfigError(f"baseline {baseline!r}: no results for it in run group {self.group} "
-                          f"(series: {', '.join(series)})")
+        return pick_baseline(baseline, series, f"run group {self.group}")
 
     def ratio_tables(self, baseline: str | None = None) -> list[Table]:
         """Per series other than the baseline: its records/s divided by the baseline's."""
@@ -913,8 +938,64 @@ def summarize(db: str | sqlite3.Connection, group: str | None = None) -> Summary
             target=target, params=json.loads(params), clients=clients, size=size,
             runs=len(rates), records_per_s=trimmed_mean(rates), min=min(rates), max=max(rates),
             stddev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
-            mb_per_s=trimmed_mean(v[1] for v in values), counters=counters))
+            mb_per_s=trimmed_mean(v[1] for v in values), counters=counters, group=group))
     return Summary(group=group, environment=environment, points=points, machine=machine)
+
+
+def list_groups(db: str) -> list[dict]:
+    """The run groups in ``db``, oldest first: group, timestamp, preset, targets, runs."""
+    conn = open_db(db)
+    try:
+        rows = conn.execute(
+            "SELECT e.run_group, e.timestamp, e.config, count(r.id), "
+            "group_concat(DISTINCT r.target) FROM environment e LEFT JOIN runs r "
+            "USING (run_group) GROUP BY e.run_group ORDER BY e.timestamp, e.rowid").fetchall()
+    finally:
+        conn.close()
+    return [{"group": group, "timestamp": timestamp, "runs": runs,
+             "preset": _json_object(config).get("preset"), "targets": targets or ""}
+            for group, timestamp, config, runs, targets in rows]
+
+
+def join(summaries: list[Summary]) -> Summary:
+    """Several run groups as one: a series that is in more than one of them is named
+    with its group (``direct@20261204T152839-8cd30b``), so that e.g. two runs made
+    under different environments sit side by side; the first group's environment and
+    settings lead, the columns of all are kept."""
+    if len(summaries) == 1:
+        return summaries[0]
+    counts: dict[str, int] = {}
+    for summary in summaries:
+        for label in summary.series():
+            counts[label] = counts.get(label, 0) + 1
+    points, machine, columns = [], [], []
+    for summary in summaries:
+        for p in summary.points:
+            points.append(dataclasses.replace(p, target=f"{p.target}@{summary.group}")
+                          if counts[p.label] > 1 else p)
+        machine += summary.machine
+        columns += [c for c in summary.columns() if c not in columns]
+    first = summaries[0].environment
+    environment = {**first, "config": {**(first.get("config") or {}), "columns": columns}}
+    return Summary(group=" + ".join(s.group for s in summaries), environment=environment,
+                   points=points, machine=machine)
+
+
+def write_csv(summary: Summary, path: str) -> str:
+    """Every point of ``summary`` as a CSV row: its series and grid position, records/s
+    (trimmed mean, lowest, highest, stddev), MB/s, and each counter per second."""
+    import csv
+    counters = [c for c in COUNTERS if any(c in p.counters for p in summary.points)]
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["run_group", "series", "target", "params", "clients", "size", "runs",
+                      "records_per_s", "min", "max", "stddev", "mb_per_s"]
+                     + [column_title(c).replace(" ", "_") for c in counters])
+        for p in summary.points:
+            out.writerow([p.group, p.label, p.target, json.dumps(p.params, sort_keys=True),
+                          p.clients, p.size, p.runs, p.records_per_s, p.min, p.max, p.stddev,
+                          p.mb_per_s] + [p.counters.get(c, "") for c in counters])
+    return path
 
 
 def _json_object(text: str | None) -> dict:

@@ -41,7 +41,7 @@ class _PmemwalTarget:
 
     name = mode = "auto"
     _FIXED = ("path", "mode", "clients", "size", "duration", "flush", "fresh",
-              "progress_interval")
+              "progress_interval", "keep_wal")
     _OTHER_MODES = ()  # params of another mode only: a grid varies them for that mode alone
 
     @property
