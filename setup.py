@@ -30,6 +30,9 @@ setup(
             include_dirs=["native"],
             extra_compile_args=compile_args,
             extra_link_args=link_args,
+            # recorded with every comparison (pmemwal.tools.harness), so A/B runs say
+            # what each side was built with
+            define_macros=[("PMEMWAL_BUILD_FLAGS", '"' + " ".join(compile_args) + '"')],
         )
     ],
 )

@@ -928,6 +928,10 @@ PyMODINIT_FUNC PyInit__core(void)
     PyModule_AddIntConstant(m, "PERSIST_FSYNC", WAL_PERSIST_FSYNC);
     PyModule_AddIntConstant(m, "PERSIST_DSYNC", WAL_PERSIST_DSYNC);
     PyModule_AddStringConstant(m, "CRC32C_IMPL", crc32c_impl());
+#ifndef PMEMWAL_BUILD_FLAGS
+#define PMEMWAL_BUILD_FLAGS "unknown"
+#endif
+    PyModule_AddStringConstant(m, "BUILD_FLAGS", PMEMWAL_BUILD_FLAGS); /* setup.py's cflags */
     PyModule_AddObject(m, "STREAM_MIN", PyLong_FromUnsignedLongLong(WAL_NT_MIN));
     PyModule_AddObject(m, "STREAM_NEVER", PyLong_FromUnsignedLongLong(WAL_NT_NEVER));
     return m;

@@ -252,6 +252,19 @@ def test_no_prefault(shm_dir: Path) -> None:
     assert re.search(r"^  segments_prefaulted: +0$", result.stdout, re.M)
 
 
+def test_cold_starts_on_a_fresh_wal_and_makes_its_segments(shm_dir: Path) -> None:
+    """--cold: no warm-up, so the run itself creates the segments it reaches (with
+    --no-prefault, their pages are first touched by the appends); warm runs create none."""
+    args = ["bench", shm_dir / "wal", "--mode", "direct", "--size", "64k", "--segment-size",
+            "1m", "--keep", "4m", "--duration", "0.3", "--json", "--progress", "0"]
+    cold = json.loads(invoke(*args, "--cold", "--no-prefault").stdout)
+    warm = json.loads(invoke(*args).stdout)
+    assert cold["config"]["cold"] and cold["segments_after_warm_up"]["created"] > 0
+    assert warm["segments_after_warm_up"]["created"] == 0
+    text = invoke("bench", shm_dir / "wal", "--cold", "--duration", "0.1", "--progress", "0")
+    assert re.search(r"^warm-up: +none \(cold", text.stdout, re.M)
+
+
 def test_a_checkpointer_thread_truncates_instead_of_the_clients(shm_dir: Path) -> None:
     wal = shm_dir / "wal"
     result = invoke("bench", wal, "--mode", "direct", "--size", "64k", "--segment-size", "1m",

@@ -330,6 +330,53 @@ def test_a_baseline_that_names_no_series_fails_before_any_run(targets, shm_dir: 
     assert "compare:" not in result.stderr        # --quiet
 
 
+def _in_git_checkout() -> bool:
+    done = subprocess.run(["git", "-C", str(Path(harness.__file__).parents[2]), "rev-parse",
+                           "HEAD"], capture_output=True)
+    return done.returncode == 0
+
+
+@pytest.mark.skipif(not _in_git_checkout(), reason="pmemwal is not run from a git checkout")
+def test_against_a_revision_runs_both_builds_interleaved(targets, shm_dir: Path, tmp_path,
+                                                          monkeypatch) -> None:
+    """A/B: the revision is exported and built once (cached by commit), its bench runs
+    beside this build's in each round, and the ratios read this build / REV; every run
+    group records the build it ran (commit, uncommitted changes, cflags, CRC path)."""
+    monkeypatch.setenv("PMEMWAL_BUILD_CACHE", str(tmp_path / "builds"))
+    db = shm_dir / "r.db"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "direct", "--against", "HEAD",
+                    "--clients", "1", "--sizes", "64", "--duration", "0.1", "--runs", "2",
+                    "--db", db)
+    assert result.exit_code == 0, result.output + result.stderr
+    commit = subprocess.run(["git", "-C", str(Path(harness.__file__).parents[2]), "rev-parse",
+                             "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert f"against:       HEAD = {commit[:7]} (the @ series)" in result.output
+    assert "direct: ratio to direct@HEAD" in result.output
+    assert (tmp_path / "builds" / commit / ".pmemwal-built").exists()
+    conn = sqlite3.connect(db)
+    rows = conn.execute("SELECT target, extra FROM runs ORDER BY id").fetchall()
+    assert [t for t, _ in rows] == ["direct@HEAD", "direct"] * 2        # interleaved
+    assert json.loads(rows[0][1])["commit"] == commit and json.loads(rows[0][1])["stats"]
+    build = json.loads(conn.execute("SELECT build FROM environment").fetchone()[0])
+    assert build["commit"] == commit and isinstance(build["dirty"], bool)
+    assert build["cflags"].startswith("-O") and build["crc32c_path"]
+    bad = invoke("compare", shm_dir / "cmp", "--targets", "direct", "--against", "no-such-rev",
+                 "--db", db)
+    assert bad.exit_code == 1 and "--against 'no-such-rev': not a revision" in bad.stderr
+
+
+def test_a_database_from_before_builds_were_recorded_is_upgraded(tmp_path: Path) -> None:
+    db = str(tmp_path / "old.db")
+    harness.open_db(db).close()
+    conn = sqlite3.connect(db)
+    conn.execute("ALTER TABLE environment DROP COLUMN build")
+    conn.commit()
+    conn.close()
+    harness.open_db(db).close()
+    columns = [row[1] for row in sqlite3.connect(db).execute("PRAGMA table_info(environment)")]
+    assert columns[-1] == "build"
+
+
 def test_unknown_param_fails_before_any_run(targets, shm_dir: Path) -> None:
     result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--duration", "30",
                     "--param", "no_such_knob=1,2", "--db", shm_dir / "r.db")

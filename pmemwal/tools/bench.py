@@ -134,6 +134,7 @@ class BenchConfig:
     insert_slots: int = 8
     prefault: bool = True  # segments mapped pre-faulted and prepared ahead (WAL option)
     persist: str = "auto"  # direct mode's persistence: "auto", "pmem" or "msync" (WAL option)
+    cold: bool = False  # no warm-up: the run starts on a fresh WAL, its segments new
     keep_bytes: int | None = DEFAULT_KEEP  # WAL kept behind the flushed LSN, truncated
                                            # every truncate_step appended; None: all
     checkpoint: float = 0.0  # s between truncations by a checkpointer thread; 0: by the clients
@@ -329,6 +330,8 @@ class BenchResult:
             ("segment size", _size_text(self.segment_size)),
             ("insert slots", c.insert_slots),
             ("prefault", "yes" if c.prefault else "no"),
+            ("warm-up", "none (cold: a fresh WAL, its segments made as it goes)" if c.cold
+             else "the WAL filled once and truncated: the run starts on recycled segments"),
             ("keep", keep),
         ]
         if self.probe:
@@ -389,7 +392,7 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
                            prefault=config.prefault, persist=config.persist)
         try:
             probe = wal.probe or pmemwal.probe(wal.path)
-            baseline = _warm_up(wal, config.keep_bytes, recycle)
+            baseline = wal.stats() if config.cold else _warm_up(wal, config.keep_bytes, recycle)
             result = _Run(config, wal, progress, baseline).measure(probe)
         finally:
             wal.close()

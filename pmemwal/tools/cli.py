@@ -110,14 +110,17 @@ def probe(path: str, as_json: bool) -> None:
                    "each quarter of --keep.")
 @click.option("--progress", "progress_interval", type=click.FloatRange(min=0), default=1.0,
               show_default=True, help="Seconds between progress lines on stderr (0: none).")
+@click.option("--cold", is_flag=True,
+              help="No warm-up: start on a fresh WAL, so appends reach new segments (with "
+                   "--no-prefault, their first-touch page faults too).")
 @click.option("--keep-wal", is_flag=True,
               help="Leave the WAL at PATH after the run (by default it is removed, on Ctrl-C too).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_library_errors
 def bench(path: str, mode: str, clients: int, size: int, duration: float, flush: str,
           segment_size: int | None, insert_slots: int, prefault: bool, persist: str,
-          keep: int | None, checkpoint: float, progress_interval: float, keep_wal: bool,
-          as_json: bool) -> None:
+          keep: int | None, checkpoint: float, progress_interval: float, cold: bool,
+          keep_wal: bool, as_json: bool) -> None:
     """Append records to a fresh WAL at PATH for a while and report throughput and latency.
 
     PATH is a benchmark directory: a WAL already there is deleted first, and the run's WAL
@@ -129,7 +132,8 @@ def bench(path: str, mode: str, clients: int, size: int, duration: float, flush:
                                 duration=duration, flush=flush, segment_size=segment_size,
                                 insert_slots=insert_slots, prefault=prefault, persist=persist,
                                 keep_bytes=keep, checkpoint=checkpoint,
-                                progress_interval=progress_interval, keep_wal=keep_wal)
+                                progress_interval=progress_interval, cold=cold,
+                                keep_wal=keep_wal)
     result = _bench.run(config, progress=lambda p: click.echo(p["line"], err=True))
     if as_json:
         _dump(result.as_dict())
@@ -271,6 +275,10 @@ def _merge_params(ctx, param, value):
               help="A seed's experiment: sets every option not given (docs/EXPERIMENTS.md).")
 @click.option("--full", is_flag=True,
               help="With --preset: the seed's own scale (its clients and run lengths).")
+@click.option("--against", metavar="REV", default=None,
+              help="A/B: also run the buffered/direct targets as built at git revision REV "
+                   "(built once, cached by commit), interleaved, as the baseline: ratios read "
+                   "this build / REV.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr (a terminal gets a bar, a "
               "file or pipe a line every 10 s).")
 @click.pass_context
@@ -278,7 +286,8 @@ def _merge_params(ctx, param, value):
 def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int],
             sizes: list[int], duration: float, runs: int, params: dict, flush: str,
             baseline: str | None, db: str, plot_path: str | None, markdown: bool,
-            columns: list[str], preset: str | None, full: bool, quiet: bool) -> None:
+            columns: list[str], preset: str | None, full: bool, against: str | None,
+            quiet: bool) -> None:
     """Run targets x params x clients x sizes, RUNS times each, and print tables of the results.
 
     PATH is a base directory: each run uses a fresh subdirectory of it.
@@ -287,6 +296,8 @@ def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int
     --sizes 8k,64k,1m --param insert_slots=8,64 --db results.db --plot chart.png
 
     Example: pmemwal compare /dev/shm/cmp --preset insert-slots --plot slots.png
+
+    Example: pmemwal compare /dev/shm/cmp --targets direct --against HEAD~3 --sizes 64,8k
     """
     options = dict(targets=targets, clients=clients, sizes=sizes, duration=duration, runs=runs,
                    flush=flush, params=params, baseline=baseline, columns=columns or [])
@@ -294,7 +305,9 @@ def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int
         raise click.UsageError("--full needs --preset")
     if preset:
         options = _with_preset(ctx, _presets.get_preset(preset), full, path, options)
-    config = _harness.CompareConfig(path=path, db=db, plot=plot_path, **options)
+    config = _harness.CompareConfig(path=path, db=db, plot=plot_path, against=against, **options)
+    if against:
+        click.echo(f"building pmemwal at {against} (once per commit; cached)", err=True)
     plan = _harness.prepare(config)
     click.echo(_harness.environment_text(plan.environment, plan.group))
     warning = _harness.governor_warning(plan.environment)

@@ -71,6 +71,7 @@ from pmemwal.tools._extras import require
 from pmemwal.tools.bench import parse_flush, parse_size
 
 PMEMWAL_TARGETS = ("auto", "buffered", "direct")  # the targets that take the params grid
+_AB_MODES = ("buffered", "direct")  # the targets --against runs at the other revision too
 # The WAL's counters (pmemwal.WAL.stats), which the pmemwal targets store per run in
 # extra["stats"] and ``--columns`` tables and draws per second of the run: a ``_ns``
 # counter as milliseconds of it per second (summed over clients: 2 clients each waiting
@@ -219,6 +220,7 @@ class CompareConfig:
     db: str = DEFAULT_DB  # SQLite file the runs are appended to
     plot: str | None = None  # PNG path, or None
     columns: list[str] = field(default_factory=list)  # counters tabled and drawn (COUNTERS)
+    against: str | None = None  # a git revision: its build runs beside this one (MODE@REV)
     preset: str | None = None  # the preset this grid came from (pmemwal.tools.presets), if any
 
     def __post_init__(self) -> None:
@@ -246,9 +248,12 @@ class CompareConfig:
             raise ConfigError(f"runs={self.runs!r}: 1 or more")
         if not self.duration > 0:
             raise ConfigError(f"duration={self.duration!r}: more than 0 seconds")
-        if self.baseline is None:
-            self.baseline = self.targets[0]
-        elif not self.baseline.split() or self.baseline.split()[0].lower() not in self.targets:
+        if self.baseline is None:  # A/B: the other build is the baseline ("master")
+            first = self.targets[0]
+            self.baseline = f"{first}@{self.against}" if self.against and first in _AB_MODES \
+                else first
+        elif not self.baseline.split() or \
+                self.baseline.split()[0].split("@")[0].lower() not in self.targets:
             raise ConfigError(f"baseline={self.baseline!r}: not among the targets "
                               f"({', '.join(self.targets)})")
         if self.plot is not None and not os.path.isdir(os.path.dirname(os.path.abspath(self.plot))):
@@ -297,6 +302,7 @@ class Plan:
     versions: dict[str, str]  # target -> its version
     environment: dict
     runs: int
+    builds: dict = field(default_factory=dict)  # MODE@REV -> its target (other_build)
 
     @property
     def total_runs(self) -> int:
@@ -315,7 +321,12 @@ def prepare(config: CompareConfig) -> Plan:
     open_db(config.db).close()
     targets = targets_module()
     points, skipped, versions = [], {}, {}
+    builds = _other_builds(config)
     for name in config.targets:
+        if f"{name}@{config.against}" in builds:  # A/B: the other build's points first
+            other = builds[f"{name}@{config.against}"]
+            versions[other.name] = other.version()
+            points += _points(other, config)
         target = targets.get_target(name)
         reason = target.available()
         if reason:
@@ -328,9 +339,7 @@ def prepare(config: CompareConfig) -> Plan:
             if unknown:
                 raise ConfigError(f"param {unknown[0]!r}: {name} has no such option "
                                   f"(valid: {', '.join(sorted(known)) or 'none'})")
-        for params in (_grid_for(target, config.params) if name in PMEMWAL_TARGETS else [{}]):
-            key = tuple(sorted(params.items()))
-            points += [Point(name, key, c, s) for c in config.clients for s in config.sizes]
+        points += _points(target, config, name in PMEMWAL_TARGETS)
     labels = list(dict.fromkeys(p.label for p in points))
     if config.baseline and config.baseline.split()[0].lower() not in skipped:
         pick_baseline(config.baseline, labels, "this comparison")  # before any run
@@ -338,8 +347,31 @@ def prepare(config: CompareConfig) -> Plan:
     group = (datetime.datetime.now().strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3))
     environment = collect_environment(config.path)
     environment["config"] = dataclasses.asdict(config)
+    if builds:
+        commit = next(iter(builds.values())).commit
+        environment["against"] = {"rev": config.against, "commit": commit}
     return Plan(group=group, points=points, skipped=skipped, versions=versions,
-                environment=environment, runs=config.runs)
+                environment=environment, runs=config.runs, builds=builds)
+
+
+def _points(target, config: CompareConfig, takes_params: bool = True) -> list[Point]:
+    """``target``'s points: its params grid (peers: none) x clients x sizes."""
+    points = []
+    for params in (_grid_for(target, config.params) if takes_params else [{}]):
+        key = tuple(sorted(params.items()))
+        points += [Point(target.name, key, c, s) for c in config.clients for s in config.sizes]
+    return points
+
+
+def _other_builds(config: CompareConfig) -> dict:
+    """For ``against``: MODE@REV targets of the buffered/direct targets, REV built (cached)."""
+    if not config.against:
+        return {}
+    from pmemwal.tools.targets import other_build
+    commit = other_build.resolve(config.against)
+    tree = other_build.build(commit)
+    return {f"{m}@{config.against}": other_build.OtherBuildTarget(m, config.against, commit, tree)
+            for m in config.targets if m in _AB_MODES}
 
 
 def pick_baseline(baseline: str, series: list[str], where: str) -> str:
@@ -349,10 +381,12 @@ def pick_baseline(baseline: str, series: list[str], where: str) -> str:
     wanted = " ".join(baseline.split())
     if wanted in series:
         return wanted
-    if len(wanted.split()) == 1:
-        for label in series:  # a target alone: its first series (of the first group joined)
-            if label.split()[0].split("@")[0] == wanted.lower():
-                return label
+    if len(wanted.split()) == 1:  # a target alone: its first series (of the first group joined)
+        for name in (lambda label: label.split()[0],
+                     lambda label: label.split()[0].split("@")[0].lower()):
+            for label in series:
+                if name(label) in (wanted, wanted.lower()):
+                    return label
     raise ConfigError(f"baseline {baseline!r}: no such series in {where} (valid: "
                       f"{', '.join(series)})")
 
@@ -388,7 +422,33 @@ def collect_environment(path: str) -> dict:
         "env": {k: v for k, v in sorted(os.environ.items())
                 if k.startswith(("PMEM_", "PMEMWAL_"))},
         "machine": machine_state(),  # shown before the runs; each run stores its own
+        "build": build_info(),
     }
+
+
+def build_info(package_dir: str | None = None) -> dict:
+    """Which pmemwal ran: its version, the git commit of its source tree and whether that
+    had uncommitted changes (None outside a git checkout), the C core's compiler flags and
+    its CRC32C + copy path; so that two builds compared (A/B) say what each side was."""
+    import subprocess
+
+    from pmemwal import _core
+
+    root = os.path.dirname(package_dir or os.path.dirname(os.path.abspath(pmemwal.__file__)))
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                                  timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"pmemwal": pmemwal.__version__, "commit": commit,
+            "dirty": None if status is None else bool(status), "source": root,
+            "cflags": getattr(_core, "BUILD_FLAGS", None), "crc32c_path": _core.CRC32C_IMPL}
 
 
 def cpu_model() -> str:
@@ -493,12 +553,24 @@ def environment_text(environment: dict, group: str | None = None) -> str:
         ("kernel", env.get("kernel")),
         ("versions", f"python {env.get('python')}, numpy {env.get('numpy')}, "
                      f"pmemwal {env.get('pmemwal')}"),
+        ("build", build_text(env.get("build"))),
+        ("against", (f"{env['against']['rev']} = {env['against']['commit'][:7]} (the @ series)"
+                     if env.get("against") else "-")),
         ("path", where + fs),
         ("probe verdict", verdict),
         ("environment", " ".join(f"{k}={v}" for k, v in (env.get("env") or {}).items()) or "-"),
     ]
     width = max(len(k) for k, _ in lines) + 1
     return "\n".join(f"{k + ':':<{width}} {v}" for k, v in lines)
+
+
+def build_text(build: dict | None) -> str:
+    """``9a540f9 (uncommitted changes), -O2 ..., CRC32C avx512-vpclmulqdq``."""
+    if not build:
+        return "not recorded"
+    commit = (build["commit"][:7] + (" (uncommitted changes)" if build.get("dirty") else "")
+              if build.get("commit") else "not a git checkout")
+    return f"{commit}, cflags {build.get('cflags')}, CRC32C {build.get('crc32c_path')}"
 
 
 # ---- the database -------------------------------------------------------------------
@@ -513,7 +585,8 @@ CREATE TABLE IF NOT EXISTS environment (
     kernel TEXT, python TEXT, numpy TEXT, pmemwal TEXT,
     probe TEXT,                         -- JSON: pmemwal.probe(path).as_dict()
     env TEXT,                           -- JSON: PMEM_* and PMEMWAL_* variables
-    config TEXT                         -- JSON: the CompareConfig
+    config TEXT,                        -- JSON: the CompareConfig
+    build TEXT                          -- JSON: build_info() (commit, dirty, cflags, CRC path)
 );
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY,
@@ -539,8 +612,9 @@ _RUN_COLUMNS = ("run_group", "timestamp", "run_index", "target", "target_version
                 "clients", "size", "flush", "duration", "records", "bytes", "elapsed",
                 "records_per_s", "mb_per_s", "latency", "extra")
 _ENV_COLUMNS = ("run_group", "timestamp", "hostname", "cpu_model", "nproc", "governor",
-                "energy_perf", "kernel", "python", "numpy", "pmemwal", "probe", "env", "config")
-_JSON_COLUMNS = ("probe", "env", "config")
+                "energy_perf", "kernel", "python", "numpy", "pmemwal", "probe", "env", "config",
+                "build")
+_JSON_COLUMNS = ("probe", "env", "config", "build")
 
 
 def open_db(path: str) -> sqlite3.Connection:
@@ -552,6 +626,10 @@ def open_db(path: str) -> sqlite3.Connection:
         missing = set(_RUN_COLUMNS) - have if have else set()
         if not missing:
             db.executescript(_SCHEMA)
+            env_have = {row[1] for row in db.execute("PRAGMA table_info(environment)")}
+            if "build" not in env_have:  # a database from before builds were recorded
+                db.execute("ALTER TABLE environment ADD COLUMN build TEXT")
+                db.commit()
     except sqlite3.Error as error:
         if db is not None:
             db.close()
@@ -613,7 +691,8 @@ def run_compare(config: CompareConfig, progress: Progress | None = None,
         order = plan.order()
         for done, (run_index, point) in enumerate(order, 1):
             start = machine_state()
-            result = _run_one(targets, config, base, done, run_index, point)
+            result = _run_one(plan.builds.get(point.target) or targets.get_target(point.target),
+                              targets, config, base, done, run_index, point)
             result.extra = {**result.extra, "machine": {"start": start, "end": machine_state()}}
             params = dict(point.params)
             row = {
@@ -641,15 +720,16 @@ def run_compare(config: CompareConfig, progress: Progress | None = None,
     return CompareResult(group=plan.group, db=config.db, plan=plan)
 
 
-def _run_one(targets, config: CompareConfig, base: str, seq: int, run_index: int, point: Point):
-    """One run of one point in a fresh directory, removed afterwards."""
-    where = os.path.join(base, f"{seq:05d}-{point.target}")
+def _run_one(target, targets, config: CompareConfig, base: str, seq: int, run_index: int,
+             point: Point):
+    """One run of ``target`` at one point in a fresh directory, removed afterwards."""
+    where = os.path.join(base, f"{seq:05d}-{point.target.replace(os.sep, '_')}")
     os.makedirs(where)
     workload = targets.Workload(path=where, clients=point.clients, size=point.size,
                                 duration=config.duration, flush=config.flush,
                                 params=dict(point.params))
     try:
-        return targets.get_target(point.target).run(workload)
+        return target.run(workload)
     except Exception as error:
         raise CompareError(f"{point.label}, clients {point.clients}, size {point.size}, "
                            f"run {run_index + 1}: {type(error).__name__}: {error}") from error
