@@ -841,6 +841,22 @@ def _weak(obj: object, method: str):
     return call
 
 
+def check_wal_options(mode: str = "auto", segment_size: int | None = None, insert_slots: int = 8,
+                      buffer_size: int = DEFAULT_BUFFER_SIZE,
+                      max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
+                      sync_method: str = "fdatasync", on_corruption: str = "raise",
+                      recycle_segments: int = 2, flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+                      prepare_segments: int = 2,
+                      gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
+                      max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
+                      persist: str = "auto") -> None:
+    """ConfigError for an option pmemwal.open would refuse, checked before opening
+    anything (benchmarks check a grid's options before its first run)."""
+    _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size, sync_method,
+                   on_corruption, recycle_segments, flush_interval, prepare_segments,
+                   gil_release_size, max_wal_size, preallocate, persist)
+
+
 def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffer_size: int,
                    max_record_size: int, sync_method: str, on_corruption: str,
                    recycle_segments: int, flush_interval: float, prepare_segments: int,

@@ -377,6 +377,37 @@ def test_a_database_from_before_builds_were_recorded_is_upgraded(tmp_path: Path)
     assert columns[-1] == "build"
 
 
+def test_every_open_option_and_the_flush_policy_are_grid_dimensions(targets, shm_dir: Path):
+    """buffer_size (buffered mode's alone: direct runs once) and a list of flush policies,
+    which every target runs, each series labelled with what it ran."""
+    db = shm_dir / "r.db"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "buffered,direct", "--clients", "1",
+                    "--sizes", "64", "--duration", "0.1", "--runs", "1", "--flush", "each,end",
+                    "--param", "buffer_size=128k,16m", "--param", "flush_interval=0.01",
+                    "--db", db)
+    assert result.exit_code == 0, result.output + result.stderr
+    rows = sqlite3.connect(db).execute("SELECT target, params, flush FROM runs ORDER BY id")
+    runs = [(t, json.loads(p), f) for t, p, f in rows]
+    assert len(runs) == 2 * 2 + 2
+    assert ("buffered", {"buffer_size": 128 << 10, "flush": "end", "flush_interval": 0.01},
+            "end") in runs
+    assert ("direct", {"flush": "each", "flush_interval": 0.01}, "each") in runs
+    assert "buffered buffer_size=128k flush=end flush_interval=0.01: records/s" in result.output
+    bad = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--param",
+                 "sync_method=fdatasync,nvme", "--db", db)
+    assert bad.exit_code == 1
+    assert "sync_method='nvme': valid values are fdatasync, fsync, open_datasync" in bad.stderr
+
+
+def test_a_flush_grid_reaches_the_peers(fakes, shm_dir: Path) -> None:
+    config = harness.CompareConfig(shm_dir / "cmp", targets=["sqlite"], clients=[1], sizes=[64],
+                                   duration=0.1, runs=1, params={"flush": ["each", "group:4"]},
+                                   db=shm_dir / "r.db")
+    harness.run_compare(config)
+    assert [(w.flush, w.params) for w in fakes["sqlite"].workloads] == [("each", {}),
+                                                                          ("group:4", {})]
+
+
 def test_unknown_param_fails_before_any_run(targets, shm_dir: Path) -> None:
     result = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--duration", "30",
                     "--param", "no_such_knob=1,2", "--db", shm_dir / "r.db")

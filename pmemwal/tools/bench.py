@@ -66,7 +66,9 @@ from pmemwal.errors import ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
 from pmemwal.segments import LOCK_NAME, Segment, WalDirectory
 from pmemwal.tools._extras import require
-from pmemwal.wal import MODES, PERSIST
+from pmemwal.wal import check_wal_options
+from pmemwal.wal import (DEFAULT_BUFFER_SIZE, DEFAULT_FLUSH_INTERVAL, DEFAULT_GIL_RELEASE_SIZE,
+                         DEFAULT_MAX_WAL_SIZE, MODES, PERSIST)
 
 if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram
@@ -135,6 +137,15 @@ class BenchConfig:
     prefault: bool = True  # segments mapped pre-faulted and prepared ahead (WAL option)
     persist: str = "auto"  # direct mode's persistence: "auto", "pmem" or "msync" (WAL option)
     cold: bool = False  # no warm-up: the run starts on a fresh WAL, its segments new
+    # the other pmemwal.open options, passed on as they are (see pmemwal.WAL)
+    buffer_size: int = DEFAULT_BUFFER_SIZE  # buffered mode's ring
+    sync_method: str = "fdatasync"  # buffered mode's
+    background: bool = True
+    flush_interval: float = DEFAULT_FLUSH_INTERVAL
+    prepare_segments: int = 2
+    gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE
+    max_wal_size: int = DEFAULT_MAX_WAL_SIZE
+    preallocate: int = 0
     keep_bytes: int | None = DEFAULT_KEEP  # WAL kept behind the flushed LSN, truncated
                                            # every truncate_step appended; None: all
     checkpoint: float = 0.0  # s between truncations by a checkpointer thread; 0: by the clients
@@ -157,14 +168,24 @@ class BenchConfig:
         parse_flush(self.flush)
         if self.mode not in MODES:
             raise ConfigError(f"mode={self.mode!r}: valid values are {', '.join(MODES)}")
-        if self.persist not in PERSIST:
-            raise ConfigError(f"persist={self.persist!r}: valid values are {', '.join(PERSIST)}")
+        for name in ("buffer_size", "max_wal_size", "preallocate", "gil_release_size"):
+            setattr(self, name, parse_size(getattr(self, name)))
+        options = self.wal_options()
+        del options["prefault"], options["background"]  # booleans: nothing to check
+        check_wal_options(mode=self.mode, segment_size=self.segment_size,
+                          insert_slots=self.insert_slots, **options)
         if not (isinstance(self.clients, int) and self.clients >= 1):
             raise ConfigError(f"clients={self.clients!r}: 1 or more")
         if not self.duration > 0:
             raise ConfigError(f"duration={self.duration!r}: more than 0 seconds")
         if not self.progress_interval >= 0:
             raise ConfigError(f"progress_interval={self.progress_interval!r}: 0 or more seconds")
+
+    def wal_options(self) -> dict:
+        """The pmemwal.open options this config passes on as they are."""
+        return {name: getattr(self, name) for name in (
+            "prefault", "persist", "buffer_size", "sync_method", "background", "flush_interval",
+            "prepare_segments", "gil_release_size", "max_wal_size", "preallocate")}
 
     @property
     def flush_every(self) -> int:
@@ -389,7 +410,7 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     try:
         wal = pmemwal.open(config.path, mode=config.mode, segment_size=config.segment_size,
                            insert_slots=config.insert_slots, recycle_segments=recycle,
-                           prefault=config.prefault, persist=config.persist)
+                           **config.wal_options())
         try:
             probe = wal.probe or pmemwal.probe(wal.path)
             baseline = wal.stats() if config.cold else _warm_up(wal, config.keep_bytes, recycle)

@@ -259,8 +259,9 @@ def _merge_params(ctx, param, value):
 @click.option("--param", "params", type=_Parsed("param", _harness.parse_param), multiple=True,
               callback=_merge_params, metavar="NAME=V1,V2",
               help="A pmemwal option to vary (repeatable), e.g. insert_slots=8,64.")
-@click.option("--flush", type=FLUSH, default="each", show_default=True,
-              help="Flush after each record, after every K (group:K), or only at the end.")
+@click.option("--flush", type=_Parsed("flush", _harness.parse_flushes), default="each",
+              show_default=True, help="Flush after each record, after every K (group:K), or "
+              "only at the end; several (each,end) are a grid dimension of every target.")
 @click.option("--baseline", default=None,
               help="Target the ratio tables divide by [default: the first].")
 @click.option("--db", type=click.Path(dir_okay=False), default=_harness.DEFAULT_DB,
@@ -284,7 +285,7 @@ def _merge_params(ctx, param, value):
 @click.pass_context
 @_library_errors
 def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int],
-            sizes: list[int], duration: float, runs: int, params: dict, flush: str,
+            sizes: list[int], duration: float, runs: int, params: dict, flush: list[str],
             baseline: str | None, db: str, plot_path: str | None, markdown: bool,
             columns: list[str], preset: str | None, full: bool, against: str | None,
             quiet: bool) -> None:
@@ -299,8 +300,10 @@ def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int
 
     Example: pmemwal compare /dev/shm/cmp --targets direct --against HEAD~3 --sizes 64,8k
     """
+    if len(flush) > 1:
+        params = {**params, "flush": flush}
     options = dict(targets=targets, clients=clients, sizes=sizes, duration=duration, runs=runs,
-                   flush=flush, params=params, baseline=baseline, columns=columns or [])
+                   flush=flush[0], params=params, baseline=baseline, columns=columns or [])
     if full and not preset:
         raise click.UsageError("--full needs --preset")
     if preset:

@@ -142,6 +142,14 @@ def parse_targets(text: str) -> list[str]:
     return parse_list(text, one, "targets")
 
 
+def parse_flushes(text: str) -> list[str]:
+    """``"each,end"`` -> ``["each", "end"]``: flush policies, each checked."""
+    def one(part: str) -> str:
+        parse_flush(part)
+        return part.strip().lower()
+    return parse_list(text, one, "flush")
+
+
 def parse_columns(text: str) -> list[str]:
     """``"slot_wait,insert_wait"`` -> ``["slot_wait_ns", "insert_wait_ns"]`` (COUNTERS)."""
     return parse_list(text, counter_name, "columns")
@@ -233,6 +241,8 @@ class CompareConfig:
         self.params = {str(k): list(v) for k, v in self.params.items()}
         self.flush = str(self.flush).strip().lower()
         parse_flush(self.flush)
+        if "flush" in self.params:  # a grid dimension of every target, peers included
+            self.params["flush"] = [parse_flushes(str(f))[0] for f in self.params["flush"]]
         for what, values in (("targets", self.targets), ("clients", self.clients),
                              ("sizes", self.sizes)):
             if not values or len(set(values)) != len(values):
@@ -335,7 +345,8 @@ def prepare(config: CompareConfig) -> Plan:
         versions[name] = str(target.version())
         if name in PMEMWAL_TARGETS:
             known = getattr(target, "params", None)  # its knobs and their defaults
-            unknown = sorted(set(config.params) - set(known)) if known is not None else []
+            unknown = sorted(set(config.params) - set(known) - {"flush"}) if known is not None \
+                else []
             if unknown:
                 raise ConfigError(f"param {unknown[0]!r}: {name} has no such option "
                                   f"(valid: {', '.join(sorted(known)) or 'none'})")
@@ -355,9 +366,12 @@ def prepare(config: CompareConfig) -> Plan:
 
 
 def _points(target, config: CompareConfig, takes_params: bool = True) -> list[Point]:
-    """``target``'s points: its params grid (peers: none) x clients x sizes."""
+    """``target``'s points: its params grid (peers: the flush policies alone) x clients x
+    sizes."""
+    flushes = {"flush": config.params["flush"]} if "flush" in config.params else {}
+    grid = _grid_for(target, config.params) if takes_params else params_grid(flushes)
     points = []
-    for params in (_grid_for(target, config.params) if takes_params else [{}]):
+    for params in grid:
         key = tuple(sorted(params.items()))
         points += [Point(target.name, key, c, s) for c in config.clients for s in config.sizes]
     return points
@@ -396,7 +410,7 @@ def _grid_for(target, params: dict[str, list]) -> list[dict]:
     without ``applies`` takes them all), so that ``persist=pmem,msync`` beside buffered
     mode runs buffered once."""
     applies = getattr(target, "applies", lambda name: True)
-    return params_grid({k: v for k, v in params.items() if applies(k)})
+    return params_grid({k: v for k, v in params.items() if k == "flush" or applies(k)})
 
 
 # ---- the environment ----------------------------------------------------------------
@@ -699,7 +713,8 @@ def run_compare(config: CompareConfig, progress: Progress | None = None,
                 "run_group": plan.group, "timestamp": _now(), "run_index": run_index,
                 "target": point.target, "target_version": plan.versions.get(point.target),
                 "params": json.dumps(params, sort_keys=True), "clients": point.clients,
-                "size": point.size, "flush": config.flush, "duration": config.duration,
+                "size": point.size, "flush": params.get("flush", config.flush),
+                "duration": config.duration,
                 "records": int(result.records), "bytes": int(result.bytes),
                 "elapsed": float(result.elapsed), "records_per_s": float(result.records_per_s),
                 "mb_per_s": float(result.mb_per_s),
@@ -725,9 +740,10 @@ def _run_one(target, targets, config: CompareConfig, base: str, seq: int, run_in
     """One run of ``target`` at one point in a fresh directory, removed afterwards."""
     where = os.path.join(base, f"{seq:05d}-{point.target.replace(os.sep, '_')}")
     os.makedirs(where)
+    params = dict(point.params)
     workload = targets.Workload(path=where, clients=point.clients, size=point.size,
-                                duration=config.duration, flush=config.flush,
-                                params=dict(point.params))
+                                duration=config.duration, flush=params.pop("flush", config.flush),
+                                params=params)
     try:
         return target.run(workload)
     except Exception as error:
@@ -835,6 +851,8 @@ class Summary:
 
     @property
     def flush(self) -> str:
+        if "flush" in (self.config.get("params") or {}):
+            return "as each series says"
         return self.config.get("flush") or "?"
 
     def series(self) -> list[str]:

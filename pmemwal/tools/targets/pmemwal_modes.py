@@ -51,7 +51,8 @@ class _PmemwalTarget:
 
     def applies(self, param: str) -> bool:
         """Whether ``param`` changes what this target does (``persist`` is direct mode's
-        alone): the harness runs a target once per value of the params that apply to it."""
+        alone, ``buffer_size`` and ``sync_method`` buffered mode's): the harness runs a
+        target once per value of the params that apply to it."""
         return param in self.params and param not in self._OTHER_MODES
 
     def available(self) -> str | None:
@@ -115,6 +116,7 @@ class DirectTarget(_PmemwalTarget):
     says which); run as ``_PmemwalTarget`` says."""
 
     name = mode = "direct"
+    _OTHER_MODES = ("buffer_size", "sync_method")
 
 
 class AutoTarget(_PmemwalTarget):
