@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import mmap
 import os
 import re
@@ -82,6 +83,7 @@ class ProbeResult:
     recommended_mode: str
     persist_method: str
     reason: str
+    calibration: dict | None = None  # a stored measurement of this file system (calibration_file)
 
     @property
     def is_dax(self) -> bool:
@@ -109,6 +111,9 @@ def _show(value: object) -> str:
         return "yes" if value else "no"
     if isinstance(value, tuple):
         return ",".join(value) or "none"
+    if isinstance(value, dict) and "mode" in value:  # a stored calibration
+        return (f"{value['mode']} (measured {value.get('direct_over_buffered')}x direct/buffered "
+                f"on {value.get('measured_at')}; {calibration_file()})")
     return str(value)
 
 
@@ -125,6 +130,9 @@ def probe(path: str | os.PathLike[str]) -> ProbeResult:
         map_sync = is_pmem = None
         write_error = error
     mode, method, reason = _recommend(lib, is_pmem, map_sync, probed_dir, write_error)
+    if fs_type == "tmpfs":
+        reason += ("; tmpfs is volatile (its files die with the machine): durability there "
+                   "is a benchmark setting")
     cpu_flush, cpu_model = _cpu()
     return ProbeResult(
         path=path,
@@ -146,6 +154,7 @@ def probe(path: str | os.PathLike[str]) -> ProbeResult:
         recommended_mode=mode,
         persist_method=method,
         reason=reason,
+        calibration=stored_calibration(probed_dir),
     )
 
 
@@ -160,7 +169,9 @@ def resolve_mode(mode: str, path: str | os.PathLike[str]) -> tuple[str, ProbeRes
     """The mode to use for a WAL at ``path``, and the probe if one was needed.
 
     An explicit ``buffered`` or ``direct`` wins; ``auto`` defers to
-    ``PMEMWAL_MODE`` when set, then to ``probe(path)``.
+    ``PMEMWAL_MODE`` when set, then to ``probe(path)``: a stored calibration of the
+    file system (``pmemwal probe --measure``) where there is one and the mapping is not
+    persistent memory, else the probe's rule.
     """
     _check_mode(mode, "mode")
     if mode == "auto":
@@ -169,7 +180,64 @@ def resolve_mode(mode: str, path: str | os.PathLike[str]) -> tuple[str, ProbeRes
     if mode != "auto":
         return mode, None
     result = probe(path)
+    if result.calibration and result.persist_method != "pmem":
+        return result.calibration["mode"], result
     return result.recommended_mode, result
+
+
+# ---- calibration: the measured choice, per file system ------------------------------------
+
+CALIBRATION_ENV_VAR = "PMEMWAL_CALIBRATION"
+
+
+def calibration_file() -> str:
+    """Where measured choices are kept: ``$PMEMWAL_CALIBRATION``, else
+    ``$XDG_CACHE_HOME/pmemwal/calibration.json`` (``~/.cache/...``).  One entry per file
+    system (mount point, type and device number); ``pmemwal probe --measure`` writes it
+    and refreshes it, ``--forget`` removes it."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.environ.get(CALIBRATION_ENV_VAR) or os.path.join(cache, "pmemwal",
+                                                               "calibration.json")
+
+
+def calibration_key(path: str | os.PathLike[str]) -> str:
+    """The file system ``path`` is on, as a calibration entry names it."""
+    directory = _nearest_dir(os.path.abspath(path))
+    mount_point, fs, _ = _mount_of(directory)
+    return f"{mount_point}:{fs}:{os.stat(directory).st_dev}"
+
+
+def _calibrations() -> dict:
+    try:
+        with open(calibration_file()) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def stored_calibration(path: str | os.PathLike[str]) -> dict | None:
+    """The stored measurement for the file system of ``path``, or None."""
+    entry = _calibrations().get(calibration_key(path))
+    return entry if isinstance(entry, dict) and entry.get("mode") in ("buffered", "direct") \
+        else None
+
+
+def store_calibration(path: str | os.PathLike[str], entry: dict | None) -> str:
+    """Keep ``entry`` (with its ``mode``) for the file system of ``path``; None removes
+    it.  Returns the file."""
+    data, key = _calibrations(), calibration_key(path)
+    if entry is None:
+        data.pop(key, None)
+    else:
+        data[key] = entry
+    where = calibration_file()
+    os.makedirs(os.path.dirname(where), exist_ok=True)
+    tmp = f"{where}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    os.replace(tmp, where)
+    return where
 
 
 def _check_mode(mode: str, what: str) -> None:

@@ -41,6 +41,11 @@ HIDDEN_LIBPMEM = "/nonexistent/libpmem.so.1"
 _ENV_SWITCHES = ("PMEM_IS_PMEM_FORCE", "PMEMWAL_LIBPMEM", "PMEMWAL_MODE", "PMEMWAL_CPU",
                  "PMEMWAL_NO_CRC_HW", "PMEMWAL_STREAM_MIN", "PMEM_MOVNT_THRESHOLD", "PMEM_NO_CLWB")
 
+# mode="auto" follows a stored measurement of the file system (pmemwal probe --measure):
+# the suite, and the children it starts, never read or write the user's
+# (tests that store one point it at their own tmp_path)
+os.environ["PMEMWAL_CALIBRATION"] = "/nonexistent/pmemwal-test-calibration.json"
+
 
 # ---- fixtures ------------------------------------------------------------------
 

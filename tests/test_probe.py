@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -258,3 +259,45 @@ def test_persist_is_direct_modes_alone(shm_dir: Path) -> None:
     assert out.startswith("ConfigError: persist='msync': buffered mode persists with sync_method")
     with pytest.raises(ConfigError, match="persist='nvme': valid values are auto, pmem, msync"):
         pmemwal.open(shm_dir / "other", persist="nvme")
+
+
+# ---- probe --measure and the stored calibration --------------------------------------
+
+def test_measure_keeps_the_choice_and_auto_follows_it(shm_dir: Path, tmp_path, monkeypatch):
+    """`probe --measure` runs both modes, reports the measured choice beside the rule's, and
+    keeps it for the file system: mode="auto" then follows it where the mapping is not pmem
+    (here direct, as measured on tmpfs, though the rule says buffered); --forget undoes it."""
+    from conftest import cli_runner
+    from pmemwal.tools.cli import main
+
+    monkeypatch.setenv("PMEMWAL_CALIBRATION", str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(pmemwal.device, "_recommend",
+                        lambda *a: ("buffered", "fdatasync", "not DAX (stand-in rule)"))
+    result = cli_runner().invoke(main, ["probe", str(shm_dir), "--measure", "--seconds", "0.1"])
+    assert result.exit_code == 0, result.output + result.stderr
+    out = result.stdout
+    assert "direct/buffered" in out and re.search(r"^ +8k +[\d,]+ +[\d,]+ +\d+\.\d\d$", out, re.M)
+    choice = re.search(r"^measured choice: (\w+) \(([\d.]+)x, geometric mean\); the rule's: "
+                       r"buffered$", out, re.M)
+    assert choice and choice[1] == ("direct" if float(choice[2]) > 1 else "buffered")
+    assert f"in {tmp_path / 'calibration.json'}: mode='auto' uses {choice[1]} here" in out
+    stored = json.loads((tmp_path / "calibration.json").read_text())
+    (entry,) = stored.values()
+    assert entry["mode"] == choice[1] and set(entry["rates"]) == {"8192", "65536"}
+    assert not [p for p in shm_dir.iterdir()]            # the scratch WAL is gone
+
+    entry["mode"] = "direct"                              # whatever was measured: follow it
+    (tmp_path / "calibration.json").write_text(json.dumps(stored))
+    with pmemwal.open(shm_dir / "wal") as wal:
+        assert wal.mode == "direct" and wal.probe.calibration["mode"] == "direct"
+    forgot = cli_runner().invoke(main, ["probe", str(shm_dir), "--forget"])
+    assert forgot.exit_code == 0 and json.loads((tmp_path / "calibration.json").read_text()) == {}
+    with pmemwal.open(shm_dir / "wal2") as wal:
+        assert wal.mode == "buffered"                     # the rule again
+
+
+def test_a_calibration_never_overrides_persistent_memory(shm_dir: Path, tmp_path, monkeypatch):
+    monkeypatch.setenv("PMEMWAL_CALIBRATION", str(tmp_path / "c.json"))
+    pmemwal.device.store_calibration(shm_dir, {"mode": "buffered"})
+    monkeypatch.setattr(pmemwal.device, "_recommend", lambda *a: ("direct", "pmem", "DAX"))
+    assert pmemwal.device.resolve_mode("auto", shm_dir)[0] == "direct"

@@ -64,17 +64,46 @@ def main() -> None:
 @main.command()
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the probe as JSON.")
+@click.option("--measure", is_flag=True,
+              help="Also run both modes briefly here (8k and 64k records, flush each) and "
+                   "report the measured choice beside the rule's.")
+@click.option("--seconds", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="With --measure: seconds per run (2 runs per mode and size).")
+@click.option("--save/--no-save", default=True, show_default=True,
+              help="With --measure: keep the choice for this file system, which mode='auto' "
+                   "then follows (where the mapping is not persistent memory).")
+@click.option("--forget", is_flag=True, help="Remove the stored choice for this file system.")
 @_library_errors
-def probe(path: str, as_json: bool) -> None:
+def probe(path: str, as_json: bool, measure: bool, seconds: float, save: bool,
+          forget: bool) -> None:
     """Say what PATH (a WAL directory, or where one would go) sits on and which mode suits it.
 
+    The mode is the rule's (direct on DAX persistent memory, buffered elsewhere) unless a
+    measurement of this file system is stored: --measure makes one.
+
     Example: pmemwal probe /mnt/pmem/wal --json
+
+    Example: pmemwal probe /var/lib/app/wal --measure
     """
+    from pmemwal.tools import measure as _measure
+
+    if forget:
+        click.echo(f"forgot the measured choice for {_device.calibration_key(path)} "
+                   f"({_device.store_calibration(path, None)})")
+    measured = _measure.measure_modes(path, seconds) if measure else None
+    if measured and save:
+        where = _measure.save(measured)
     result = pmemwal.probe(path)
     if as_json:
-        _dump(result.as_dict())
-    else:
-        click.echo(str(result))
+        _dump({**result.as_dict(), "measured": measured.entry() if measured else None})
+        return
+    click.echo(str(result))
+    if measured:
+        click.echo("\n" + measured.text())
+        if save:
+            click.echo(f"kept for {_device.calibration_key(path)} in {where}: mode='auto' uses "
+                       f"{measured.mode} here from now on (refresh: run --measure again; "
+                       "undo: --forget)")
 
 
 @main.command()
