@@ -372,6 +372,8 @@ def _points(target, config: CompareConfig, takes_params: bool = True) -> list[Po
     grid = _grid_for(target, config.params) if takes_params else params_grid(flushes)
     points = []
     for params in grid:
+        if hasattr(target, "check"):  # a bad value fails here, not after the runs before it
+            target.check({k: v for k, v in params.items() if k != "flush"})
         key = tuple(sorted(params.items()))
         points += [Point(target.name, key, c, s) for c in config.clients for s in config.sizes]
     return points

@@ -49,6 +49,13 @@ class _PmemwalTarget:
         return {f.name: _field_default(f) for f in dataclasses.fields(BenchConfig)
                 if f.name not in self._FIXED}
 
+    def check(self, params: dict) -> None:
+        """ConfigError for params a run would refuse, before any run (the harness asks)."""
+        try:
+            BenchConfig(mode=self.mode, **params)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{self.name}: {error}") from None
+
     def applies(self, param: str) -> bool:
         """Whether ``param`` changes what this target does (``persist`` is direct mode's
         alone, ``buffer_size`` and ``sync_method`` buffered mode's): the harness runs a
