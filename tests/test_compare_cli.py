@@ -357,6 +357,7 @@ def test_against_a_revision_runs_both_builds_interleaved(targets, shm_dir: Path,
     rows = conn.execute("SELECT target, extra FROM runs ORDER BY id").fetchall()
     assert [t for t, _ in rows] == ["direct@HEAD", "direct"] * 2        # interleaved
     assert json.loads(rows[0][1])["commit"] == commit and json.loads(rows[0][1])["stats"]
+    assert len(json.loads(rows[0][1])["intervals"]) >= 5      # its bench's progress lines
     build = json.loads(conn.execute("SELECT build FROM environment").fetchone()[0])
     assert build["commit"] == commit and isinstance(build["dirty"], bool)
     assert build["cflags"].startswith("-O") and build["crc32c_path"]
@@ -406,6 +407,22 @@ def test_a_flush_grid_reaches_the_peers(fakes, shm_dir: Path) -> None:
     harness.run_compare(config)
     assert [(w.flush, w.params) for w in fakes["sqlite"].workloads] == [("each", {}),
                                                                           ("group:4", {})]
+
+
+def test_runs_keep_their_progress_and_report_draws_it(targets, shm_dir: Path) -> None:
+    """Each pmemwal run stores records/s per interval (a tenth of a short run), and
+    `report --intervals` draws a line per run."""
+    db, png = shm_dir / "r.db", shm_dir / "i.png"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "direct", "--clients", "1",
+                    "--sizes", "8k", "--duration", "0.5", "--runs", "2", "--db", db, "--quiet")
+    assert result.exit_code == 0, result.output + result.stderr
+    for (extra,) in sqlite3.connect(db).execute("SELECT extra FROM runs"):
+        intervals = json.loads(extra)["intervals"]
+        assert len(intervals) >= 8 and all(rate > 0 for _, rate in intervals)
+        assert [t for t, _ in intervals] == sorted(t for t, _ in intervals)
+    drawn = invoke("report", db, "--intervals", png)
+    assert drawn.exit_code == 0 and f"intervals: {png}" in drawn.output
+    assert png.read_bytes().startswith(PNG_SIGNATURE)
 
 
 def test_unknown_param_fails_before_any_run(targets, shm_dir: Path) -> None:

@@ -381,9 +381,13 @@ _RUN_OVERHEAD_S = 0.45  # a pmemwal target's run beyond its duration: WAL, warm-
               help="Also write every point as a CSV row here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Draw the results as a PNG chart here.")
+@click.option("--intervals", "intervals_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw every run's records/s per second (pgbench's progress lines) as a PNG "
+                   "here.")
 @_library_errors
 def report(db: str, groups: tuple[str, ...], list_groups: bool, baseline: str | None,
-           markdown: bool, csv_path: str | None, plot_path: str | None) -> None:
+           markdown: bool, csv_path: str | None, plot_path: str | None,
+           intervals_path: str | None) -> None:
     """Print the tables, ratios, counters and chart of runs stored by `pmemwal compare`.
 
     Several --group options join their run groups: a series found in more than one is
@@ -406,6 +410,9 @@ def report(db: str, groups: tuple[str, ...], list_groups: bool, baseline: str | 
         click.echo(f"\ncsv: {_harness.write_csv(summary, csv_path)}")
     if plot_path:
         click.echo(f"chart: {_harness.plot(summary, plot_path)}")
+    if intervals_path:
+        click.echo("intervals: " + _harness.plot_intervals(db, list(groups or [None]),
+                                                           intervals_path))
 
 
 def _with_preset(ctx: click.Context, preset: _presets.Preset, full: bool, path: str,

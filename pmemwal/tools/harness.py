@@ -1198,6 +1198,67 @@ def _draw_panel(ax, summary: Summary, size: int, metric: str | None) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
+def plot_intervals(db: str, groups: list[str | None], png: str) -> str:
+    """Draw each stored run's records/s per interval (pgbench's progress lines): a panel per
+    client count and record size, a line per run, coloured by series.  Seed 000's diagnosis
+    (a run halving for seconds, then recovering) came from such lines, which averages hide."""
+    require("matplotlib", "bench", "pmemwal report --intervals")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    runs = interval_runs(db, groups)
+    if not runs:
+        raise ConfigError("no stored run has per-interval progress (runs of pmemwal's targets "
+                          "record it)")
+    panels = sorted({(r["clients"], r["size"]) for r in runs})
+    series = list(dict.fromkeys(r["label"] for r in runs))
+    columns = min(len(panels), 3)
+    rows = math.ceil(len(panels) / columns)
+    fig = Figure(figsize=(4.8 * columns, 3.4 * rows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    colours = {label: f"C{i % 10}" for i, label in enumerate(series)}
+    for ax, (clients, size) in zip(axes, panels):
+        shown = set()
+        for r in (r for r in runs if (r["clients"], r["size"]) == (clients, size)):
+            xs, ys = zip(*r["intervals"])
+            ax.plot(xs, ys, color=colours[r["label"]], alpha=0.7, linewidth=1,
+                    label=None if r["label"] in shown else r["label"])
+            shown.add(r["label"])
+        ax.set_title(f"{clients} clients, {size_text(size)} records")
+        ax.set_xlabel("seconds into the run")
+        ax.set_ylabel("records/s")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="x-small")
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    names = ", ".join(g or "the latest group" for g in groups)
+    fig.suptitle(f"records/s per interval, a line per run: {names}", fontsize="medium")
+    fig.savefig(png, format="png")
+    return png
+
+
+def interval_runs(db: str, groups: list[str | None]) -> list[dict]:
+    """The stored runs of ``groups`` (None: the latest) that carry per-interval progress:
+    label, clients, size, run index, [(seconds, records/s)]."""
+    runs = []
+    for summary_group in groups:
+        group = summarize(db, summary_group).group
+        conn = open_db(db)
+        try:
+            rows = conn.execute("SELECT target, params, clients, size, run_index, extra FROM runs "
+                                "WHERE run_group = ? ORDER BY id", (group,)).fetchall()
+        finally:
+            conn.close()
+        for target, params, clients, size, run_index, extra in rows:
+            intervals = _json_object(extra).get("intervals")
+            if intervals:
+                runs.append({"label": series_label(target, json.loads(params)),
+                             "clients": clients, "size": size, "run": run_index,
+                             "intervals": [tuple(i) for i in intervals]})
+    return runs
+
+
 # ---- helpers ------------------------------------------------------------------------
 
 

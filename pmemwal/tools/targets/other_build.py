@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 from pmemwal.errors import ConfigError
 from pmemwal.tools.targets import RunResult, TargetError, Workload
 from pmemwal.tools.targets.common import _empty_dir, _prepare_dir
+from pmemwal.tools.targets.pmemwal_modes import interval_for
 
 _BUILD_TIMEOUT_S = 600
+_PROGRESS = re.compile(r"^progress: ([\d.]+) s, ([\d.]+) rec/s", re.M)  # its bench's stderr
 _STAMP = ".pmemwal-built"
 
 
@@ -100,13 +103,14 @@ class OtherBuildTarget:
             latency_us={k: commit[k] for k in ("p50", "p99", "p999", "mean") if k in commit},
             extra={"version": self.version(), "commit": self.commit, "mode": out.get("mode"),
                    "persist_method": out.get("persist_method"), "stats": out.get("stats"),
-                   "segments_after_warm_up": out.get("segments_after_warm_up")})
+                   "segments_after_warm_up": out.get("segments_after_warm_up"),
+                   "intervals": out["intervals"]})
 
     def _bench(self, workload: Workload) -> dict:
         args = ["bench", os.path.join(workload.path, "wal"), "--mode", self.mode,
                 "--clients", str(workload.clients), "--size", str(workload.size),
                 "--duration", str(workload.duration), "--flush", workload.flush,
-                "--progress", "0", "--json"]
+                "--progress", str(interval_for(workload.duration)), "--json"]
         for name, value in sorted(workload.params.items()):
             if name == "prefault":
                 args.append("--prefault" if value else "--no-prefault")
@@ -124,7 +128,9 @@ class OtherBuildTarget:
         if done.returncode:
             raise TargetError(f"pmemwal bench at {self.commit[:7]} exited {done.returncode}: "
                               f"{done.stderr.strip()[-1000:]}")
-        return json.loads(done.stdout)
+        out = json.loads(done.stdout)
+        out["intervals"] = [[float(t), float(r)] for t, r in _PROGRESS.findall(done.stderr)]
+        return out
 
 
 def _git(root: str, *args: str) -> str | None:

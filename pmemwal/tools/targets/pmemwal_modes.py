@@ -36,7 +36,9 @@ class _PmemwalTarget:
     combined from the two distributions: the mean exactly, the percentiles
     assuming a record's append and flush sit at the same rank of their own
     distributions (for ``end``: the append latency alone).  Both
-    distributions are in ``extra``.
+    distributions are in ``extra``, and so is the run's progress:
+    ``extra['intervals']``, records/s per interval of 1 s (a tenth of a shorter
+    run), as pgbench's progress lines (``pmemwal report --intervals`` draws them).
     """
 
     name = mode = "auto"
@@ -76,10 +78,13 @@ class _PmemwalTarget:
                 config = BenchConfig(path=os.path.join(workload.path, "wal"), mode=self.mode,
                                      clients=workload.clients, size=workload.size,
                                      duration=workload.duration, flush=workload.flush,
-                                     fresh=True, progress_interval=0, **params)
+                                     fresh=True,
+                                     progress_interval=interval_for(workload.duration), **params)
             except ValueError as error:
                 raise ConfigError(str(error)) from None
-            result = bench.run(config)
+            intervals: list[list[float]] = []
+            result = bench.run(config, progress=lambda p: intervals.append(
+                [round(p["elapsed"], 3), round(p["records_per_s"], 1)]))
         finally:
             _empty_dir(workload.path)
         append, flush = result.append_latency, result.flush_latency
@@ -105,6 +110,7 @@ class _PmemwalTarget:
                 "segments_after_warm_up": result.segments_after_warm_up,
                 "stats": result.stats,
                 "pmem_is_pmem_force": os.environ.get("PMEM_IS_PMEM_FORCE"),
+                "intervals": intervals,  # [seconds into the run, records/s in the interval]
             })
 
 
@@ -132,6 +138,11 @@ class AutoTarget(_PmemwalTarget):
     TARGET_NAMES, since it repeats one of the two."""
 
     name = mode = "auto"
+
+
+def interval_for(duration: float) -> float:
+    """Seconds between a run's progress points: 1, or a tenth of a shorter run."""
+    return min(1.0, max(duration / 10, 0.01))
 
 
 def _combined_latency(append_hist, flush_hist, append: Latency | None,
