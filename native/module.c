@@ -451,6 +451,7 @@ static PyObject *Core_flush_ready(CoreObject *self, PyObject *unused)
     (void)unused;
     uint64_t flushed = 0;
     CORE_ENV(cc, 0);
+    env.background = 1;
     int rc = wal_flush(self->core, &env, WAL_FLUSH_READY, &flushed);
     regain_gil(&cc);
     if (rc)
@@ -513,9 +514,10 @@ static PyObject *Core_stats(CoreObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     wal_get_stats(self->core, &s);
     Py_END_ALLOW_THREADS
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsK}", "records", s.records, "bytes", s.bytes,
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsK}", "records", s.records, "bytes", s.bytes,
                          "payload_bytes", s.payload_bytes,
                          "slot_wait_ns", s.slot_wait_ns, "insert_wait_ns", s.insert_wait_ns,
+                         "background_wait_ns", s.background_wait_ns,
                          "flushes", s.flushes, "flush_requests", s.flush_requests,
                          "coalesced", s.coalesced, "writes", s.writes);
 }

@@ -341,8 +341,9 @@ static int wait_insertions(wal_core *c, const wal_env *env, uint64_t limit, int 
             backoff(env, &spins);
         }
     }
-    if (t0)
-        atomic_fetch_add(&c->insert_wait_ns, now_ns() - t0);
+    if (t0) /* the background writer's waits delay no caller: counted apart */
+        atomic_fetch_add(env && env->background ? &c->background_wait_ns : &c->insert_wait_ns,
+                         now_ns() - t0);
     return 0;
 }
 
@@ -898,4 +899,5 @@ void wal_get_stats(wal_core *c, wal_stats *s)
     s->flush_requests = atomic_load(&c->flush_requests);
     s->coalesced = atomic_load(&c->coalesced);
     s->insert_wait_ns = atomic_load(&c->insert_wait_ns);
+    s->background_wait_ns = atomic_load(&c->background_wait_ns);
 }

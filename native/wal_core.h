@@ -56,6 +56,7 @@ typedef struct wal_env {
     int (*need_segment)(void *ctx, uint64_t segno); /* 0, or a negative errno */
     void (*will_wait)(void *ctx);
     void *ctx;
+    int background; /* the background writer's flush: its waits are counted apart */
 } wal_env;
 
 typedef struct wal_seg_entry {
@@ -75,7 +76,7 @@ typedef struct wal_slot {
 
 typedef struct wal_stats {
     uint64_t records, bytes, payload_bytes, slot_wait_ns; /* summed over slots */
-    uint64_t flushes, flush_requests, coalesced, insert_wait_ns, writes;
+    uint64_t flushes, flush_requests, coalesced, insert_wait_ns, writes, background_wait_ns;
 } wal_stats;
 
 typedef struct wal_core {
@@ -109,6 +110,7 @@ typedef struct wal_core {
     uint64_t writes;                          /* under write_lock */
     wal_fault fault;                          /* test hook, under write_lock */
     _Atomic uint64_t insert_wait_ns;         /* flushes waiting for insertions */
+    _Atomic uint64_t background_wait_ns;     /* the same, the background writer's flushes */
 
     wal_slot slots[WAL_MAX_SLOTS];
     wal_seg_entry segs[WAL_SEG_TABLE];

@@ -752,8 +752,10 @@ class WAL:
 
         ``records``; ``bytes`` (WAL stream bytes: headers and padding included)
         and ``payload_bytes``; ``slot_wait_ns`` (insertions waiting for an
-        insertion slot) and ``insert_wait_ns`` (flushes waiting for insertions
-        in progress), the two sides of the ``insert_slots`` trade-off;
+        insertion slot) and ``insert_wait_ns`` (the appenders' flushes waiting for
+        insertions in progress), the two sides of the ``insert_slots`` trade-off, and
+        ``background_wait_ns`` (the background writer's flushes waiting so, which
+        delays no caller: apart, so that one client's run reads 0 in the other two);
         ``flushes`` done, ``flush_requests`` and ``coalesced`` requests that an
         earlier flush had already covered (group commit); ``writes`` (pwrite,
         msync calls); ``segments_created``, ``_recycled``, ``_removed`` and

@@ -76,9 +76,9 @@ _AB_MODES = ("buffered", "direct")  # the targets --against runs at the other re
 # extra["stats"] and ``--columns`` tables and draws per second of the run: a ``_ns``
 # counter as milliseconds of it per second (summed over clients: 2 clients each waiting
 # all the time is 2000 ms/s), the others as counts per second.
-COUNTERS = ("slot_wait_ns", "insert_wait_ns", "flushes", "flush_requests", "coalesced", "writes",
-            "segments_created", "segments_recycled", "segments_removed", "segments_prefaulted",
-            "segment_make_ns")
+COUNTERS = ("slot_wait_ns", "insert_wait_ns", "background_wait_ns", "flushes", "flush_requests",
+            "coalesced", "writes", "segments_created", "segments_recycled", "segments_removed",
+            "segments_prefaulted", "segment_make_ns")
 DEFAULT_DB = "pmemwal-compare.db"
 UNSTABLE = 0.10  # a point whose runs' stddev exceeds this fraction of the mean is flagged
 _CPU_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/"
