@@ -239,6 +239,16 @@ static PyObject *Core_set_notify(CoreObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* set_serial(on) -- one insertion at a time (reserve, checksum, copy under one lock). */
+static PyObject *Core_set_serial(CoreObject *self, PyObject *args)
+{
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on))
+        return NULL;
+    self->core->serial = on;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Core_attach(CoreObject *self, PyObject *args)
 {
     unsigned long long segno;
@@ -549,6 +559,7 @@ static PyMethodDef Core_methods[] = {
      "what a persist tracer needs)."},
     {"flush_ready", (PyCFunction)Core_flush_ready, METH_NOARGS, "flush_ready() -> flushed lsn"},
     {"set_notify", (PyCFunction)Core_set_notify, METH_VARARGS, "set_notify(eventfd, ahead=0)"},
+    {"set_serial", (PyCFunction)Core_set_serial, METH_VARARGS, "set_serial(on)"},
     {"attach", (PyCFunction)Core_attach, METH_VARARGS, "attach(segno, fd, mapping_or_None)"},
     {"detach", (PyCFunction)Core_detach, METH_VARARGS, "detach(segno)"},
     {"append", (PyCFunction)(void (*)(void))Core_append, METH_FASTCALL | METH_KEYWORDS,

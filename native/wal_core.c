@@ -151,12 +151,14 @@ int wal_core_init(wal_core *c, uint64_t seg_size, uint32_t wal_id_lo, int direct
         atomic_init(&c->slots[i].start, WAL_POS_FREE);
         atomic_init(&c->slots[i].progress, WAL_POS_FREE);
     }
-    return -pthread_mutex_init(&c->write_lock, NULL);
+    int rc = pthread_mutex_init(&c->serial_lock, NULL);
+    return -(rc ? rc : pthread_mutex_init(&c->write_lock, NULL));
 }
 
 void wal_core_destroy(wal_core *c)
 {
     pthread_mutex_destroy(&c->write_lock);
+    pthread_mutex_destroy(&c->serial_lock);
 }
 
 int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn)
@@ -713,6 +715,11 @@ static inline wal_payload payload_of(const void *const *heads, const uint64_t *h
     return (wal_payload){heads ? heads[i] : NULL, bufs[i], h, h + lens[i]};
 }
 
+static int insert_reserved(wal_core *c, const wal_env *env, const void *const *heads,
+                           const uint64_t *head_lens, const void *const *bufs,
+                           const uint64_t *lens, size_t n, uint64_t total, uint64_t last_off,
+                           uint64_t payload, uint64_t largest, uint64_t *lsns);
+
 int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
                const uint64_t *head_lens, const void *const *bufs, const uint64_t *lens,
                size_t n, uint64_t *lsns)
@@ -735,7 +742,25 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
     /* Create or attach segments before reserving: a failure here leaves no hole. */
     if ((rc = ensure_segments(c, env, total)))
         return rc;
+    if (c->serial) {
+        will_wait(env); /* the GIL goes first: the holder may need it for a segment */
+        pthread_mutex_lock(&c->serial_lock);
+    }
+    rc = insert_reserved(c, env, heads, head_lens, bufs, lens, n, total, last_off, payload,
+                         largest, lsns);
+    if (c->serial)
+        pthread_mutex_unlock(&c->serial_lock);
+    return rc;
+}
 
+/* insert_reserved -- wal_insert's work once the segments are there: take a slot, reserve,
+ * copy and checksum the records into place, persist them, leave the slot. */
+static int insert_reserved(wal_core *c, const wal_env *env, const void *const *heads,
+                           const uint64_t *head_lens, const void *const *bufs,
+                           const uint64_t *lens, size_t n, uint64_t total, uint64_t last_off,
+                           uint64_t payload, uint64_t largest, uint64_t *lsns)
+{
+    int rc;
     wal_slot *slot;
     if ((rc = acquire_slot(c, env, &slot)))
         return rc;

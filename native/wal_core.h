@@ -106,6 +106,10 @@ typedef struct wal_core {
     _Alignas(64) _Atomic uint64_t flushed_u; /* durable below; a record boundary */
     _Atomic uint64_t written_u;              /* buffered: handed to the OS below */
     pthread_mutex_t write_lock;              /* one writer/flusher at a time */
+    /* serial insertion (seed 004's "before"): one insertion at a time, reserving, checksum
+     * and copy all under this lock, as WALInsertLock did before parallel insertion */
+    int serial;
+    pthread_mutex_t serial_lock;
     _Atomic uint64_t flushes, flush_requests, coalesced;
     uint64_t writes;                          /* under write_lock */
     wal_fault fault;                          /* test hook, under write_lock */

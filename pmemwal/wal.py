@@ -42,6 +42,7 @@ SYNC_METHODS = {
 }
 ON_CORRUPTION = ("raise", "truncate")
 PERSIST = ("auto", "pmem", "msync")  # direct mode: how records become durable
+INSERTION = ("parallel", "serial")  # how insertions overlap (seed 004)
 DEFAULT_BUFFER_SIZE = 16 << 20
 DEFAULT_MAX_RECORD_SIZE = 64 << 20
 DEFAULT_FLUSH_INTERVAL = 0.05
@@ -72,7 +73,7 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          prepare_segments: int = 2, prefault: bool = True,
          gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
          max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
-         persist: str = "auto") -> WAL:
+         persist: str = "auto", insertion: str = "parallel") -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
@@ -81,7 +82,7 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
                background=background, flush_interval=flush_interval,
                prepare_segments=prepare_segments, prefault=prefault,
                gil_release_size=gil_release_size, max_wal_size=max_wal_size,
-               preallocate=preallocate, persist=persist)
+               preallocate=preallocate, persist=persist, insertion=insertion)
 
 
 class WAL:
@@ -106,6 +107,11 @@ class WAL:
       seed 003's non-DAX runs measured), ``"pmem"`` only by cache flush, a
       ConfigError where the mapping is not persistent memory.  Buffered mode
       takes ``"auto"`` only: it persists with ``sync_method``.
+    - ``insertion``: ``"parallel"`` (a record's space is reserved in one short step and
+      its checksum and copy run beside other insertions, in up to ``insert_slots`` at
+      once) or ``"serial"`` (reserving, checksum and copy all under one lock, one
+      insertion at a time: PostgreSQL's WALInsertLock before 9.4, seed 004's "before",
+      to measure parallel insertion against).
     - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
       records are followed by more, or ``"truncate"`` the WAL at the damage.
     - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
@@ -142,10 +148,12 @@ class WAL:
                  prepare_segments: int = 2, prefault: bool = True,
                  gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
                  max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
-                 persist: str = "auto") -> None:
+                 persist: str = "auto", insertion: str = "parallel") -> None:
         _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                        sync_method, on_corruption, recycle_segments, flush_interval,
-                       prepare_segments, gil_release_size, max_wal_size, preallocate, persist)
+                       prepare_segments, gil_release_size, max_wal_size, preallocate, persist,
+                       insertion)
+        self._insertion = insertion
         self._background: BackgroundWriter | None = None
         self._prepare_segments = prepare_segments if prefault else 0
         self._prefault = prefault
@@ -279,6 +287,7 @@ class WAL:
                                 segment_callback=_weak(self, "_ensure_segment"),
                                 gil_release_size=gil_release_size)
         self._core.set_position(insert_lsn, prev_lsn)
+        self._core.set_serial(self._insertion == "serial")
         # The per-record calls go straight to C: a Python frame here would cost
         # as much as appending a small record (the methods below document them).
         self.append = self._core.append
@@ -851,19 +860,19 @@ def check_wal_options(mode: str = "auto", segment_size: int | None = None, inser
                       prepare_segments: int = 2,
                       gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
                       max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
-                      persist: str = "auto") -> None:
+                      persist: str = "auto", insertion: str = "parallel") -> None:
     """ConfigError for an option pmemwal.open would refuse, checked before opening
     anything (benchmarks check a grid's options before its first run)."""
     _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size, sync_method,
                    on_corruption, recycle_segments, flush_interval, prepare_segments,
-                   gil_release_size, max_wal_size, preallocate, persist)
+                   gil_release_size, max_wal_size, preallocate, persist, insertion)
 
 
 def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffer_size: int,
                    max_record_size: int, sync_method: str, on_corruption: str,
                    recycle_segments: int, flush_interval: float, prepare_segments: int,
                    gil_release_size: int, max_wal_size: int, preallocate: int,
-                   persist: str) -> None:
+                   persist: str, insertion: str) -> None:
     def choose(name: str, value: str, valid) -> None:
         if value not in valid:
             raise ConfigError(f"{name}={value!r}: valid values are {', '.join(valid)}")
@@ -872,6 +881,7 @@ def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffe
     choose("sync_method", sync_method, tuple(SYNC_METHODS))
     choose("on_corruption", on_corruption, ON_CORRUPTION)
     choose("persist", persist, PERSIST)
+    choose("insertion", insertion, INSERTION)
     if segment_size is not None and not is_valid_segment_size(segment_size):
         raise ConfigError(f"segment_size={segment_size}: a power of two from 1 MiB to 1 GiB")
     if not 1 <= insert_slots <= 256:

@@ -520,6 +520,41 @@ def test_flush_ready_makes_complete_insertions_durable(wal_dir, mode):
             wal.flush(2**64 - 2)     # the core's "what is ready" sentinel is no LSN
 
 
+# ---- serial insertion (seed 004's "before") -------------------------------------------
+
+def test_serial_insertion_keeps_every_record_of_concurrent_appenders(wal_dir, mode):
+    """insertion="serial": four threads append and flush records of mixed sizes (some
+    giving the GIL up, some spanning pages) one insertion at a time; every record comes
+    back whole, once, in a valid chain, none ever waited for a slot (one holds a slot at a
+    time), and the option is refused with a typed error when misspelt."""
+    written, errors = {}, []
+
+    def appender(wal, t):
+        try:
+            for i in range(300):
+                data = bytes([t]) * (64 + (i * 977) % 20000)
+                written[wal.append(data, flush=i % 7 == 0)] = data
+        except BaseException as exc:
+            errors.append(exc)
+
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, insertion="serial",
+                      insert_slots=4) as wal:
+        threads = [threading.Thread(target=appender, args=(wal, t)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wal.flush()
+        assert not errors and wal.stats()["slot_wait_ns"] == 0   # a slot is taken under the lock
+    with pmemwal.open(wal_dir) as wal:
+        got = read_all(wal)
+    assert {lsn: data for lsn, data, _ in got} == written
+    assert_chain(got)
+    with pytest.raises(pmemwal.ConfigError, match="insertion='batched': valid values are "
+                                                  "parallel, serial"):
+        pmemwal.open(wal_dir, insertion="batched")
+
+
 # ---- recycling sized by the distance between truncations -------------------------------
 
 def test_recycling_follows_the_distance_between_truncations(wal_dir, mode):

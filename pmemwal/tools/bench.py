@@ -146,6 +146,7 @@ class BenchConfig:
     gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE
     max_wal_size: int = DEFAULT_MAX_WAL_SIZE
     preallocate: int = 0
+    insertion: str = "parallel"  # or "serial": one insertion at a time (seed 004's before)
     keep_bytes: int | None = DEFAULT_KEEP  # WAL kept behind the flushed LSN, truncated
                                            # every truncate_step appended; None: all
     checkpoint: float = 0.0  # s between truncations by a checkpointer thread; 0: by the clients
@@ -185,7 +186,8 @@ class BenchConfig:
         """The pmemwal.open options this config passes on as they are."""
         return {name: getattr(self, name) for name in (
             "prefault", "persist", "buffer_size", "sync_method", "background", "flush_interval",
-            "prepare_segments", "gil_release_size", "max_wal_size", "preallocate")}
+            "prepare_segments", "gil_release_size", "max_wal_size", "preallocate",
+            "insertion")}
 
     @property
     def flush_every(self) -> int:
