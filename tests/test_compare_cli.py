@@ -400,6 +400,19 @@ def test_every_open_option_and_the_flush_policy_are_grid_dimensions(targets, shm
     assert "sync_method='nvme': valid values are fdatasync, fsync, open_datasync" in bad.stderr
 
 
+def test_serial_insertion_is_a_param_of_the_grid(targets, shm_dir: Path) -> None:
+    db = shm_dir / "r.db"
+    result = invoke("compare", shm_dir / "cmp", "--targets", "direct", "--clients", "2",
+                    "--sizes", "64k", "--duration", "0.1", "--runs", "1", "--param",
+                    "insertion=parallel,serial", "--db", db, "--quiet")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "direct insertion=serial: ratio to direct insertion=parallel" in result.output
+    bad = invoke("compare", shm_dir / "cmp", "--targets", "direct", "--param",
+                 "insertion=batched", "--db", db)
+    assert bad.exit_code == 1 and "insertion='batched': valid values are parallel, serial" \
+        in bad.stderr
+
+
 def test_a_flush_grid_reaches_the_peers(fakes, shm_dir: Path) -> None:
     config = harness.CompareConfig(shm_dir / "cmp", targets=["sqlite"], clients=[1], sizes=[64],
                                    duration=0.1, runs=1, params={"flush": ["each", "group:4"]},
@@ -630,9 +643,13 @@ def test_counter_columns_and_machine_warnings_from_made_up_numbers(tmp_path: Pat
     assert summary.series_tables(["flushes"])[0].columns == ["records/s", "flushes /s"]
     assert summary.machine_line() == ("machine over the 6 runs: governor performance, "
                                       "powersave, 2000-3000 MHz, load average 1.00-2.00")
-    governors, frequency = summary.machine_warnings()
+    governors, frequency = summary.machine_warnings()   # load 1 to 2: no more than a CPU's
     assert "different CPU governors (performance, powersave)" in governors
     assert "CPU frequency moved from 2000 to 3000 MHz" in frequency
+    summary.machine[0]["end"]["load"] = 3.5               # 2.5 more than at the start
+    assert ("load average moved from 1.00 to 3.50 (1 CPUs) across the runs of group g1: other "
+            "work shared the machine") in summary.machine_warnings()[2]
+    summary.machine[0]["end"]["load"] = 2.0
     report = summary.report()
     assert table.text() in report and governors in report and frequency in report
     assert harness.plot(summary, tmp_path / "c.png")  # a row of panels per column

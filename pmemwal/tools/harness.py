@@ -961,8 +961,9 @@ class Summary:
 
     def machine_warnings(self) -> list[str]:
         """Warnings when the runs of this group did not all run alike: under different
-        CPU governors, or at CPU frequencies more than 10 % apart (seed 002: an unset
-        governor made one side of a comparison 2x slower)."""
+        CPU governors, at CPU frequencies more than 10 % apart (seed 002: an unset
+        governor made one side of a comparison 2x slower), or with the load average
+        moving by more than the CPU count."""
         states = [s for run in self.machine if run for s in (run.get("start"), run.get("end")) if s]
         warnings = []
         governors = sorted({str(s.get("governor")) for s in states if s.get("governor")})
@@ -974,6 +975,12 @@ class Summary:
             warnings.append(f"warning: the CPU frequency moved from {min(mhz):.0f} to "
                             f"{max(mhz):.0f} MHz across the runs of group {self.group}: a "
                             "governor or thermal limit at work; ratios may mix speeds")
+        load = [s["load"] for s in states if s.get("load") is not None]
+        cpus = self.environment.get("nproc") or 1
+        if load and max(load) - min(load) > cpus:  # more than the runs' own clients explain
+            warnings.append(f"warning: the load average moved from {min(load):.2f} to "
+                            f"{max(load):.2f} ({cpus} CPUs) across the runs of group "
+                            f"{self.group}: other work shared the machine for some of them")
         return warnings
 
     def unstable_points(self) -> list[PointSummary]:
