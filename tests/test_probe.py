@@ -273,7 +273,8 @@ def test_measure_keeps_the_choice_and_auto_follows_it(shm_dir: Path, tmp_path, m
     monkeypatch.setenv("PMEMWAL_CALIBRATION", str(tmp_path / "calibration.json"))
     monkeypatch.setattr(pmemwal.device, "_recommend",
                         lambda *a: ("buffered", "fdatasync", "not DAX (stand-in rule)"))
-    result = cli_runner().invoke(main, ["probe", str(shm_dir), "--measure", "--seconds", "0.1"])
+    result = cli_runner().invoke(main, ["probe", str(shm_dir / "not" / "yet"), "--measure",
+                                        "--seconds", "0.1"])
     assert result.exit_code == 0, result.output + result.stderr
     out = result.stdout
     assert "direct/buffered" in out and re.search(r"^ +8k +[\d,]+ +[\d,]+ +\d+\.\d\d$", out, re.M)
@@ -284,7 +285,7 @@ def test_measure_keeps_the_choice_and_auto_follows_it(shm_dir: Path, tmp_path, m
     stored = json.loads((tmp_path / "calibration.json").read_text())
     (entry,) = stored.values()
     assert entry["mode"] == choice[1] and set(entry["rates"]) == {"8192", "65536"}
-    assert not [p for p in shm_dir.iterdir()]            # the scratch WAL is gone
+    assert not [p for p in shm_dir.iterdir()]       # the scratch WAL and not/yet are gone
 
     entry["mode"] = "direct"                              # whatever was measured: follow it
     (tmp_path / "calibration.json").write_text(json.dumps(stored))

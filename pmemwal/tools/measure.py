@@ -70,17 +70,27 @@ def measure_modes(path: str, seconds: float = 1.0, sizes: tuple[int, ...] = (819
                   rounds: int = 2) -> Measurement:
     """Run both modes at each size ``rounds`` times, alternating, in a scratch WAL under
     ``path`` (removed after); the mean records/s of each point."""
+    path = os.path.abspath(path)
+    made, missing = [], path  # the directories made here to measure in, deepest first
+    while not os.path.exists(missing):
+        made.append(missing)
+        missing = os.path.dirname(missing)
     os.makedirs(path, exist_ok=True)
-    probe = pmemwal.probe(path)
-    runs: dict[int, dict[str, list[float]]] = {s: {m: [] for m in MODES} for s in sizes}
-    with tempfile.TemporaryDirectory(prefix=".pmemwal-measure-", dir=path) as scratch:
-        for _ in range(rounds):
-            for size in sizes:
-                for mode in MODES:
-                    config = bench.BenchConfig(os.path.join(scratch, "wal"), mode=mode,
-                                               size=size, duration=seconds, segment_size="4m",
-                                               keep_bytes="16m", progress_interval=0)
-                    runs[size][mode].append(bench.run(config).records_per_s)
+    try:
+        probe = pmemwal.probe(path)
+        runs: dict[int, dict[str, list[float]]] = {s: {m: [] for m in MODES} for s in sizes}
+        with tempfile.TemporaryDirectory(prefix=".pmemwal-measure-", dir=path) as scratch:
+            for _ in range(rounds):
+                for size in sizes:
+                    for mode in MODES:
+                        config = bench.BenchConfig(os.path.join(scratch, "wal"), mode=mode,
+                                                   size=size, duration=seconds,
+                                                   segment_size="4m", keep_bytes="16m",
+                                                   progress_interval=0)
+                        runs[size][mode].append(bench.run(config).records_per_s)
+    finally:
+        for directory in made:  # probing a path makes nothing: neither does measuring there
+            os.rmdir(directory)
     rates = {s: {m: sum(v) / len(v) for m, v in by_mode.items()} for s, by_mode in runs.items()}
     return Measurement(path=os.path.abspath(path), fs_type=probe.fs_type, rates=rates,
                        rule_mode=probe.recommended_mode, seconds=seconds)
