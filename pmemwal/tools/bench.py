@@ -66,9 +66,8 @@ from pmemwal.errors import ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
 from pmemwal.segments import LOCK_NAME, Segment, WalDirectory
 from pmemwal.tools._extras import require
-from pmemwal.wal import check_wal_options
 from pmemwal.wal import (DEFAULT_BUFFER_SIZE, DEFAULT_FLUSH_INTERVAL, DEFAULT_GIL_RELEASE_SIZE,
-                         DEFAULT_MAX_WAL_SIZE, MODES, PERSIST)
+                         DEFAULT_MAX_WAL_SIZE, MODES, PERSIST, check_wal_options)
 
 if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram

@@ -442,26 +442,16 @@ def collect_environment(path: str) -> dict:
     }
 
 
-def build_info(package_dir: str | None = None) -> dict:
+def build_info() -> dict:
     """Which pmemwal ran: its version, the git commit of its source tree and whether that
     had uncommitted changes (None outside a git checkout), the C core's compiler flags and
     its CRC32C + copy path; so that two builds compared (A/B) say what each side was."""
-    import subprocess
-
     from pmemwal import _core
+    from pmemwal.tools.targets.other_build import git, package_root
 
-    root = os.path.dirname(package_dir or os.path.dirname(os.path.abspath(pmemwal.__file__)))
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
-                                  timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    root = package_root()
+    commit = git(root, "rev-parse", "HEAD")
+    status = git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
     return {"pmemwal": pmemwal.__version__, "commit": commit,
             "dirty": None if status is None else bool(status), "source": root,
             "cflags": getattr(_core, "BUILD_FLAGS", None), "crc32c_path": _core.CRC32C_IMPL}

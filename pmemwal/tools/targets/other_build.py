@@ -29,11 +29,16 @@ _PROGRESS = re.compile(r"^progress: ([\d.]+) s, ([\d.]+) rec/s", re.M)  # its be
 _STAMP = ".pmemwal-built"
 
 
+def package_root() -> str:
+    """The directory above the pmemwal package this runs (a checkout, or site-packages)."""
+    import pmemwal
+    return os.path.dirname(os.path.dirname(os.path.abspath(pmemwal.__file__)))
+
+
 def source_root() -> str:
     """The git checkout this pmemwal runs from (ConfigError where it is not one)."""
-    import pmemwal
-    root = os.path.dirname(os.path.dirname(os.path.abspath(pmemwal.__file__)))
-    if _git(root, "rev-parse", "--git-dir") is None:
+    root = package_root()
+    if git(root, "rev-parse", "--git-dir") is None:
         raise ConfigError(f"--against needs pmemwal run from a git checkout; {root} is not one")
     return root
 
@@ -41,7 +46,7 @@ def source_root() -> str:
 def resolve(rev: str, root: str | None = None) -> str:
     """The full commit id of ``rev`` (ConfigError naming it when git does not know it)."""
     root = root or source_root()
-    commit = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    commit = git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     if not commit:
         raise ConfigError(f"--against {rev!r}: not a revision of the checkout at {root}")
     return commit
@@ -133,7 +138,8 @@ class OtherBuildTarget:
         return out
 
 
-def _git(root: str, *args: str) -> str | None:
+def git(root: str, *args: str) -> str | None:
+    """``git -C root ARGS``'s output, or None where git is missing or fails."""
     try:
         done = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
                               timeout=60)
