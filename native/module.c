@@ -83,6 +83,9 @@ static PyObject *raise_rc(wal_core *core, int rc, call_ctx *cc)
         PyErr_Restore(cc->exc_type, cc->exc_value, cc->exc_tb);
         return NULL;
     }
+    if (rc == -WAL_ECLOSED && core->forked)
+        return raise_named("ClosedError", Py_BuildValue("(s)", "the WAL was opened before fork(): "
+                                                        "a child process opens it again"));
     if (rc == -WAL_ECLOSED)
         return raise_named("ClosedError", Py_BuildValue("(s)", "the WAL is closed"));
     if (rc == -EMSGSIZE)
@@ -109,6 +112,7 @@ typedef struct {
     PyObject *segment_cb;
     uint64_t gil_release_size; /* appends of this many payload bytes give up the GIL first */
     Py_buffer ring;
+    Py_buffer control;              /* shared: the control file's mapping */
     Py_buffer views[WAL_SEG_TABLE]; /* direct: the attached mappings */
     char has_view[WAL_SEG_TABLE];
 } CoreObject;
@@ -188,6 +192,8 @@ static void Core_dealloc(CoreObject *self)
     release_views(self);
     if (self->ring.obj)
         PyBuffer_Release(&self->ring);
+    if (self->control.obj)
+        PyBuffer_Release(&self->control);
     Py_XDECREF(self->segment_cb);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -478,7 +484,85 @@ static PyObject *Core_close(CoreObject *self, PyObject *unused)
     for (int i = 0; i < WAL_SEG_TABLE; i++)
         atomic_store(&self->core->segs[i].tag, 0);
     release_views(self);
+    if (self->control.obj) /* the core reads its own copy from here on */
+        PyBuffer_Release(&self->control);
     Py_RETURN_NONE;
+}
+
+/* share(control, fd, init) -- use the control file's shared state (control: its writable
+ * mapping, past the header pmemwal/control.py keeps; fd: the file, for the liveness
+ * locks) and register this process in it; init: the first opener, which rebuilds it. */
+static PyObject *Core_share(CoreObject *self, PyObject *args)
+{
+    PyObject *mapping;
+    int fd, init;
+    if (!PyArg_ParseTuple(args, "Oip", &mapping, &fd, &init))
+        return NULL;
+    if (self->control.obj || !self->core->direct)
+        return PyErr_Format(PyExc_ValueError, "share: once, and in direct mode");
+    Py_buffer view;
+    if (PyObject_GetBuffer(mapping, &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if ((size_t)view.len < sizeof(wal_shared) || (uintptr_t)view.buf % 64) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "share: a 64-byte aligned mapping of %zu bytes",
+                            sizeof(wal_shared));
+    }
+    int rc = wal_share(self->core, view.buf, fd, init);
+    if (rc) {
+        PyBuffer_Release(&view);
+        if (rc == -EUSERS)
+            return raise_named("LockedError", Py_BuildValue("(s)", "every process entry of the "
+                                                            "shared WAL is taken"));
+        return raise_named("StorageError", Py_BuildValue("(is)", -rc, strerror(-rc)));
+    }
+    self->control = view;
+    Py_RETURN_NONE;
+}
+
+/* reap_dead() -> int: clean up after the processes of a shared WAL that died (their open
+ * insertions closed with void records); how many. */
+static PyObject *Core_reap_dead(CoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    CORE_ENV(cc, UINT64_MAX);
+    int n = wal_reap_dead(self->core, &env);
+    regain_gil(&cc);
+    if (cc.exc_type)
+        return raise_rc(self->core, -EIO, &cc);
+    return PyLong_FromLong(n);
+}
+
+/* forsake() -- in a child after fork(): refuse all work, touch nothing shared. */
+static PyObject *Core_forsake(CoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    wal_forsake(self->core);
+    if (self->control.obj) { /* the parent's mapping: the child may drop its reference */
+        PyBuffer_Release(&self->control);
+        self->core->sh = &self->core->own;
+    }
+    Py_RETURN_NONE;
+}
+
+/* shared(name, add=0) -> value: one of the shared WAL's counters, or the oldest segment
+ * (name "oldest_segno": add raises it to at least add).  One process's WAL keeps them too. */
+static PyObject *Core_shared(CoreObject *self, PyObject *args)
+{
+    unsigned int i;
+    unsigned long long add = 0;
+    if (!PyArg_ParseTuple(args, "I|K", &i, &add))
+        return NULL;
+    wal_shared *sh = self->core->sh;
+    if (i == WAL_CTL_COUNTERS) {
+        uint64_t v = atomic_load(&sh->oldest_segno);
+        while (v < add && !atomic_compare_exchange_weak(&sh->oldest_segno, &v, add))
+            ;
+        return PyLong_FromUnsignedLongLong(v < add ? add : v);
+    }
+    if (i > WAL_CTL_COUNTERS)
+        return PyErr_Format(PyExc_ValueError, "shared: counter %u of %d", i, WAL_CTL_COUNTERS);
+    return PyLong_FromUnsignedLongLong(atomic_fetch_add(&sh->counters[i], add) + add);
 }
 
 /* stop(errno, reason) -> errno: stop the writer as a failed write would (the
@@ -496,12 +580,15 @@ static PyObject *Core_stop(CoreObject *self, PyObject *args)
 
 /* inject_fault(op, errno, after=0, count=1) -- a TEST HOOK: the next `count` calls of
  * op ("write": pwrite, "sync": fdatasync/fsync, "msync"), after `after` that succeed,
- * fail with errno without being made.  count=0 clears it. */
+ * fail with errno without being made; "stall" and "stall_locked" (errno ignored): the
+ * insertion stops for good once its space is reserved, or inside the reservation lock
+ * (a process to SIGKILL mid-insert).  count=0 clears it. */
 static PyObject *Core_inject_fault(CoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"op", "errno", "after", "count", NULL};
     static const char *ops[] = {[WAL_OP_WRITE] = "write", [WAL_OP_SYNC] = "sync",
-                                [WAL_OP_MSYNC] = "msync"};
+                                [WAL_OP_MSYNC] = "msync", [WAL_OP_STALL] = "stall",
+                                [WAL_OP_STALL_LOCKED] = "stall_locked"};
     const char *op;
     int err;
     unsigned long long after = 0, count = 1;
@@ -509,12 +596,13 @@ static PyObject *Core_inject_fault(CoreObject *self, PyObject *args, PyObject *k
         return NULL;
     for (int i = 0; i < (int)(sizeof(ops) / sizeof(ops[0])); i++)
         if (!strcmp(op, ops[i])) {
-            if (err <= 0)
+            if (err <= 0 && i < WAL_OP_STALL)
                 return PyErr_Format(PyExc_ValueError, "errno must be positive, not %d", err);
             wal_inject_fault(self->core, (enum wal_op)i, err, after, count);
             Py_RETURN_NONE;
         }
-    return PyErr_Format(PyExc_ValueError, "op must be 'write', 'sync' or 'msync', not '%s'", op);
+    return PyErr_Format(PyExc_ValueError, "op must be 'write', 'sync', 'msync', 'stall' or "
+                        "'stall_locked', not '%s'", op);
 }
 
 static PyObject *Core_stats(CoreObject *self, PyObject *unused)
@@ -524,7 +612,8 @@ static PyObject *Core_stats(CoreObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     wal_get_stats(self->core, &s);
     Py_END_ALLOW_THREADS
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsK}", "records", s.records, "bytes", s.bytes,
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsK}", "records", s.records, "bytes", s.bytes,
+                         "processes", s.processes, "processes_reaped", s.reaped,
                          "payload_bytes", s.payload_bytes,
                          "slot_wait_ns", s.slot_wait_ns, "insert_wait_ns", s.insert_wait_ns,
                          "background_wait_ns", s.background_wait_ns,
@@ -560,6 +649,12 @@ static PyMethodDef Core_methods[] = {
     {"flush_ready", (PyCFunction)Core_flush_ready, METH_NOARGS, "flush_ready() -> flushed lsn"},
     {"set_notify", (PyCFunction)Core_set_notify, METH_VARARGS, "set_notify(eventfd, ahead=0)"},
     {"set_serial", (PyCFunction)Core_set_serial, METH_VARARGS, "set_serial(on)"},
+    {"share", (PyCFunction)Core_share, METH_VARARGS, "share(control_mapping, fd, init)"},
+    {"reap_dead", (PyCFunction)Core_reap_dead, METH_NOARGS, "reap_dead() -> processes reaped"},
+    {"forsake", (PyCFunction)Core_forsake, METH_NOARGS, "forsake(): in a forked child"},
+    {"shared", (PyCFunction)Core_shared, METH_VARARGS,
+     "shared(index, add=0) -> value: shared counter index (0..7) after adding; 8: the oldest\n"
+     "segment, raised to at least add"},
     {"attach", (PyCFunction)Core_attach, METH_VARARGS, "attach(segno, fd, mapping_or_None)"},
     {"detach", (PyCFunction)Core_detach, METH_VARARGS, "detach(segno)"},
     {"append", (PyCFunction)(void (*)(void))Core_append, METH_FASTCALL | METH_KEYWORDS,
@@ -574,7 +669,8 @@ static PyMethodDef Core_methods[] = {
      "stop(errno, reason) -> the errno that stopped the writer"},
     {"inject_fault", (PyCFunction)(void (*)(void))Core_inject_fault, METH_VARARGS | METH_KEYWORDS,
      "inject_fault(op, errno, after=0, count=1) -- test hook: fail the next calls of\n"
-     "op ('write', 'sync', 'msync') with errno, after `after` that succeed; count=0 clears."},
+     "op ('write', 'sync', 'msync') with errno, after `after` that succeed; 'stall' and\n"
+     "'stall_locked' stop an insertion for good (errno ignored); count=0 clears."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -693,8 +789,10 @@ static PyObject *reader_done(ReaderObject *self, PyObject *result)
     return result;
 }
 
-/* read(lsn, expect_prev=-1) -> (status, lsn, next, prev, length, crc, hint, payload_lsn, bad_lsn)
- * payload_lsn is -1 when the payload spans pages (use payload()). */
+/* read(lsn, expect_prev=-1)
+ *   -> (status, lsn, next, prev, length, crc, hint, payload_lsn, bad_lsn, void)
+ * payload_lsn is -1 when the payload spans pages (use payload()); void: a void record
+ * (a closed range, not a record: skip it, and link the next one to it). */
 static PyObject *Reader_read(ReaderObject *self, PyObject *args)
 {
     unsigned long long lsn;
@@ -703,10 +801,10 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *args)
         return NULL;
     wal_record r;
     int st = wal_read(&self->src, lsn, expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, &r);
-    return reader_done(self, Py_BuildValue("(iKKKIIKLK)", st, r.lsn, r.next_lsn, r.prev_lsn,
+    return reader_done(self, Py_BuildValue("(iKKKIIKLKN)", st, r.lsn, r.next_lsn, r.prev_lsn,
                                            r.length, r.crc, r.durable_hint,
                                            r.contiguous ? (long long)r.payload_lsn : -1LL,
-                                           r.bad_lsn));
+                                           r.bad_lsn, PyBool_FromLong(r.type == WAL_REC_VOID)));
 }
 
 /* payload(lsn) -> bytes: a record's payload gathered across pages (validated again). */
@@ -718,6 +816,8 @@ static PyObject *Reader_payload(ReaderObject *self, PyObject *args)
     wal_record r;
     int st = wal_read(&self->src, lsn, WAL_ANY_PREV, &r);
     PyObject *out = NULL;
+    if (st == WAL_OK && r.type == WAL_REC_VOID)
+        st = WAL_BAD_TYPE; /* not a record */
     if (st == WAL_OK && (out = PyBytes_FromStringAndSize(NULL, r.length)))
         st = wal_copy_payload(&self->src, &r, (uint8_t *)PyBytes_AS_STRING(out));
     if (st != WAL_OK && !PyErr_Occurred()) {
@@ -743,6 +843,7 @@ static PyObject *Reader_scan(ReaderObject *self, PyObject *args)
 /* heads(lsn, expect_prev, stop_lsn, head_bytes, max_count)
  *   -> (status, next_lsn, last_lsn, lsns, lengths, heads)
  * Follows the chain like scan(), at most max_count records, and returns each valid record's
+ * (void ones are stepped over)
  * LSN (u64) and payload length (u32) and its first head_bytes payload bytes (zero-filled past
  * the payload), each as bytes: what an index over the records' own headers is built from
  * without a Python call per record (pmemwal.log). */
@@ -768,21 +869,28 @@ static PyObject *Reader_heads(ReaderObject *self, PyObject *args)
     uint64_t last = 0;
     int st = WAL_OK;
     Py_ssize_t n = 0;
-    for (; n < max && lsn < stop; n++) {
+    while (n < max && lsn < stop) {
         wal_record r;
         if ((st = wal_read(&self->src, lsn, prev, &r)) != WAL_OK)
             break;
+        if (r.type == WAL_REC_VOID) {
+            prev = lsn;
+            lsn = r.next_lsn;
+            continue;
+        }
         uint8_t *h = out_head + n * head;
         memset(h, 0, (size_t)head);
         if ((st = wal_copy_head(&self->src, &r, h, (uint64_t)head)) != WAL_OK)
             break;
-        out_lsn[n] = last = prev = lsn;
+        out_lsn[n] = prev = lsn;
         out_len[n] = r.length;
         lsn = r.next_lsn;
+        n++;
     }
     if (PyErr_Occurred() || _PyBytes_Resize(&lsns, n * 8) < 0 || _PyBytes_Resize(&lens, n * 4) < 0 ||
         _PyBytes_Resize(&heads, n * head) < 0)
         goto fail;
+    last = prev == WAL_ANY_PREV ? 0 : prev; /* where the chain stands: the next call's prev */
     return reader_done(self, Py_BuildValue("(iKKNNN)", st, lsn, (unsigned long long)last,
                                            lsns, lens, heads));
 fail:
@@ -931,6 +1039,11 @@ PyMODINIT_FUNC PyInit__core(void)
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0 ||
         PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0)
         return NULL;
+    PyModule_AddIntConstant(m, "CONTROL_SIZE", (long)sizeof(wal_shared));
+    PyModule_AddIntConstant(m, "CONTROL_HEADER", WAL_CTL_HEADER);
+    PyModule_AddIntConstant(m, "CONTROL_VERSION", WAL_CTL_VERSION);
+    PyModule_AddIntConstant(m, "SHARED_COUNTERS", WAL_CTL_COUNTERS);
+    PyModule_AddIntConstant(m, "MAX_PROCESSES", WAL_MAX_PROCS);
     PyModule_AddIntConstant(m, "PAGE_SIZE", WAL_PAGE_SIZE);
     PyModule_AddIntConstant(m, "PAGE_HEADER_SIZE", WAL_PAGE_HDR);
     PyModule_AddIntConstant(m, "RECORD_HEADER_SIZE", WAL_REC_HDR);

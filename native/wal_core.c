@@ -19,7 +19,9 @@
 #include "wal_core.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -57,21 +59,45 @@ static void backoff(const wal_env *env, unsigned *spins)
         nanosleep(&(struct timespec){0, 50000}, NULL);
 }
 
-/* insert_lock / insert_unlock -- the reservation spinlock; a waiter yields after
- * a short spin, since the holder may have been preempted (threads > cores). */
-static inline void insert_lock(wal_core *c)
+static int reap(wal_core *c, const wal_env *env, uint32_t token);
+static int void_slot(wal_core *c, const wal_env *env, struct wal_slot *slot);
+
+/* REAP_EVERY -- a shared WAL's waiter that has backed off this many times checks, and
+ * then every this many more, whether the process it waits for is dead (a system call). */
+#define REAP_EVERY 2048u
+
+static inline int reap_due(const wal_core *c, unsigned spins)
+{
+    return c->shared && spins >= REAP_EVERY && spins % REAP_EVERY == 0;
+}
+
+/* insert_lock / insert_unlock -- the reservation spinlock, holding the holder's token; a
+ * waiter yields after a short spin, since the holder may have been preempted (threads >
+ * cores), and in a shared WAL checks in time whether the holder died holding it. */
+static inline void insert_lock(wal_core *c, const wal_env *env)
 {
     unsigned spins = 0;
-    while (atomic_flag_test_and_set_explicit(&c->insert_lock, memory_order_acquire))
+    uint32_t free_ = 0;
+    while (!atomic_compare_exchange_weak_explicit(&c->sh->insert_lock, &free_, c->token,
+                                                  memory_order_acquire, memory_order_relaxed)) {
         if (++spins < 128)
             cpu_relax();
         else
             sched_yield();
+        if (reap_due(c, spins) && free_ && free_ != c->token)
+            reap(c, env, free_);
+        free_ = 0;
+    }
 }
 
 static inline void insert_unlock(wal_core *c)
 {
-    atomic_flag_clear_explicit(&c->insert_lock, memory_order_release);
+    atomic_store_explicit(&c->sh->insert_lock, 0, memory_order_release);
+}
+
+static inline uint64_t load_cur(const wal_core *c)
+{
+    return atomic_load_explicit(&c->sh->cur_u, memory_order_acquire);
 }
 
 static uint64_t now_ns(void)
@@ -121,11 +147,42 @@ static inline int injected(wal_core *c, enum wal_op op)
     return -f->err;
 }
 
+/* stall_here -- the stall test hooks: never return if one is due here. */
+static void stall_here(wal_core *c, const wal_env *env, enum wal_op op)
+{
+    if (__builtin_expect(c->fault.count == 0, 1) || c->fault.op != (int)op)
+        return; /* read without the lock: a test hook, set before the insertions it stops */
+    pthread_mutex_lock(&c->write_lock);
+    wal_fault *f = &c->fault;
+    int due = f->count && f->op == (int)op && !f->after;
+    if (f->count && f->op == (int)op)
+        *(due ? &f->count : &f->after) -= 1;
+    pthread_mutex_unlock(&c->write_lock);
+    if (!due)
+        return;
+    will_wait(env);
+    for (;;)
+        pause();
+}
+
 void wal_inject_fault(wal_core *c, enum wal_op op, int err, uint64_t after, uint64_t count)
 {
     pthread_mutex_lock(&c->write_lock);
     c->fault = (wal_fault){(int)op, err, after, count};
     pthread_mutex_unlock(&c->write_lock);
+}
+
+/* shared_init -- the shared state of a WAL with nothing appended yet (the header aside). */
+static void shared_init(wal_shared *sh, uint32_t nslots)
+{
+    memset((uint8_t *)sh + WAL_CTL_HEADER, 0, sizeof(*sh) - WAL_CTL_HEADER);
+    sh->nslots = nslots;
+    sh->holder_slot = WAL_NO_HOLDER;
+    sh->prev_u = WAL_NO_PREV;
+    for (uint32_t i = 0; i < WAL_MAX_SLOTS; i++) {
+        atomic_init(&sh->slots[i].start, WAL_POS_FREE);
+        atomic_init(&sh->slots[i].progress, WAL_POS_FREE);
+    }
 }
 
 int wal_core_init(wal_core *c, uint64_t seg_size, uint32_t wal_id_lo, int direct,
@@ -143,15 +200,15 @@ int wal_core_init(wal_core *c, uint64_t seg_size, uint32_t wal_id_lo, int direct
     c->ring_pages = ring_bytes / WAL_PAGE_SIZE;
     c->nslots = nslots;
     c->max_record = max_record;
-    atomic_flag_clear(&c->insert_lock);
-    c->prev_u = WAL_NO_PREV;
     c->notify_fd = -1;
+    c->ctl_fd = -1;
     c->stream_min = WAL_NT_NEVER;
-    for (uint32_t i = 0; i < WAL_MAX_SLOTS; i++) {
-        atomic_init(&c->slots[i].start, WAL_POS_FREE);
-        atomic_init(&c->slots[i].progress, WAL_POS_FREE);
-    }
+    c->sh = &c->own;
+    c->token = 1;
+    shared_init(c->sh, nslots);
     int rc = pthread_mutex_init(&c->serial_lock, NULL);
+    if (!rc)
+        rc = pthread_mutex_init(&c->reap_lock, NULL);
     return -(rc ? rc : pthread_mutex_init(&c->write_lock, NULL));
 }
 
@@ -159,6 +216,7 @@ void wal_core_destroy(wal_core *c)
 {
     pthread_mutex_destroy(&c->write_lock);
     pthread_mutex_destroy(&c->serial_lock);
+    pthread_mutex_destroy(&c->reap_lock);
 }
 
 int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn)
@@ -166,16 +224,16 @@ int wal_set_position(wal_core *c, uint64_t insert_lsn, uint64_t prev_lsn)
     int64_t u = wal_usable(&c->geom, insert_lsn);
     if (u < 0 || insert_lsn % WAL_ALIGN)
         return -EINVAL;
-    c->cur_u = (uint64_t)u;
-    c->prev_u = WAL_NO_PREV;
+    atomic_store(&c->sh->cur_u, (uint64_t)u);
+    c->sh->prev_u = WAL_NO_PREV;
     if (prev_lsn) {
         int64_t p = wal_usable(&c->geom, prev_lsn);
         if (p < 0 || (uint64_t)p >= (uint64_t)u)
             return -EINVAL;
-        c->prev_u = (uint64_t)p;
+        c->sh->prev_u = (uint64_t)p;
     }
-    atomic_store(&c->flushed_u, (uint64_t)u);
-    atomic_store(&c->written_u, (uint64_t)u);
+    atomic_store(&c->sh->flushed_u, (uint64_t)u);
+    atomic_store(&c->sh->written_u, (uint64_t)u);
     return 0;
 }
 
@@ -234,14 +292,14 @@ static int seg_get(wal_core *c, const wal_env *env, uint64_t segno, wal_seg_entr
 static int ensure_segments(wal_core *c, const wal_env *env, uint64_t total)
 {
     const uint64_t per = c->geom.seg_usable;
-    uint64_t from = __atomic_load_n(&c->cur_u, __ATOMIC_RELAXED);
+    uint64_t from = atomic_load_explicit(&c->sh->cur_u, memory_order_relaxed);
     for (uint64_t s = from / per; s <= (from + total - 1) / per; s++) {
         if (seg_lookup(c, s))
             continue;
         int rc = env->need_segment(env->ctx, s);
         if (rc)
             return rc;
-        if (!seg_lookup(c, s) && s >= __atomic_load_n(&c->cur_u, __ATOMIC_RELAXED) / per)
+        if (!seg_lookup(c, s) && s >= atomic_load_explicit(&c->sh->cur_u, memory_order_relaxed) / per)
             return -ENOENT;
     }
     return 0;
@@ -258,10 +316,10 @@ static int try_slots(wal_core *c, uint32_t first, wal_slot **out)
     for (uint32_t k = 0; k < c->nslots; k++) {
         uint32_t i = (first + k) % c->nslots;
         uint32_t free_ = 0;
-        if (atomic_load_explicit(&c->slots[i].owner, memory_order_relaxed) == 0 &&
-            atomic_compare_exchange_strong(&c->slots[i].owner, &free_, 1)) {
+        if (atomic_load_explicit(&c->sh->slots[i].owner, memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_strong(&c->sh->slots[i].owner, &free_, c->token)) {
             slot_hint = i;
-            *out = &c->slots[i];
+            *out = &c->sh->slots[i];
             return 1;
         }
     }
@@ -284,6 +342,8 @@ static int acquire_slot(wal_core *c, const wal_env *env, wal_slot **out)
             if (rc)
                 return rc;
             backoff(env, &spins);
+            if (reap_due(c, spins))
+                wal_reap_dead(c, env);
         }
         waited = now_ns() - t0;
     }
@@ -310,15 +370,16 @@ static void release_slot(wal_slot *s)
 /* frontier -- lowest position still being inserted (by start or by progress). */
 static uint64_t frontier(wal_core *c, const wal_env *env, int by_progress)
 {
-    insert_lock(c);
-    uint64_t lowest = c->cur_u;
-    insert_unlock(c);
+    uint64_t lowest = load_cur(c);
     for (uint32_t i = 0; i < c->nslots; i++) {
-        _Atomic uint64_t *pos = by_progress ? &c->slots[i].progress : &c->slots[i].start;
+        _Atomic uint64_t *pos = by_progress ? &c->sh->slots[i].progress : &c->sh->slots[i].start;
         uint64_t v;
         unsigned spins = 0;
-        while ((v = atomic_load(pos)) == WAL_POS_RESERVING)
+        while ((v = atomic_load(pos)) == WAL_POS_RESERVING) {
             backoff(env, &spins);
+            if (reap_due(c, spins))
+                reap(c, env, atomic_load(&c->sh->slots[i].owner));
+        }
         if (v < lowest)
             lowest = v;
     }
@@ -330,7 +391,7 @@ static int wait_insertions(wal_core *c, const wal_env *env, uint64_t limit, int 
 {
     uint64_t t0 = 0;
     for (uint32_t i = 0; i < c->nslots; i++) {
-        _Atomic uint64_t *pos = by_progress ? &c->slots[i].progress : &c->slots[i].start;
+        _Atomic uint64_t *pos = by_progress ? &c->sh->slots[i].progress : &c->sh->slots[i].start;
         unsigned spins = 0;
         for (;;) {
             uint64_t v = atomic_load(pos);
@@ -341,10 +402,12 @@ static int wait_insertions(wal_core *c, const wal_env *env, uint64_t limit, int 
             if (!t0)
                 t0 = now_ns();
             backoff(env, &spins);
+            if (reap_due(c, spins))
+                reap(c, env, atomic_load(&c->sh->slots[i].owner));
         }
     }
     if (t0) /* the background writer's waits delay no caller: counted apart */
-        atomic_fetch_add(env && env->background ? &c->background_wait_ns : &c->insert_wait_ns,
+        atomic_fetch_add(env && env->background ? &c->sh->background_wait_ns : &c->sh->insert_wait_ns,
                          now_ns() - t0);
     return 0;
 }
@@ -397,7 +460,7 @@ static int write_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t 
             rc = pwrite_all(c, e->fd, c->ring + a % ring_bytes, end - a, a % g->seg_size);
         if (rc)
             return fail(c, rc, "pwrite failed");
-        c->writes++;
+        atomic_fetch_add_explicit(&c->sh->writes, 1, memory_order_relaxed);
         a = end < seg_end ? end : seg_end + WAL_PAGE_SIZE; /* skip the next segment header */
     }
     return 0;
@@ -453,7 +516,7 @@ static int persist_range(wal_core *c, const wal_env *env, uint64_t from, uint64_
             return fail(c, rc, "attaching a segment failed");
         if ((rc = msync_range(c, e->base + a % g->seg_size, end - a)))
             return fail(c, rc, "msync failed");
-        c->writes++;
+        atomic_fetch_add_explicit(&c->sh->writes, 1, memory_order_relaxed);
         a = end;
     }
     return 0;
@@ -467,12 +530,12 @@ static int write_upto(wal_core *c, const wal_env *env, uint64_t u)
         return rc;
     will_wait(env); /* for the lock, then pwrite */
     pthread_mutex_lock(&c->write_lock);
-    uint64_t written = atomic_load(&c->written_u);
+    uint64_t written = atomic_load(&c->sh->written_u);
     if (written < u && !(rc = stopped(c))) {
         uint64_t to = frontier(c, env, 1);
         rc = write_range(c, env, written, to);
         if (!rc)
-            atomic_store(&c->written_u, to);
+            atomic_store(&c->sh->written_u, to);
     }
     pthread_mutex_unlock(&c->write_lock);
     return rc;
@@ -489,7 +552,7 @@ static int ring_page(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t p
         uint64_t old = pg - c->ring_pages;
         uint64_t pps = c->geom.seg_size / WAL_PAGE_SIZE;
         uint64_t need = old / pps * c->geom.seg_usable + old % pps * WAL_PAGE_USABLE;
-        if (atomic_load_explicit(&c->written_u, memory_order_acquire) < need) {
+        if (atomic_load_explicit(&c->sh->written_u, memory_order_acquire) < need) {
             atomic_store(&slot->progress, pos); /* our bytes below pos are complete */
             int rc = write_upto(c, env, need);
             if (rc)
@@ -684,14 +747,26 @@ static int flush_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t 
     return 0;
 }
 
-/* reserve -- stage one: the whole critical section. */
-static inline uint64_t reserve(wal_core *c, uint64_t size, uint64_t last_off, uint64_t *prev)
+/* reserve -- stage one: the whole critical section.  The slot is filled and published
+ * before the position moves, and the holder's slot is named first, so that a process
+ * finding the holder dead can tell what it had done (repair_reservation); a reader of
+ * cur_u that sees the new position finds the slot published. */
+static inline uint64_t reserve(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t size,
+                               uint64_t last_off, uint64_t *prev)
 {
-    insert_lock(c);
-    uint64_t start = c->cur_u;
-    c->cur_u = start + size;
-    *prev = c->prev_u;
-    c->prev_u = start + last_off;
+    wal_shared *sh = c->sh;
+    insert_lock(c, env);
+    uint64_t start = atomic_load_explicit(&sh->cur_u, memory_order_relaxed);
+    sh->holder_slot = (uint32_t)(slot - sh->slots);
+    slot->res_end = start + size;
+    slot->res_prev = *prev = sh->prev_u;
+    slot->res_last = start + last_off;
+    atomic_store_explicit(&slot->progress, start, memory_order_release);
+    atomic_store_explicit(&slot->start, start, memory_order_release);
+    stall_here(c, env, WAL_OP_STALL_LOCKED);
+    atomic_store_explicit(&sh->cur_u, start + size, memory_order_release);
+    sh->prev_u = start + last_off;
+    sh->holder_slot = WAL_NO_HOLDER;
     insert_unlock(c);
     return start;
 }
@@ -765,16 +840,15 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
     if ((rc = acquire_slot(c, env, &slot)))
         return rc;
     uint64_t prev_u;
-    uint64_t u = reserve(c, total, last_off, &prev_u), start_u = u;
-    atomic_store_explicit(&slot->progress, u, memory_order_release);
-    atomic_store_explicit(&slot->start, u, memory_order_release);
+    uint64_t u = reserve(c, env, slot, total, last_off, &prev_u), start_u = u;
+    stall_here(c, env, WAL_OP_STALL);
     /* Nothing streamed: flush the whole range once at the end rather than each
      * header and payload as stored (small records share cache lines). */
     slot->defer_flush = c->persist == WAL_PERSIST_PMEM &&
                         largest < (c->stream_min < WAL_NT_MIN ? c->stream_min : WAL_NT_MIN);
 
     const wal_geom *g = &c->geom;
-    uint64_t flushed_lsn = wal_lsn(g, atomic_load_explicit(&c->flushed_u, memory_order_relaxed));
+    uint64_t flushed_lsn = wal_lsn(g, atomic_load_explicit(&c->sh->flushed_u, memory_order_relaxed));
     uint64_t prev_lsn = prev_u == WAL_NO_PREV ? 0 : wal_lsn(g, prev_u);
     for (size_t i = 0; i < n && !rc; i++) {
         wal_payload pl = payload_of(heads, head_lens, bufs, lens, i);
@@ -789,9 +863,14 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
     if (!rc && slot->defer_flush)
         rc = flush_range(c, env, start_u, start_u + total);
     if (rc) {
-        /* The reservation can't be undone: the slot stays taken, so that no flush
-         * passes the hole, and the writer stops. */
-        atomic_store(&slot->owner, WAL_SLOT_ABANDONED);
+        /* The reservation can't be undone.  A shared WAL closes the range (void records)
+         * so that the other processes go on; where that fails too, or the WAL is this
+         * process's alone, the slot stays taken, so that no flush passes the hole, and
+         * this process's writer stops (the others retry closing it: reap). */
+        if (c->shared && void_slot(c, env, slot) == 0)
+            release_slot(slot);
+        else
+            atomic_store(&slot->owner, WAL_SLOT_ABANDONED);
         return rc == -WAL_ECLOSED ? rc : fail(c, rc, "inserting a record failed");
     }
     if (c->persist == WAL_PERSIST_PMEM)
@@ -809,13 +888,184 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
     return 0;
 }
 
+/* ---- shared WALs: who is alive, and closing what the dead left open ------ */
+
+#define VOID_MAX (1ull << 30) /* payload bytes of one void record, at most (u32 length) */
+
+/* liveness_lock -- take (F_WRLCK) or drop (F_UNLCK) entry i's liveness lock, never
+ * waiting: 0, or a negative errno (-EAGAIN: a live process holds it). */
+static int liveness_lock(int fd, uint32_t i, short type)
+{
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET,
+                       .l_start = (off_t)(WAL_CTL_LIVENESS + i), .l_len = 1};
+    return fcntl(fd, F_OFD_SETLK, &fl) ? -errno : 0;
+}
+
+/* void_record -- usable [from, to) as one void record (zeros) linked to prev_u. */
+static int void_record(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t from,
+                       uint64_t to, uint64_t prev_u)
+{
+    const wal_geom *g = &c->geom;
+    uint64_t len = to - from - WAL_REC_HDR;
+    uint8_t *zeros = calloc(1, len ? len : 1);
+    if (!zeros)
+        return -ENOMEM;
+    uint64_t lsn = wal_lsn(g, from);
+    uint64_t gap = lsn - wal_lsn(g, atomic_load(&c->sh->flushed_u));
+    wal_rec_hdr h = {0, (uint32_t)len, prev_u == WAL_NO_PREV ? 0 : wal_lsn(g, prev_u),
+                     WAL_REC_VOID, gap > WAL_GAP_MAX ? WAL_GAP_MAX : (uint32_t)gap};
+    wal_payload pl = {NULL, zeros, 0, len};
+    int rc = place(c, env, slot, from, &h, &pl);
+    free(zeros);
+    return rc;
+}
+
+/* void_slot -- close the range a slot's insertion reserved and did not finish: void
+ * records over it, the last one where the reservation's last record starts, since
+ * the record after the range links to that position.  Nothing in the range had been
+ * acknowledged: its append had not returned. */
+static int void_slot(wal_core *c, const wal_env *env, wal_slot *slot)
+{
+    uint64_t start = atomic_load(&slot->start), at = start, prev = slot->res_prev;
+    if (start == WAL_POS_FREE || start == WAL_POS_RESERVING)
+        return 0; /* nothing reserved */
+    slot->defer_flush = c->persist == WAL_PERSIST_PMEM;
+    int rc = 0;
+    while (!rc && at < slot->res_last) { /* a batch's records before its last */
+        uint64_t n = slot->res_last - at, most = VOID_MAX + WAL_REC_HDR;
+        if (n > most)
+            n = n - most < WAL_REC_HDR ? most - 64 : most;
+        rc = void_record(c, env, slot, at, at + n, prev);
+        prev = at;
+        at += n;
+    }
+    if (!rc)
+        rc = void_record(c, env, slot, slot->res_last, slot->res_end, prev);
+    if (!rc && c->persist == WAL_PERSIST_PMEM && !(rc = flush_range(c, env, start, slot->res_end)))
+        c->pmem_drain();
+    return rc;
+}
+
+/* repair_reservation -- the reservation lock's holder (token) died: finish or drop what
+ * it was doing (reserve's order makes this possible), then free the lock. */
+static void repair_reservation(wal_core *c, uint32_t token)
+{
+    wal_shared *sh = c->sh;
+    if (atomic_load(&sh->insert_lock) != token)
+        return;
+    if (sh->holder_slot < WAL_MAX_SLOTS) {
+        wal_slot *s = &sh->slots[sh->holder_slot];
+        uint64_t start = atomic_load(&s->start);
+        if (start != WAL_POS_FREE && start != WAL_POS_RESERVING) { /* published: complete it */
+            if (atomic_load(&sh->cur_u) == start)
+                atomic_store(&sh->cur_u, s->res_end);
+            sh->prev_u = s->res_last;
+        } /* else it had reserved nothing */
+        sh->holder_slot = WAL_NO_HOLDER;
+    }
+    atomic_store(&sh->insert_lock, 0);
+}
+
+/* close_slots -- void and free every slot whose owner is `owner`, claiming each first
+ * (for abandoned slots, which any process may be closing); 0, or why one failed. */
+static int close_slots(wal_core *c, const wal_env *env, uint32_t owner)
+{
+    for (uint32_t i = 0; i < c->nslots; i++) {
+        wal_slot *s = &c->sh->slots[i];
+        uint32_t expect = owner;
+        if (!atomic_compare_exchange_strong(&s->owner, &expect, c->token))
+            continue;
+        int rc = void_slot(c, env, s);
+        if (rc) {
+            atomic_store(&s->owner, owner);
+            return rc;
+        }
+        release_slot(s);
+    }
+    return 0;
+}
+
+/* reap -- if the process with this token is dead, clean up after it: its reservation, its
+ * slots, its entry.  Returns 1 if it did.  Holding the dead one's liveness lock makes this
+ * process the only one doing it; reap_lock, the only thread of it. */
+static int reap(wal_core *c, const wal_env *env, uint32_t token)
+{
+    if (!c->shared || !env || token == 0 || token == c->token)
+        return 0;
+    if (token == WAL_SLOT_ABANDONED) /* an insertion failed and could not close its range */
+        return close_slots(c, env, WAL_SLOT_ABANDONED) == 0;
+    uint32_t i = token - 1;
+    if (i >= WAL_MAX_PROCS || atomic_load(&c->sh->procs[i].state) != WAL_PROC_ALIVE)
+        return 0;
+    will_wait(env);
+    pthread_mutex_lock(&c->reap_lock);
+    int reaped = 0;
+    if (liveness_lock(c->ctl_fd, i, F_WRLCK) == 0) { /* its owner is gone */
+        if (atomic_load(&c->sh->procs[i].state) == WAL_PROC_ALIVE) {
+            repair_reservation(c, token);
+            if (close_slots(c, env, token) == 0) {
+                c->sh->procs[i].pid = 0;
+                atomic_store(&c->sh->procs[i].state, WAL_PROC_FREE);
+                atomic_fetch_add(&c->sh->reaped, 1);
+                reaped = 1;
+            } /* else left ALIVE and unlocked: the next waiter tries again */
+        }
+        liveness_lock(c->ctl_fd, i, F_UNLCK);
+    }
+    pthread_mutex_unlock(&c->reap_lock);
+    return reaped;
+}
+
+int wal_reap_dead(wal_core *c, const wal_env *env)
+{
+    int n = 0;
+    if (!c->shared)
+        return 0;
+    for (uint32_t i = 0; i < WAL_MAX_PROCS; i++)
+        n += reap(c, env, i + 1);
+    reap(c, env, WAL_SLOT_ABANDONED);
+    return n;
+}
+
+int wal_share(wal_core *c, wal_shared *mem, int fd, int init)
+{
+    if (init)
+        shared_init(mem, c->nslots);
+    else if (mem->nslots < 1 || mem->nslots > WAL_MAX_SLOTS)
+        return -EINVAL;
+    for (uint32_t i = 0; i < WAL_MAX_PROCS; i++) {
+        int rc = liveness_lock(fd, i, F_WRLCK);
+        if (rc == -EAGAIN || rc == -EACCES)
+            continue; /* a live process's */
+        if (rc)
+            return rc;
+        if (atomic_load(&mem->procs[i].state) != WAL_PROC_FREE) {
+            liveness_lock(fd, i, F_UNLCK); /* a dead one's, not cleaned up yet: left to reap */
+            continue;
+        }
+        mem->procs[i].pid = (int32_t)getpid();
+        atomic_store(&mem->procs[i].state, WAL_PROC_ALIVE);
+        c->nslots = mem->nslots;
+        c->ctl_fd = fd;
+        c->token = i + 1;
+        c->sh = mem;
+        c->shared = 1;
+        return 0;
+    }
+    return -EUSERS;
+}
+
+void wal_forsake(wal_core *c)
+{
+    c->forked = 1;
+    atomic_store(&c->closed, 1);
+}
+
 /* ---- flush ---------------------------------------------------------------- */
 
 int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flushed_lsn)
 {
-    insert_lock(c);
-    uint64_t limit = c->cur_u;
-    insert_unlock(c);
+    uint64_t limit = load_cur(c);
     if (upto_lsn == WAL_FLUSH_READY) {
         limit = frontier(c, env, 0); /* below it, no insertion is in progress */
     } else if (upto_lsn != UINT64_MAX) {
@@ -828,18 +1078,18 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
     int rc = stopped(c);
     if (rc)
         return rc;
-    uint64_t flushed = atomic_load_explicit(&c->flushed_u, memory_order_acquire);
+    uint64_t flushed = atomic_load_explicit(&c->sh->flushed_u, memory_order_acquire);
     if (flushed < limit && c->persist == WAL_PERSIST_PMEM) {
         /* Inserters persisted their own records before leaving their slots: a
          * flush only waits for them, then moves flushed_u forward, no lock. */
         if ((rc = wait_insertions(c, env, limit, 0)))
             return rc;
         uint64_t to = frontier(c, env, 0);
-        atomic_fetch_add_explicit(&c->flush_requests, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->sh->flush_requests, 1, memory_order_relaxed);
         while (flushed < to &&
-               !atomic_compare_exchange_weak(&c->flushed_u, &flushed, to))
+               !atomic_compare_exchange_weak(&c->sh->flushed_u, &flushed, to))
             ;
-        atomic_fetch_add_explicit(flushed < to ? &c->flushes : &c->coalesced, 1,
+        atomic_fetch_add_explicit(flushed < to ? &c->sh->flushes : &c->sh->coalesced, 1,
                                   memory_order_relaxed);
         flushed = flushed < to ? to : flushed;
     } else if (flushed < limit) {
@@ -847,26 +1097,28 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
             return rc;
         will_wait(env); /* for the lock, then the system calls */
         pthread_mutex_lock(&c->write_lock);
-        c->flush_requests++;
-        flushed = atomic_load(&c->flushed_u);
+        c->sh->flush_requests++;
+        flushed = atomic_load(&c->sh->flushed_u);
         if ((rc = stopped(c))) {
         } else if (flushed >= limit) {
-            c->coalesced++;
+            c->sh->coalesced++;
         } else {
             uint64_t to = frontier(c, env, 0); /* everyone complete below: flush them too */
             if (c->direct) {
                 rc = persist_range(c, env, flushed, to);
             } else {
-                uint64_t written = atomic_load(&c->written_u);
+                uint64_t written = atomic_load(&c->sh->written_u);
                 if (written < to && !(rc = write_range(c, env, written, to)))
-                    atomic_store(&c->written_u, to);
+                    atomic_store(&c->sh->written_u, to);
                 if (!rc)
                     rc = sync_segments(c, env, phys_from(&c->geom, flushed) / c->geom.seg_size,
                                        (wal_lsn_end(&c->geom, to) - 1) / c->geom.seg_size);
             }
             if (!rc) {
-                atomic_store_explicit(&c->flushed_u, to, memory_order_release);
-                c->flushes++;
+                uint64_t was = atomic_load(&c->sh->flushed_u); /* other processes move it too */
+                while (was < to && !atomic_compare_exchange_weak(&c->sh->flushed_u, &was, to))
+                    ;
+                c->sh->flushes++;
                 flushed = to;
             }
         }
@@ -876,15 +1128,40 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
     return rc;
 }
 
+/* leave_shared -- a shared WAL's close: wait for this process's insertions (the other
+ * processes' go on), then leave the entry free and the state read from here on local. */
+static void leave_shared(wal_core *c)
+{
+    for (uint32_t i = 0; i < c->nslots; i++) {
+        unsigned spins = 0;
+        while (atomic_load(&c->sh->slots[i].owner) == c->token)
+            backoff(NULL, &spins);
+    }
+    pthread_mutex_lock(&c->write_lock);
+    pthread_mutex_unlock(&c->write_lock);
+    wal_shared *sh = c->sh;
+    c->own.cur_u = atomic_load(&sh->cur_u);
+    c->own.flushed_u = atomic_load(&sh->flushed_u);
+    c->sh = &c->own;
+    sh->procs[c->token - 1].pid = 0;
+    atomic_store(&sh->procs[c->token - 1].state, WAL_PROC_FREE);
+    liveness_lock(c->ctl_fd, c->token - 1, F_UNLCK);
+    c->shared = 0;
+}
+
 void wal_close(wal_core *c)
 {
     if (atomic_exchange(&c->closed, 1))
         return;
+    if (c->shared) {
+        leave_shared(c);
+        return;
+    }
     /* holding every slot and the write lock excludes all work in progress */
     for (uint32_t i = 0; i < c->nslots; i++) {
         unsigned spins = 0;
         uint32_t free_ = 0;
-        while (!atomic_compare_exchange_weak(&c->slots[i].owner, &free_, 1)) {
+        while (!atomic_compare_exchange_weak(&c->sh->slots[i].owner, &free_, 1)) {
             if (free_ == WAL_SLOT_ABANDONED)
                 break; /* a failed insertion keeps its slot forever */
             free_ = 0;
@@ -897,32 +1174,31 @@ void wal_close(wal_core *c)
 
 uint64_t wal_insert_lsn(wal_core *c)
 {
-    insert_lock(c);
-    uint64_t u = c->cur_u;
-    insert_unlock(c);
+    uint64_t u = load_cur(c);
     return wal_lsn(&c->geom, u);
 }
 
 uint64_t wal_flushed_lsn(wal_core *c)
 {
-    return wal_lsn(&c->geom, atomic_load(&c->flushed_u));
+    return wal_lsn(&c->geom, atomic_load(&c->sh->flushed_u));
 }
 
 void wal_get_stats(wal_core *c, wal_stats *s)
 {
     memset(s, 0, sizeof(*s));
     for (uint32_t i = 0; i < c->nslots; i++) {
-        s->records += c->slots[i].records;
-        s->bytes += c->slots[i].bytes;
-        s->payload_bytes += c->slots[i].payload_bytes;
-        s->slot_wait_ns += c->slots[i].acquire_wait_ns;
+        s->records += c->sh->slots[i].records;
+        s->bytes += c->sh->slots[i].bytes;
+        s->payload_bytes += c->sh->slots[i].payload_bytes;
+        s->slot_wait_ns += c->sh->slots[i].acquire_wait_ns;
     }
-    pthread_mutex_lock(&c->write_lock);
-    s->writes = c->writes;
-    pthread_mutex_unlock(&c->write_lock);
-    s->flushes = atomic_load(&c->flushes);
-    s->flush_requests = atomic_load(&c->flush_requests);
-    s->coalesced = atomic_load(&c->coalesced);
-    s->insert_wait_ns = atomic_load(&c->insert_wait_ns);
-    s->background_wait_ns = atomic_load(&c->background_wait_ns);
+    s->writes = atomic_load(&c->sh->writes);
+    s->reaped = atomic_load(&c->sh->reaped);
+    for (uint32_t i = 0; c->shared && i < WAL_MAX_PROCS; i++)
+        s->processes += atomic_load(&c->sh->procs[i].state) == WAL_PROC_ALIVE;
+    s->flushes = atomic_load(&c->sh->flushes);
+    s->flush_requests = atomic_load(&c->sh->flush_requests);
+    s->coalesced = atomic_load(&c->sh->coalesced);
+    s->insert_wait_ns = atomic_load(&c->sh->insert_wait_ns);
+    s->background_wait_ns = atomic_load(&c->sh->background_wait_ns);
 }

@@ -18,7 +18,7 @@
 #define WAL_SEG_TABLE 1024      /* segments the writer can have attached at once */
 #define WAL_ECLOSED 100000      /* not an errno: the WAL was closed */
 #define WAL_ESTOPPED 100001     /* not an errno: refused, an earlier error stopped the writer */
-#define WAL_SLOT_ABANDONED 2    /* slot owner: an insertion that failed past its reservation */
+#define WAL_SLOT_ABANDONED UINT32_MAX /* slot owner: an insertion that failed past its reservation */
 #define WAL_POS_FREE UINT64_MAX /* slot: no insertion in progress */
 #define WAL_POS_RESERVING (UINT64_MAX - 1) /* slot: reserving, position not known yet */
 #define WAL_NO_PREV UINT64_MAX
@@ -38,6 +38,9 @@ enum wal_op {
     WAL_OP_WRITE, /* buffered: pwrite */
     WAL_OP_SYNC,  /* buffered: fdatasync / fsync */
     WAL_OP_MSYNC, /* direct: msync */
+    WAL_OP_STALL, /* an insertion stops for good once its space is reserved (err unused): a
+                     process to SIGKILL mid-insert, in tests of shared WALs */
+    WAL_OP_STALL_LOCKED, /* the same, inside the reservation lock, before the position moves */
 };
 
 /* wal_fault -- a test hook: fail `count` calls of `op` with `err`, after `after` good ones. */
@@ -65,11 +68,14 @@ typedef struct wal_seg_entry {
     int fd;               /* buffered: the file */
 } wal_seg_entry;
 
-/* wal_slot -- an insertion slot; its counters belong to whoever holds it. */
+/* wal_slot -- an insertion slot; its counters belong to whoever holds it.  res_*: the
+ * reservation being filled (written under the reservation lock, before start), what a
+ * process that finds the owner dead needs to close the range (wal_reap). */
 typedef struct wal_slot {
-    _Atomic uint32_t owner;
+    _Atomic uint32_t owner;    /* 0: free; a process token; WAL_SLOT_ABANDONED */
     _Atomic uint64_t start;    /* usable position of the record being inserted */
     _Atomic uint64_t progress; /* everything below is copied */
+    uint64_t res_end, res_prev, res_last; /* reserved [start, res_end); prev_u; last record */
     uint64_t records, bytes, payload_bytes, acquire_wait_ns;
     int defer_flush;           /* pmem: flush the insertion's range once, at its end */
 } __attribute__((aligned(64))) wal_slot;
@@ -77,7 +83,58 @@ typedef struct wal_slot {
 typedef struct wal_stats {
     uint64_t records, bytes, payload_bytes, slot_wait_ns; /* summed over slots */
     uint64_t flushes, flush_requests, coalesced, insert_wait_ns, writes, background_wait_ns;
+    uint64_t processes, reaped; /* shared: processes attached now; dead ones whose ranges were closed */
 } wal_stats;
+
+#define WAL_MAX_PROCS 128
+#define WAL_CTL_VERSION 1
+#define WAL_CTL_HEADER 64          /* bytes of the control file's header (pmemwal/control.py) */
+#define WAL_CTL_LIVENESS 1048576u  /* byte offset of the per-process liveness locks */
+#define WAL_CTL_COUNTERS 8
+#define WAL_NO_HOLDER UINT32_MAX
+
+enum wal_proc_state { WAL_PROC_FREE, WAL_PROC_ALIVE };
+
+typedef struct wal_proc {
+    _Atomic uint32_t state;
+    int32_t pid;               /* for people reading the control file: liveness is the lock */
+} wal_proc;
+
+/*
+ * wal_shared -- the state every writer of a WAL shares: the insert position, the slots,
+ * the flushed position, the counters.  One process's WAL has it in its wal_core; a WAL
+ * opened with shared=True has it in the mapped control file (CONTROL in the WAL
+ * directory), after the 64-byte header pmemwal/control.py writes and checks.  It is a
+ * cache of what the segments say: the first process to open the WAL rebuilds it by
+ * recovery, and nothing here is read when no process has the WAL open.
+ *
+ * A process is alive while it holds an OFD write lock on byte WAL_CTL_LIVENESS + i of the
+ * control file (i: its entry in procs); the kernel drops the lock when it dies, however it
+ * dies, so a process that can take the lock knows the owner is dead and is the one to
+ * clean up after it (wal_reap).  Its token in lock words and slot owners is i + 1.
+ */
+typedef struct wal_shared {
+    uint8_t header[WAL_CTL_HEADER]; /* magic, version, WAL id, segment size: control.py */
+    uint32_t nslots;
+    uint32_t holder_slot;          /* the slot the reservation lock's holder fills, or none */
+
+    /* reservation: a spinlock (holder's token) around two integers and the holder's slot */
+    _Alignas(64) _Atomic uint32_t insert_lock;
+    _Atomic uint64_t cur_u;  /* next free usable position: read without the lock */
+    uint64_t prev_u;         /* usable position of the last reserved record */
+
+    _Alignas(64) _Atomic uint64_t flushed_u; /* durable below; a record boundary */
+    _Atomic uint64_t written_u;              /* buffered: handed to the OS below */
+    _Atomic uint64_t flushes, flush_requests, coalesced, writes;
+    _Atomic uint64_t insert_wait_ns;         /* flushes waiting for insertions */
+    _Atomic uint64_t background_wait_ns;     /* the same, the background writer's flushes */
+    _Atomic uint64_t reaped;                 /* dead processes cleaned up after */
+    _Atomic uint64_t oldest_segno;           /* shared: segments below were truncated */
+    _Atomic uint64_t counters[WAL_CTL_COUNTERS]; /* the Python side's (segments made, ...) */
+    wal_proc procs[WAL_MAX_PROCS];
+
+    wal_slot slots[WAL_MAX_SLOTS];
+} wal_shared;
 
 typedef struct wal_core {
     wal_geom geom;
@@ -93,31 +150,27 @@ typedef struct wal_core {
     uint64_t ring_pages;
     uint32_t nslots;
     uint64_t max_record;
-    _Atomic int error;       /* sticky negative errno: the writer stopped */
+    _Atomic int error;       /* sticky negative errno: this process's writer stopped */
     _Atomic int failing;     /* claimed by the first failure: it sets error_what, then error */
     char error_what[64];     /* what failed: written before error is published */
     _Atomic int closed;
+    int forked;              /* a child's copy after fork(): touches nothing shared */
 
-    /* reservation: a spinlock around two integers, nothing else */
-    _Alignas(64) atomic_flag insert_lock;
-    uint64_t cur_u;          /* next free usable position */
-    uint64_t prev_u;         /* usable position of the last reserved record */
+    wal_shared *sh;          /* &own, or the control file's mapping (shared) */
+    uint32_t token;          /* this process's token: 1, or its entry + 1 (shared) */
+    int shared;
+    int ctl_fd;              /* shared: the control file, for the liveness locks */
+    pthread_mutex_t reap_lock; /* one thread of this process cleans up after the dead */
 
-    _Alignas(64) _Atomic uint64_t flushed_u; /* durable below; a record boundary */
-    _Atomic uint64_t written_u;              /* buffered: handed to the OS below */
-    pthread_mutex_t write_lock;              /* one writer/flusher at a time */
+    pthread_mutex_t write_lock;              /* one writer/flusher at a time (this process) */
     /* serial insertion (seed 004's "before"): one insertion at a time, reserving, checksum
      * and copy all under this lock, as WALInsertLock did before parallel insertion */
     int serial;
     pthread_mutex_t serial_lock;
-    _Atomic uint64_t flushes, flush_requests, coalesced;
-    uint64_t writes;                          /* under write_lock */
     wal_fault fault;                          /* test hook, under write_lock */
-    _Atomic uint64_t insert_wait_ns;         /* flushes waiting for insertions */
-    _Atomic uint64_t background_wait_ns;     /* the same, the background writer's flushes */
 
-    wal_slot slots[WAL_MAX_SLOTS];
     wal_seg_entry segs[WAL_SEG_TABLE];
+    wal_shared own;                           /* one process's WAL: its shared state */
 } wal_core;
 
 int wal_core_init(wal_core *c, uint64_t seg_size, uint32_t wal_id_lo, int direct,
@@ -155,6 +208,21 @@ int wal_stop(wal_core *c, int err, const char *what);
 
 /* wal_inject_fault -- a test hook: the next calls of op fail (see wal_fault); count 0 clears. */
 void wal_inject_fault(wal_core *c, enum wal_op op, int err, uint64_t after, uint64_t count);
+
+/* wal_share -- use the control file's state (mem, mapped from fd) instead of this
+ * process's own, and register this process in it.  init: the first opener, which
+ * rebuilds it (then sets the position); else it must already be set up.  Returns
+ * 0, -EUSERS when every process entry is taken, or a negative errno. */
+int wal_share(wal_core *c, wal_shared *mem, int fd, int init);
+
+/* wal_reap_dead -- clean up after every registered process that died: close the
+ * ranges its insertions left open (void records), free its slots and its entry.
+ * Waiters do this themselves when they wait long; returns how many were reaped. */
+int wal_reap_dead(wal_core *c, const wal_env *env);
+
+/* wal_forsake -- in a child after fork(): refuse all work and never touch the
+ * shared state the parent's copy owns. */
+void wal_forsake(wal_core *c);
 
 /* wal_close -- stop accepting work and wait until none is in progress. */
 void wal_close(wal_core *c);

@@ -25,6 +25,7 @@
 #define WAL_ALIGN 8u
 #define WAL_PAGE_MAGIC 0x31505750u                 /* "PWP1" little-endian */
 #define WAL_REC_DATA 1u                            /* record type: user payload */
+#define WAL_REC_VOID 2u                            /* record type: a closed range, no record */
 #define WAL_GAP_MAX 0xFFFFFFFFu                    /* saturated flushed_gap */
 
 /*
@@ -43,7 +44,9 @@
  *   4  u32 length      payload bytes
  *   8  u64 prev_lsn    LSN of the previous record (0: none known); inside the
  *                      CRC so that a stale body can never pass with a new link
- *  16  u32 info        low byte: record type (WAL_REC_DATA); other bits zero
+ *  16  u32 info        low byte: record type; other bits zero.  WAL_REC_DATA: a
+ *                      record.  WAL_REC_VOID: zeros over a range whose writer died
+ *                      before finishing it (shared WALs): readers step over it
  *  20  u32 flushed_gap this record's LSN minus the flushed LSN when it was
  *                      reserved (saturating): a record whose LSN - gap lies
  *                      beyond a damaged record proves that the damaged one had

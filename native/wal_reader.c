@@ -133,7 +133,7 @@ int wal_read(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r
     r->crc = h.crc;
     r->type = h.info & 0xff;
     r->durable_hint = lsn - h.flushed_gap;
-    if (h.info != WAL_REC_DATA)
+    if (h.info != WAL_REC_DATA && h.info != WAL_REC_VOID)
         return WAL_BAD_TYPE;
     if (expect_prev == WAL_ANY_PREV ? h.prev_lsn >= lsn : h.prev_lsn != expect_prev)
         return WAL_BAD_PREV;
@@ -176,8 +176,10 @@ void wal_scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t sto
             r->bad_lsn = rec.bad_lsn;
             break;
         }
-        r->count++;
-        r->bytes += rec.length;
+        if (rec.type == WAL_REC_DATA) { /* a void record closes a range: no record */
+            r->count++;
+            r->bytes += rec.length;
+        }
         r->last_lsn = expect_prev = lsn;
         lsn = rec.next_lsn;
     }
@@ -236,7 +238,7 @@ static int holds_record_of_cycle(uint64_t page_lsn, const uint8_t *page, uint64_
     for (uint64_t off = WAL_PAGE_HDR; off + WAL_REC_HDR <= WAL_PAGE_SIZE; off += WAL_ALIGN) {
         uint64_t prev = le_load64(page + off + offsetof(wal_rec_hdr, prev_lsn));
         uint32_t info = le_load32(page + off + offsetof(wal_rec_hdr, info));
-        if (info == WAL_REC_DATA && prev >= min_prev && prev < page_lsn + off)
+        if ((info == WAL_REC_DATA || info == WAL_REC_VOID) && prev >= min_prev && prev < page_lsn + off)
             return 1;
     }
     return 0;

@@ -9,7 +9,8 @@
  *      LSN as page_lsn, this WAL's identifier;
  *   3. a page the record continues into says so: rem_len == bytes left;
  *      a record starting at a page's usable area finds rem_len == 0 there;
- *   4. the header's type is known and its prev_lsn is the previous record's
+ *   4. the header's type is known (a record, or a void one that readers step
+ *      over: a range whose writer died, in a shared WAL) and its prev_lsn is the previous record's
  *      LSN (or, for the first record read, any LSN below x);
  *   5. the CRC over header bytes 4..23 and the payload matches.
  */

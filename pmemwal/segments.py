@@ -40,12 +40,13 @@ from pmemwal.format import PAGE_SIZE, SegmentHeader, parse_segment_name, segment
 from pmemwal.libpmem import buffer_address
 
 LOCK_NAME = "LOCK"
+CONTROL_NAME = "CONTROL"  # a shared WAL's control file (pmemwal/control.py)
 MAP_SHARED_VALIDATE = 0x03
 MAP_SYNC = 0x80000
 MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_IGNORED = {LOCK_NAME, "lost+found"}
+_IGNORED = {LOCK_NAME, CONTROL_NAME, "lost+found"}
 _ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
 
 
@@ -73,9 +74,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class WalDirectory:
-    """One WAL directory, locked against other writers while this object lives."""
+    """One WAL directory, locked against other writers while this object lives (``shared``:
+    locked by ``lock_shared`` against writers that do not share it)."""
 
-    def __init__(self, path: str, create: bool) -> None:
+    def __init__(self, path: str, create: bool, shared: bool = False) -> None:
         self.path = os.path.abspath(path)
         self.may_create = create
         if os.path.exists(self.path) and not os.path.isdir(self.path):
@@ -89,12 +91,43 @@ class WalDirectory:
         with storage_errors(f"opening {self.path}"):
             self.dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
             self.lock_fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+        _LOCKED.add(self)
+        if shared:
+            return
         try:
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.close()
-            raise LockedError(f"{self.path} is open in another writer (lock file {LOCK_NAME})") from None
-        _LOCKED.add(self)
+            raise LockedError(f"{self.path} is open in another writer (lock file {LOCK_NAME}); "
+                              "several processes write one WAL when all open it with "
+                              "shared=True") from None
+
+    def lock_shared(self) -> bool:
+        """A shared WAL (the caller holds the control file's files lock): True when no other
+        process has the WAL open (this one then rebuilds the control file and calls
+        ``share_lock``), False when processes sharing it have; LockedError when a writer
+        that does not share it has it open."""
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            raise LockedError(f"{self.path} is open in a writer that does not share it "
+                              f"(lock file {LOCK_NAME}; open it with shared=True everywhere)") from None
+
+    def share_lock(self) -> None:
+        """The first process of a shared WAL, once it has rebuilt the control file: from
+        exclusive to shared.  flock converts by unlocking first, so a writer that does not
+        share the WAL can take it in between: then this one gives way (LockedError)."""
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LockedError(f"{self.path} was opened by a writer that does not share it "
+                              "while this one was opening it") from None
 
     def _drop_lock_in_child(self) -> None:
         """After fork, in the child: close (never unlock) our copy of the lock's descriptor.

@@ -27,6 +27,7 @@ import numpy as np
 
 from pmemwal import _core, libpmem
 from pmemwal.background import BackgroundWriter
+from pmemwal.control import ControlFile
 from pmemwal.device import resolve_mode, stream_min
 from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, NotFoundError,
                             format_lsn)
@@ -53,6 +54,19 @@ DEFAULT_GIL_RELEASE_SIZE = 8 << 10
 _END = (1 << 64) - 1
 _READ_CACHE = 16  # read-only segment mappings kept for readers
 _NO_SEGMENT = 1   # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
+_OLDEST = 8       # _core.Core.shared: the oldest segment a shared WAL's truncations left
+_SHARED: weakref.WeakSet[WAL] = weakref.WeakSet()  # shared WALs open in this process
+
+
+def _after_fork_in_child() -> None:
+    """A child of fork() has copies of the parent's shared WALs: they refuse all work
+    (ClosedError) and never touch the state and locks the parent's copy owns."""
+    for wal in list(_SHARED):
+        wal._forsake()
+    _SHARED.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -73,7 +87,7 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          prepare_segments: int = 2, prefault: bool = True,
          gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
          max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
-         persist: str = "auto", insertion: str = "parallel") -> WAL:
+         persist: str = "auto", insertion: str = "parallel", shared: bool = False) -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
@@ -82,11 +96,12 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
                background=background, flush_interval=flush_interval,
                prepare_segments=prepare_segments, prefault=prefault,
                gil_release_size=gil_release_size, max_wal_size=max_wal_size,
-               preallocate=preallocate, persist=persist, insertion=insertion)
+               preallocate=preallocate, persist=persist, insertion=insertion, shared=shared)
 
 
 class WAL:
-    """A write-ahead log in a directory of segment files; one writer at a time.
+    """A write-ahead log in a directory of segment files: one writer process, or several
+    that all open it with ``shared=True``.
 
     Options (each has a default that suits most uses):
 
@@ -112,6 +127,16 @@ class WAL:
       once) or ``"serial"`` (reserving, checksum and copy all under one lock, one
       insertion at a time: PostgreSQL's WALInsertLock before 9.4, seed 004's "before",
       to measure parallel insertion against).
+    - ``shared``: several processes append to this WAL at once, each opening it with
+      ``shared=True`` (docs/SHARED.md).  They share the insert position, insertion
+      slots and flushed position through ``CONTROL``, a file in the WAL directory
+      that each maps, and a process that dies mid-insert never blocks the others:
+      the first to wait for it closes its range.  Direct mode only (``mode="auto"``
+      means direct here: msync where the mapping is not persistent memory); the
+      processes must agree on ``segment_size`` and take the first opener's
+      ``insert_slots``.  A WAL open without it in one process is LockedError here,
+      and the other way round.  After ``fork()`` the child cannot use the parent's
+      WAL (ClosedError): it opens the WAL itself.
     - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
       records are followed by more, or ``"truncate"`` the WAL at the damage.
     - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
@@ -148,11 +173,11 @@ class WAL:
                  prepare_segments: int = 2, prefault: bool = True,
                  gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
                  max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
-                 persist: str = "auto", insertion: str = "parallel") -> None:
+                 persist: str = "auto", insertion: str = "parallel", shared: bool = False) -> None:
         _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                        sync_method, on_corruption, recycle_segments, flush_interval,
                        prepare_segments, gil_release_size, max_wal_size, preallocate, persist,
-                       insertion)
+                       insertion, shared)
         self._insertion = insertion
         self._background: BackgroundWriter | None = None
         self._prepare_segments = prepare_segments if prefault else 0
@@ -173,16 +198,17 @@ class WAL:
         self._truncation_distance = 0.0  # bytes appended between two truncations: the largest, decaying
         self._typical_distance = 0.0     # the same, a plain moving average
         self._last_truncation_lsn: int | None = None
-        self._dir = WalDirectory(os.fspath(path), create)
+        self._control: ControlFile | None = None
+        self._dir = WalDirectory(os.fspath(path), create, shared=shared)
         try:
-            self._open_segments(segment_size)
-            self.mode, self.probe = resolve_mode(mode, self._dir.path)
-            self._direct = self.mode == "direct"
-            self._map_sync = bool(self.probe and self.probe.map_sync)
-            self._reader = _core.Reader(self.segment_size, self._wal_id_lo, _weak(self, "_segment_buffer"))
-            insert_lsn, prev_lsn = self._recover(on_corruption)
-            self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
-                             insert_lsn, prev_lsn)
+            if shared:
+                self._control = ControlFile(self._dir.path)
+                with self._control.files_lock():
+                    self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
+                               max_record_size, gil_release_size)
+            else:
+                self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
+                           max_record_size, gil_release_size)
             self._preallocate(preallocate)
             if background:
                 self._start_background(flush_interval)
@@ -190,14 +216,39 @@ class WAL:
             self._release()
             raise
         self._closed = False
+        if shared:
+            _SHARED.add(self)
 
     # ---- opening -------------------------------------------------------------
 
-    def _open_segments(self, segment_size: int | None) -> None:
+    def _open(self, mode: str, segment_size: int | None, on_corruption: str, insert_slots: int,
+              buffer_size: int, max_record_size: int, gil_release_size: int) -> None:
+        """Check the segments, choose the mode, recover and start the core.  A shared WAL
+        (the files lock held) is recovered by the process that finds no other has it
+        open, which rebuilds the control file; the others join the state it set up."""
+        first = self._dir.lock_shared() if self._control is not None else True
+        self._open_segments(segment_size, create=first)
+        if self._control is not None and mode == "auto":
+            mode = "direct"  # the mode shared writing has (msync where not pmem)
+        self.mode, self.probe = resolve_mode(mode, self._dir.path)
+        if self._control is not None and self.mode != "direct":
+            raise ConfigError("shared=True works in direct mode only: sharing buffered mode's "
+                              "ring between processes would cost a copy to shared memory and a "
+                              "cross-process write lock (docs/SHARED.md)")
+        self._direct = self.mode == "direct"
+        self._map_sync = bool(self.probe and self.probe.map_sync)
+        self._reader = _core.Reader(self.segment_size, self._wal_id_lo, _weak(self, "_segment_buffer"))
+        insert_lsn, prev_lsn = self._recover(on_corruption) if first else (0, 0)
+        self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
+                         insert_lsn, prev_lsn, first)
+        if self._control is not None and first:
+            self._dir.share_lock()
+
+    def _open_segments(self, segment_size: int | None, create: bool = True) -> None:
         """Read and cross-check every segment header, or create the first segment."""
         self._segnos = self._dir.list_segments()
         if not self._segnos:
-            if not self._dir.may_create:
+            if not self._dir.may_create or not create:
                 raise NotFoundError(errno.ENOENT, "no WAL in this directory (create=False)",
                                     self._dir.path)
             self.segment_size = segment_size or DEFAULT_SEGMENT_SIZE
@@ -275,7 +326,8 @@ class WAL:
             os.close(fd)
 
     def _start_core(self, insert_slots: int, buffer_size: int, max_record_size: int,
-                    gil_release_size: int, insert_lsn: int, prev_lsn: int) -> None:
+                    gil_release_size: int, insert_lsn: int, prev_lsn: int,
+                    first: bool = True) -> None:
         if self._direct:
             self._ring = None
         else:  # the WAL buffer ring: anonymous shared memory seen as a numpy array
@@ -286,7 +338,14 @@ class WAL:
                                 max_record_size=max_record_size,
                                 segment_callback=_weak(self, "_ensure_segment"),
                                 gil_release_size=gil_release_size)
-        self._core.set_position(insert_lsn, prev_lsn)
+        if self._control is not None:
+            control = self._control
+            mapping = (control.rebuild if first else control.join)(self.wal_id, self.segment_size)
+            self._core.share(mapping, control.fd, first)
+        if first:
+            self._core.set_position(insert_lsn, prev_lsn)
+            if self._control is not None:
+                self._core.shared(_OLDEST, self._segnos[0])
         self._core.set_serial(self._insertion == "serial")
         # The per-record calls go straight to C: a Python frame here would cost
         # as much as appending a small record (the methods below document them).
@@ -294,7 +353,7 @@ class WAL:
         self.append_prefixed = self._core.append_prefixed
         self.flush = self._core.flush
         self.max_record_size = max_record_size
-        self._choose_persist(insert_lsn // self.segment_size)
+        self._choose_persist(self._core.insert_lsn // self.segment_size)
 
     def _choose_persist(self, segno: int) -> None:
         """libpmem's cache flush where the mapping is pmem, msync otherwise (or as the
@@ -363,12 +422,14 @@ class WAL:
         for segno in range(current, current + ahead + 1):
             if segno not in self._segments and segno not in self._arriving:
                 self._ensure_segment(segno)
-                self._counters["segments_prefaulted"] += 1
+                self._count("segments_prefaulted")
 
     def _flush_async(self) -> None:
         """Background: check the segments, then make asynchronously appended records durable."""
         if self._closed or self._core.error:
             return
+        if self._control is not None:
+            self._core.reap_dead()  # a peer that died mid-insert, even if nobody waits for it
         if not self._truncating():
             self._check_segments()
         if self._core.insert_lsn != self._core.flushed_lsn:
@@ -385,9 +446,10 @@ class WAL:
     def _check_segments(self) -> None:
         """Stop the writer once an attached segment file has been deleted: records
         written to it would vanish with it (background.py: when this runs)."""
+        self._drop_truncated()
         with self._seg_lock:
             for seg in self._segments.values():
-                if os.fstat(seg.fd).st_nlink == 0:
+                if os.fstat(seg.fd).st_nlink == 0 and seg.segno >= self._oldest_shared():
                     self._core.stop(errno.ENOENT, f"segment file {seg.segno:016X} was deleted "
                                     "under the writer")
                     return
@@ -423,7 +485,7 @@ class WAL:
         deleted segment."""
         if self._core_closed:
             raise ClosedError("the WAL is closed")
-        if segno < self._segnos[0]:
+        if segno < self._segnos[0] or segno < self._oldest_shared():
             return None
         if segno in self._arriving:
             return self._arriving[segno]
@@ -432,7 +494,7 @@ class WAL:
                 seg = self._segments[segno]
                 self._core.attach(segno, seg.fd, seg.map)
             return None
-        if segno in self._segnos:
+        if segno in self._segnos or self._made_by_peer(segno):
             todo = [(segno, False)]
         else:
             todo = [(n, True) for n in range(min(segno, self._segnos[-1] + 1), segno + 1)]
@@ -450,8 +512,7 @@ class WAL:
                 if create:
                     self._await_lower(segno)
                     started = time.perf_counter_ns()
-                    self._dir.create(segno, self.segment_size, self.wal_id,
-                                     zero_fill=self._prefault and not self._direct)
+                    create = self._create_segment(segno)
                 dsync = not self._direct and self._sync_method == "open_datasync"
                 seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=True,
                               dsync=dsync)
@@ -466,6 +527,63 @@ class WAL:
                 raise
             self._arrived(segno, seg, created=create,
                           make_ns=time.perf_counter_ns() - started if create else 0)
+
+    def _create_segment(self, segno: int) -> bool:
+        """Make segment ``segno``'s file; in a shared WAL, under the files lock and only
+        if no other process made it first.  Returns whether this call made it."""
+        if self._control is None:
+            self._dir.create(segno, self.segment_size, self.wal_id,
+                             zero_fill=self._prefault and not self._direct)
+            return True
+        with self._control.files_lock():
+            if os.path.exists(self._dir.file(segno)):
+                return False
+            self._dir.create(segno, self.segment_size, self.wal_id)
+            return True
+
+    def _made_by_peer(self, segno: int) -> bool:
+        """A shared WAL: whether another process made segment ``segno`` (it is then added to
+        this one's list; segment lock held)."""
+        if self._control is None or segno < self._oldest_shared():
+            return False
+        if not os.path.exists(self._dir.file(segno)):
+            return False
+        self._segnos.append(segno)
+        self._segnos.sort()
+        return True
+
+    def _oldest_shared(self) -> int:
+        """A shared WAL: the oldest segment the processes' truncations left (0 otherwise)."""
+        return self._core.shared(_OLDEST) if self._control is not None and not self._core_closed else 0
+
+    def _drop_truncated(self) -> None:
+        """A shared WAL: let go of the segments another process truncated (they are
+        removed, or renamed to a future number, under our mappings)."""
+        if self._control is None:
+            return
+        with self._seg_lock:
+            oldest = self._oldest_shared()
+            if oldest <= self._segnos[0]:
+                return
+            for table in (self._segments, self._read_cache):
+                for segno in [n for n in table if n < oldest]:
+                    self._core.detach(segno)
+                    table.pop(segno).close()
+            self._segnos = [n for n in self._segnos if n >= oldest] or [oldest]
+
+    def _lower_made(self, segno: int) -> None:
+        """Before a recycled file becomes segment ``segno``: the segments below it that this
+        process has on their way exist.  One process's WAL waits for them; a shared WAL
+        holds the files lock here, which they need, so it makes their files itself (the
+        threads bringing them then find them made)."""
+        if self._control is None:
+            self._await_lower(segno)
+            return
+        with self._seg_lock:
+            lower = sorted(n for n in self._arriving if n < segno)
+        for n in lower:
+            if not os.path.exists(self._dir.file(n)):
+                self._dir.create(n, self.segment_size, self.wal_id)
 
     def _await_lower(self, segno: int) -> None:
         """Wait until no segment below ``segno`` is still on its way (made or recycled by
@@ -490,9 +608,9 @@ class WAL:
                 self._segments[segno] = seg
                 if hasattr(self, "_core"):
                     self._core.attach(segno, seg.fd, seg.map)
-            self._counters["segments_created"] += created
-            self._counters["segments_recycled"] += recycled
-            self._counters["segment_make_ns"] += make_ns
+            self._count("segments_created", created)
+            self._count("segments_recycled", recycled)
+            self._count("segment_make_ns", make_ns)
             self._arriving.pop(segno).set()
 
     def _segment_buffer(self, segno: int) -> mmap.mmap | None:
@@ -509,7 +627,7 @@ class WAL:
                 return seg.map
             seg = self._read_cache.get(segno)
             if seg is None:
-                if segno not in self._segnos or segno in self._arriving:
+                if (segno not in self._segnos and not self._made_by_peer(segno)) or segno in self._arriving:
                     return None
                 seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=False)
                 self._read_cache[segno] = seg
@@ -558,13 +676,14 @@ class WAL:
             return
         lsn, end = bounds
         while lsn < end:
-            status, _, next_lsn, prev_lsn, length, _, _, payload_lsn, _ = self._reader.read(lsn, prev)
+            status, _, next_lsn, prev_lsn, length, _, _, payload_lsn, _, void = self._reader.read(lsn, prev)
             if status:
                 reason = _core.status_text(status)
                 if chosen and prev == -1:
                     raise ValueError(f"no valid record at LSN {format_lsn(lsn)}: {reason}")
                 raise CorruptionError(lsn, lsn // self.segment_size, reason)
-            yield Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
+            if not void:  # a void record is a range a dead writer left: no record
+                yield Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
             prev, lsn = lsn, next_lsn
 
     def _read_bounds(self, start: int | None) -> tuple[int, int] | None:
@@ -573,6 +692,7 @@ class WAL:
         None when there is no record to start from."""
         self._check_open()
         end = self._core.flushed_lsn if self._core.error else self._core.flush()
+        self._drop_truncated()
         if start is None:
             status, start = self._reader.first_record(self._segnos[0])
             if status:
@@ -591,10 +711,13 @@ class WAL:
         unflushed = lsn >= self._core.flushed_lsn and not self._core.error
         if unflushed and not self._direct:
             self._core.flush(lsn)
-        status, _, _, prev_lsn, length, _, _, payload_lsn, _ = self._reader.read(lsn, -1)
+        status, _, _, prev_lsn, length, _, _, payload_lsn, _, void = self._reader.read(lsn, -1)
         if status and unflushed and self._direct:
             self._core.flush(lsn)
-            status, _, _, prev_lsn, length, _, _, payload_lsn, _ = self._reader.read(lsn, -1)
+            status, _, _, prev_lsn, length, _, _, payload_lsn, _, void = self._reader.read(lsn, -1)
+        if void:
+            raise ValueError(f"no record at LSN {format_lsn(lsn)}: a void range (its writer died "
+                             "before finishing it)")
         if status:
             raise ValueError(f"no valid record at LSN {format_lsn(lsn)}: {_core.status_text(status)}")
         return Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
@@ -619,6 +742,7 @@ class WAL:
             if lsns:
                 yield (np.frombuffer(lsns, np.uint64), np.frombuffer(lengths, np.uint32),
                        np.frombuffer(heads, np.uint8).reshape(-1, head_bytes))
+            if last:  # where the chain stands, void records included
                 prev = last
             if status:
                 raise CorruptionError(lsn, lsn // self.segment_size, _core.status_text(status))
@@ -641,13 +765,34 @@ class WAL:
         self._check_open()
         with self._truncate_lock:
             cut = min(before_lsn, self.flushed_lsn) // self.segment_size
-            with self._seg_lock:
-                plan = self._release_below(cut)
-            self._recycle_or_remove(plan)
+            if self._control is None:
+                with self._seg_lock:
+                    plan = self._release_below(cut)
+                self._recycle_or_remove(plan)
+            else:
+                plan = self._truncate_shared(cut)
         background = self._background
         if plan and background is not None:
             background.wake()  # the round it sat out (_truncating), now that it would not
         return len(plan)
+
+    def _truncate_shared(self, cut: int) -> list[tuple[int, int | None, Segment | None]]:
+        """A shared WAL's truncation: under the files lock, with the segment list read
+        again (other processes make segments too), and the oldest segment raised first,
+        so that the others take what goes as truncated, not as deleted under them.
+        Nothing to cut takes no lock: processes that truncate often would keep one that
+        waits to open the WAL or make a segment from ever getting it (flock is not fair)."""
+        if cut <= self._oldest_shared():
+            return []
+        with self._control.files_lock():
+            self._core.shared(_OLDEST, cut)
+            self._drop_truncated()
+            with self._seg_lock:
+                on_disk = self._dir.list_segments(tidy=False)
+                self._segnos = sorted(set(on_disk) | set(self._arriving))
+                plan = self._release_below(cut)
+            self._recycle_or_remove(plan)
+        return plan
 
     def _release_below(self, cut: int) -> list[tuple[int, int | None, Segment | None]]:
         """Take the segments below ``cut`` out of the table (segment lock held): for each,
@@ -684,9 +829,9 @@ class WAL:
                     if seg is not None:
                         seg.close()
                     self._dir.remove(segno)
-                    self._counters["segments_removed"] += 1
+                    self._count("segments_removed")
                 else:
-                    self._await_lower(new)
+                    self._lower_made(new)
                     self._dir.recycle(segno, new, self.segment_size, self.wal_id,
                                       seg.fd if seg else -1)
                     self._recycled(new, seg)
@@ -701,7 +846,7 @@ class WAL:
             self._arrived(new, seg, recycled=True)
             return
         with self._seg_lock:
-            self._counters["segments_recycled"] += 1
+            self._count("segments_recycled")
             self._arriving.pop(new).set()
 
     def _abandon_recycling(self, rest: list[tuple[int, int | None, Segment | None]]) -> None:
@@ -774,7 +919,16 @@ class WAL:
         machine grows the WAL).
         """
         self._check_open()
-        return {**self._core.stats(), **self._counters}
+        counters = {name: self._core.shared(i) for i, name in enumerate(self._counters)} \
+            if self._control is not None else self._counters
+        return {**self._core.stats(), **counters}
+
+    def _count(self, name: str, n: int = 1) -> None:
+        """Add to one of the WAL's own counters (a shared WAL's are in the control file)."""
+        if self._control is not None and not self._core_closed and hasattr(self, "_core"):
+            self._core.shared(list(self._counters).index(name), n)
+        else:
+            self._counters[name] += n
 
     def close(self) -> None:
         """Flush what was appended, then release everything; closing twice is fine."""
@@ -787,11 +941,24 @@ class WAL:
         finally:
             self._release()
 
+    def _forsake(self) -> None:
+        """In a child after fork() (see _after_fork_in_child)."""
+        self._closed = self._core_closed = True
+        self._forked = True
+        self._background = None  # its thread is the parent's
+        if hasattr(self, "_core"):
+            self._core.forsake()
+        if self._control is not None:
+            self._control.forsake()
+
     def _release(self) -> None:
+        _SHARED.discard(self)
         with self._truncate_lock, self._seg_lock:  # no segment is attached after this
             self._core_closed = True
             if hasattr(self, "_core"):
                 self._core.close()
+            if self._control is not None:  # after the core, which let go of its mapping
+                self._control.close()
         if self._background is not None:  # after the core: no appender can notify it now
             self._background.stop()
             self._background = None
@@ -803,7 +970,8 @@ class WAL:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ClosedError("the WAL is closed")
+            raise ClosedError("the WAL was opened before fork(): a child process opens it again"
+                              if getattr(self, "_forked", False) else "the WAL is closed")
 
     @property
     def closed(self) -> bool:
@@ -860,19 +1028,20 @@ def check_wal_options(mode: str = "auto", segment_size: int | None = None, inser
                       prepare_segments: int = 2,
                       gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
                       max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
-                      persist: str = "auto", insertion: str = "parallel") -> None:
+                      persist: str = "auto", insertion: str = "parallel",
+                      shared: bool = False) -> None:
     """ConfigError for an option pmemwal.open would refuse, checked before opening
     anything (benchmarks check a grid's options before its first run)."""
     _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size, sync_method,
                    on_corruption, recycle_segments, flush_interval, prepare_segments,
-                   gil_release_size, max_wal_size, preallocate, persist, insertion)
+                   gil_release_size, max_wal_size, preallocate, persist, insertion, shared)
 
 
 def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffer_size: int,
                    max_record_size: int, sync_method: str, on_corruption: str,
                    recycle_segments: int, flush_interval: float, prepare_segments: int,
                    gil_release_size: int, max_wal_size: int, preallocate: int,
-                   persist: str, insertion: str) -> None:
+                   persist: str, insertion: str, shared: bool = False) -> None:
     def choose(name: str, value: str, valid) -> None:
         if value not in valid:
             raise ConfigError(f"{name}={value!r}: valid values are {', '.join(valid)}")
@@ -882,6 +1051,8 @@ def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffe
     choose("on_corruption", on_corruption, ON_CORRUPTION)
     choose("persist", persist, PERSIST)
     choose("insertion", insertion, INSERTION)
+    if shared and mode == "buffered":
+        raise ConfigError("shared=True works in direct mode only (mode='direct' or 'auto')")
     if segment_size is not None and not is_valid_segment_size(segment_size):
         raise ConfigError(f"segment_size={segment_size}: a power of two from 1 MiB to 1 GiB")
     if not 1 <= insert_slots <= 256:

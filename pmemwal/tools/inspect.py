@@ -492,9 +492,13 @@ class Records:
                     status, lsn, last, count, nbytes, bad = reader.scan(lsn, prev, _END)
                     if count:
                         self._note(begin, count, nbytes, last)
+                    if last:  # void records (closed ranges) move the chain, count nothing
                         prev = last
                 else:
-                    status, _, nxt, prv, length, crc, _, _, bad = reader.read(lsn, prev)
+                    status, _, nxt, prv, length, crc, _, _, bad, void = reader.read(lsn, prev)
+                    if status == 0 and void:
+                        prev, lsn = lsn, nxt
+                        continue
                     if status == 0:
                         self._note(lsn, 1, length, lsn)
                         yield RecordInfo(lsn, length, prv, crc, nxt)

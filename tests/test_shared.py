@@ -1,0 +1,318 @@
+"""Several processes writing one WAL (pmemwal.open(shared=True)): real processes, real
+SIGKILLs, the control file and its locks.
+
+Two handles opened in one process are two writers as far as the WAL can tell (each its
+own control-file descriptor, liveness lock and process entry), which makes the
+deterministic tests simple; the death tests kill real child processes.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import pmemwal
+from pmemwal import ClosedError, ConfigError, FormatError, LockedError
+from pmemwal.tools import shared_torture
+
+SEG = 1 << 20
+pytestmark = pytest.mark.usefixtures("pmem_forced")
+
+
+@pytest.fixture
+def pmem_forced(monkeypatch):
+    """Direct mode persisting by cache flush on tmpfs, in this process and its children."""
+    monkeypatch.setenv("PMEM_IS_PMEM_FORCE", "1")
+
+
+@pytest.fixture
+def wal_dir(tmp_path):
+    path = "/dev/shm/" + f"pmemwal-shared-{os.getpid()}-{tmp_path.name}"
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def open_shared(path, **kw):
+    kw.setdefault("segment_size", SEG)
+    return pmemwal.open(path, shared=True, **kw)
+
+
+def payloads(wal, start=None):
+    return [bytes(r.payload) for r in wal.records(start)]
+
+
+# ---- sharing ----------------------------------------------------------------------
+
+
+def test_two_writers_share_position_and_counters(wal_dir):
+    a = open_shared(wal_dir)
+    b = open_shared(wal_dir)
+    lsns = []
+    for i in range(200):
+        lsns.append((a if i % 2 else b).append(b"record %d" % i, flush=True))
+    assert lsns == sorted(lsns)  # one insert position
+    assert a.insert_lsn == b.insert_lsn and a.flushed_lsn == b.flushed_lsn
+    stats = a.stats()
+    assert stats["records"] == 200 and stats["processes"] == 2
+    assert payloads(b) == [b"record %d" % i for i in range(200)]
+    b.close()
+    assert a.stats()["processes"] == 1
+    a.close()
+    with pmemwal.open(wal_dir) as alone:
+        assert payloads(alone) == [b"record %d" % i for i in range(200)]
+
+
+def _spawned_writer(path: str, k: int, n: int) -> int:
+    with pmemwal.open(path, shared=True, segment_size=SEG) as wal:
+        for i in range(n):
+            wal.append(b"w%d-%06d" % (k, i), flush=i % 7 == 0)
+        return wal.flush()
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_multiprocessing_writers(wal_dir, method):
+    """The README's example: a pool of processes, each opening the WAL itself."""
+    n = 3000
+    with open_shared(wal_dir) as wal:
+        with multiprocessing.get_context(method).Pool(3) as pool:
+            pool.starmap(_spawned_writer, [(wal_dir, k, n) for k in range(3)])
+        records = payloads(wal)
+        assert wal.stats()["records"] == 3 * n
+    assert len(records) == 3 * n
+    for k in range(3):
+        assert [r for r in records if r.startswith(b"w%d-" % k)] == [b"w%d-%06d" % (k, i) for i in range(n)]
+
+
+def test_truncation_by_one_writer_under_another(wal_dir):
+    a = open_shared(wal_dir, recycle_segments=1)
+    b = open_shared(wal_dir)
+    record = bytes(20000)
+    stop = threading.Event()
+    b_lsns = []
+
+    def other():
+        while not stop.is_set():
+            b_lsns.append(b.append(b"b" + record, flush=True))
+
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        for i in range(600):
+            lsn = a.append(b"a" + record, flush=True)
+            if i % 50 == 49:
+                a.truncate(lsn - 2 * SEG)
+    finally:
+        stop.set()
+        t.join()
+    assert a.stats()["segments_recycled"] + a.stats()["segments_removed"] > 0
+    b._flush_async()  # the background round: drops what a truncated, stops nothing
+    assert b._core.error == 0
+    kept = [r.lsn for r in b.records()]
+    assert kept and set(l for l in b_lsns if l >= b.first_lsn) <= set(kept)
+    a.close()
+    b.close()
+
+
+# ---- a writer that dies mid-insert ---------------------------------------------------
+
+_STALLING_CHILD = r"""
+import json, sys, pmemwal
+spec = json.loads(sys.argv[1])
+wal = pmemwal.open(spec["path"], shared=True, segment_size=spec["seg"])
+print(wal.append(b"before the death", flush=True), flush=True)
+wal._core.inject_fault(spec["hook"], 0)
+print("S", flush=True)
+wal.append_many([b"never acknowledged %d" % i for i in range(spec["batch"])])
+print("not reached", flush=True)
+"""
+
+
+def _stalled_child(path: str, hook: str, batch: int = 3) -> tuple[subprocess.Popen, int]:
+    child = subprocess.Popen([sys.executable, "-c", _STALLING_CHILD,
+                              json.dumps({"path": path, "seg": SEG, "hook": hook, "batch": batch})],
+                             stdout=subprocess.PIPE, text=True)
+    lsn = int(child.stdout.readline())
+    assert child.stdout.readline().strip() == "S"
+    return child, lsn
+
+
+@pytest.mark.parametrize("hook", ["stall", "stall_locked"])
+def test_dead_writer_never_blocks_the_others(wal_dir, hook):
+    """A process SIGKILLed holding an insertion (its space reserved, nothing copied), or
+    inside the reservation lock: the survivor's flush waits while it lives, and goes on
+    once it is dead; its range reads as nothing."""
+    wal = open_shared(wal_dir)
+    first = wal.append(b"first", flush=True)
+    child, child_lsn = _stalled_child(wal_dir, hook)
+    time.sleep(0.2)  # the child has reserved and stopped
+    done = []
+    survivor = threading.Thread(target=lambda: done.append(wal.append(b"after", flush=True)))
+    survivor.start()
+    survivor.join(0.5)
+    assert not done, "a flush passed an insertion still in progress in a live process"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    survivor.join(10)
+    assert done, "the survivor's flush stayed blocked by a dead writer"
+    assert wal.flushed_lsn > done[0]
+    assert payloads(wal) == [b"first", b"before the death", b"after"]
+    assert [r.lsn for r in wal.records()] == [first, child_lsn, done[0]]
+    assert wal.stats()["processes_reaped"] == 1
+    with pytest.raises(ValueError, match="no"):
+        wal.record(child_lsn + 32 if hook == "stall" else done[0] + 8)
+    wal.append(b"more", flush=True)
+    wal.close()
+    with pmemwal.open(wal_dir) as alone:  # recovery steps over the closed range
+        assert payloads(alone) == [b"first", b"before the death", b"after", b"more"]
+        assert alone.append(b"appending resumes", flush=True) > done[0]
+
+
+def test_dead_writer_found_by_background_writer(wal_dir):
+    """Nobody flushes past the dead one's range: the background round closes it anyway."""
+    wal = open_shared(wal_dir, flush_interval=0.01)
+    child, _ = _stalled_child(wal_dir, "stall", batch=40)
+    time.sleep(0.2)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 10
+    while wal.stats()["processes_reaped"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert wal.stats()["processes_reaped"] == 1
+    assert wal.flushed_lsn == wal.insert_lsn  # nothing in progress any more
+    assert payloads(wal) == [b"before the death"]
+    wal.close()
+
+
+def test_sigkill_torture_short():
+    """The long torture (pmemwal torture --processes) in miniature: writers SIGKILLed at
+    random, two kills in three mid-insert; survivors go on, nothing acknowledged is lost."""
+    config = shared_torture.SharedTortureConfig(processes=3, threads=2, seconds=3,
+                                                kill_interval=0.4, seed=7, stall_bound=10,
+                                                env={"PMEM_IS_PMEM_FORCE": "1"})
+    report = shared_torture.run(config)
+    assert report.ok, report.to_dict()
+    assert report.kills >= 2 and report.acknowledged > 100
+    assert report.found >= report.acknowledged
+
+
+# ---- bad input, locks, fork ----------------------------------------------------------
+
+
+def test_buffered_mode_is_refused(wal_dir):
+    with pytest.raises(ConfigError, match="direct mode"):
+        pmemwal.open(wal_dir, shared=True, mode="buffered")
+    assert not os.path.exists(wal_dir)
+
+
+def test_other_segment_size_is_refused(wal_dir):
+    with open_shared(wal_dir) as wal:
+        wal.append(b"kept", flush=True)
+        with pytest.raises(ConfigError, match="segment_size"):
+            pmemwal.open(wal_dir, shared=True, segment_size=2 * SEG)
+        assert payloads(wal) == [b"kept"]
+
+
+def test_shared_and_unshared_writers_exclude_each_other(wal_dir):
+    with open_shared(wal_dir):
+        with pytest.raises(LockedError, match="shared=True"):
+            pmemwal.open(wal_dir)
+    with pmemwal.open(wal_dir):
+        with pytest.raises(LockedError, match="does not share"):
+            pmemwal.open(wal_dir, shared=True)
+    with open_shared(wal_dir):  # both gone: either kind opens
+        pass
+
+
+def _replace_control(wal_dir: str, data: bytes) -> None:
+    """A new CONTROL file renamed over the live one (the open handle keeps its own)."""
+    tmp = os.path.join(wal_dir, "CONTROL.new")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.rename(tmp, os.path.join(wal_dir, "CONTROL"))
+
+
+def test_control_file_of_another_wal_or_version(wal_dir, tmp_path):
+    other = str(tmp_path / "other")
+    with open_shared(other):
+        pass
+    with open(os.path.join(other, "CONTROL"), "rb") as f:
+        foreign = f.read()
+    with open_shared(wal_dir) as wal:
+        wal.append(b"kept", flush=True)
+        with open(os.path.join(wal_dir, "CONTROL"), "rb") as f:
+            own = bytearray(f.read())
+        _replace_control(wal_dir, foreign)
+        with pytest.raises(FormatError, match="another WAL"):
+            open_shared(wal_dir)
+        own[8] += 1  # another layout version, CRC made to match
+        own[40:44] = pmemwal._core.crc32c(bytes(own[:40])).to_bytes(4, "little")
+        _replace_control(wal_dir, bytes(own))
+        with pytest.raises(FormatError, match="another pmemwal version"):
+            open_shared(wal_dir)
+        _replace_control(wal_dir, b"\0" * 100)
+        with pytest.raises(FormatError, match="not a pmemwal control file"):
+            open_shared(wal_dir)
+        assert wal.append(b"still writing", flush=True)
+        assert payloads(wal) == [b"kept", b"still writing"]
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "stale"])
+def test_control_file_is_rebuilt_when_nobody_has_the_wal_open(wal_dir, damage):
+    with open_shared(wal_dir) as wal:
+        for i in range(50):
+            wal.append(b"r%d" % i, flush=True)
+    control = os.path.join(wal_dir, "CONTROL")
+    if damage == "missing":
+        os.unlink(control)
+    elif damage == "garbage":
+        with open(control, "r+b") as f:
+            f.write(os.urandom(4096))
+    else:  # left by a group that died: the insert position says 0
+        with open(control, "r+b") as f:
+            f.seek(pmemwal._core.CONTROL_HEADER + 64)
+            f.write(bytes(64))
+    with open_shared(wal_dir) as wal:
+        lsn = wal.append(b"after", flush=True)
+        assert payloads(wal) == [b"r%d" % i for i in range(50)] + [b"after"]
+        assert lsn == wal.record(lsn).lsn
+
+
+def test_fork_child_refuses_the_parents_wal(wal_dir):
+    wal = open_shared(wal_dir)
+    wal.append(b"parent", flush=True)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(read_end)
+            try:
+                wal.append(b"child")
+            except ClosedError as exc:
+                if "fork" in str(exc):
+                    with pmemwal.open(wal_dir, shared=True) as own:  # its own handle works
+                        own.append(b"child, own handle", flush=True)
+                        code = 0
+        finally:
+            os.write(write_end, bytes([code]))
+            os._exit(code)
+    os.close(write_end)
+    assert os.read(read_end, 1) == b"\0"
+    os.waitpid(pid, 0)
+    os.close(read_end)
+    # the child's exit dropped nothing of the parent's: still alive to the others
+    peer = open_shared(wal_dir)
+    assert peer._core.reap_dead() == 0 and peer.stats()["processes"] == 2
+    wal.append(b"parent again", flush=True)
+    assert payloads(peer) == [b"parent", b"child, own handle", b"parent again"]
+    peer.close()
+    wal.close()
