@@ -50,7 +50,7 @@ from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from pmemwal.errors import (ClosedError, CorruptionError, FormatError, LogIndexError, TermError,
+from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, LogIndexError, TermError,
                             format_lsn)
 from pmemwal.wal import WAL
 
@@ -176,6 +176,9 @@ class Log:
         self._state_record: bytes | None = None
         self._state_lsn = 0
         self._last_term = 0                     # the last entry's (or snapshot's) term
+        if wal_options.get("shared"):
+            raise ConfigError("a Log has one writer process (its index numbers the entries "
+                              "as this process appends them): shared=True is the WAL's")
         self.wal = WAL(path, **wal_options)
         try:
             self._replay()
