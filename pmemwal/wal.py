@@ -916,7 +916,9 @@ class WAL:
         ``_prefaulted`` (made ready ahead by the background writer);
         ``segment_make_ns``, the time threads spent making the created ones (allocated,
         written, mapped and pre-faulted: bytes created over it is the pace at which this
-        machine grows the WAL).
+        machine grows the WAL).  A shared WAL's counters count across its processes;
+        ``processes`` is how many have it open, ``processes_reaped`` how many died and were
+        cleaned up after (both 0 for a WAL open in one process).
         """
         self._check_open()
         counters = {name: self._core.shared(i) for i, name in enumerate(self._counters)} \
@@ -994,6 +996,8 @@ class WAL:
     @property
     def first_lsn(self) -> int:
         """LSN of the first usable byte of the oldest segment."""
+        if not self._closed:
+            self._drop_truncated()  # a shared WAL: what other processes truncated
         return first_lsn(self._segnos[0], self.segment_size)
 
     def __enter__(self) -> WAL:
