@@ -30,7 +30,7 @@ from pmemwal.background import BackgroundWriter
 from pmemwal.control import ControlFile
 from pmemwal.device import resolve_mode, stream_min
 from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, NotFoundError,
-                            format_lsn)
+                            StorageError, format_lsn)
 from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,
                             is_valid_segment_size)
 from pmemwal.segments import Segment, WalDirectory
@@ -514,8 +514,14 @@ class WAL:
                     started = time.perf_counter_ns()
                     create = self._create_segment(segno)
                 dsync = not self._direct and self._sync_method == "open_datasync"
-                seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=True,
-                              dsync=dsync)
+                try:
+                    seg = Segment(self._dir.file(segno), segno, self.segment_size,
+                                  writable=True, dsync=dsync)
+                except StorageError as exc:
+                    if exc.errno != errno.ENOENT or segno >= self._oldest_shared():
+                        raise
+                    self._truncated_meanwhile(todo[i:])  # another process truncated it
+                    return
                 if self._direct:
                     seg.mapping(populate=self._prefault, sync=self._map_sync)
             except BaseException:
@@ -527,6 +533,16 @@ class WAL:
                 raise
             self._arrived(segno, seg, created=create,
                           make_ns=time.perf_counter_ns() - started if create else 0)
+
+    def _truncated_meanwhile(self, rest: list[tuple[int, bool]]) -> None:
+        """A shared WAL: the segments claimed in ``rest`` went in another process's
+        truncation before this one opened them (a request for one is stale: the insert
+        position had passed it): nobody waits for them."""
+        with self._seg_lock:
+            for n, _ in rest:
+                if n in self._segnos:
+                    self._segnos.remove(n)
+                self._arriving.pop(n).set()
 
     def _create_segment(self, segno: int) -> bool:
         """Make segment ``segno``'s file; in a shared WAL, under the files lock and only
@@ -786,8 +802,7 @@ class WAL:
             return []
         with self._control.files_lock():
             self._core.shared(_OLDEST, cut)
-            self._drop_truncated()
-            with self._seg_lock:
+            with self._seg_lock:  # our own mappings of what goes are recycled with it
                 on_disk = self._dir.list_segments(tidy=False)
                 self._segnos = sorted(set(on_disk) | set(self._arriving))
                 plan = self._release_below(cut)

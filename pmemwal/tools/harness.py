@@ -70,7 +70,7 @@ from pmemwal.errors import ConfigError, WALError
 from pmemwal.tools._extras import require
 from pmemwal.tools.bench import parse_flush, parse_size
 
-PMEMWAL_TARGETS = ("auto", "buffered", "direct")  # the targets that take the params grid
+PMEMWAL_TARGETS = ("auto", "buffered", "direct", "direct-procs")  # the targets that take the params grid
 _AB_MODES = ("buffered", "direct")  # the targets --against runs at the other revision too
 # The WAL's counters (pmemwal.WAL.stats), which the pmemwal targets store per run in
 # extra["stats"] and ``--columns`` tables and draws per second of the run: a ``_ns``
