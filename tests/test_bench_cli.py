@@ -337,3 +337,48 @@ def test_keep_all_leaves_a_checkpointer_nothing_and_a_bad_keep_is_refused(shm_di
         bench.BenchConfig(checkpoint=-1)
     result = invoke("bench", shm_dir / "wal", "--keep", "lots")
     assert result.exit_code == 2 and "keep" in result.output
+
+
+# ---- clients as processes (a shared WAL) -------------------------------------------
+
+
+def test_bench_processes(shm_dir: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PMEM_IS_PMEM_FORCE", "1")
+    wal = shm_dir / "wal"
+    result = invoke("bench", wal, "--processes", "--mode", "direct", "--clients", "2",
+                    "--size", "8k", "--duration", "0.5", "--keep", "16m", "--segment-size", "1m",
+                    "--progress", "0.1", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["config"]["processes"] is True and data["mode"] == "direct"
+    per_client = data["per_client_records"]
+    assert len(per_client) == 2 and all(n > 0 for n in per_client), per_client
+    assert data["records"] == sum(per_client) == data["stats"]["records"]
+    assert data["append_latency_us"]["count"] == data["records"]  # both clients' histograms
+    assert data["stats"]["processes"] == 3  # the two clients and the main process
+    assert data["elapsed"] >= 0.5
+    assert PROGRESS_LINE.search(result.stderr)
+    assert not wal.exists()
+
+
+def test_bench_processes_group_and_report(shm_dir: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PMEM_IS_PMEM_FORCE", "1")
+    lines = []
+    config = bench.BenchConfig(shm_dir / "wal", mode="direct", processes=True, clients=2,
+                               size=512, duration=0.3, flush="group:4", keep_bytes="16m",
+                               segment_size="1m", progress_interval=0.1)
+    result = bench.run(config, progress=lines.append)
+    assert lines and lines[0]["records_per_s"] > 0
+    assert result.flush_latency.count == sum(n // 4 for n in result.per_client_records)
+    assert re.search(r"^clients: +2 processes$", result.report(), re.M)
+
+
+@pytest.mark.parametrize("mode", ["buffered", "auto"])
+def test_bench_processes_need_direct_mode(shm_dir: Path, mode: str) -> None:
+    with pytest.raises(pmemwal.ConfigError, match="processes"):
+        bench.BenchConfig(shm_dir / "wal", mode=mode, processes=True)
+    result = invoke("bench", shm_dir / "wal", "--processes", "--mode", mode, "--duration", "0.1")
+    assert result.exit_code == 1
+    assert "processes" in result.stderr and "direct" in result.stderr
+    assert "Traceback" not in result.output
+    assert os.listdir(shm_dir) == []

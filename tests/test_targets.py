@@ -241,3 +241,23 @@ def test_run_result_rates():
     assert RunResult("x", 0, 0, 0.0, {}, {}).records_per_s == 0.0
     assert r.as_dict()["records_per_s"] == 5.0
     assert np.isfinite(r.as_dict()["mb_per_s"])
+
+
+def test_direct_procs_target(shm_tmp, monkeypatch):
+    monkeypatch.setenv("PMEM_IS_PMEM_FORCE", "1")
+    target = get_target("direct-procs")
+    assert "direct-procs" in EXTRA_TARGETS and "direct-procs" not in TARGET_NAMES
+    assert target.params == get_target("direct").params and "processes" not in target.params
+    # keep 16m: with 4m, a client process stalled ~10 ms may find a segment truncated
+    # and recycled by the other before it opens it (ENOENT; see the shared WAL)
+    w = Workload(str(shm_tmp / "dp"), 2, 8192, 0.5, "each",
+                 {"segment_size": "1m", "keep_bytes": "16m"})
+    result = target.run(w)
+    check(result, "direct-procs", w)
+    assert result.extra["processes"] is True and result.extra["mode"] == "direct"
+    per_client = result.extra["per_client_records"]
+    assert len(per_client) == 2 and all(n > 0 for n in per_client), per_client
+    assert result.extra["stats"]["processes"] == 3
+    assert result.extra["intervals"]
+    assert get_target("direct").run(Workload(str(shm_tmp / "d"), 1, 64, 0.1)).extra[
+        "processes"] is False

@@ -31,6 +31,19 @@ where clients flush rarely (``end``, large groups) the truncating client
 first flushes whenever more than a step is unflushed; those flushes are
 counted in ``background_flushes`` and are not in any client's latency.
 
+With ``processes`` the clients are processes instead of threads (direct mode, the
+WAL opened with ``shared=True`` in each and in the main process): started with
+multiprocessing's "spawn", each opens the WAL and reports ready, and the clock
+starts once all have, so that their start-up is not timed.  Each runs the same
+loop as a thread does, then its own final flush; ``elapsed`` runs from the common
+start to the last of those flushes' ends.  Client 0 alone truncates (the others
+do not wait for it); a checkpointer thread runs in the main process.  Each
+process sends back its counts and its HdrHistograms (encoded), merged into one
+result, and copies its progress into shared memory every 10 ms for the
+progress lines.  The main process holds the WAL open (warm-up, truncation after
+the run, counters) without a background writer.  A script that runs them needs
+the ``if __name__ == "__main__":`` guard: "spawn" imports the main module again.
+
 The main thread meanwhile prints a pgbench-style progress line every interval
 (records/s, MB/s and the mean and standard deviation of the per-record
 latency: append, plus the flush where one followed that record).
@@ -47,12 +60,15 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import math
+import multiprocessing
+import multiprocessing.connection
 import os
 import re
 import shutil
 import tempfile
 import threading
 import time
+import traceback
 from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -64,7 +80,7 @@ from pmemwal import _core
 from pmemwal.device import ProbeResult
 from pmemwal.errors import ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
-from pmemwal.segments import LOCK_NAME, Segment, WalDirectory
+from pmemwal.segments import CONTROL_NAME, LOCK_NAME, Segment, WalDirectory
 from pmemwal.tools._extras import require
 from pmemwal.wal import (DEFAULT_BUFFER_SIZE, DEFAULT_FLUSH_INTERVAL, DEFAULT_GIL_RELEASE_SIZE,
                          DEFAULT_MAX_WAL_SIZE, MODES, PERSIST, check_wal_options)
@@ -76,6 +92,7 @@ FLUSH_POLICIES = ("each", "end", "group:K")
 DEFAULT_PATH = "/dev/shm/pmemwal-bench"
 DEFAULT_KEEP = 256 << 20
 _POLL = 0.05  # s: the main thread's longest sleep, so that a failed client ends the run soon
+_PUBLISH = 0.01  # s: how often a client process copies its progress into shared memory
 HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS = 1, 60_000_000_000, 3  # ns: 1 ns to 60 s
 _DRAIN_EVERY = 1 << 16  # latency samples kept per client before folding into its histogram
 _SUB_BUCKET_BITS = 11  # 3 significant digits: 2048 sub-buckets, resolution 2**(bitlen - 11)
@@ -127,7 +144,7 @@ class BenchConfig:
 
     path: str = DEFAULT_PATH
     mode: str = "auto"  # "auto", "buffered" or "direct"
-    clients: int = 1  # threads appending
+    clients: int = 1  # threads appending (processes, with ``processes``)
     size: int = 8192  # bytes per record
     duration: float = 5.0  # seconds of appending
     flush: str = "each"  # "each", "end" or "group:K"
@@ -153,6 +170,8 @@ class BenchConfig:
     fresh: bool = True  # delete the WAL directory first (it must hold only a WAL)
     keep_wal: bool = False  # leave the WAL behind after the run (else removed, on Ctrl-C too)
     progress_interval: float = 1.0  # seconds between progress lines; 0: none
+    processes: bool = False  # the clients are processes, each opening the WAL with shared=True
+                             # (mode "direct" only); False: threads of this process
 
     def __post_init__(self) -> None:
         self.path = os.fspath(self.path)
@@ -180,6 +199,9 @@ class BenchConfig:
             raise ConfigError(f"duration={self.duration!r}: more than 0 seconds")
         if not self.progress_interval >= 0:
             raise ConfigError(f"progress_interval={self.progress_interval!r}: 0 or more seconds")
+        if self.processes and self.mode != "direct":
+            raise ConfigError(f"processes=True: mode='direct' only (a WAL shared by processes "
+                              f"runs in direct mode), not {self.mode!r}")
 
     def wal_options(self) -> dict:
         """The pmemwal.open options this config passes on as they are."""
@@ -344,7 +366,7 @@ class BenchResult:
             ("mode", self.mode if c.mode == self.mode else f"{self.mode} (asked: {c.mode})"),
             ("persist method", self.persist_method),
             ("crc32c path", _core.CRC32C_IMPL),
-            ("clients", c.clients),
+            ("clients", f"{c.clients} processes" if c.processes else c.clients),
             ("record size", f"{c.size} bytes"),
             ("flush policy", c.flush),
             ("duration", f"{c.duration:g} s"),
@@ -409,9 +431,7 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
         remove_wal_dir(config.path)
     recycle = config.recycle_segments(config.segment_size or DEFAULT_SEGMENT_SIZE)
     try:
-        wal = pmemwal.open(config.path, mode=config.mode, segment_size=config.segment_size,
-                           insert_slots=config.insert_slots, recycle_segments=recycle,
-                           **config.wal_options())
+        wal = _open_wal(config)
         try:
             probe = wal.probe or pmemwal.probe(wal.path)
             baseline = wal.stats() if config.cold else _warm_up(wal, config.keep_bytes, recycle)
@@ -426,6 +446,21 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
                                   wal.mode, config.prefault)
         result = dataclasses.replace(result, fresh_segment_rate=rate)
     return result
+
+
+def _open_wal(config: BenchConfig, client: bool = False) -> pmemwal.WAL:
+    """The WAL ``config`` describes, as the run's main process or (``client``) a client
+    process opens it.  With ``processes`` the main process appends only in the warm-up, so
+    it runs no background writer: it would map and prefault every segment the clients
+    reach, a third process's work on their CPUs."""
+    options = config.wal_options()
+    if config.processes and not client:
+        options["background"] = False
+    return pmemwal.open(config.path, mode=config.mode, create=not client,
+                        segment_size=config.segment_size, insert_slots=config.insert_slots,
+                        recycle_segments=config.recycle_segments(
+                            config.segment_size or DEFAULT_SEGMENT_SIZE),
+                        shared=config.processes, **options)
 
 
 def fresh_segment_rate(parent: str, segment_size: int, mode: str = "direct", prefault: bool = True,
@@ -474,7 +509,8 @@ def remove_wal_dir(path: str) -> None:
     if not os.path.isdir(path):
         raise ConfigError(f"{path} is not a directory")
     names = os.listdir(path)
-    strangers = [n for n in names if n != LOCK_NAME and parse_segment_name(n.removesuffix(".tmp")) is None]
+    strangers = [n for n in names if n not in (LOCK_NAME, CONTROL_NAME)
+                 and parse_segment_name(n.removesuffix(".tmp")) is None]
     if strangers:
         raise ConfigError(f"{path} holds {strangers[0]!r}, which is not part of a pmemwal WAL: "
                           "refusing to delete it (choose another path)")
@@ -492,7 +528,8 @@ def remove_wal_dir(path: str) -> None:
 
 
 class _Client(threading.Thread):
-    """One appending thread; ``snapshot`` is (records, latency sum, latency sum of squares)."""
+    """One appending thread; ``snapshot`` is (records, latency sum, latency sum of squares).
+    A client process runs ``loop`` in its main thread (the object is never started)."""
 
     def __init__(self, run: _Run, index: int) -> None:
         super().__init__(name=f"pmemwal-bench-{index}", daemon=True)
@@ -503,12 +540,14 @@ class _Client(threading.Thread):
 
     def run(self) -> None:
         try:
-            self._loop()
+            self.run_.barrier.wait()
+            self.loop()
         except BaseException as error:  # stop everyone; the main thread re-raises it
             self.error = error
             self.run_.deadline = 0
 
-    def _loop(self) -> None:
+    def loop(self) -> None:
+        """Append until ``run_.deadline`` (ns), timing each append and flush."""
         r = self.run_
         append, flush, now = r.wal.append, r.wal.flush, time.perf_counter_ns
         payload, every = r.payload, r.config.flush_every
@@ -518,7 +557,6 @@ class _Client(threading.Thread):
         n = total = squares = 0
         countdown = every
         commit = every == 1  # flush each: append(data, flush=True), one call timed as one
-        r.barrier.wait()
         while True:
             t0 = now()
             if t0 >= r.deadline:
@@ -568,52 +606,48 @@ class _Run:
 
     def measure(self, probe: ProbeResult | None) -> BenchResult:
         config, wal = self.config, self.wal
-        clients = [_Client(self, i) for i in range(config.clients)]
-        for client in clients:
-            client.start()
+        clients = (_Processes if config.processes else _Threads)(self)
         checkpointer = threading.Thread(target=self._checkpoints, name="bench-checkpointer",
                                         daemon=True) if config.checkpoint else None
         try:
+            clients.start()
             start = time.perf_counter_ns()
             self.deadline = start + int(config.duration * 1e9)
             self.last_tick = (start, 0, 0, 0)
             if checkpointer:
                 checkpointer.start()
-            self.barrier.wait()
+            clients.go(start)
             self._report_until_deadline(start, clients)
+            clients.finish()
         finally:
             self.deadline = 0
-            self.barrier.abort()  # frees clients still waiting if the start itself failed
-            for client in clients:
-                client.join()
+            clients.stop()
             if checkpointer:
                 self.stop_checkpoints.set()
                 checkpointer.join()
-        for error in [client.error for client in clients] + [self.checkpoint_error]:
+        for error in clients.errors + [self.checkpoint_error]:
             if error is not None:
                 raise error
         if self.progress and config.progress_interval:
-            self._tick(time.perf_counter_ns(), start, clients)
-        t = time.perf_counter_ns()
-        wal.flush()
-        end = time.perf_counter_ns()
-        appends, flushes = _Timings(), _Timings()
-        for client in clients:
-            appends.add(client.appends)
-            flushes.add(client.flushes)
+            self._tick(time.perf_counter_ns(), start, clients.snapshots())
+        end, final_flush = clients.end()
+        appends, flushes = clients.timings()
         self._truncate()  # untimed: leave no more than keep_bytes behind
-        per_client = [client.snapshot[0] for client in clients]
+        per_client = clients.records()
         records = sum(per_client)
+        stats = {k: v - self.baseline.get(k, 0) for k, v in wal.stats().items()}
+        if config.processes:  # a gauge: those attached during the run, this one included
+            stats["processes"] = clients.attached
         return BenchResult(
             config=config, mode=wal.mode, persist_method=wal.persist_method, probe=probe,
             segment_size=wal.segment_size, records=records, bytes=records * config.size,
-            elapsed=(end - start) / 1e9, final_flush_us=(end - t) / 1000,
-            background_flushes=self.background_flushes, per_client_records=per_client,
+            elapsed=(end - start) / 1e9, final_flush_us=final_flush / 1000,
+            background_flushes=self.background_flushes + clients.background_flushes,
+            per_client_records=per_client,
             append_latency=Latency.of(appends), flush_latency=Latency.of(flushes),
-            stats={k: v - self.baseline.get(k, 0) for k, v in wal.stats().items()},
-            append_histogram=appends.hist, flush_histogram=flushes.hist)
+            stats=stats, append_histogram=appends.hist, flush_histogram=flushes.hist)
 
-    def _report_until_deadline(self, start: int, clients: list[_Client]) -> None:
+    def _report_until_deadline(self, start: int, clients: _Threads | _Processes) -> None:
         """Progress lines, from the main thread, until the clients stop."""
         interval = int(self.config.progress_interval * 1e9) if self.progress else 0
         next_tick = start + interval if interval else 1 << 63
@@ -623,9 +657,9 @@ class _Run:
             if now >= self.deadline:  # also 0 when a client failed
                 return
             if now >= next_tick:
-                self._tick(now, start, clients)
+                self._tick(now, start, clients.snapshots())
                 next_tick += interval
-            time.sleep(max(min(next_tick, self.deadline, now + poll) - now, 0) / 1e9)
+            clients.sleep(max(min(next_tick, self.deadline, now + poll) - now, 0) / 1e9)
 
     def cut(self, lsn: int) -> None:
         """Truncate from a client whose record at ``lsn`` crossed ``next_cut``.
@@ -666,8 +700,7 @@ class _Run:
         if wal.flushed_lsn > keep:
             wal.truncate(wal.flushed_lsn - keep)
 
-    def _tick(self, now: int, start: int, clients: list[_Client]) -> None:
-        snaps = [client.snapshot for client in clients]
+    def _tick(self, now: int, start: int, snaps: list[tuple]) -> None:
         n, total, squares = (sum(s[i] for s in snaps) for i in range(3))
         t0, n0, total0, squares0 = self.last_tick
         self.last_tick = (now, n, total, squares)
@@ -685,6 +718,202 @@ class _Run:
         }
         line["line"] = format_progress(**line)
         self.progress(line)
+
+
+class _Threads:
+    """The clients as threads of this process (``measure`` drives them, as ``_Processes``)."""
+
+    background_flushes = 0  # those of the truncating client are the run's own
+
+    def __init__(self, run: _Run) -> None:
+        self.run_ = run
+        self.clients = [_Client(run, i) for i in range(run.config.clients)]
+        self.sleep = time.sleep
+
+    def start(self) -> None:
+        for client in self.clients:
+            client.start()
+
+    def go(self, start: int) -> None:
+        self.run_.barrier.wait()
+
+    def finish(self) -> None:
+        for client in self.clients:
+            client.join()
+
+    def stop(self) -> None:
+        self.run_.barrier.abort()  # frees clients still waiting if the start itself failed
+        for client in self.clients:
+            if client.ident is not None:
+                client.join()
+
+    @property
+    def errors(self) -> list[BaseException]:
+        return [client.error for client in self.clients if client.error is not None]
+
+    def snapshots(self) -> list[tuple]:
+        return [client.snapshot for client in self.clients]
+
+    def records(self) -> list[int]:
+        return [client.snapshot[0] for client in self.clients]
+
+    def end(self) -> tuple[int, int]:
+        """The final flush, once the clients stopped: when it ended (ns), how long it took."""
+        t = time.perf_counter_ns()
+        self.run_.wal.flush()
+        end = time.perf_counter_ns()
+        return end, end - t
+
+    def timings(self) -> tuple[_Timings, _Timings]:
+        appends, flushes = _Timings(), _Timings()
+        for client in self.clients:
+            appends.add(client.appends)
+            flushes.add(client.flushes)
+        return appends, flushes
+
+
+class _Processes:
+    """The clients as processes (``processes``), started with multiprocessing's "spawn".
+
+    Each (``_client_process``) sends "ready" once its WAL is open, waits for ``go``,
+    then runs ``_Client.loop`` and its final flush and sends its result; an error
+    anywhere is sent instead and raised here, the other processes terminated.
+    """
+
+    def __init__(self, run: _Run) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.run_, n = run, run.config.clients
+        self.counts = ctx.RawArray("d", 3 * n)  # each client's snapshot, copied every _PUBLISH
+        self.clock = ctx.RawArray("q", 1)  # the deadline, perf_counter_ns (one clock for all)
+        self.go_event = ctx.Event()
+        pipes = [ctx.Pipe(duplex=False) for _ in range(n)]
+        self.conns = [receive for receive, _ in pipes]
+        self.sends = [send for _, send in pipes]  # closed here once started: EOF if one dies
+        self.procs = [ctx.Process(target=_client_process, name=f"pmemwal-bench-{i}", daemon=True,
+                                  args=(run.config, i, self.counts, self.clock, self.go_event,
+                                        send))
+                      for i, (_, send) in enumerate(pipes)]
+        self.results: dict[int, dict] = {}
+        self.errors: list[BaseException] = []  # raised as they come
+        self.attached = 0
+
+    def start(self) -> None:
+        for proc, send in zip(self.procs, self.sends):
+            proc.start()
+            send.close()
+        for i, conn in enumerate(self.conns):
+            if self._receive(i, conn) != "ready":
+                raise ChildProcessError(f"bench client process {i}: expected 'ready'")
+
+    def go(self, start: int) -> None:
+        self.clock[0] = self.run_.deadline
+        self.go_event.set()
+        self.attached = self.run_.wal.stats().get("processes", 0)
+
+    def sleep(self, seconds: float | None) -> None:
+        """Wait up to ``seconds`` for results, taking those that came (raising an error)."""
+        pending = [c for i, c in enumerate(self.conns) if i not in self.results]
+        for conn in multiprocessing.connection.wait(pending, seconds):
+            self._receive(self.conns.index(conn), conn)
+
+    def finish(self) -> None:
+        while len(self.results) < len(self.conns):
+            self.sleep(None)
+
+    def stop(self) -> None:
+        done = len(self.results) == len(self.procs)
+        for proc in self.procs:
+            if proc.pid is None:
+                continue
+            proc.join(None if done else 0)  # on failure, no waiting for the others
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        for conn in self.conns + self.sends:
+            conn.close()
+
+    def _receive(self, i: int, conn) -> str:
+        try:
+            kind, value = conn.recv()
+        except EOFError:
+            self.procs[i].join(1)
+            raise ChildProcessError(f"bench client process {i} exited (code "
+                                    f"{self.procs[i].exitcode}) without a result") from None
+        if kind == "error":
+            raise value
+        if kind == "done":
+            self.results[i] = value
+        return kind
+
+    def snapshots(self) -> list[tuple]:
+        c = self.counts
+        return [(c[3 * i], c[3 * i + 1], c[3 * i + 2]) for i in range(len(self.procs))]
+
+    def records(self) -> list[int]:
+        return [self.results[i]["records"] for i in range(len(self.procs))]
+
+    @property
+    def background_flushes(self) -> int:
+        return sum(r["background_flushes"] for r in self.results.values())
+
+    def end(self) -> tuple[int, int]:
+        """When the last client's final flush ended (ns) and how long that flush took."""
+        last = max(self.results.values(), key=lambda r: r["end_ns"])
+        return last["end_ns"], last["flush_ns"]
+
+    def timings(self) -> tuple[_Timings, _Timings]:
+        appends, flushes = _Timings(), _Timings()
+        for result in self.results.values():
+            appends.add_state(result["appends"])
+            flushes.add_state(result["flushes"])
+        return appends, flushes
+
+
+def _client_process(config: BenchConfig, index: int, counts, clock, go, conn) -> None:
+    """A client process (``_Processes``): open the shared WAL, say "ready", wait for
+    ``go``, run the client loop until the deadline in ``clock``, flush, send the result."""
+    try:
+        with _open_wal(config, client=True) as wal:
+            run = _Run(config, wal, None, {})
+            if index:
+                run.next_cut = 1 << 62  # client 0 alone truncates
+            client = _Client(run, index)
+            mine = memoryview(counts).cast("B").cast("d")[3 * index:3 * index + 3]
+            stop = threading.Event()
+
+            def publish() -> None:
+                mine[0], mine[1], mine[2] = client.snapshot
+
+            def publisher() -> None:
+                while not stop.wait(_PUBLISH):
+                    publish()
+
+            conn.send(("ready", None))
+            go.wait()
+            run.deadline = clock[0]
+            thread = threading.Thread(target=publisher, name="bench-publisher", daemon=True)
+            thread.start()
+            try:
+                client.loop()
+                t = time.perf_counter_ns()
+                wal.flush()
+                end = time.perf_counter_ns()
+            finally:
+                stop.set()
+                thread.join()
+            publish()
+            conn.send(("done", {
+                "records": client.snapshot[0], "end_ns": end, "flush_ns": end - t,
+                "background_flushes": run.background_flushes,
+                "appends": client.appends.state(), "flushes": client.flushes.state()}))
+    except BaseException as error:
+        error.add_note(f"in bench client process {index}:\n{traceback.format_exc()}")
+        try:
+            conn.send(("error", error))
+        except Exception:  # an exception that does not pickle
+            conn.send(("error", ChildProcessError(f"bench client process {index}: {error!r}")))
+    finally:
+        conn.close()
 
 
 class _Timings:
@@ -723,6 +952,17 @@ class _Timings:
         self.hist.add(other.hist)
         self.total += other.total
         self.squares += other.squares
+
+    def state(self) -> tuple[str | None, float, float]:
+        """What ``add_state`` takes, picklable: the histogram encoded, and the sums."""
+        return _encode(self.hist), self.total, self.squares
+
+    def add_state(self, state: tuple[str | None, float, float]) -> None:
+        encoded, total, squares = state
+        if encoded:
+            self.hist.decode_and_add(encoded)
+        self.total += total
+        self.squares += squares
 
 
 def _hdr_histogram() -> type[HdrHistogram]:

@@ -27,14 +27,14 @@ up (creating files, databases, clusters, warming a pool) is not timed.
 Targets that need a package or a program that is missing say so from
 ``available()``; nothing optional is imported before a target runs.
 
-Targets other than pmemwal's run one thread per client (PostgreSQL: one
-pgbench connection per client), each timing every record with
-``time.perf_counter_ns`` into the same latency histograms as
-``pmemwal.tools.bench``.
+Every target runs one thread per client (PostgreSQL: one pgbench connection per
+client; ``direct-procs``: one process per client, each opening the WAL with
+``shared=True``), each timing every record with ``time.perf_counter_ns`` into the
+same latency histograms as ``pmemwal.tools.bench``.
 
 This package holds the shared API (Workload, RunResult, Target, TargetError,
 get_target); ``common`` the client threads and helpers the targets share; and
-one module per target: ``pmemwal_modes`` (buffered, direct, auto),
+one module per target: ``pmemwal_modes`` (buffered, direct, auto, direct-procs),
 ``libpmemlog``, ``fdatasync``, ``sqlite``, ``rocksdb``, ``lmdb``, ``postgres``,
 each imported when its target is first made.
 """
@@ -54,7 +54,8 @@ from pmemwal.tools.bench import parse_flush, parse_size
 
 TARGET_NAMES: tuple[str, ...] = ("buffered", "direct", "libpmemlog", "fdatasync", "sqlite",
                                  "rocksdb", "lmdb", "postgres")
-EXTRA_TARGETS: tuple[str, ...] = ("auto",)  # get_target knows these too; not run by default
+EXTRA_TARGETS: tuple[str, ...] = ("auto", "direct-procs")  # get_target knows these too;
+                                                             # not run by default
 MARKER = ".pmemwal-target"  # put in a target's directory, so that a later run may empty it
 END_COMMIT_EVERY = 10_000  # records per transaction for flush "end" (sqlite, lmdb)
 _KEY = struct.Struct(">IQ")  # client id, then its record counter: each client's keys ascend
@@ -152,7 +153,7 @@ class Target(Protocol):
 
 
 def get_target(name: str) -> Target:
-    """A new target object for ``name`` (one of TARGET_NAMES, or ``auto``)."""
+    """A new target object for ``name`` (one of TARGET_NAMES or EXTRA_TARGETS)."""
     entry = _TARGETS.get(str(name).strip().lower())
     if entry is None:
         raise ConfigError(f"target {name!r}: valid targets are "
@@ -166,6 +167,7 @@ _TARGETS: dict[str, tuple[str, str]] = {
     "buffered": ("pmemwal_modes", "BufferedTarget"),
     "direct": ("pmemwal_modes", "DirectTarget"),
     "auto": ("pmemwal_modes", "AutoTarget"),
+    "direct-procs": ("pmemwal_modes", "DirectProcsTarget"),
     "libpmemlog": ("libpmemlog", "LibpmemlogTarget"),
     "fdatasync": ("fdatasync", "FdatasyncTarget"),
     "sqlite": ("sqlite", "SqliteTarget"),

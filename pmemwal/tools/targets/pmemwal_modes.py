@@ -1,4 +1,5 @@
-"""pmemwal's own targets: ``buffered``, ``direct`` and ``auto``, run by the write benchmark."""
+"""pmemwal's own targets: ``buffered``, ``direct``, ``auto`` and ``direct-procs``, run by the
+write benchmark."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ class _PmemwalTarget:
     """pmemwal itself, through ``pmemwal.tools.bench.run`` (the ``pmemwal bench`` command's engine).
 
     The WAL lives in ``PATH/wal``, opened with ``mode`` = the target's name;
-    clients are threads calling ``wal.append`` and ``wal.flush(lsn)`` per the
-    flush policy, with a final ``wal.flush()`` inside the elapsed time.  The
+    clients are threads (``direct-procs``: processes) calling ``wal.append`` and
+    ``wal.flush(lsn)`` per the flush policy, with a final ``wal.flush()`` inside
+    the elapsed time.  The
     bench keeps the disk bounded (``keep_bytes`` of WAL behind the flushed
     LSN, truncated by a client each time a quarter of it has been appended,
     outside its latency), so that after the warm-up every record size runs on
@@ -42,8 +44,9 @@ class _PmemwalTarget:
     """
 
     name = mode = "auto"
+    processes = False  # BenchConfig.processes: the clients are processes (direct-procs)
     _FIXED = ("path", "mode", "clients", "size", "duration", "flush", "fresh",
-              "progress_interval", "keep_wal")
+              "progress_interval", "keep_wal", "processes")
     _OTHER_MODES = ()  # params of another mode only: a grid varies them for that mode alone
 
     @property
@@ -54,7 +57,7 @@ class _PmemwalTarget:
     def check(self, params: dict) -> None:
         """ConfigError for params a run would refuse, before any run (the harness asks)."""
         try:
-            BenchConfig(mode=self.mode, **params)
+            BenchConfig(mode=self.mode, processes=self.processes, **params)
         except (TypeError, ValueError) as error:
             raise ConfigError(f"{self.name}: {error}") from None
 
@@ -78,7 +81,7 @@ class _PmemwalTarget:
                 config = BenchConfig(path=os.path.join(workload.path, "wal"), mode=self.mode,
                                      clients=workload.clients, size=workload.size,
                                      duration=workload.duration, flush=workload.flush,
-                                     fresh=True,
+                                     fresh=True, processes=self.processes,
                                      progress_interval=interval_for(workload.duration), **params)
             except ValueError as error:
                 raise ConfigError(str(error)) from None
@@ -96,6 +99,7 @@ class _PmemwalTarget:
             extra={
                 "version": self.version(),
                 "mode": result.mode,
+                "processes": self.processes,
                 "persist_method": result.persist_method,
                 "probe_mode": result.probe_mode,
                 "probe_reason": result.probe_reason,
@@ -130,6 +134,18 @@ class DirectTarget(_PmemwalTarget):
 
     name = mode = "direct"
     _OTHER_MODES = ("buffer_size", "sync_method")
+
+
+class DirectProcsTarget(DirectTarget):
+    """pmemwal in direct mode with one process per client: each opens the WAL with
+    ``shared=True`` and appends to the one stream (BenchConfig ``processes``; the main
+    process warms the WAL up and holds it open).  The processes start, and open the WAL,
+    before the clock starts; ``elapsed`` ends with the last process's final flush.  Client
+    0 alone truncates.  Not in TARGET_NAMES (an extra, as ``auto``); its params are
+    ``direct``'s."""
+
+    name = "direct-procs"
+    processes = True
 
 
 class AutoTarget(_PmemwalTarget):
