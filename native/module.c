@@ -582,13 +582,15 @@ static PyObject *Core_stop(CoreObject *self, PyObject *args)
  * op ("write": pwrite, "sync": fdatasync/fsync, "msync"), after `after` that succeed,
  * fail with errno without being made; "stall" and "stall_locked" (errno ignored): the
  * insertion stops for good once its space is reserved, or inside the reservation lock
- * (a process to SIGKILL mid-insert).  count=0 clears it. */
+ * (a process to SIGKILL mid-insert); "die": the insertion's records are placed, not yet
+ * persisted, and the core refuses all work from then on, its slot taken (a death, once
+ * the test drops the control file's descriptor).  count=0 clears it. */
 static PyObject *Core_inject_fault(CoreObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"op", "errno", "after", "count", NULL};
     static const char *ops[] = {[WAL_OP_WRITE] = "write", [WAL_OP_SYNC] = "sync",
                                 [WAL_OP_MSYNC] = "msync", [WAL_OP_STALL] = "stall",
-                                [WAL_OP_STALL_LOCKED] = "stall_locked"};
+                                [WAL_OP_STALL_LOCKED] = "stall_locked", [WAL_OP_DIE] = "die"};
     const char *op;
     int err;
     unsigned long long after = 0, count = 1;
@@ -601,8 +603,8 @@ static PyObject *Core_inject_fault(CoreObject *self, PyObject *args, PyObject *k
             wal_inject_fault(self->core, (enum wal_op)i, err, after, count);
             Py_RETURN_NONE;
         }
-    return PyErr_Format(PyExc_ValueError, "op must be 'write', 'sync', 'msync', 'stall' or "
-                        "'stall_locked', not '%s'", op);
+    return PyErr_Format(PyExc_ValueError, "op must be 'write', 'sync', 'msync', 'stall', "
+                        "'stall_locked' or 'die', not '%s'", op);
 }
 
 static PyObject *Core_stats(CoreObject *self, PyObject *unused)
@@ -670,7 +672,8 @@ static PyMethodDef Core_methods[] = {
     {"inject_fault", (PyCFunction)(void (*)(void))Core_inject_fault, METH_VARARGS | METH_KEYWORDS,
      "inject_fault(op, errno, after=0, count=1) -- test hook: fail the next calls of\n"
      "op ('write', 'sync', 'msync') with errno, after `after` that succeed; 'stall' and\n"
-     "'stall_locked' stop an insertion for good (errno ignored); count=0 clears."},
+     "'stall_locked' stop an insertion for good, 'die' abandons it and the core (errno\n"
+     "ignored); count=0 clears."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -147,18 +147,24 @@ static inline int injected(wal_core *c, enum wal_op op)
     return -f->err;
 }
 
-/* stall_here -- the stall test hooks: never return if one is due here. */
-static void stall_here(wal_core *c, const wal_env *env, enum wal_op op)
+/* hook_due -- whether the stall or die test hook fires here (wal_inject_fault). */
+static int hook_due(wal_core *c, enum wal_op op)
 {
     if (__builtin_expect(c->fault.count == 0, 1) || c->fault.op != (int)op)
-        return; /* read without the lock: a test hook, set before the insertions it stops */
+        return 0; /* read without the lock: a test hook, set before the insertions it stops */
     pthread_mutex_lock(&c->write_lock);
     wal_fault *f = &c->fault;
     int due = f->count && f->op == (int)op && !f->after;
     if (f->count && f->op == (int)op)
         *(due ? &f->count : &f->after) -= 1;
     pthread_mutex_unlock(&c->write_lock);
-    if (!due)
+    return due;
+}
+
+/* stall_here -- the stall test hooks: never return if one is due here. */
+static void stall_here(wal_core *c, const wal_env *env, enum wal_op op)
+{
+    if (!hook_due(c, op))
         return;
     will_wait(env);
     for (;;)
@@ -859,6 +865,10 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
         rc = place(c, env, slot, u, &h, &pl);
         lsns[i] = prev_lsn = lsn;
         u += wal_rec_size(pl.len);
+    }
+    if (!rc && hook_due(c, WAL_OP_DIE)) {
+        wal_forsake(c); /* the writer vanishes mid-insert, its slot taken */
+        return -WAL_ECLOSED;
     }
     if (!rc && slot->defer_flush)
         rc = flush_range(c, env, start_u, start_u + total);

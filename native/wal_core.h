@@ -41,6 +41,9 @@ enum wal_op {
     WAL_OP_STALL, /* an insertion stops for good once its space is reserved (err unused): a
                      process to SIGKILL mid-insert, in tests of shared WALs */
     WAL_OP_STALL_LOCKED, /* the same, inside the reservation lock, before the position moves */
+    WAL_OP_DIE,   /* an insertion's records are placed, not yet persisted, and the writer
+                     vanishes: its slot stays taken and the core refuses all work (as after
+                     fork), for a test to drop its liveness lock (a death in one process) */
 };
 
 /* wal_fault -- a test hook: fail `count` calls of `op` with `err`, after `after` good ones. */

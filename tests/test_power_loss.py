@@ -55,6 +55,19 @@ def test_log_crash_images_keep_every_acknowledged_entry(mode: str, threads: int,
     assert report.recovered_beyond_ack > 0  # unacknowledged entries and operations can survive
 
 
+def test_shared_wal_crash_images_with_a_writer_dying_mid_insert(shm_tmp) -> None:
+    """Three handles of one shared WAL, each a writer to it as another process would be; one
+    dies now and then with an insertion placed and not persisted, and the others close its
+    range with void records, traced like every store: no image loses an acknowledged record
+    or returns one that was not written there."""
+    report = run_power_loss("pmem", IMAGES, threads=4, seed=3, directory=str(shm_tmp),
+                            shared=True)
+    assert report.failures == []
+    assert report.ok and report.images == IMAGES and report.shared
+    assert report.deaths > 0 and report.segments_recycled > 0
+    assert report.recovered_beyond_ack > 0
+
+
 def test_a_writer_descheduled_after_its_snapshot_keeps_its_place_in_write_back_order(
         shm_tmp, monkeypatch) -> None:
     """Four writers, each giving the GIL away right after the tracer copies the lines it

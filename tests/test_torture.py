@@ -306,3 +306,17 @@ def test_cli_torture_log_workload_json(shm_tmp):
     assert report["ok"] and report["workload"] == "log" and report["acknowledged"] > 0
     assert report["lost"] == report["resurrected"] == report["state_errors"] == 0
     assert {"rewinds", "compactions", "resets", "state_changes"} <= set(report)
+
+
+def test_cli_torture_processes_json(shm_tmp):
+    """--processes: writer processes share one WAL and are SIGKILLed, mostly mid-insert
+    (the short version of docs/SHARED.md's long torture)."""
+    out = cli_runner().invoke(main, ["torture", str(shm_tmp / "shared"), "--processes", "2",
+                                     "--threads", "2", "--seconds", "2", "--kill-interval", "0.3",
+                                     "--seed", "5", "--checkpoint-every", "200", "--json"])
+    assert out.exit_code == 0, (out.output, out.stderr)
+    report = json.loads(out.stdout)
+    assert report["ok"] and report["kills"] >= 2 and report["acknowledged"] > 100
+    assert report["lost"] == report["garbage"] == report["order"] == report["blocked"] == []
+    assert report["max_stall_s"] < 10
+    assert "torture" in out.stderr  # progress

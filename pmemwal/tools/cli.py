@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import time
 
 import click
 
@@ -111,7 +113,10 @@ def probe(path: str, as_json: bool, measure: bool, seconds: float, save: bool,
 @click.option("--mode", type=click.Choice(_bench.MODES), default="auto", show_default=True,
               help="WAL mode; auto asks PMEMWAL_MODE, then the device probe.")
 @click.option("--clients", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Appending threads.")
+              help="Appending threads (processes, with --processes).")
+@click.option("--processes", is_flag=True,
+              help="Run the clients as processes, each opening the WAL with shared=True "
+                   "(--mode direct only); their start-up is not timed.")
 @click.option("--size", type=SIZE, default="8k", show_default=True,
               help="Bytes per record (k, m, g: KiB, MiB, GiB).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=5.0,
@@ -146,8 +151,8 @@ def probe(path: str, as_json: bool, measure: bool, seconds: float, save: bool,
               help="Leave the WAL at PATH after the run (by default it is removed, on Ctrl-C too).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_library_errors
-def bench(path: str, mode: str, clients: int, size: int, duration: float, flush: str,
-          segment_size: int | None, insert_slots: int, prefault: bool, persist: str,
+def bench(path: str, mode: str, clients: int, processes: bool, size: int, duration: float,
+          flush: str, segment_size: int | None, insert_slots: int, prefault: bool, persist: str,
           keep: int | None, checkpoint: float, progress_interval: float, cold: bool,
           keep_wal: bool, as_json: bool) -> None:
     """Append records to a fresh WAL at PATH for a while and report throughput and latency.
@@ -162,7 +167,7 @@ def bench(path: str, mode: str, clients: int, size: int, duration: float, flush:
                                 insert_slots=insert_slots, prefault=prefault, persist=persist,
                                 keep_bytes=keep, checkpoint=checkpoint,
                                 progress_interval=progress_interval, cold=cold,
-                                keep_wal=keep_wal)
+                                keep_wal=keep_wal, processes=processes)
     result = _bench.run(config, progress=lambda p: click.echo(p["line"], err=True))
     if as_json:
         _dump(result.as_dict())
@@ -473,13 +478,24 @@ def _with_preset(ctx: click.Context, preset: _presets.Preset, full: bool, path: 
 @click.option("--checkpoint", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Seconds between truncations by a checkpointer thread beside the writers, so "
                    "kills land amid recycling (wal workload; e.g. 0.005); 0: none.")
+@click.option("--processes", type=click.IntRange(min=0), default=0, show_default=True,
+              help="A shared WAL instead: this many writer processes of --threads threads "
+                   "append at once, one SIGKILLed (mostly mid-insert) about every "
+                   "--kill-interval and replaced, for --seconds (docs/SHARED.md); 0: the rounds.")
+@click.option("--seconds", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="With --processes: how long.")
+@click.option("--kill-interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
+              help="With --processes: mean seconds between kills.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --processes: each writer truncates every this many records; 0: never.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr (a terminal gets a bar, a "
               "file or pipe a line every 10 s).")
 @_library_errors
 def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes: tuple[str, ...],
             segment_sizes: tuple[int, ...], slots: tuple[int, ...], rounds_per_dir: int,
-            max_delay: float, keep: bool, workload: str, checkpoint: float, as_json: bool,
+            max_delay: float, keep: bool, workload: str, checkpoint: float, processes: int,
+            seconds: float, kill_interval: float, checkpoint_every: int, as_json: bool,
             quiet: bool) -> None:
     """Crash torture: a child appends and flushes from several threads, is SIGKILLed at a
     random moment, and the WAL is reopened and checked; repeated ROUNDS times.
@@ -492,8 +508,17 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
     WALs of such rounds are kept (named in the report).  PATH defaults to a
     fresh directory under /dev/shm, removed at the end unless --keep.
 
+    With --processes N, N writer processes share one WAL (shared=True, direct mode
+    persisting by cache flush under PMEM_IS_PMEM_FORCE=1); one is SIGKILLed at random,
+    mostly mid-insert, and replaced; every survivor must acknowledge again within 10 s;
+    at the end all are killed and every acknowledged record must be back.
+
     Example: pmemwal torture --rounds 600 --modes buffered,direct,pmem --slots 1,8,256
     """
+    if processes:
+        _torture_processes(path, processes, threads, seconds, kill_interval, checkpoint_every,
+                           seed, as_json, quiet)
+        return
     config = _torture.TortureConfig(path=path, rounds=rounds, threads=threads, seed=seed,
                                     modes=modes, segment_sizes=segment_sizes, slots=slots,
                                     rounds_per_dir=rounds_per_dir, delay_ms=(5.0, max_delay),
@@ -512,13 +537,46 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
         raise click.exceptions.Exit(1)
 
 
+def _torture_processes(path: str | None, processes: int, threads: int, seconds: float,
+                       kill_interval: float, checkpoint_every: int, seed: int | None,
+                       as_json: bool, quiet: bool) -> None:
+    """torture --processes: pmemwal.tools.shared_torture."""
+    from pmemwal.tools import shared_torture
+
+    config = shared_torture.SharedTortureConfig(
+        path=path, processes=processes, threads=threads, seconds=seconds,
+        kill_interval=kill_interval, checkpoint_every=checkpoint_every, seed=seed,
+        env={"PMEM_IS_PMEM_FORCE": os.environ.get("PMEM_IS_PMEM_FORCE", "1")})
+    started, shown = time.monotonic(), [0]
+    with _progress.progress(int(seconds), "second", "torture", "pmemwal torture --processes",
+                            quiet) as bar:
+        def progress(report: shared_torture.SharedTortureReport) -> None:
+            bar.set_postfix_str(f"{report.kills} kills, longest stall "
+                                f"{max(report.stalls, default=0) * 1000:.0f} ms")
+            now = min(int(time.monotonic() - started), int(seconds))
+            bar.update(now - shown[0])
+            shown[0] = now
+        report = shared_torture.run(config, progress=progress)
+        bar.update(int(seconds) - shown[0])
+    if as_json:
+        _dump(report.to_dict())
+    else:
+        click.echo(report.summary())
+        for problem in (report.lost + report.garbage + report.order + report.blocked)[:10]:
+            click.echo(f"FAILED {problem}")
+    if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
 @main.command()
 @click.option("--images", type=click.IntRange(min=1), default=2000, show_default=True,
               help="Crash images to recover and check, per setup.")
 @click.option("--setups", type=_Parsed("setups", _powerloss.parse_setups),
               default=",".join(_powerloss.SETUPS), show_default=True,
               help="pmem (traced flush/drain, 1 writer), pmem-threads (4 writers), pmem-checkpointer "
-              "(4 writers and a thread truncating every 2 ms; wal workload), msync, buffered.")
+              "(4 writers and a thread truncating every 2 ms; wal workload), pmem-shared (4 writers "
+              "through 3 handles of a shared WAL, one dying mid-insert now and then; wal "
+              "workload), msync, buffered.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of workload and crashes.")
 @click.option("--keep-failures", type=click.Path(file_okay=False), default=None,
               help="Copy every image that fails its check into this directory.")
@@ -542,17 +600,18 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
     Example: pmemwal powerloss --images 5000 --setups pmem,pmem-threads,msync,buffered
     """
     reports = []
-    # the log workload compacts from its own workers: no checkpointer setup for it
-    setups = tuple(s for s in setups if workload == "wal" or not _powerloss.SETUPS[s][2])
+    # the log workload compacts from its own workers (no checkpointer setup for it), and a
+    # Log has one writer process (no shared setup)
+    setups = tuple(s for s in setups if workload == "wal" or not any(_powerloss.SETUPS[s][2:]))
     with _progress.progress(images * len(setups), "image", "powerloss", "pmemwal powerloss",
                             quiet) as bar:
         for setup in setups:
-            mode, threads, checkpointer = _powerloss.SETUPS[setup]
+            mode, threads, checkpointer, shared = _powerloss.SETUPS[setup]
             bar.set_postfix_str(setup)
             reports.append(_powerloss.run_power_loss(mode, images, threads=threads, seed=seed,
                                                      keep_failures=keep_failures,
                                                      progress=bar.update, workload=workload,
-                                                     checkpointer=checkpointer))
+                                                     checkpointer=checkpointer, shared=shared))
     if as_json:
         _dump({"reports": [r.to_dict() for r in reports]})
     else:

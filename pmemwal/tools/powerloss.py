@@ -59,7 +59,7 @@ import numpy as np
 
 import pmemwal
 from pmemwal import _core
-from pmemwal.errors import WALError
+from pmemwal.errors import ClosedError, WALError
 from pmemwal.format import segment_name
 from pmemwal.tools.log_workload import LogModel, Shared, Worker
 from pmemwal.tools.torture import WORKLOADS
@@ -69,9 +69,11 @@ CACHE_LINE = 64
 PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem (8-byte atomicity)
 PAGE_CACHE_GRAINS = (8, 512, 4096)     # torn word, torn sector, whole page written back or not
 MODES = ("pmem", "msync", "buffered")
-SETUPS = {"pmem": ("pmem", 1, False), "pmem-threads": ("pmem", 4, False),
-          "pmem-checkpointer": ("pmem", 4, True), "msync": ("msync", 1, False),
-          "buffered": ("buffered", 1, False)}  # name: (mode, writer threads, checkpointer thread)
+# name: (mode, writer threads, checkpointer thread, shared WAL: writers through three handles)
+SETUPS = {"pmem": ("pmem", 1, False, False), "pmem-threads": ("pmem", 4, False, False),
+          "pmem-checkpointer": ("pmem", 4, True, False), "pmem-shared": ("pmem", 4, False, True),
+          "msync": ("msync", 1, False, False), "buffered": ("buffered", 1, False, False)}
+DEATH_RATE = 0.05                      # pmem-shared: chance that an operation of the mortal writer dies
 CHECKPOINT_INTERVAL = 0.002            # the checkpointer thread truncates this often (seconds)
 MAX_SEGMENTS = 3                       # truncate beyond this: keeps images small, recycles segments
 RETAIN_ENTRIES = 20                    # the log workload compacts to this many entries beyond it
@@ -105,6 +107,8 @@ class PowerLossReport:
     workload: str = "wal"         # one of WORKLOADS
     checkpointer: bool = False    # a thread truncated while the writers ran ...
     checkpointed: int = 0         # ... this many segments
+    shared: bool = False          # writers through three handles of a shared WAL ...
+    deaths: int = 0               # ... one of which died mid-insert this many times
     images: int = 0
     records_written: int = 0      # the log workload: entries
     flushed_bytes: int = 0
@@ -237,6 +241,7 @@ class PmemTracer(DurableShadow):
         self._order = itertools.count(1)
         self._flush = _FLUSH_FN(self._guarded(self._on_flush))  # alive as long as the core uses them
         self._drain = _DRAIN_FN(self._guarded(self._on_drain))
+        self.handles = [wal]
         address = ctypes.cast
         wal._core.set_persist(_core.PERSIST_PMEM, address(self._flush, ctypes.c_void_p).value,
                               address(self._drain, ctypes.c_void_p).value, _core.STREAM_NEVER)
@@ -249,9 +254,18 @@ class PmemTracer(DurableShadow):
                 self.errors.append(traceback.format_exc())
         return call
 
+    def add_handle(self, wal: pmemwal.WAL) -> None:
+        """Another handle of the same shared WAL (another writer to it): its persists are
+        traced and its file operations followed too."""
+        self.handles.append(wal)
+        wal._core.set_persist(_core.PERSIST_PMEM, ctypes.cast(self._flush, ctypes.c_void_p).value,
+                              ctypes.cast(self._drain, ctypes.c_void_p).value, _core.STREAM_NEVER)
+        self._follow(wal._dir)
+
     def _locate(self, addr: int) -> tuple[int, int]:
-        """(segno, offset) of a mapped address."""
-        segments = list(self.wal._segments.items())  # one step: other writers may add one
+        """(segno, offset) of a mapped address, in any handle's mappings."""
+        segments = [item for wal in list(self.handles) if not wal.closed
+                    for item in list(wal._segments.items())]  # one step: writers may add one
         bases = sorted((pmemwal.libpmem.buffer_address(seg.map), segno)
                        for segno, seg in segments if seg.map is not None)
         i = bisect_right(bases, (addr, float("inf"))) - 1
@@ -264,6 +278,8 @@ class PmemTracer(DurableShadow):
         lo = addr - addr % CACHE_LINE
         hi = -(-(addr + length) // CACHE_LINE) * CACHE_LINE
         segno, off = self._locate(lo)
+        if segno not in self.segments:  # made by another handle as it opened: a fresh file
+            self.track(segno)
         # What write-back takes (whole lines, as they are now) and its place in the write-back
         # order, in one step: a thread descheduled between the two would give an older
         # snapshot a later order, and its drain would overwrite newer durable bytes with it.
@@ -328,27 +344,32 @@ class Workload:
 
     def step(self, rng: random.Random, thread: int = 0) -> bool:
         """One operation; True when it ended with a flush."""
+        wal = self.writer(thread)
         roll = rng.random()
         if roll < 0.35:
-            self._append(rng, 1, flush=True)
+            self._append(wal, rng, 1, flush=True)
         elif roll < 0.75:
-            self._append(rng, 1, flush=False)
+            self._append(wal, rng, 1, flush=False)
             return False
         elif roll < 0.85:
-            self._append(rng, rng.randrange(2, 20), flush=True)
+            self._append(wal, rng, rng.randrange(2, 20), flush=True)
         else:
-            self.wal.flush()
+            wal.flush()
         return True
 
-    def _append(self, rng: random.Random, n: int, flush: bool) -> None:
+    def writer(self, thread: int) -> pmemwal.WAL:
+        """The handle thread ``thread`` appends through."""
+        return self.wal
+
+    def _append(self, wal: pmemwal.WAL, rng: random.Random, n: int, flush: bool) -> None:
         indexes = [next(self._indexes) for _ in range(n)]
         datas = [payload(self.seed, i, _length(rng)) for i in indexes]
         if n == 1:
-            lsns = [self.wal.append(datas[0], flush=flush)]
+            lsns = [wal.append(datas[0], flush=flush)]
         else:
-            lsns = self.wal.append_many(datas).tolist()
+            lsns = wal.append_many(datas).tolist()
             if flush:
-                self.wal.flush()
+                wal.flush()
         self.lsn_of.update(zip(indexes, lsns))
 
     def run_threads(self, threads: int, steps: int, seed: int, checkpointer: bool = False) -> None:
@@ -406,6 +427,63 @@ class Workload:
 
     def close(self) -> None:
         self.wal.close()
+
+
+class SharedWorkload(Workload):
+    """The wal workload on a shared WAL, through three handles, each a writer to the WAL as
+    another process would be (its own control-file descriptor, liveness lock and process
+    entry), so that one tracer sees every writer's stores.  Threads 0 and 2 append through
+    the first handle, thread 1 through the second, thread 3 through a mortal one: now and
+    then its insertion dies once its records are placed and before they are persisted (the
+    core's "die" test hook keeps its slot taken; dropping the handle's control file then
+    frees its liveness lock, as the kernel does for a dead process), and a new handle takes
+    its place.  The others find it dead and close its range with void records, under the
+    tracer: crashes land before, amid and after those writes."""
+
+    def __init__(self, path: Path, options: dict, seed: int) -> None:
+        self._path, self._options = path, {**options, "shared": True}
+        super().__init__(pmemwal.open(path, **self._options), seed)
+        self.handles = [self.wal, pmemwal.open(path, **self._options),
+                        pmemwal.open(path, **self._options)]
+        self.shadow: PmemTracer | None = None
+        self.deaths = 0
+
+    def trace(self, shadow: PmemTracer) -> None:
+        self.shadow = shadow
+        for wal in self.handles[1:]:
+            shadow.add_handle(wal)
+
+    def writer(self, thread: int) -> pmemwal.WAL:
+        return self.handles[(0, 1, 0, 2)[thread % 4]]
+
+    def step(self, rng: random.Random, thread: int = 0) -> bool:
+        if thread % 4 == 3 and rng.random() < DEATH_RATE:
+            self._die(rng)
+            return True
+        return super().step(rng, thread)
+
+    def _die(self, rng: random.Random) -> None:
+        mortal = self.handles[2]
+        mortal._core.inject_fault("die", 0)
+        try:
+            self._append(mortal, rng, rng.choice((1, 1, 5)), flush=True)
+        except ClosedError:
+            pass
+        else:
+            raise AssertionError("the die hook did not fire")
+        mortal._forsake()  # its liveness lock goes with its control-file descriptor
+        self.deaths += 1
+        self.handles[2] = pmemwal.open(self._path, **self._options)
+        self.shadow.add_handle(self.handles[2])
+
+    def retain(self) -> bool:
+        if len(self.wal._dir.list_segments(tidy=False)) > MAX_SEGMENTS:  # any handle made them
+            self.wal.truncate(self.wal.flushed_lsn)
+        return False
+
+    def close(self) -> None:
+        for wal in self.handles:
+            wal.close()
 
 
 class LogWorkload(Workload):
@@ -513,7 +591,8 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                    directory: str | None = None, crash_rate: float = 0.2,
                    keep_failures: str | None = None,
                    progress: Callable[[int], None] | None = None,
-                   workload: str = "wal", checkpointer: bool = False) -> PowerLossReport:
+                   workload: str = "wal", checkpointer: bool = False,
+                   shared: bool = False) -> PowerLossReport:
     """Crash ``images`` times at random moments of a workload in ``mode`` and check each.
 
     ``mode`` is ``"pmem"`` (direct, traced flush/drain), ``"msync"`` (direct)
@@ -524,7 +603,9 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     ``keep_failures`` if given.  ``workload`` is ``"wal"`` (records) or
     ``"log"`` (a pmemwal.Log: entries, rewinds, compactions, resets, states).
     ``checkpointer`` (pmem, wal workload) adds a thread that truncates while the
-    writers run, so crashes land amid recycling.
+    writers run, so crashes land amid recycling.  ``shared`` (pmem, wal workload, 4
+    threads or more) writes a shared WAL through three handles, one of which dies
+    mid-insert now and then (``SharedWorkload``).
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: one of {', '.join(MODES)}")
@@ -534,16 +615,20 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
     if checkpointer and (mode != "pmem" or workload != "wal"):
         raise ValueError("checkpointer=True: pmem mode and the wal workload only")
-    report = PowerLossReport(mode, threads, workload, checkpointer)
+    if shared and (mode != "pmem" or workload != "wal" or threads < 4):
+        raise ValueError("shared=True: pmem mode, the wal workload and 4 threads or more")
+    report = PowerLossReport(mode, threads, workload, checkpointer, shared=shared)
     rng = np.random.default_rng(seed)
     root = Path(tempfile.mkdtemp(prefix="pmemwal-powerloss-", dir=directory or _default_dir()))
     queue: list[Image] = []
     t0 = time.perf_counter()
     try:
-        work = _open_workload(workload, root / "wal", mode, seed, threads)
+        work = _open_workload(workload, root / "wal", mode, seed, threads, shared)
         wal = work.wal
         shadow = _shadow_for(mode, wal, rng, crash_rate, lambda where: queue.append(
             shadow.image(work.horizon(work.acked()), where)))
+        if shared:
+            work.trace(shadow)
         step_rng = random.Random(seed)
         rounds = 0
         while report.images < images:
@@ -573,6 +658,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         report.flushed_bytes = wal.flushed_lsn
         report.segments_recycled = wal.stats()["segments_recycled"]
         report.checkpointed = work.checkpointed
+        report.deaths = getattr(work, "deaths", 0)
         work.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -580,13 +666,16 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     return report
 
 
-def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int) -> Workload:
+def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int,
+                   shared: bool = False) -> Workload:
     """A fresh WAL (or Log) at ``path`` for ``mode``, with the workload that writes it."""
     options = {"mode": "buffered" if mode == "buffered" else "direct",
                "segment_size": SEGMENT_SIZE, "background": False, "recycle_segments": 1,
                "prepare_segments": 0}
     if workload == "log":
         return LogWorkload(pmemwal.open_log(path, **options), seed, threads)
+    if shared:
+        return SharedWorkload(path, options, seed)
     return Workload(pmemwal.open(path, **options), seed)
 
 
@@ -614,7 +703,8 @@ def table(reports: list[PowerLossReport]) -> str:
     when one of them ran it)."""
     log = any(r.workload == "log" for r in reports)
     columns = [("setup", lambda r: (r.mode if r.threads == 1 else f"{r.mode} x{r.threads} writers")
-                + (" + checkpointer" if r.checkpointer else "")),
+                + (" + checkpointer" if r.checkpointer else "")
+                + (f", shared by 3 handles, {r.deaths} died mid-insert" if r.shared else "")),
                ("images", lambda r: f"{r.images:,}"),
                (f"{'entries' if log else 'records'} written", lambda r: f"{r.records_written:,}"),
                ("lost", lambda r: r.lost),
