@@ -344,7 +344,7 @@ static PyObject *Core_append(CoreObject *self, PyObject *const *args, Py_ssize_t
     CORE_ENV(cc, len);
     int rc = wal_insert(self->core, &env, NULL, NULL, &buf, &len, 1, &lsn);
     if (!rc && flush)
-        rc = wal_flush(self->core, &env, lsn, &flushed);
+        rc = wal_commit(self->core, &env, lsn, wal_rec_size(len), &flushed);
     regain_gil(&cc);
     PyBuffer_Release(&view);
     if (rc)
@@ -520,6 +520,18 @@ static PyObject *Core_share(CoreObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* agree_persist(kind) -> kind: the persist method of every process of a shared WAL, set by
+ * the first to ask (kind, for one process's WAL). */
+static PyObject *Core_agree_persist(CoreObject *self, PyObject *args)
+{
+    int kind;
+    if (!PyArg_ParseTuple(args, "i", &kind))
+        return NULL;
+    if (kind < WAL_PERSIST_PMEM || kind > WAL_PERSIST_DSYNC)
+        return PyErr_Format(PyExc_ValueError, "persist method %d", kind);
+    return PyLong_FromLong(wal_agree_persist(self->core, (enum wal_persist)kind));
+}
+
 /* reap_dead() -> int: clean up after the processes of a shared WAL that died (their open
  * insertions closed with void records); how many. */
 static PyObject *Core_reap_dead(CoreObject *self, PyObject *unused)
@@ -653,6 +665,8 @@ static PyMethodDef Core_methods[] = {
     {"set_serial", (PyCFunction)Core_set_serial, METH_VARARGS, "set_serial(on)"},
     {"share", (PyCFunction)Core_share, METH_VARARGS, "share(control_mapping, fd, init)"},
     {"reap_dead", (PyCFunction)Core_reap_dead, METH_NOARGS, "reap_dead() -> processes reaped"},
+    {"agree_persist", (PyCFunction)Core_agree_persist, METH_VARARGS,
+     "agree_persist(kind) -> the kind every process of a shared WAL uses"},
     {"forsake", (PyCFunction)Core_forsake, METH_NOARGS, "forsake(): in a forked child"},
     {"shared", (PyCFunction)Core_shared, METH_VARARGS,
      "shared(index, add=0) -> value: shared counter index (0..7) after adding; 8: the oldest\n"

@@ -211,6 +211,7 @@ int wal_core_init(wal_core *c, uint64_t seg_size, uint32_t wal_id_lo, int direct
     c->stream_min = WAL_NT_NEVER;
     c->sh = &c->own;
     c->token = 1;
+    c->me = &c->own.procs[0];
     shared_init(c->sh, nslots);
     int rc = pthread_mutex_init(&c->serial_lock, NULL);
     if (!rc)
@@ -291,14 +292,23 @@ static int seg_get(wal_core *c, const wal_env *env, uint64_t segno, wal_seg_entr
     return 0;
 }
 
-/* ensure_segments -- attach the segments the next reservation of `total` bytes
- * will need, before reserving.  The position is read without the lock, so it
- * may be stale: a segment the insert position has passed since (and that a
- * truncation may have removed) is skipped, never asked for again. */
-static int ensure_segments(wal_core *c, const wal_env *env, uint64_t total)
+/* segments_ready -- whether every segment of usable range [from, from + total) is attached. */
+static int segments_ready(wal_core *c, uint64_t from, uint64_t total)
 {
     const uint64_t per = c->geom.seg_usable;
-    uint64_t from = atomic_load_explicit(&c->sh->cur_u, memory_order_relaxed);
+    for (uint64_t s = from / per; s <= (from + total - 1) / per; s++)
+        if (!seg_lookup(c, s))
+            return 0;
+    return 1;
+}
+
+/* ensure_segments -- attach the segments a reservation of `total` bytes at `from` (the
+ * insert position a moment ago) would need, before reserving.  The position may be stale
+ * by now: a segment the insert position has passed since (and that a truncation may have
+ * removed) is skipped, never asked for again. */
+static int ensure_segments(wal_core *c, const wal_env *env, uint64_t from, uint64_t total)
+{
+    const uint64_t per = c->geom.seg_usable;
     for (uint64_t s = from / per; s <= (from + total - 1) / per; s++) {
         if (seg_lookup(c, s))
             continue;
@@ -413,7 +423,7 @@ static int wait_insertions(wal_core *c, const wal_env *env, uint64_t limit, int 
         }
     }
     if (t0) /* the background writer's waits delay no caller: counted apart */
-        atomic_fetch_add(env && env->background ? &c->sh->background_wait_ns : &c->sh->insert_wait_ns,
+        atomic_fetch_add(env && env->background ? &c->me->background_wait_ns : &c->me->insert_wait_ns,
                          now_ns() - t0);
     return 0;
 }
@@ -466,7 +476,7 @@ static int write_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t 
             rc = pwrite_all(c, e->fd, c->ring + a % ring_bytes, end - a, a % g->seg_size);
         if (rc)
             return fail(c, rc, "pwrite failed");
-        atomic_fetch_add_explicit(&c->sh->writes, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->me->writes, 1, memory_order_relaxed);
         a = end < seg_end ? end : seg_end + WAL_PAGE_SIZE; /* skip the next segment header */
     }
     return 0;
@@ -522,7 +532,7 @@ static int persist_range(wal_core *c, const wal_env *env, uint64_t from, uint64_
             return fail(c, rc, "attaching a segment failed");
         if ((rc = msync_range(c, e->base + a % g->seg_size, end - a)))
             return fail(c, rc, "msync failed");
-        atomic_fetch_add_explicit(&c->sh->writes, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->me->writes, 1, memory_order_relaxed);
         a = end;
     }
     return 0;
@@ -753,16 +763,24 @@ static int flush_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t 
     return 0;
 }
 
-/* reserve -- stage one: the whole critical section.  The slot is filled and published
- * before the position moves, and the holder's slot is named first, so that a process
- * finding the holder dead can tell what it had done (repair_reservation); a reader of
- * cur_u that sees the new position finds the slot published. */
-static inline uint64_t reserve(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t size,
-                               uint64_t last_off, uint64_t *prev)
+/* reserve -- stage one: the whole critical section.  It reserves only where every segment
+ * the range needs is attached (else it returns 0 and the position in *start, reserving
+ * nothing: the caller attaches them and tries again), so that a failure to make one leaves
+ * no hole; checking under the lock spares a read of the insert position's cache line before
+ * it, which other processes write.  The slot is filled and published before the position
+ * moves, and the holder's slot is named first, so that a process finding the holder dead
+ * can tell what it had done (repair_reservation); a reader of cur_u that sees the new
+ * position finds the slot published. */
+static inline int reserve(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t size,
+                          uint64_t last_off, uint64_t *prev, uint64_t *start_out)
 {
     wal_shared *sh = c->sh;
     insert_lock(c, env);
-    uint64_t start = atomic_load_explicit(&sh->cur_u, memory_order_relaxed);
+    uint64_t start = *start_out = atomic_load_explicit(&sh->cur_u, memory_order_relaxed);
+    if (!segments_ready(c, start, size)) {
+        insert_unlock(c);
+        return 0;
+    }
     sh->holder_slot = (uint32_t)(slot - sh->slots);
     slot->res_end = start + size;
     slot->res_prev = *prev = sh->prev_u;
@@ -774,7 +792,7 @@ static inline uint64_t reserve(wal_core *c, const wal_env *env, wal_slot *slot, 
     sh->prev_u = start + last_off;
     sh->holder_slot = WAL_NO_HOLDER;
     insert_unlock(c);
-    return start;
+    return 1;
 }
 
 /* ready_ahead -- whether segment s and the notify_ahead after it are attached: then the
@@ -820,9 +838,6 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
         payload += len;
         largest = len > largest ? len : largest;
     }
-    /* Create or attach segments before reserving: a failure here leaves no hole. */
-    if ((rc = ensure_segments(c, env, total)))
-        return rc;
     if (c->serial) {
         will_wait(env); /* the GIL goes first: the holder may need it for a segment */
         pthread_mutex_lock(&c->serial_lock);
@@ -843,10 +858,18 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
 {
     int rc;
     wal_slot *slot;
-    if ((rc = acquire_slot(c, env, &slot)))
-        return rc;
-    uint64_t prev_u;
-    uint64_t u = reserve(c, env, slot, total, last_off, &prev_u), start_u = u;
+    uint64_t prev_u, u;
+    for (;;) {
+        if ((rc = acquire_slot(c, env, &slot)))
+            return rc;
+        if (reserve(c, env, slot, total, last_off, &prev_u, &u))
+            break;
+        /* Segments to attach first: without the slot, which flushes would wait for. */
+        release_slot(slot);
+        if ((rc = ensure_segments(c, env, u, total)))
+            return rc;
+    }
+    uint64_t start_u = u;
     stall_here(c, env, WAL_OP_STALL);
     /* Nothing streamed: flush the whole range once at the end rather than each
      * header and payload as stored (small records share cache lines). */
@@ -1058,11 +1081,21 @@ int wal_share(wal_core *c, wal_shared *mem, int fd, int init)
         c->nslots = mem->nslots;
         c->ctl_fd = fd;
         c->token = i + 1;
+        c->me = &mem->procs[i];
         c->sh = mem;
         c->shared = 1;
         return 0;
     }
     return -EUSERS;
+}
+
+enum wal_persist wal_agree_persist(wal_core *c, enum wal_persist wanted)
+{
+    uint32_t agreed = 0;
+    if (!c->shared ||
+        atomic_compare_exchange_strong(&c->sh->persist, &agreed, (uint32_t)wanted + 1))
+        return wanted;
+    return (enum wal_persist)(agreed - 1);
 }
 
 void wal_forsake(wal_core *c)
@@ -1072,6 +1105,9 @@ void wal_forsake(wal_core *c)
 }
 
 /* ---- flush ---------------------------------------------------------------- */
+
+static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t end,
+                       uint64_t *flushed_lsn);
 
 int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flushed_lsn)
 {
@@ -1085,6 +1121,64 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
         if ((uint64_t)u < limit)
             limit = (uint64_t)u + 1;
     }
+    return flush_below(c, env, limit, 0, flushed_lsn);
+}
+
+/* COMMIT_SPINS -- how long a commit waits for the record before it to be committed
+ * (flushed_u to reach it) before it looks at the slots instead: a few hundred ns, what
+ * a small insertion in another process takes to finish. */
+#define COMMIT_SPINS 64
+
+/* commit_in_turn -- move flushed_u from u to end, if it reaches u soon: true if done;
+ * *seen: flushed_u as last read. */
+static int commit_in_turn(wal_core *c, uint64_t u, uint64_t end, uint64_t *seen)
+{
+    for (unsigned spins = 0;; spins++) {
+        *seen = u;
+        if (atomic_compare_exchange_strong(&c->sh->flushed_u, seen, end))
+            return 1;
+        if (*seen > u || spins >= COMMIT_SPINS)
+            return 0;
+        while (spins < COMMIT_SPINS &&
+               atomic_load_explicit(&c->sh->flushed_u, memory_order_relaxed) < u) {
+            cpu_relax();
+            spins++;
+        }
+    }
+}
+
+int wal_commit(wal_core *c, const wal_env *env, uint64_t lsn, uint64_t size, uint64_t *flushed_lsn)
+{
+    int64_t su = wal_usable(&c->geom, lsn);
+    if (su < 0)
+        return -EINVAL;
+    uint64_t u = (uint64_t)su, end = u + size, seen = u;
+    int rc = stopped(c);
+    if (rc)
+        return rc;
+    /* pmem: the record persisted itself.  Where everything below it was durable already
+     * (flushed_u == u: the common case of commits in turn), flushed_u moves past it in one
+     * step, with no look at the slots or the insert position, lines other writers own. */
+    if (c->persist == WAL_PERSIST_PMEM && commit_in_turn(c, u, end, &seen)) {
+        atomic_fetch_add_explicit(&c->me->flush_requests, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->me->flushes, 1, memory_order_relaxed);
+        *flushed_lsn = wal_lsn(&c->geom, end);
+        return 0;
+    }
+    if (seen >= end) { /* a later flush covered it */
+        *flushed_lsn = wal_lsn(&c->geom, seen);
+        return 0;
+    }
+    return flush_below(c, env, u + 1, end, flushed_lsn);
+}
+
+/* flush_below -- make durable everything below usable position limit, and as much more
+ * as is complete; end (0: unknown) is the end of the record that contains limit - 1,
+ * which a pmem flush then moves flushed_u to without looking further (no read of the
+ * insert position, no second scan of the slots: lines other processes write). */
+static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t end,
+                       uint64_t *flushed_lsn)
+{
     int rc = stopped(c);
     if (rc)
         return rc;
@@ -1094,12 +1188,12 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
          * flush only waits for them, then moves flushed_u forward, no lock. */
         if ((rc = wait_insertions(c, env, limit, 0)))
             return rc;
-        uint64_t to = frontier(c, env, 0);
-        atomic_fetch_add_explicit(&c->sh->flush_requests, 1, memory_order_relaxed);
+        uint64_t to = end ? end : frontier(c, env, 0);
+        atomic_fetch_add_explicit(&c->me->flush_requests, 1, memory_order_relaxed);
         while (flushed < to &&
                !atomic_compare_exchange_weak(&c->sh->flushed_u, &flushed, to))
             ;
-        atomic_fetch_add_explicit(flushed < to ? &c->sh->flushes : &c->sh->coalesced, 1,
+        atomic_fetch_add_explicit(flushed < to ? &c->me->flushes : &c->me->coalesced, 1,
                                   memory_order_relaxed);
         flushed = flushed < to ? to : flushed;
     } else if (flushed < limit) {
@@ -1107,11 +1201,11 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
             return rc;
         will_wait(env); /* for the lock, then the system calls */
         pthread_mutex_lock(&c->write_lock);
-        c->sh->flush_requests++;
+        c->me->flush_requests++;
         flushed = atomic_load(&c->sh->flushed_u);
         if ((rc = stopped(c))) {
         } else if (flushed >= limit) {
-            c->sh->coalesced++;
+            c->me->coalesced++;
         } else {
             uint64_t to = frontier(c, env, 0); /* everyone complete below: flush them too */
             if (c->direct) {
@@ -1128,7 +1222,7 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
                 uint64_t was = atomic_load(&c->sh->flushed_u); /* other processes move it too */
                 while (was < to && !atomic_compare_exchange_weak(&c->sh->flushed_u, &was, to))
                     ;
-                c->sh->flushes++;
+                c->me->flushes++;
                 flushed = to;
             }
         }
@@ -1153,6 +1247,7 @@ static void leave_shared(wal_core *c)
     c->own.cur_u = atomic_load(&sh->cur_u);
     c->own.flushed_u = atomic_load(&sh->flushed_u);
     c->sh = &c->own;
+    c->me = &c->own.procs[0];
     sh->procs[c->token - 1].pid = 0;
     atomic_store(&sh->procs[c->token - 1].state, WAL_PROC_FREE);
     liveness_lock(c->ctl_fd, c->token - 1, F_UNLCK);
@@ -1202,13 +1297,15 @@ void wal_get_stats(wal_core *c, wal_stats *s)
         s->payload_bytes += c->sh->slots[i].payload_bytes;
         s->slot_wait_ns += c->sh->slots[i].acquire_wait_ns;
     }
-    s->writes = atomic_load(&c->sh->writes);
     s->reaped = atomic_load(&c->sh->reaped);
-    for (uint32_t i = 0; c->shared && i < WAL_MAX_PROCS; i++)
-        s->processes += atomic_load(&c->sh->procs[i].state) == WAL_PROC_ALIVE;
-    s->flushes = atomic_load(&c->sh->flushes);
-    s->flush_requests = atomic_load(&c->sh->flush_requests);
-    s->coalesced = atomic_load(&c->sh->coalesced);
-    s->insert_wait_ns = atomic_load(&c->sh->insert_wait_ns);
-    s->background_wait_ns = atomic_load(&c->sh->background_wait_ns);
+    for (uint32_t i = 0; i < WAL_MAX_PROCS; i++) {
+        wal_proc *p = &c->sh->procs[i];
+        s->processes += c->shared && atomic_load(&p->state) == WAL_PROC_ALIVE;
+        s->writes += atomic_load(&p->writes);
+        s->flushes += atomic_load(&p->flushes);
+        s->flush_requests += atomic_load(&p->flush_requests);
+        s->coalesced += atomic_load(&p->coalesced);
+        s->insert_wait_ns += atomic_load(&p->insert_wait_ns);
+        s->background_wait_ns += atomic_load(&p->background_wait_ns);
+    }
 }

@@ -98,10 +98,16 @@ typedef struct wal_stats {
 
 enum wal_proc_state { WAL_PROC_FREE, WAL_PROC_ALIVE };
 
+/* wal_proc -- a process's entry, and its counters: each process counts in its own line,
+ * since counters every process bumped would bounce one cache line between them at every
+ * flush (stats add the entries up, those of processes gone included). */
 typedef struct wal_proc {
     _Atomic uint32_t state;
     int32_t pid;               /* for people reading the control file: liveness is the lock */
-} wal_proc;
+    _Atomic uint64_t flushes, flush_requests, coalesced, writes;
+    _Atomic uint64_t insert_wait_ns;     /* flushes waiting for insertions */
+    _Atomic uint64_t background_wait_ns; /* the same, the background writer's flushes */
+} __attribute__((aligned(64))) wal_proc;
 
 /*
  * wal_shared -- the state every writer of a WAL shares: the insert position, the slots,
@@ -119,19 +125,18 @@ typedef struct wal_proc {
 typedef struct wal_shared {
     uint8_t header[WAL_CTL_HEADER]; /* magic, version, WAL id, segment size: control.py */
     uint32_t nslots;
-    uint32_t holder_slot;          /* the slot the reservation lock's holder fills, or none */
+    _Atomic uint32_t persist;       /* enum wal_persist + 1, as the first process chose; 0: none yet */
 
-    /* reservation: a spinlock (holder's token) around two integers and the holder's slot */
+    /* reservation: a spinlock (holder's token) around two integers and the holder's slot,
+     * all in one cache line */
     _Alignas(64) _Atomic uint32_t insert_lock;
+    uint32_t holder_slot;    /* the slot the reservation lock's holder fills, or none */
     _Atomic uint64_t cur_u;  /* next free usable position: read without the lock */
     uint64_t prev_u;         /* usable position of the last reserved record */
 
     _Alignas(64) _Atomic uint64_t flushed_u; /* durable below; a record boundary */
     _Atomic uint64_t written_u;              /* buffered: handed to the OS below */
-    _Atomic uint64_t flushes, flush_requests, coalesced, writes;
-    _Atomic uint64_t insert_wait_ns;         /* flushes waiting for insertions */
-    _Atomic uint64_t background_wait_ns;     /* the same, the background writer's flushes */
-    _Atomic uint64_t reaped;                 /* dead processes cleaned up after */
+    _Alignas(64) _Atomic uint64_t reaped;    /* dead processes cleaned up after */
     _Atomic uint64_t oldest_segno;           /* shared: segments below were truncated */
     _Atomic uint64_t counters[WAL_CTL_COUNTERS]; /* the Python side's (segments made, ...) */
     wal_proc procs[WAL_MAX_PROCS];
@@ -161,6 +166,7 @@ typedef struct wal_core {
 
     wal_shared *sh;          /* &own, or the control file's mapping (shared) */
     uint32_t token;          /* this process's token: 1, or its entry + 1 (shared) */
+    wal_proc *me;            /* its entry: its counters */
     int shared;
     int ctl_fd;              /* shared: the control file, for the liveness locks */
     pthread_mutex_t reap_lock; /* one thread of this process cleans up after the dead */
@@ -204,6 +210,11 @@ int wal_insert(wal_core *c, const wal_env *env, const void *const *heads,
 #define WAL_FLUSH_READY (UINT64_MAX - 1) /* not 8-aligned: never a record's LSN */
 int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flushed_lsn);
 
+/* wal_commit -- wal_flush(lsn) for the record at lsn, of size stream bytes (wal_rec_size),
+ * just appended by the caller: what an append with flush does.  In pmem mode the flushed
+ * position moves to the record's end, read from nothing another writer changes. */
+int wal_commit(wal_core *c, const wal_env *env, uint64_t lsn, uint64_t size, uint64_t *flushed_lsn);
+
 /* wal_stop -- stop the writer from outside (err: a negative errno; what: why), as a
  * failed write would: every later append and flush is refused.  Returns the error
  * that stopped it (an earlier one wins). */
@@ -217,6 +228,11 @@ void wal_inject_fault(wal_core *c, enum wal_op op, int err, uint64_t after, uint
  * rebuilds it (then sets the position); else it must already be set up.  Returns
  * 0, -EUSERS when every process entry is taken, or a negative errno. */
 int wal_share(wal_core *c, wal_shared *mem, int fd, int init);
+
+/* wal_agree_persist -- a shared WAL: the persist method every process uses, which the
+ * first to ask sets to `wanted` (a process persisting by cache flush next to one using
+ * msync would move the flushed position past records the other has not synced yet). */
+enum wal_persist wal_agree_persist(wal_core *c, enum wal_persist wanted);
 
 /* wal_reap_dead -- clean up after every registered process that died: close the
  * ranges its insertions left open (void records), free its slots and its entry.

@@ -248,6 +248,8 @@ class Segment:
             flags |= os.O_DSYNC
         with storage_errors(f"opening {path}"):
             self.fd = os.open(path, flags)
+            st = os.fstat(self.fd)
+        self.inode = (st.st_dev, st.st_ino)  # the file, whatever it is named after a recycling
         self.size = size
         self.writable = writable
         self.map: mmap.mmap | None = None

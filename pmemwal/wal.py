@@ -189,6 +189,7 @@ class WAL:
         self._seg_lock = threading.RLock()      # the segment table; appenders may need it
         self._truncate_lock = threading.Lock()  # one truncation at a time; appenders never take it
         self._arriving: dict[int, threading.Event] = {}  # segments being made, opened or recycled
+        self._retired: dict[tuple[int, int], Segment] = {}  # shared: truncated, mapped, by inode
         self._counters = {"segments_created": 0, "segments_recycled": 0, "segments_removed": 0,
                           "segments_prefaulted": 0, "segment_make_ns": 0}
         self._sync_method = sync_method
@@ -376,6 +377,8 @@ class WAL:
                    "libpmem does not take this mapping for persistent memory (no DAX)")
             raise ConfigError(f"persist='pmem': {why}; PMEM_IS_PMEM_FORCE=1 emulates it on "
                               "tmpfs, persist='auto' uses msync here")
+        if self._control is not None:
+            pmem = self._agree_persist(pmem)
         if pmem:
             self.persist_method = "pmem"
             self.stream_min = stream_min()
@@ -384,6 +387,22 @@ class WAL:
         else:
             self.persist_method = "msync"
             self._core.set_persist(_core.PERSIST_MSYNC)
+
+    def _agree_persist(self, pmem: bool) -> bool:
+        """A shared WAL: every process persists the same way, as the first one chose.  One
+        persisting by cache flush moves the flushed position past records it only waited
+        for, which in a process using msync are not synced yet: a process that would use
+        cache flushes follows msync, and one that cannot flush caches is refused."""
+        wanted = _core.PERSIST_PMEM if pmem else _core.PERSIST_MSYNC
+        agreed = self._core.agree_persist(wanted) == _core.PERSIST_PMEM
+        if pmem and not agreed and self._persist == "pmem":
+            raise ConfigError("persist='pmem', but the processes sharing this WAL persist by "
+                              "msync, as the first of them chose")
+        if agreed and not pmem:
+            raise ConfigError("the processes sharing this WAL persist by cache flush (pmem), and "
+                              "this one cannot (persist='msync', no libpmem, or a mapping libpmem "
+                              "does not take for pmem: PMEM_IS_PMEM_FORCE must match)")
+        return agreed
 
     def _preallocate(self, nbytes: int) -> None:
         """Make ready the segments that appending ``nbytes`` from here will reach."""
@@ -514,9 +533,10 @@ class WAL:
                     started = time.perf_counter_ns()
                     create = self._create_segment(segno)
                 dsync = not self._direct and self._sync_method == "open_datasync"
+                seg = None if create else self._recycled_here(segno)
                 try:
-                    seg = Segment(self._dir.file(segno), segno, self.segment_size,
-                                  writable=True, dsync=dsync)
+                    seg = seg or Segment(self._dir.file(segno), segno, self.segment_size,
+                                         writable=True, dsync=dsync)
                 except StorageError as exc:
                     if exc.errno != errno.ENOENT or segno >= self._oldest_shared():
                         raise
@@ -581,11 +601,42 @@ class WAL:
             oldest = self._oldest_shared()
             if oldest <= self._segnos[0]:
                 return
-            for table in (self._segments, self._read_cache):
-                for segno in [n for n in table if n < oldest]:
-                    self._core.detach(segno)
-                    table.pop(segno).close()
+            for segno in [n for n in self._read_cache if n < oldest]:
+                self._read_cache.pop(segno).close()
+            for segno in [n for n in self._segments if n < oldest]:
+                self._core.detach(segno)
+                self._retire(self._segments.pop(segno))
+            for inode, seg in list(self._retired.items()):
+                if os.fstat(seg.fd).st_nlink == 0:  # removed, not recycled
+                    del self._retired[inode]
+                    seg.close()
             self._segnos = [n for n in self._segnos if n >= oldest] or [oldest]
+
+    def _retire(self, seg: Segment) -> None:
+        """Keep a truncated segment's mapping: another process may have recycled its file to
+        a future number, which this one will then map without mapping it again."""
+        if seg.map is None:
+            seg.close()
+        else:
+            self._retired[seg.inode] = seg
+
+    def _recycled_here(self, segno: int) -> Segment | None:
+        """A shared WAL: when segment ``segno``'s file is one this process still has mapped
+        under the number it had before another process recycled it (the same inode), that
+        segment, taken over: mapping and pre-faulting 16 MiB again in every process for
+        every segment would cost about as much as appending into it at 64 KiB records."""
+        if self._control is None:
+            return None
+        try:
+            st = os.stat(self._dir.file(segno))
+        except FileNotFoundError:
+            return None
+        inode, oldest = (st.st_dev, st.st_ino), self._oldest_shared()
+        with self._seg_lock:
+            for old in [n for n, seg in self._segments.items() if n < oldest]:
+                self._core.detach(old)
+                self._retire(self._segments.pop(old))
+            return self._retired.pop(inode, None)
 
     def _lower_made(self, segno: int) -> None:
         """Before a recycled file becomes segment ``segno``: the segments below it that this
@@ -979,7 +1030,7 @@ class WAL:
         if self._background is not None:  # after the core: no appender can notify it now
             self._background.stop()
             self._background = None
-        for table in (self._segments, self._read_cache):
+        for table in (self._segments, self._read_cache, self._retired):
             for seg in table.values():
                 seg.close()
             table.clear()

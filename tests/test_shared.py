@@ -25,13 +25,18 @@ from pmemwal import ClosedError, ConfigError, FormatError, LockedError
 from pmemwal.tools import shared_torture
 
 SEG = 1 << 20
-pytestmark = pytest.mark.usefixtures("pmem_forced")
 
 
-@pytest.fixture
-def pmem_forced(monkeypatch):
-    """Direct mode persisting by cache flush on tmpfs, in this process and its children."""
-    monkeypatch.setenv("PMEM_IS_PMEM_FORCE", "1")
+@pytest.fixture(autouse=True)
+def children_persist_as_we_do(monkeypatch, tmp_path):
+    """Child processes persist as this one does (the processes of a shared WAL must): libpmem
+    decided for this process at its first look at a mapping, with the environment of then;
+    the children get PMEM_IS_PMEM_FORCE to match."""
+    probe = f"/dev/shm/pmemwal-shared-probe-{os.getpid()}"
+    with pmemwal.open(probe, mode="direct", segment_size=SEG) as wal:
+        method = wal.persist_method
+    shutil.rmtree(probe, ignore_errors=True)
+    monkeypatch.setenv("PMEM_IS_PMEM_FORCE", "1" if method == "pmem" else "0")
 
 
 @pytest.fixture
@@ -196,8 +201,7 @@ def test_sigkill_torture_short():
     """The long torture (pmemwal torture --processes) in miniature: writers SIGKILLed at
     random, two kills in three mid-insert; survivors go on, nothing acknowledged is lost."""
     config = shared_torture.SharedTortureConfig(processes=3, threads=2, seconds=3,
-                                                kill_interval=0.4, seed=7, stall_bound=10,
-                                                env={"PMEM_IS_PMEM_FORCE": "1"})
+                                                kill_interval=0.4, seed=7, stall_bound=10)
     report = shared_torture.run(config)
     assert report.ok, report.to_dict()
     assert report.kills >= 2 and report.acknowledged > 100
@@ -205,6 +209,17 @@ def test_sigkill_torture_short():
 
 
 # ---- bad input, locks, fork ----------------------------------------------------------
+
+
+def test_processes_persist_alike(wal_dir):
+    """A process that would flush caches follows the first one's msync; one asking for cache
+    flushes beside it is refused (it would count as durable what msync has not synced)."""
+    with open_shared(wal_dir, persist="msync") as first:
+        with open_shared(wal_dir) as second:
+            assert second.persist_method == "msync"
+        with pytest.raises(ConfigError, match="pmem"):
+            open_shared(wal_dir, persist="pmem")
+        assert first.append(b"fine", flush=True)
 
 
 def test_buffered_mode_is_refused(wal_dir):
