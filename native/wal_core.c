@@ -62,13 +62,15 @@ static void backoff(const wal_env *env, unsigned *spins)
 static int reap(wal_core *c, const wal_env *env, uint32_t token);
 static int void_slot(wal_core *c, const wal_env *env, struct wal_slot *slot);
 
-/* REAP_EVERY -- a shared WAL's waiter that has backed off this many times checks, and
- * then every this many more, whether the process it waits for is dead (a system call). */
-#define REAP_EVERY 2048u
+/* REAP_AFTER, REAP_EVERY -- a shared WAL's waiter that has backed off REAP_AFTER times
+ * (a few ms: backoff then sleeps 50 us a time) checks whether the process it waits for is
+ * dead (one system call), and again every REAP_EVERY back-offs (about 3 ms) after that. */
+#define REAP_AFTER 2048u
+#define REAP_EVERY 64u
 
 static inline int reap_due(const wal_core *c, unsigned spins)
 {
-    return c->shared && spins >= REAP_EVERY && spins % REAP_EVERY == 0;
+    return c->shared && spins >= REAP_AFTER && (spins - REAP_AFTER) % REAP_EVERY == 0;
 }
 
 /* insert_lock / insert_unlock -- the reservation spinlock, holding the holder's token; a

@@ -472,6 +472,11 @@ class SharedWorkload(Workload):
         else:
             raise AssertionError("the die hook did not fire")
         mortal._forsake()  # its liveness lock goes with its control-file descriptor
+        # The flushes its insertion made were never fenced: a process that dies there may or
+        # may not have had those lines written back (the images flip its unpersisted bytes
+        # either way); a later fence by this thread, long after, must not apply them.
+        with self.shadow.lock:
+            self.shadow.pending.pop(threading.get_ident(), None)
         self.deaths += 1
         self.handles[2] = pmemwal.open(self._path, **self._options)
         self.shadow.add_handle(self.handles[2])
