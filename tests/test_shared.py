@@ -201,10 +201,11 @@ def test_sigkill_torture_short():
     """The long torture (pmemwal torture --processes) in miniature: writers SIGKILLed at
     random, two kills in three mid-insert; survivors go on, nothing acknowledged is lost."""
     config = shared_torture.SharedTortureConfig(processes=3, threads=2, seconds=3,
-                                                kill_interval=0.4, seed=7, stall_bound=10)
+                                                kill_interval=0.4, seed=7, stall_bound=10,
+                                                min_kills=3)
     report = shared_torture.run(config)
     assert report.ok, report.to_dict()
-    assert report.kills >= 2 and report.acknowledged > 100
+    assert report.kills >= 3 and report.acknowledged > 100
     assert report.found >= report.acknowledged
 
 

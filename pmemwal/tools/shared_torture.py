@@ -49,7 +49,9 @@ class SharedTortureConfig:
     ``min_size``..``max_size`` bytes, for ``seconds``, killing one every ``kill_interval``
     seconds on average; ``checkpoint_every``: each writer's thread 0 truncates every this
     many records (0: never); ``stall_bound``: the longest a survivor may go without an
-    acknowledgement after a kill before it counts as blocked."""
+    acknowledgement after a kill before it counts as blocked; ``min_kills``: go on past
+    ``seconds`` until this many kills (where starting interpreters is slow, as under a
+    sanitizer, ``seconds`` alone may leave room for one)."""
 
     path: str | None = None
     processes: int = 3
@@ -61,6 +63,7 @@ class SharedTortureConfig:
     segment_size: int = 1 << 20
     checkpoint_every: int = 0
     stall_bound: float = 10.0
+    min_kills: int = 0
     seed: int | None = None
     env: dict[str, str] = field(default_factory=dict)
 
@@ -173,7 +176,7 @@ def run(config: SharedTortureConfig,
     try:
         writers = [spawn() for _ in range(config.processes)]
         deadline = started + config.seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or report.kills < config.min_kills:
             time.sleep(rng.uniform(0.5, 1.5) * config.kill_interval)
             victim = writers.pop(rng.randrange(len(writers)))
             hook = rng.choice((None, signal.SIGUSR1, signal.SIGUSR2))
