@@ -294,11 +294,17 @@ static int seg_get(wal_core *c, const wal_env *env, uint64_t segno, wal_seg_entr
     return 0;
 }
 
-/* segments_ready -- whether every segment of usable range [from, from + total) is attached. */
+/* READY_SPAN -- segments a reservation finds attached before it is made; those of a batch
+ * larger than this (gigabytes) are attached as it is copied, since the segment table could
+ * not hold them all at once. */
+#define READY_SPAN 64u
+
+/* segments_ready -- whether the segments of usable range [from, from + total) (the first
+ * READY_SPAN of them) are attached. */
 static int segments_ready(wal_core *c, uint64_t from, uint64_t total)
 {
-    const uint64_t per = c->geom.seg_usable;
-    for (uint64_t s = from / per; s <= (from + total - 1) / per; s++)
+    const uint64_t per = c->geom.seg_usable, first = from / per;
+    for (uint64_t s = first; s <= (from + total - 1) / per && s < first + READY_SPAN; s++)
         if (!seg_lookup(c, s))
             return 0;
     return 1;
@@ -310,8 +316,8 @@ static int segments_ready(wal_core *c, uint64_t from, uint64_t total)
  * removed) is skipped, never asked for again. */
 static int ensure_segments(wal_core *c, const wal_env *env, uint64_t from, uint64_t total)
 {
-    const uint64_t per = c->geom.seg_usable;
-    for (uint64_t s = from / per; s <= (from + total - 1) / per; s++) {
+    const uint64_t per = c->geom.seg_usable, first = from / per;
+    for (uint64_t s = first; s <= (from + total - 1) / per && s < first + READY_SPAN; s++) {
         if (seg_lookup(c, s))
             continue;
         int rc = env->need_segment(env->ctx, s);
