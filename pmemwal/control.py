@@ -43,7 +43,7 @@ from typing import Iterator
 
 from pmemwal import _core
 from pmemwal.errors import FormatError
-from pmemwal.segments import storage_errors
+from pmemwal.segments import close_mapped, storage_errors
 
 CONTROL_NAME = "CONTROL"
 MAGIC = b"PMWALCTL"
@@ -118,20 +118,11 @@ class ControlFile:
 
     def close(self) -> None:
         """Unmap and close (the core has let go of the mapping first)."""
-        if self.map is not None:
-            try:
-                self.map.close()
-            except BufferError:
-                pass
-            self.map = None
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        close_mapped(self.map, self.fd)
+        self.map, self.fd = None, -1
 
     def forsake(self) -> None:
         """In a child after fork(): drop this process's copies, touching nothing shared
         (closing the descriptor copy leaves the parent's locks as they are)."""
-        self.map = None  # the copy dies with the child; closing it is harmless but needless
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        close_mapped(None, self.fd)  # the mapping's copy dies with the child
+        self.map, self.fd = None, -1

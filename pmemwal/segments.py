@@ -238,6 +238,18 @@ class WalDirectory:
             self.sync()
 
 
+def close_mapped(mapping: mmap.mmap | None, fd: int) -> None:
+    """Unmap ``mapping`` (one still exported to a view lives on until that dies) and close
+    ``fd`` (-1: none)."""
+    if mapping is not None:
+        try:
+            mapping.close()
+        except BufferError:
+            pass
+    if fd >= 0:
+        os.close(fd)
+
+
 class Segment:
     """An open segment file: its descriptor, and a mapping when one is needed."""
 
@@ -286,12 +298,5 @@ class Segment:
 
     def close(self) -> None:
         """Unmap and close; a mapping still exported to a payload view lives on until it dies."""
-        if self.map is not None:
-            try:
-                self.map.close()
-            except BufferError:
-                pass
-            self.map = None
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        close_mapped(self.map, self.fd)
+        self.map, self.fd = None, -1
