@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh -- everything pmemwal needs on a fresh Debian machine with Python 3.11:
 # libpmem (through apt, when missing and we are root), a virtual environment in
-# .venv, and the package with its test and benchmark dependencies and the projects its
+# .venv, and the package with its test and benchmark dependencies (moto's S3 server among
+# them, for the archiving tests), its archiving extra (fsspec, s3fs) and the projects its
 # integrations adapt to (eventsourcing, pysyncobj), whose own tests run on it.  Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -20,7 +21,7 @@ fi
 
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test,bench,eventsourcing,pysyncobj]'
+.venv/bin/python -m pip install -q -e '.[test,bench,archive,eventsourcing,pysyncobj]'
 
 # Peers for the comparison harness (pmemwal.tools.targets): PMDK's libpmemlog, PostgreSQL
 # (initdb, pg_ctl, pgbench), and the Python packages rocksdict and lmdb.  Only with --peers or
@@ -41,5 +42,5 @@ if [ "${PMEMWAL_PEERS:-0}" = 1 ] || case " $* " in *" --peers "*) true ;; *) fal
     echo "setup: not root (or no apt-get): install the Debian packages libpmemlog1 and" \
          "postgresql yourself for the libpmemlog and postgres targets" >&2
   fi
-  .venv/bin/python -m pip install -q -e '.[test,bench,eventsourcing,pysyncobj,peers]'
+  .venv/bin/python -m pip install -q -e '.[test,bench,archive,eventsourcing,pysyncobj,peers]'
 fi

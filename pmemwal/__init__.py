@@ -9,16 +9,19 @@
 """
 
 from pmemwal.device import ProbeResult, probe
-from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, LockedError,
+from pmemwal.errors import (ArchiveError, ClosedError, ConfigError, CorruptionError, FormatError, LockedError,
                             LogIndexError, NotFoundError, RecordTooLargeError, StorageError, TermError,
                             WALError, WriterStoppedError, format_lsn)
 from pmemwal.wal import WAL, Record, open
 from pmemwal.log import Entry, HardState, Log, open_log
+from pmemwal.archive_restore import RestoreReport, restore
 
 __all__ = [
     "open", "WAL", "Record", "probe", "ProbeResult", "format_lsn",
+    "restore", "RestoreReport",
     "open_log", "Log", "Entry", "HardState", "LogIndexError", "TermError",
     "WALError", "CorruptionError", "FormatError", "LockedError", "ClosedError",
     "NotFoundError", "ConfigError", "RecordTooLargeError", "StorageError", "WriterStoppedError",
+    "ArchiveError",
 ]
 __version__ = "0.1.0"

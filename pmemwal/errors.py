@@ -69,6 +69,12 @@ class StorageError(WALError, OSError):
     """The storage failed (no space, I/O error); durable data is untouched."""
 
 
+class ArchiveError(StorageError):
+    """The archive (an fsspec URL or an archive command) failed or holds something else:
+    archiving retries it; appends get it once ``archive_max_pending`` bytes of completed
+    segments wait for it, and restore when the archive cannot be read."""
+
+
 class WriterStoppedError(StorageError):
     """A write, sync or msync failed (or a segment file was deleted) after records
     were placed: the writer stopped, and refuses every later append and flush with

@@ -46,7 +46,8 @@ MAP_SYNC = 0x80000
 MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_IGNORED = {LOCK_NAME, CONTROL_NAME, "lost+found"}
+ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/archive.py)
+_IGNORED = {LOCK_NAME, CONTROL_NAME, ARCHIVE_STATUS_NAME, "lost+found"}
 _ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
 
 

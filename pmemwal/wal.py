@@ -26,6 +26,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from pmemwal import _core, libpmem
+from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
+from pmemwal.archiver import Archiver
 from pmemwal.background import BackgroundWriter
 from pmemwal.control import ControlFile
 from pmemwal.device import resolve_mode, stream_min
@@ -48,6 +50,7 @@ DEFAULT_BUFFER_SIZE = 16 << 20
 DEFAULT_MAX_RECORD_SIZE = 64 << 20
 DEFAULT_FLUSH_INTERVAL = 0.05
 DEFAULT_MAX_WAL_SIZE = 1 << 30
+DEFAULT_MAX_PENDING = 4 << 30  # archive_max_pending
 # Appends smaller than this keep the GIL while they insert (and persist): giving it up and
 # taking it back costs more than the insertion.  Measured in docs/PERFORMANCE.md §8.
 DEFAULT_GIL_RELEASE_SIZE = 8 << 10
@@ -87,7 +90,11 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          prepare_segments: int = 2, prefault: bool = True,
          gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
          max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
-         persist: str = "auto", insertion: str = "parallel", shared: bool = False) -> WAL:
+         persist: str = "auto", insertion: str = "parallel", shared: bool = False,
+         archive: str | None = None, archive_command: str | None = None,
+         restore_command: str | None = None, archive_options: dict | None = None,
+         archive_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+         archive_max_pending: int = DEFAULT_MAX_PENDING, archive_backoff: float = 10.0) -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
@@ -96,7 +103,10 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
                background=background, flush_interval=flush_interval,
                prepare_segments=prepare_segments, prefault=prefault,
                gil_release_size=gil_release_size, max_wal_size=max_wal_size,
-               preallocate=preallocate, persist=persist, insertion=insertion, shared=shared)
+               preallocate=preallocate, persist=persist, insertion=insertion, shared=shared,
+               archive=archive, archive_command=archive_command, restore_command=restore_command,
+               archive_options=archive_options, archive_timeout=archive_timeout,
+               archive_max_pending=archive_max_pending, archive_backoff=archive_backoff)
 
 
 class WAL:
@@ -137,6 +147,20 @@ class WAL:
       ``insert_slots``.  A WAL open without it in one process is LockedError here,
       and the other way round.  After ``fork()`` the child cannot use the parent's
       WAL (ClosedError): it opens the WAL itself.
+    - ``archive``: an fsspec URL (``"s3://bucket/wal"``, ``"file:///mnt/arch"``) that every
+      complete segment is copied to, off the append path, and checked after (docs/ARCHIVE.md;
+      ``pip install 'pmemwal[archive]'``).  Truncation then never removes or recycles a
+      segment before it is archived.  ``archive_options``: the fsspec file system's
+      options (``{"client_kwargs": {"endpoint_url": ...}}`` for an S3-compatible server).
+    - ``archive_command``: archive with a shell command instead, in PostgreSQL's
+      convention (``"cp %p /mnt/arch/%f"``; exit status 0 means archived), stopped after
+      ``archive_timeout`` seconds; ``restore_command`` (``"cp /mnt/arch/%f %p"``), when
+      given, reads each archived segment back to compare it.
+    - ``archive_max_pending``: bytes of complete segments that may wait for the archive
+      (it is unreachable, or refuses them); past it, appends that need a new segment get
+      ArchiveError (a StorageError, ENOSPC) naming the archive, until it catches up.
+    - ``archive_backoff``: the longest pause, in seconds, between retries of a failed
+      archiving (the pause doubles from 0.1 s).
     - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
       records are followed by more, or ``"truncate"`` the WAL at the damage.
     - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
@@ -173,11 +197,20 @@ class WAL:
                  prepare_segments: int = 2, prefault: bool = True,
                  gil_release_size: int = DEFAULT_GIL_RELEASE_SIZE,
                  max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
-                 persist: str = "auto", insertion: str = "parallel", shared: bool = False) -> None:
+                 persist: str = "auto", insertion: str = "parallel", shared: bool = False,
+                 archive: str | None = None, archive_command: str | None = None,
+                 restore_command: str | None = None, archive_options: dict | None = None,
+                 archive_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+                 archive_max_pending: int = DEFAULT_MAX_PENDING,
+                 archive_backoff: float = 10.0) -> None:
         _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                        sync_method, on_corruption, recycle_segments, flush_interval,
                        prepare_segments, gil_release_size, max_wal_size, preallocate, persist,
                        insertion, shared)
+        archive_spec = _archive_spec(archive, archive_command, restore_command, archive_options,
+                                     archive_timeout, archive_max_pending, archive_backoff,
+                                     shared, background)
+        self._archiver: Archiver | None = None
         self._insertion = insertion
         self._background: BackgroundWriter | None = None
         self._prepare_segments = prepare_segments if prefault else 0
@@ -210,6 +243,10 @@ class WAL:
             else:
                 self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
                            max_record_size, gil_release_size)
+            if archive_spec is not None:
+                self._archiver = Archiver(self._dir.path, archive_spec, self.segment_size,
+                                          self._segnos[0], archive_max_pending, archive_backoff)
+                self._archiver.tick(self._segnos, self.flushed_lsn)  # what completed before
             self._preallocate(preallocate)
             if background:
                 self._start_background(flush_interval)
@@ -453,6 +490,8 @@ class WAL:
             self._check_segments()
         if self._core.insert_lsn != self._core.flushed_lsn:
             self._core.flush_ready()
+        if self._archiver is not None:
+            self._archiver.tick(self._segnos, self._core.flushed_lsn)
 
     def _truncating(self) -> bool:
         """Whether a truncation is doing its file work.  Its own renames and removals wake
@@ -513,6 +552,9 @@ class WAL:
                 seg = self._segments[segno]
                 self._core.attach(segno, seg.fd, seg.map)
             return None
+        if self._archiver is not None and hasattr(self, "_core") and \
+                segno > self._core.insert_lsn // self.segment_size:
+            self._archiver.check_room(segno, self._segnos[0])
         if segno in self._segnos or self._made_by_peer(segno):
             todo = [(segno, False)]
         else:
@@ -831,7 +873,7 @@ class WAL:
         """
         self._check_open()
         with self._truncate_lock:
-            cut = min(before_lsn, self.flushed_lsn) // self.segment_size
+            cut = self._archived_cut(min(before_lsn, self.flushed_lsn) // self.segment_size)
             if self._control is None:
                 with self._seg_lock:
                     plan = self._release_below(cut)
@@ -842,6 +884,15 @@ class WAL:
         if plan and background is not None:
             background.wake()  # the round it sat out (_truncating), now that it would not
         return len(plan)
+
+    def _archived_cut(self, cut: int) -> int:
+        """``cut`` lowered to the oldest segment not archived yet, counting what that keeps."""
+        if self._archiver is None:
+            return cut
+        archived = self._archiver.archived_below(self._segnos[0])
+        if archived < cut:
+            self._archiver.kept(sum(1 for s in self._segnos if archived <= s < cut))
+        return min(cut, archived)
 
     def _truncate_shared(self, cut: int) -> list[tuple[int, int | None, Segment | None]]:
         """A shared WAL's truncation: under the files lock, with the segment list read
@@ -901,6 +952,8 @@ class WAL:
                     self._dir.recycle(segno, new, self.segment_size, self.wal_id,
                                       seg.fd if seg else -1)
                     self._recycled(new, seg)
+                if self._archiver is not None:
+                    self._archiver.forget(segno)
             except BaseException:
                 self._abandon_recycling(plan[i:])
                 raise
@@ -989,7 +1042,25 @@ class WAL:
         self._check_open()
         counters = {name: self._core.shared(i) for i, name in enumerate(self._counters)} \
             if self._control is not None else self._counters
-        return {**self._core.stats(), **counters}
+        archiving = self._archiver.stats() if self._archiver is not None else {}
+        return {**self._core.stats(), **counters, **archiving}
+
+    def archive_status(self) -> dict | None:
+        """None without archiving; else the archive, the ready (waiting), done and failed
+        segment counts, the oldest unarchived segment, the bytes waiting and the limit,
+        the last error, and whether the archiver process runs."""
+        self._check_open()
+        return self._archiver.summary() if self._archiver is not None else None
+
+    def wait_archived(self, timeout: float | None = None) -> bool:
+        """Wait until every segment complete now (all below the flushed LSN's segment) is
+        archived; False if ``timeout`` seconds pass first.  Without archiving, True."""
+        self._check_open()
+        if self._archiver is None:
+            return True
+        if self._background is not None:
+            self._background.wake()
+        return self._archiver.wait(self._segnos[0], self.flushed_lsn, timeout)
 
     def _count(self, name: str, n: int = 1) -> None:
         """Add to one of the WAL's own counters (a shared WAL's are in the control file)."""
@@ -1030,6 +1101,8 @@ class WAL:
         if self._background is not None:  # after the core: no appender can notify it now
             self._background.stop()
             self._background = None
+        if self._archiver is not None:  # after the background writer, which wakes it
+            self._archiver.close()
         for table in (self._segments, self._read_cache, self._retired):
             for seg in table.values():
                 seg.close()
@@ -1105,6 +1178,34 @@ def check_wal_options(mode: str = "auto", segment_size: int | None = None, inser
     _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size, sync_method,
                    on_corruption, recycle_segments, flush_interval, prepare_segments,
                    gil_release_size, max_wal_size, preallocate, persist, insertion, shared)
+
+
+def _archive_spec(url: str | None, command: str | None, restore_command: str | None,
+                  options: dict | None, timeout: float, max_pending: int, backoff: float,
+                  shared: bool, background: bool) -> dict | None:
+    """The archiver's description of the archive options (None: no archiving), checked."""
+    if url is None and command is None:
+        if restore_command is not None or options is not None:
+            raise ConfigError("restore_command and archive_options go with archive or archive_command")
+        return None
+    if url is not None and command is not None:
+        raise ConfigError("archive (a URL) or archive_command, not both")
+    if shared:
+        raise ConfigError("archiving works for a WAL open in one process (not shared=True) for now")
+    if not background:
+        raise ConfigError("archiving needs the background writer (background=True): it hands "
+                          "complete segments to the archiver")
+    if not 0 < timeout <= 86400:
+        raise ConfigError(f"archive_timeout={timeout}: seconds, above 0 and at most a day")
+    if max_pending < 0:
+        raise ConfigError(f"archive_max_pending={max_pending}: bytes, 0 or more")
+    if not 0.1 <= backoff <= 3600:
+        raise ConfigError(f"archive_backoff={backoff}: seconds, from 0.1 to 3600")
+    if url is not None:
+        return {"url": url, "storage_options": options}
+    if "%p" not in command:
+        raise ConfigError(f"archive_command={command!r} names no %p (the segment's path)")
+    return {"command": command, "restore_command": restore_command, "timeout": timeout}
 
 
 def _check_options(mode: str, segment_size: int | None, insert_slots: int, buffer_size: int,

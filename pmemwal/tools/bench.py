@@ -80,7 +80,7 @@ from pmemwal import _core
 from pmemwal.device import ProbeResult
 from pmemwal.errors import ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
-from pmemwal.segments import CONTROL_NAME, LOCK_NAME, Segment, WalDirectory
+from pmemwal.segments import ARCHIVE_STATUS_NAME, CONTROL_NAME, LOCK_NAME, Segment, WalDirectory
 from pmemwal.tools._extras import require
 from pmemwal.wal import (DEFAULT_BUFFER_SIZE, DEFAULT_FLUSH_INTERVAL, DEFAULT_GIL_RELEASE_SIZE,
                          DEFAULT_MAX_WAL_SIZE, MODES, PERSIST, check_wal_options)
@@ -509,7 +509,7 @@ def remove_wal_dir(path: str) -> None:
     if not os.path.isdir(path):
         raise ConfigError(f"{path} is not a directory")
     names = os.listdir(path)
-    strangers = [n for n in names if n not in (LOCK_NAME, CONTROL_NAME)
+    strangers = [n for n in names if n not in (LOCK_NAME, CONTROL_NAME, ARCHIVE_STATUS_NAME)
                  and parse_segment_name(n.removesuffix(".tmp")) is None]
     if strangers:
         raise ConfigError(f"{path} holds {strangers[0]!r}, which is not part of a pmemwal WAL: "
@@ -523,7 +523,10 @@ def remove_wal_dir(path: str) -> None:
         finally:
             os.close(fd)
     for name in names:
-        os.unlink(os.path.join(path, name))
+        if name == ARCHIVE_STATUS_NAME:
+            shutil.rmtree(os.path.join(path, name))
+        else:
+            os.unlink(os.path.join(path, name))
     os.rmdir(path)
 
 

@@ -263,6 +263,53 @@ def stats(path: str, as_json: bool) -> None:
         click.echo(_inspect.format_stats(result))
 
 
+@main.command(name="archive-status")
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@_library_errors
+def archive_status(path: str, as_json: bool) -> None:
+    """Show how far archiving of the WAL at PATH has come: segments archived, waiting and
+    failing, the oldest waiting, the last error.  Exits 1 when a segment is failing.
+
+    Example: pmemwal archive-status /dev/shm/wal --json
+    """
+    status = _inspect.archive_status(path)
+    if as_json:
+        _dump({"path": os.path.abspath(path), "archive": status})
+    else:
+        click.echo("\n".join(_inspect.format_archive_status(status)))
+    if status is not None and status["failed"]:
+        raise click.exceptions.Exit(1)
+
+
+@main.command()
+@click.argument("source")
+@click.argument("dest", type=click.Path())
+@click.option("--until", type=LSN, default=None,
+              help="Leave out every record at or past this LSN (X/X or decimal).")
+@click.option("--command", "restore_command", is_flag=True,
+              help="SOURCE is a restore_command (PostgreSQL's %f and %p), not a URL.")
+@click.option("--start-segment", type=click.IntRange(min=0), default=None,
+              help="The first segment to restore [default: the oldest archived; 0 with --command].")
+@click.option("--endpoint", default=None,
+              help="An S3-compatible server's URL, for s3:// sources [default: AWS, or "
+                   "AWS_ENDPOINT_URL].")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_library_errors
+def restore(source: str, dest: str, until: int | None, restore_command: bool,
+            start_segment: int | None, endpoint: str | None, as_json: bool) -> None:
+    """Rebuild a WAL directory DEST from the segments archived at SOURCE (an fsspec URL:
+    s3://bucket/prefix, file:///path), verifying each, up to the first gap or --until.
+
+    Example: pmemwal restore s3://backups/wal /dev/shm/wal-restored --until 0/3A00000
+    """
+    options = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else None
+    report = pmemwal.restore(dest, None if restore_command else source,
+                             restore_command=source if restore_command else None, until=until,
+                             start_segment=start_segment, storage_options=options)
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary_line())
+
+
 # ---- compare (pmemwal.tools.harness) ----------------------------------------------
 
 from pmemwal import device as _device, libpmem as _libpmem  # noqa: E402

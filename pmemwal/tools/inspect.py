@@ -42,7 +42,9 @@ import numpy as np
 
 from pmemwal import _core
 from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
+from pmemwal.archive import ArchiveStatus
 from pmemwal.log import describe as describe_log_record
+from pmemwal.segments import ARCHIVE_STATUS_NAME
 from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader, first_lsn,
                             parse_segment_name, segment_name)
 
@@ -52,7 +54,7 @@ __all__ = ["WalView", "RecordInfo", "Records", "End", "Problem", "VerifyReport",
 _END = (1 << 64) - 1
 _LSN_LIMIT = 1 << 63          # the reader takes a prev-link as a signed 64-bit number
 _LIVE_RETRIES = 8             # re-reads of an end that looked like damage (a writer at work)
-_IGNORED = {"LOCK", "lost+found"}
+_IGNORED = {"LOCK", "lost+found", ARCHIVE_STATUS_NAME}
 _NO_SEGMENT = 1               # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
 _LSN_TEXT = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
 
@@ -341,10 +343,11 @@ class WalView:
         oldest segment) on, at most ``limit`` of them; iterate it, then see ``.end``."""
         return Records(self, start, limit)
 
-    def scan(self) -> Records:
-        """The whole chain, followed by the native reader (no records yielded): see
+    def scan(self, stop_lsn: int = _END) -> Records:
+        """The whole chain (up to the first record at or past ``stop_lsn``: then ``end``
+        is a ``limit`` there), followed by the native reader (no records yielded): see
         the result's ``count``, ``payload_bytes``, ``first_lsn``, ``last_lsn``, ``end``."""
-        result = Records(self, None, None)
+        result = Records(self, None, None, stop_lsn)
         for _ in result._walk(native=True):    # yields nothing: the native scan counts
             pass
         return result
@@ -456,8 +459,9 @@ class Records:
     (None without records), and ``end`` (an End: why it stopped).
     """
 
-    def __init__(self, view: WalView, start: int | None, limit: int | None) -> None:
-        self._view, self.start, self.limit = view, start, limit
+    def __init__(self, view: WalView, start: int | None, limit: int | None,
+                 stop_lsn: int = _END) -> None:
+        self._view, self.start, self.limit, self.stop_lsn = view, start, limit, stop_lsn
         self.count = self.payload_bytes = 0
         self.first_lsn: int | None = None
         self.last_lsn: int | None = None
@@ -486,10 +490,13 @@ class Records:
             if self.limit is not None and self.count >= self.limit:
                 self.end = End("limit", lsn, "limit")
                 return
+            if status == 0 and lsn >= self.stop_lsn:
+                self.end = End("limit", lsn, f"stop at {format_lsn(self.stop_lsn)}")
+                return
             if status == 0:
                 if native:
                     begin = lsn
-                    status, lsn, last, count, nbytes, bad = reader.scan(lsn, prev, _END)
+                    status, lsn, last, count, nbytes, bad = reader.scan(lsn, prev, self.stop_lsn)
                     if count:
                         self._note(begin, count, nbytes, last)
                     if last:  # void records (closed ranges) move the chain, count nothing
@@ -705,8 +712,34 @@ def _stats(path: str | os.PathLike[str]) -> dict:
             },
             "problems": [p.as_dict() for p in view.problems],
             "notes": list(view.notes),
+            "archive": archive_status(view.path, size),
             "vanished": bool(view.vanished),
         }
+
+
+def archive_status(path: str | os.PathLike[str], segment_size: int | None = None) -> dict | None:
+    """The WAL directory's archive status (ready, done and failed segment counts, the
+    oldest unarchived segment, the last error), or None when it was never archived."""
+    status = ArchiveStatus(os.fspath(path), create=False)
+    if not os.path.isdir(status.path):
+        return None
+    if segment_size is None:
+        with WalView(path) as view:
+            segment_size = view.segment_size or 0
+    return status.summary(segment_size)
+
+
+def format_archive_status(status: dict | None) -> list[str]:
+    """Text lines for ``archive_status``."""
+    if status is None:
+        return ["archive:         not archived (no archive_status/)"]
+    lines = [f"archive:         {status['done']} segments archived, {status['ready']} waiting "
+             f"({status['pending_bytes']} bytes), {status['failed']} failing"]
+    if status["oldest_unarchived"]:
+        lines.append(f"oldest waiting:  {status['oldest_unarchived']}")
+    if status["last_error"]:
+        lines.append(f"last error:      {status['last_error']} ({status['attempts']} attempts)")
+    return lines
 
 
 def format_stats(stats: dict) -> str:
@@ -742,6 +775,7 @@ def format_stats(stats: dict) -> str:
     lines.append(f"  {'bytes':>{width}}  {'records':>9}")
     for bucket in sizes["histogram"]:
         lines.append(f"  {bucket['range']:>{width}}  {bucket['count']:>9}")
+    lines.extend(format_archive_status(stats.get("archive")))
     for problem in stats["problems"]:
         lines.append(f"problem: {Problem(**problem)}")
     for note in stats["notes"]:
