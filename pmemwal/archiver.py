@@ -75,8 +75,8 @@ class Archiver:
             self._marked_below = max(self._marked_below, complete_below)
             self._read_reports()
             waiting = self._refresh() < self._marked_below
-        if new or (waiting and self._proc is None):
-            self._wake()
+        if new or (waiting and (self._proc is None or self._proc.poll() is not None)):
+            self._wake()  # (starting an archiver where the last one died)
 
     def _refresh(self) -> int:
         """Move the archived mark past the segments that became ``.done`` (lock held)."""

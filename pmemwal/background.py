@@ -85,13 +85,13 @@ class BackgroundWriter:
                 _drain(fd)  # eventfd or inotify: either way, one round now
             if self._stopping:
                 break
-            try:
-                self._prepare()
-                self._flush()
-            except ClosedError:
-                return
-            except Exception as exc:  # e.g. no space for a new segment: try again next round;
-                self.error = exc      # an appender that needs the segment gets the error itself
+            for step in (self._prepare, self._flush):  # a failed preparation skips no flush
+                try:
+                    step()
+                except ClosedError:
+                    return
+                except Exception as exc:  # e.g. no space for a new segment: try again next
+                    self.error = exc      # round; an appender that needs it gets the error itself
 
     def wake(self) -> None:
         """Have the thread run a round now; nothing once it is stopped (any thread may

@@ -274,3 +274,13 @@ def mounted_tmpfs(where: Path, size: str) -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)  # lazy: even if a file is open
+
+
+# ---- an S3 server ------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 (pmemwal.tools.s3_server.LocalS3), for the session."""
+    from pmemwal.tools.s3_server import LocalS3
+    with LocalS3() as server:
+        yield server

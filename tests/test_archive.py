@@ -1,0 +1,448 @@
+"""Archiving and restore (issue 12), with real parts: moto's S3 server on 127.0.0.1 and s3fs
+as its client, a TCP gate in front of it to take it away and slow it down, real archive
+commands run by /bin/sh, and a writer killed with SIGKILL mid-upload."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import pmemwal
+from conftest import SEG, TESTS_DIR, payload, seg_file
+from pmemwal.errors import ArchiveError, ConfigError, StorageError
+from pmemwal.format import segment_name
+from pmemwal.tools.cli import main as cli
+from pmemwal.tools.s3_server import free_port, storage_options
+
+pytest.importorskip("s3fs")
+
+
+class Gate:
+    """A TCP forwarder to the S3 server that a test can shut (connections refused, those
+    open cut: the archive is unreachable), open again, and slow to ``rate`` bytes/s."""
+
+    def __init__(self, upstream: int, rate: float | None = None) -> None:
+        self.upstream, self.rate = upstream, rate
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.forwarded = 0  # bytes sent on to the server
+        self._listener: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def open(self) -> Gate:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
+
+    def shut(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            with self._lock:
+                self._conns += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        try:
+            while data := src.recv(16384):
+                if upstream and self.rate:
+                    time.sleep(len(data) / self.rate)
+                dst.sendall(data)
+                if upstream:
+                    self.forwarded += len(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def bucket(request) -> str:
+    """A fresh S3 URL (bucket and prefix) for one test."""
+    return f"s3://t-{abs(hash(request.node.nodeid)) % 10**12}-{time.time_ns() % 10**9}/wal"
+
+
+def s3fs_of(server_endpoint: str):
+    import s3fs
+    return s3fs.S3FileSystem(skip_instance_cache=True, **storage_options(server_endpoint))
+
+
+def append_segments(wal: pmemwal.WAL, segments: float, seed: str,
+                    out: list[tuple[int, bytes]] | None = None) -> list[tuple[int, bytes]]:
+    """Append and flush records of 1-31 KB until ``segments`` more segments are full;
+    (LSN, payload) of each is added to ``out`` as it is appended, and ``out`` returned."""
+    out = [] if out is None else out
+    until = wal.insert_lsn + int(segments * SEG)
+    while wal.insert_lsn < until:
+        data = payload(f"{seed}/{len(out)}", 1000 + (len(out) * 7919) % 30000)
+        out.append((wal.append(data, flush=True), data))
+    return out
+
+
+def records(path) -> list[tuple[int, bytes]]:
+    with pmemwal.open(path, create=False) as wal:
+        return [(r.lsn, bytes(r.payload)) for r in wal.records()]
+
+
+def wait_for(condition, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def held_in_archive(expected: list[tuple[int, bytes]], archived_end: int,
+                    restored: list[tuple[int, bytes]]) -> None:
+    """``restored`` is exactly the records of ``expected`` that the archive holds whole."""
+    assert restored == expected[:len(restored)]
+    whole = sum(1 for i in range(len(expected) - 1) if expected[i + 1][0] <= archived_end)
+    assert len(restored) >= whole, "records archived whole are missing from the restore"
+
+
+# ---- S3: under load, SIGKILL, outage ------------------------------------------------
+
+def test_archive_to_s3_under_load_then_restore(s3_server, bucket, shm_tmp):
+    wal_dir = shm_tmp / "wal"
+    expected = []
+    with pmemwal.open(wal_dir, segment_size=SEG, archive=bucket,
+                      archive_options=s3_server.options) as wal:
+        for round_ in range(4):  # a checkpointer's pattern: append, then truncate what is archived
+            append_segments(wal, 1.7, "load", expected)
+            wal.truncate(wal.flushed_lsn)
+        assert wal.wait_archived(30)
+        complete = wal.flushed_lsn // SEG
+        stats = wal.stats()
+        status = wal.archive_status()
+        local = {s: seg_file(wal_dir, s).read_bytes() for s in range(wal.first_lsn // SEG, complete)}
+    assert stats["archive_segments"] == complete and stats["archive_failures"] == 0
+    assert stats["archive_bytes"] == complete * SEG and stats["archive_pending"] == 0
+    assert status["ready"] == 0 and status["failed"] == 0 and status["archive"] == bucket
+    fs = s3fs_of(s3_server.endpoint)
+    names = sorted(os.path.basename(p) for p in fs.ls(bucket[5:], refresh=True))
+    assert names == [segment_name(s) for s in range(complete)]  # each once, nothing else
+    for segno, data in local.items():  # the ones still here: byte for byte
+        assert fs.cat_file(f"{bucket[5:]}/{segment_name(segno)}") == data
+    report = pmemwal.restore(shm_tmp / "restored", bucket, storage_options=s3_server.options)
+    assert report.segments == list(range(complete)) and report.stopped == "end of archive"
+    restored = records(shm_tmp / "restored")
+    held_in_archive(expected, complete * SEG, restored)
+    assert report.records == len(restored)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, waiting for a parent that may never reap
+    it in a container, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _archiver_pids(wal_dir: Path) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"pmemwal._archiver_process" in cmd and os.fsencode(str(wal_dir)) in cmd:
+            pids.append(int(pid))
+    return pids
+
+
+def test_sigkill_mid_upload_then_every_segment_archived_once(s3_server, bucket, shm_tmp):
+    wal_dir = shm_tmp / "wal"
+    gate = Gate(s3_server.port, rate=2 << 20).open()  # 2 MB/s: half a second a segment
+    try:
+        for kill in range(3):
+            child = subprocess.Popen([sys.executable, str(TESTS_DIR / "_archive_child.py"),
+                                      str(wal_dir), bucket, gate.endpoint, f"kill{kill}"],
+                                     stdout=subprocess.PIPE, text=True)
+            assert child.stdout.readline().strip() == "open"
+            start = gate.forwarded
+            wait_for(lambda: gate.forwarded > start + (256 << 10), what="an upload under way")
+            child.send_signal(signal.SIGKILL)  # mid-upload: a quarter of a segment sent at most
+            child.wait()
+            child.stdout.close()
+            wait_for(lambda: not _archiver_pids(wal_dir), 5, "the archiver to die with the writer")
+        gate.rate = None
+        with pmemwal.open(wal_dir, archive=bucket, archive_options=storage_options(gate.endpoint),
+                          archive_backoff=0.2) as wal:
+            assert wal.wait_archived(60)
+            complete = wal.flushed_lsn // SEG
+            local = {s: seg_file(wal_dir, s).read_bytes() for s in range(complete)}
+    finally:
+        gate.shut()
+    assert complete >= 3
+    fs = s3fs_of(s3_server.endpoint)
+    names = sorted(os.path.basename(p) for p in fs.ls(bucket[5:], refresh=True))
+    assert names == [segment_name(s) for s in range(complete)]
+    for segno, data in local.items():
+        assert fs.cat_file(f"{bucket[5:]}/{segment_name(segno)}") == data, segment_name(segno)
+    report = pmemwal.restore(shm_tmp / "restored", bucket, storage_options=s3_server.options)
+    restored, written = records(shm_tmp / "restored"), records(wal_dir)
+    held_in_archive(written, complete * SEG, restored)
+
+
+def test_archive_unreachable_keeps_segments_then_catches_up_then_limit(s3_server, bucket, shm_tmp):
+    wal_dir = shm_tmp / "wal"
+    gate = Gate(s3_server.port).open()
+    try:
+        wal = pmemwal.open(wal_dir, segment_size=SEG, archive=bucket,
+                           archive_options=storage_options(gate.endpoint, timeout=1),
+                           archive_backoff=0.3, archive_max_pending=5 * SEG)
+        expected = append_segments(wal, 2.5, "outage")
+        assert wal.wait_archived(20)
+        gate.shut()
+        append_segments(wal, 3, "outage", expected)  # appends go on
+        wait_for(lambda: wal.stats()["archive_failures"] >= 2, what="failed, retried archiving")
+        archived = wal.archive_status()["done"]
+        removed = wal.truncate(wal.flushed_lsn)
+        assert removed == archived  # only the archived ones went
+        for segno in range(archived, wal.flushed_lsn // SEG):
+            assert seg_file(wal_dir, segno).exists(), "an unarchived segment was truncated"
+        stats, status = wal.stats(), wal.archive_status()
+        assert stats["truncate_kept_unarchived"] >= 3 and stats["archive_pending"] >= 3
+        assert status["failed"] == 1 and status["oldest_unarchived"] == segment_name(archived)
+        assert status["last_error"] and bucket in status["last_error"]
+        result = _cli("archive-status", str(wal_dir), "--json")
+        assert result.exit_code == 1 and json.loads(result.output)["archive"]["failed"] == 1
+        with pytest.raises(ArchiveError) as caught:  # the limit: no new segment
+            for _ in range(10):
+                append_segments(wal, 1, "outage", expected)
+        err = caught.value
+        assert isinstance(err, StorageError) and err.errno == errno.ENOSPC
+        assert bucket in str(err) and "archive_max_pending" in str(err)
+        assert (wal.flushed_lsn // SEG - archived) * SEG <= 5 * SEG + 3 * SEG  # the limit, and
+        # the segments the background writer had made ready before it
+        got = [(r.lsn, bytes(r.payload)) for r in wal.records()]
+        assert got == [e for e in expected if e[0] >= wal.first_lsn]  # nothing lost
+        gate.open()
+        assert wal.wait_archived(30), wal.archive_status()
+        append_segments(wal, 2, "outage", expected)  # room again
+        assert wal.wait_archived(30)
+        assert wal.truncate(wal.flushed_lsn) > 0
+        complete = wal.flushed_lsn // SEG
+        wal.close()
+    finally:
+        gate.shut()
+    pmemwal.restore(shm_tmp / "restored", bucket, storage_options=s3_server.options)
+    held_in_archive(expected, complete * SEG, records(shm_tmp / "restored"))
+
+
+# ---- archive commands ----------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["fails", "hangs", "writes a wrong file"])
+def test_archive_command_failure_retried_reported_nothing_truncated(case, shm_tmp):
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    arch.mkdir()
+    options = {
+        "fails": dict(archive_command="cat %p > /dev/null; echo no room >&2; exit 3"),
+        "hangs": dict(archive_command=f"test -f %p && echo $$ > {shm_tmp}/pid && exec sleep 60",
+                      archive_timeout=0.3),
+        "writes a wrong file": dict(archive_command=f"head -c 4096 %p > {arch}/%f",
+                                    restore_command=f"cp {arch}/%f %p"),
+    }[case]
+    expected_error = {"fails": "exited with status 3 for 0000000000000000.wal: no room",
+                      "hangs": "0.3 s limit", "writes a wrong file": "read back"}[case]
+    with pmemwal.open(wal_dir, segment_size=SEG, archive_backoff=0.1, **options) as wal:
+        expected = append_segments(wal, 3, case)
+        wait_for(lambda: wal.stats()["archive_failures"] >= 2, what="two failed attempts")
+        assert wal.truncate(wal.flushed_lsn) == 0
+        assert all(seg_file(wal_dir, s).exists() for s in range(3))
+        status = wal.archive_status()
+        assert status["ready"] == 3 and status["failed"] == 1 and status["done"] == 0
+        assert expected_error in status["last_error"] and status["attempts"] >= 2
+        assert not wal.wait_archived(0.2)
+    if case == "hangs":
+        pid = int((shm_tmp / "pid").read_text())  # the last command, hanging at close:
+        wait_for(lambda: not _alive(pid), 5, "the hanging command to be killed")
+    result = _cli("archive-status", str(wal_dir))
+    assert result.exit_code == 1 and expected_error in result.output
+    good = shm_tmp / "good"
+    good.mkdir()
+    with pmemwal.open(wal_dir, archive_command=f"cp %p {good}/%f",
+                      restore_command=f"cp {good}/%f %p") as wal:
+        assert wal.wait_archived(20)
+        assert wal.truncate(wal.flushed_lsn) == 3
+    assert sorted(os.listdir(good)) == [segment_name(s) for s in range(3)]
+    report = pmemwal.restore(shm_tmp / "restored", restore_command=f"cp {good}/%f %p")
+    held_in_archive(expected, 3 * SEG, records(shm_tmp / "restored"))
+    assert report.stopped.startswith("the archive has no 0000000000000003.wal")
+
+
+def test_archive_refuses_to_overwrite_other_bytes(shm_tmp):
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    arch.mkdir()
+    planted = b"another WAL's segment" * 100
+    (arch / segment_name(0)).write_bytes(planted)
+    with pmemwal.open(wal_dir, segment_size=SEG, archive=f"file://{arch}",
+                      archive_backoff=0.1) as wal:
+        append_segments(wal, 2, "conflict")
+        wait_for(lambda: wal.stats()["archive_failures"] >= 2, what="refusals")
+        status = wal.archive_status()
+        assert "already holds other bytes" in status["last_error"] and status["done"] == 0
+        assert wal.truncate(wal.flushed_lsn) == 0
+    assert (arch / segment_name(0)).read_bytes() == planted
+    assert sorted(os.listdir(arch)) == [segment_name(0)]
+
+
+def test_file_archive_partial_upload_is_replaced_and_crash_lost_status_is_redone(shm_tmp):
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    arch.mkdir()
+    (arch / (segment_name(0) + ".partial")).write_bytes(b"cut short by a crash")
+    with pmemwal.open(wal_dir, segment_size=SEG, archive=f"file://{arch}") as wal:
+        append_segments(wal, 2, "partial")
+        assert wal.wait_archived(20)
+    assert sorted(os.listdir(arch)) == [segment_name(0), segment_name(1)]
+    assert (arch / segment_name(0)).read_bytes() == seg_file(wal_dir, 0).read_bytes()
+    # a crash lost status: .done of segment 0 gone, segment 1 back to .ready, no status at all
+    status_dir = wal_dir / "archive_status"
+    (status_dir / f"{segment_name(0)}.done").unlink()
+    (status_dir / f"{segment_name(1)}.done").rename(status_dir / f"{segment_name(1)}.ready")
+    with pmemwal.open(wal_dir, archive=f"file://{arch}") as wal:
+        assert wal.wait_archived(20)
+        stats = wal.stats()
+    assert stats["archive_found"] == 2 and stats["archive_segments"] == 0  # same bytes: archived
+
+
+# ---- restore ------------------------------------------------------------------------
+
+@pytest.fixture
+def archived(shm_tmp) -> tuple[Path, list[tuple[int, bytes]]]:
+    """A file:// archive of five complete segments, and the records appended."""
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    arch.mkdir()
+    with pmemwal.open(wal_dir, segment_size=SEG, archive=f"file://{arch}") as wal:
+        expected = append_segments(wal, 5.2, "restore")
+        assert wal.wait_archived(20)
+    assert len(os.listdir(arch)) == 5
+    return arch, expected
+
+
+def test_restore_cli_until_and_reopen_with_the_same_archive(archived, shm_tmp):
+    arch, expected = archived
+    dest = shm_tmp / "r1"
+    result = _cli("restore", f"file://{arch}", str(dest), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["segments"] == [segment_name(s) for s in range(5)]
+    held_in_archive(expected, 5 * SEG, records(dest))
+    with pmemwal.open(dest, archive=f"file://{arch}") as wal:  # restored whole: .done already
+        assert wal.wait_archived(5)
+        assert wal.stats()["archive_found"] == wal.stats()["archive_segments"] == 0
+    until = expected[len(expected) // 2][0]
+    dest2 = shm_tmp / "r2"
+    result = _cli("restore", f"file://{arch}", str(dest2), "--until", pmemwal.format_lsn(until))
+    assert result.exit_code == 0, result.output
+    assert records(dest2) == expected[:len(expected) // 2]
+    assert "cut at" in result.output
+    with pytest.raises(ConfigError, match="not an empty directory"):
+        pmemwal.restore(dest2, f"file://{arch}")
+
+
+def test_restore_stops_at_a_gap_and_at_damage(archived, shm_tmp):
+    arch, expected = archived
+    (arch / segment_name(3)).unlink()
+    report = pmemwal.restore(shm_tmp / "gap", f"file://{arch}")
+    assert report.segments == [0, 1, 2] and "gap: the archive lacks 0000000000000003.wal" in report.stopped
+    held_in_archive(expected, 3 * SEG, records(shm_tmp / "gap"))
+    # a record's payload damaged in segment 1: the WAL is cut at that record
+    victim = next(i for i, (lsn, data) in enumerate(expected) if lsn > SEG + 100_000)
+    lsn, data = expected[victim]
+    with open(arch / segment_name(1), "r+b") as f:
+        f.seek(lsn % SEG + 64)
+        byte = f.read(1)
+        f.seek(lsn % SEG + 64)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    report = pmemwal.restore(shm_tmp / "damage", f"file://{arch}")
+    assert report.cut_lsn == lsn and "damage" in report.stopped
+    assert records(shm_tmp / "damage") == expected[:victim]
+    # a segment whose header says another number: restore stops before it
+    with open(arch / segment_name(2), "r+b") as f:
+        f.seek(24)
+        f.write((7).to_bytes(8, "little"))
+    with pytest.raises(ArchiveError, match="no usable segment"):
+        pmemwal.restore(shm_tmp / "none", f"file://{arch}", start_segment=2)
+
+
+# ---- the log, options, stats ------------------------------------------------------------
+
+def test_log_compact_keeps_unarchived_segments(shm_tmp):
+    path = shm_tmp / "log"
+    with pmemwal.open_log(path, segment_size=SEG, archive_command="exit 1 # %p",
+                          archive_backoff=0.1) as log:
+        for i in range(300):
+            log.append(payload(f"log/{i}", 10_000), 1)
+        log.sync()
+        segments = sorted(os.listdir(path))
+        assert log.compact(250) == 0
+        assert sorted(os.listdir(path)) == segments
+        assert log.wal.stats()["truncate_kept_unarchived"] >= 2
+        assert bytes(log.entry(250).payload) == payload("log/249", 10_000)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(archive="file:///tmp/x", archive_command="cp %p /tmp/x/%f"), "not both"),
+    (dict(archive_command="cp /tmp/x"), "names no %p"),
+    (dict(archive="file:///tmp/x", background=False), "background writer"),
+    (dict(archive="file:///tmp/x", shared=True, mode="direct"), "shared"),
+    (dict(restore_command="cp /x/%f %p"), "go with archive"),
+    (dict(archive="file:///tmp/x", archive_backoff=0), "archive_backoff"),
+    (dict(archive="nosuchprotocol://x"), "nosuchprotocol"),
+])
+def test_archive_options_are_checked(shm_tmp, options, message):
+    with pytest.raises(ConfigError, match=message):
+        pmemwal.open(shm_tmp / "wal", **options)
+
+
+def test_stats_command_shows_archive_status(archived, shm_tmp):
+    result = _cli("stats", str(shm_tmp / "wal"))
+    assert result.exit_code == 0
+    assert "archive:         5 segments archived, 0 waiting (0 bytes), 0 failing" in result.output
+    data = json.loads(_cli("stats", str(shm_tmp / "wal"), "--json").output)
+    assert data["archive"]["done"] == 5 and data["archive"]["oldest_unarchived"] is None
+    result = _cli("archive-status", str(shm_tmp / "arch-less"))
+    assert "not archived" in result.output
+
+
+def _cli(*args: str):
+    from click.testing import CliRunner
+    return CliRunner().invoke(cli, list(args))
