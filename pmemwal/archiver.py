@@ -11,6 +11,9 @@ nothing with the append path but CPU.  It dies with the writer (a parent-death
 signal), killing a command it runs; the status files say where a new one
 resumes.
 
+A shared WAL's processes each start one; a lock in ``archive_status/`` lets one
+work at a time, and the next takes over when its writer closes or dies.
+
 A failure is retried, oldest segment first, after a backoff that doubles from
 0.1 s to ``archive_backoff`` seconds; each is counted and kept in the segment's
 ``.error`` file.  The writer reads the status files to keep truncation below the
@@ -21,6 +24,7 @@ bytes of complete segments wait to be archived.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import errno
 import json
 import os
@@ -36,6 +40,7 @@ from pmemwal.errors import ArchiveError
 from pmemwal.format import segment_name
 
 _PR_SET_PDEATHSIG = 1
+ARCHIVER_LOCK = "ARCHIVER"  # in archive_status/: held by the one archiver that works
 _IDLE_POLL = 1.0          # the archiver looks at archive_status/ this often without a wake-up
 _FIRST_BACKOFF = 0.1
 _RESTART_INTERVAL = 1.0   # an archiver that died is started again at most this often
@@ -64,14 +69,15 @@ class Archiver:
 
     # ---- the background writer's round ---------------------------------------
 
-    def tick(self, segnos: list[int], flushed_lsn: int) -> None:
+    def tick(self, oldest: int, flushed_lsn: int) -> None:
         """Give the segments completed since the last round a status file and have the
-        archiver ship them; read its reports."""
+        archiver ship them (starting it the first time: from the background writer's
+        thread, whose end, with the WAL's, is what its parent-death signal follows);
+        read its reports."""
         with self._lock:
             complete_below = flushed_lsn // self._size
-            start = max(self._marked_below, segnos[0] if segnos else 0)
-            present = set(segnos)
-            new = [s for s in range(start, complete_below) if s in present and self.status.mark_ready(s)]
+            start = max(self._marked_below, oldest)
+            new = [s for s in range(start, complete_below) if self.status.mark_ready(s)]
             self._marked_below = max(self._marked_below, complete_below)
             self._read_reports()
             waiting = self._refresh() < self._marked_below
@@ -257,6 +263,8 @@ def main(argv: list[str]) -> int:
     _die_with(parent)
     archive = open_archive(spec)
     status = ArchiveStatus(wal_dir)
+    lock = os.open(os.path.join(status.path, ARCHIVER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a shared WAL's other archivers wait here to take over
     attempts: dict[int, int] = {}
     delay, retry_at = 0.0, 0.0
 

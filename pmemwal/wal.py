@@ -159,6 +159,8 @@ class WAL:
     - ``archive_max_pending``: bytes of complete segments that may wait for the archive
       (it is unreachable, or refuses them); past it, appends that need a new segment get
       ArchiveError (a StorageError, ENOSPC) naming the archive, until it catches up.
+    - A shared WAL's processes each run an archiver if they pass an archive option (the
+      same one, as they must): one works at a time, the others wait to take over.
     - ``archive_backoff``: the longest pause, in seconds, between retries of a failed
       archiving (the pause doubles from 0.1 s).
     - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
@@ -246,10 +248,11 @@ class WAL:
             if archive_spec is not None:
                 self._archiver = Archiver(self._dir.path, archive_spec, self.segment_size,
                                           self._segnos[0], archive_max_pending, archive_backoff)
-                self._archiver.tick(self._segnos, self.flushed_lsn)  # what completed before
             self._preallocate(preallocate)
             if background:
                 self._start_background(flush_interval)
+                if self._archiver is not None:
+                    self._background.wake()  # its first round marks what completed before
         except BaseException:
             self._release()
             raise
@@ -491,7 +494,7 @@ class WAL:
         if self._core.insert_lsn != self._core.flushed_lsn:
             self._core.flush_ready()
         if self._archiver is not None:
-            self._archiver.tick(self._segnos, self._core.flushed_lsn)
+            self._archiver.tick(self._oldest_segment(), self._core.flushed_lsn)
 
     def _truncating(self) -> bool:
         """Whether a truncation is doing its file work.  Its own renames and removals wake
@@ -554,7 +557,7 @@ class WAL:
             return None
         if self._archiver is not None and hasattr(self, "_core") and \
                 segno > self._core.insert_lsn // self.segment_size:
-            self._archiver.check_room(segno, self._segnos[0])
+            self._archiver.check_room(segno, self._oldest_segment())
         if segno in self._segnos or self._made_by_peer(segno):
             todo = [(segno, False)]
         else:
@@ -629,6 +632,10 @@ class WAL:
         self._segnos.append(segno)
         self._segnos.sort()
         return True
+
+    def _oldest_segment(self) -> int:
+        """The oldest segment not truncated (by any process of a shared WAL)."""
+        return max(self._segnos[0], self._oldest_shared())
 
     def _oldest_shared(self) -> int:
         """A shared WAL: the oldest segment the processes' truncations left (0 otherwise)."""
@@ -889,7 +896,7 @@ class WAL:
         """``cut`` lowered to the oldest segment not archived yet, counting what that keeps."""
         if self._archiver is None:
             return cut
-        archived = self._archiver.archived_below(self._segnos[0])
+        archived = self._archiver.archived_below(self._oldest_segment())
         if archived < cut:
             self._archiver.kept(sum(1 for s in self._segnos if archived <= s < cut))
         return min(cut, archived)
@@ -1060,7 +1067,7 @@ class WAL:
             return True
         if self._background is not None:
             self._background.wake()
-        return self._archiver.wait(self._segnos[0], self.flushed_lsn, timeout)
+        return self._archiver.wait(self._oldest_segment(), self.flushed_lsn, timeout)
 
     def _count(self, name: str, n: int = 1) -> None:
         """Add to one of the WAL's own counters (a shared WAL's are in the control file)."""
@@ -1190,8 +1197,6 @@ def _archive_spec(url: str | None, command: str | None, restore_command: str | N
         return None
     if url is not None and command is not None:
         raise ConfigError("archive (a URL) or archive_command, not both")
-    if shared:
-        raise ConfigError("archiving works for a WAL open in one process (not shared=True) for now")
     if not background:
         raise ConfigError("archiving needs the background writer (background=True): it hands "
                           "complete segments to the archiver")

@@ -403,6 +403,30 @@ def test_restore_stops_at_a_gap_and_at_damage(archived, shm_tmp):
         pmemwal.restore(shm_tmp / "none", f"file://{arch}", start_segment=2)
 
 
+def test_shared_wal_one_archiver_at_a_time_the_next_takes_over(shm_tmp):
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    arch.mkdir()
+    url = f"file://{arch}"
+    a, b = (pmemwal.open(wal_dir, shared=True, segment_size=SEG, archive=url) for _ in range(2))
+    expected = []
+    for i in range(3):
+        append_segments(a if i % 2 else b, 1, "shared", expected)
+    assert a.wait_archived(20) and b.wait_archived(20)
+    counts = [w.stats()["archive_segments"] for w in (a, b)]
+    assert sorted(counts) == [0, a.flushed_lsn // SEG]  # one archiver worked, the other waited
+    working, other = (a, b) if counts[0] else (b, a)
+    working.close()
+    append_segments(other, 2, "shared", expected)
+    assert other.wait_archived(20)
+    assert other.stats()["archive_segments"] >= 2  # it took over
+    assert other.truncate(other.flushed_lsn) == other.flushed_lsn // SEG
+    complete = other.flushed_lsn // SEG
+    other.close()
+    assert sorted(os.listdir(arch)) == [segment_name(s) for s in range(complete)]
+    pmemwal.restore(shm_tmp / "restored", url)
+    held_in_archive(expected, complete * SEG, records(shm_tmp / "restored"))
+
+
 # ---- the log, options, stats ------------------------------------------------------------
 
 def test_log_compact_keeps_unarchived_segments(shm_tmp):
@@ -423,7 +447,6 @@ def test_log_compact_keeps_unarchived_segments(shm_tmp):
     (dict(archive="file:///tmp/x", archive_command="cp %p /tmp/x/%f"), "not both"),
     (dict(archive_command="cp /tmp/x"), "names no %p"),
     (dict(archive="file:///tmp/x", background=False), "background writer"),
-    (dict(archive="file:///tmp/x", shared=True, mode="direct"), "shared"),
     (dict(restore_command="cp /x/%f %p"), "go with archive"),
     (dict(archive="file:///tmp/x", archive_backoff=0), "archive_backoff"),
     (dict(archive="nosuchprotocol://x"), "nosuchprotocol"),
