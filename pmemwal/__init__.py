@@ -14,11 +14,9 @@ from pmemwal.errors import (ArchiveError, ClosedError, ConfigError, CorruptionEr
                             WALError, WriterStoppedError, format_lsn)
 from pmemwal.wal import WAL, Record, open
 from pmemwal.log import Entry, HardState, Log, open_log
-from pmemwal.archive_restore import RestoreReport, restore
 
 __all__ = [
     "open", "WAL", "Record", "probe", "ProbeResult", "format_lsn",
-    "restore", "RestoreReport",
     "open_log", "Log", "Entry", "HardState", "LogIndexError", "TermError",
     "WALError", "CorruptionError", "FormatError", "LockedError", "ClosedError",
     "NotFoundError", "ConfigError", "RecordTooLargeError", "StorageError", "WriterStoppedError",

@@ -22,6 +22,7 @@ from conftest import SEG, TESTS_DIR, payload, seg_file
 from pmemwal.errors import ArchiveError, ConfigError, StorageError
 from pmemwal.format import segment_name
 from pmemwal.tools.cli import main as cli
+from pmemwal.tools.restore import restore
 from pmemwal.tools.s3_server import free_port, storage_options
 
 pytest.importorskip("s3fs")
@@ -158,7 +159,7 @@ def test_archive_to_s3_under_load_then_restore(s3_server, bucket, shm_tmp):
     assert names == [segment_name(s) for s in range(complete)]  # each once, nothing else
     for segno, data in local.items():  # the ones still here: byte for byte
         assert fs.cat_file(f"{bucket[5:]}/{segment_name(segno)}") == data
-    report = pmemwal.restore(shm_tmp / "restored", bucket, storage_options=s3_server.options)
+    report = restore(shm_tmp / "restored", bucket, storage_options=s3_server.options)
     assert report.segments == list(range(complete)) and report.stopped == "end of archive"
     restored = records(shm_tmp / "restored")
     held_in_archive(expected, complete * SEG, restored)
@@ -216,7 +217,7 @@ def test_sigkill_mid_upload_then_every_segment_archived_once(s3_server, bucket, 
     assert names == [segment_name(s) for s in range(complete)]
     for segno, data in local.items():
         assert fs.cat_file(f"{bucket[5:]}/{segment_name(segno)}") == data, segment_name(segno)
-    report = pmemwal.restore(shm_tmp / "restored", bucket, storage_options=s3_server.options)
+    report = restore(shm_tmp / "restored", bucket, storage_options=s3_server.options)
     restored, written = records(shm_tmp / "restored"), records(wal_dir)
     held_in_archive(written, complete * SEG, restored)
 
@@ -263,7 +264,7 @@ def test_archive_unreachable_keeps_segments_then_catches_up_then_limit(s3_server
         wal.close()
     finally:
         gate.shut()
-    pmemwal.restore(shm_tmp / "restored", bucket, storage_options=s3_server.options)
+    restore(shm_tmp / "restored", bucket, storage_options=s3_server.options)
     held_in_archive(expected, complete * SEG, records(shm_tmp / "restored"))
 
 
@@ -303,7 +304,7 @@ def test_archive_command_failure_retried_reported_nothing_truncated(case, shm_tm
         assert wal.wait_archived(20)
         assert wal.truncate(wal.flushed_lsn) == 3
     assert sorted(os.listdir(good)) == [segment_name(s) for s in range(3)]
-    report = pmemwal.restore(shm_tmp / "restored", restore_command=f"cp {good}/%f %p")
+    report = restore(shm_tmp / "restored", restore_command=f"cp {good}/%f %p")
     held_in_archive(expected, 3 * SEG, records(shm_tmp / "restored"))
     assert report.stopped.startswith("the archive has no 0000000000000003.wal")
 
@@ -375,13 +376,13 @@ def test_restore_cli_until_and_reopen_with_the_same_archive(archived, shm_tmp):
     assert records(dest2) == expected[:len(expected) // 2]
     assert "cut at" in result.output
     with pytest.raises(ConfigError, match="not an empty directory"):
-        pmemwal.restore(dest2, f"file://{arch}")
+        restore(dest2, f"file://{arch}")
 
 
 def test_restore_stops_at_a_gap_and_at_damage(archived, shm_tmp):
     arch, expected = archived
     (arch / segment_name(3)).unlink()
-    report = pmemwal.restore(shm_tmp / "gap", f"file://{arch}")
+    report = restore(shm_tmp / "gap", f"file://{arch}")
     assert report.segments == [0, 1, 2] and "gap: the archive lacks 0000000000000003.wal" in report.stopped
     held_in_archive(expected, 3 * SEG, records(shm_tmp / "gap"))
     # a record's payload damaged in segment 1: the WAL is cut at that record
@@ -392,7 +393,7 @@ def test_restore_stops_at_a_gap_and_at_damage(archived, shm_tmp):
         byte = f.read(1)
         f.seek(lsn % SEG + 64)
         f.write(bytes([byte[0] ^ 0xFF]))
-    report = pmemwal.restore(shm_tmp / "damage", f"file://{arch}")
+    report = restore(shm_tmp / "damage", f"file://{arch}")
     assert report.cut_lsn == lsn and "damage" in report.stopped
     assert records(shm_tmp / "damage") == expected[:victim]
     # a segment whose header says another number: restore stops before it
@@ -400,7 +401,7 @@ def test_restore_stops_at_a_gap_and_at_damage(archived, shm_tmp):
         f.seek(24)
         f.write((7).to_bytes(8, "little"))
     with pytest.raises(ArchiveError, match="no usable segment"):
-        pmemwal.restore(shm_tmp / "none", f"file://{arch}", start_segment=2)
+        restore(shm_tmp / "none", f"file://{arch}", start_segment=2)
 
 
 def test_shared_wal_one_archiver_at_a_time_the_next_takes_over(shm_tmp):
@@ -423,7 +424,7 @@ def test_shared_wal_one_archiver_at_a_time_the_next_takes_over(shm_tmp):
     complete = other.flushed_lsn // SEG
     other.close()
     assert sorted(os.listdir(arch)) == [segment_name(s) for s in range(complete)]
-    pmemwal.restore(shm_tmp / "restored", url)
+    restore(shm_tmp / "restored", url)
     held_in_archive(expected, complete * SEG, records(shm_tmp / "restored"))
 
 

@@ -17,6 +17,7 @@ import pmemwal
 from pmemwal.tools import bench as _bench
 from pmemwal.tools import powerloss as _powerloss
 from pmemwal.tools import progress as _progress
+from pmemwal.tools import restore as _restore
 from pmemwal.tools import torture as _torture
 
 
@@ -304,7 +305,7 @@ def restore(source: str, dest: str, until: int | None, restore_command: bool,
     Example: pmemwal restore s3://backups/wal /dev/shm/wal-restored --until 0/3A00000
     """
     options = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint else None
-    report = pmemwal.restore(dest, None if restore_command else source,
+    report = _restore.restore(dest, None if restore_command else source,
                              restore_command=source if restore_command else None, until=until,
                              start_segment=start_segment, storage_options=options)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary_line())

@@ -1,4 +1,5 @@
-"""Restore: a WAL directory rebuilt from archived segments (``pmemwal restore``).
+"""Restore: a WAL directory rebuilt from archived segments (``pmemwal restore``, or
+``pmemwal.tools.restore.restore(dest, source)``).
 
 Segments are fetched oldest first (from an fsspec URL, or one by one through a
 ``restore_command``), each into ``<name>.tmp`` (which open removes, should a
