@@ -68,6 +68,15 @@ def file_crc(path: str) -> tuple[int, int]:
     return crc, size
 
 
+def fsync_path(path: str) -> None:
+    """fsync a file or a directory by its path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _stream_crc(f) -> tuple[int, int]:
     crc = size = 0
     while chunk := f.read(_CHUNK):
@@ -100,6 +109,8 @@ class FsspecArchive:
         self.description = url
         protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else [self.fs.protocol]
         self._atomic = bool(_ATOMIC_WRITES.intersection(protocols))
+        self._local = bool({"file", "local"}.intersection(protocols))  # synced here: the
+        # segment is truncated once archived, so the copy must be durable first
         self._made_root = False
 
     def _path(self, name: str) -> str:
@@ -124,7 +135,11 @@ class FsspecArchive:
                 self.fs.put_file(path, target)
             else:
                 self.fs.put_file(path, target + ".partial")
+                if self._local:
+                    fsync_path(target + ".partial")
                 self.fs.mv(target + ".partial", target)
+                if self._local:
+                    fsync_path(os.path.dirname(target))
             self.fs.invalidate_cache()
             held = self._crc_of(target)
         except ArchiveError:
@@ -276,11 +291,7 @@ class ArchiveStatus:
             pass
 
     def sync(self) -> None:
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(self.path)
 
     def set_failed(self, segno: int, attempts: int, error: str) -> None:
         with open(self._file(segno, "error"), "w") as f:
@@ -323,7 +334,8 @@ class ArchiveStatus:
         last error: what ``pmemwal archive-status`` shows."""
         e = self.entries()
         oldest = e["ready"][0] if e["ready"] else None
-        failed = [s for s in e["error"] if s in set(e["ready"])]
+        ready = set(e["ready"])
+        failed = [s for s in e["error"] if s in ready]
         last = max((f for f in (self.failure(s) for s in failed) if f),
                    key=lambda f: f.get("time", 0), default=None)
         return {"ready": len(e["ready"]), "done": len(e["done"]), "failed": len(failed),

@@ -81,8 +81,8 @@ class Archiver:
             self._marked_below = max(self._marked_below, complete_below)
             self._read_reports()
             waiting = self._refresh() < self._marked_below
-        if new or (waiting and (self._proc is None or self._proc.poll() is not None)):
-            self._wake()  # (starting an archiver where the last one died)
+            if new or (waiting and (self._proc is None or self._proc.poll() is not None)):
+                self._wake()  # (starting an archiver where the last one died)
 
     def _refresh(self) -> int:
         """Move the archived mark past the segments that became ``.done`` (lock held)."""
@@ -93,7 +93,8 @@ class Archiver:
     def archived_below(self, oldest: int) -> int:
         """The oldest segment not archived yet: truncation stops below it."""
         with self._lock:
-            self._archived_below = max(self._archived_below, oldest)
+            self._archived_below = max(self._archived_below, oldest)  # (a shared WAL's peers
+            self._marked_below = max(self._marked_below, oldest)      # may truncate past us)
             return self._refresh()
 
     def kept(self, n: int) -> None:
@@ -120,6 +121,7 @@ class Archiver:
     # ---- the archiver process -----------------------------------------------------
 
     def _wake(self) -> None:
+        """Have the archiver look at the status files, starting it if none runs (lock held)."""
         proc = self._proc
         if proc is None or proc.poll() is not None:
             proc = self._start()
@@ -131,6 +133,7 @@ class Archiver:
             pass  # a wake-up already waits in the pipe, or it died: the next round starts another
 
     def _start(self) -> subprocess.Popen | None:
+        """A new archiver process, unless one was started less than a second ago (lock held)."""
         if time.monotonic() - self._started_at < _RESTART_INTERVAL:
             return None
         self._started_at = time.monotonic()
@@ -159,7 +162,7 @@ class Archiver:
             pass
         *lines, self._pending_output = self._pending_output.split(b"\n")
         for line in lines:
-            report = json.loads(line)
+            report = json.loads(line)  # (the archiver's stdout goes to stderr: only reports here)
             if report["ok"]:
                 self.counters["archive_segments" if report["uploaded"] else "archive_found"] += 1
                 self.counters["archive_bytes"] += report["bytes"] if report["uploaded"] else 0
@@ -169,7 +172,7 @@ class Archiver:
                 self.last_error = report["error"]
 
     def _collect(self) -> None:
-        """Stop the archiver process, if any, and read its last reports."""
+        """Stop the archiver process, if any, and read its last reports (lock held)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -203,7 +206,7 @@ class Archiver:
         """The counters since open, and ``archive_pending``: complete segments not archived."""
         with self._lock:
             self._read_reports()
-            return {**self.counters, "archive_pending": self._marked_below - self._refresh()}
+            return {**self.counters, "archive_pending": max(0, self._marked_below - self._refresh())}
 
     def summary(self) -> dict:
         """What the status files say, with this writer's archive and limit."""
@@ -268,8 +271,11 @@ def main(argv: list[str]) -> int:
     attempts: dict[int, int] = {}
     delay, retry_at = 0.0, 0.0
 
+    reports = os.dup(1)
+    os.dup2(2, 1)  # what a library prints goes to stderr, not among the reports
+
     def report(event: dict) -> None:
-        os.write(1, json.dumps(event).encode() + b"\n")
+        os.write(reports, json.dumps(event).encode() + b"\n")
 
     while True:
         now = time.monotonic()

@@ -25,7 +25,8 @@ import errno
 import os
 from dataclasses import asdict, dataclass, field
 
-from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT, ArchiveStatus, CommandArchive, FsspecArchive
+from pmemwal.archive import (DEFAULT_COMMAND_TIMEOUT, ArchiveStatus, CommandArchive, FsspecArchive,
+                             fsync_path)
 from pmemwal.errors import ArchiveError, ConfigError, FormatError, format_lsn
 from pmemwal.format import HEADER_SIZE, SegmentHeader, segment_name
 from pmemwal.tools.inspect import WalView, verify
@@ -182,19 +183,11 @@ def _finish(dest: str, report: RestoreReport, segment_size: int) -> None:
     status = ArchiveStatus(dest)
     cut_segment = report.cut_lsn // segment_size if report.cut_lsn is not None else None
     for segno in report.segments:
-        fd = os.open(os.path.join(dest, segment_name(segno)), os.O_RDWR)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(os.path.join(dest, segment_name(segno)))
         if segno != cut_segment:
             status.mark_done(segno)
     status.sync()
-    fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(dest)
     check = verify(dest)
     if not check.ok:
         raise ArchiveError(errno.EIO, f"the restored WAL at {dest} does not verify: {check.summary_line()}")
