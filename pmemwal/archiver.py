@@ -11,6 +11,9 @@ nothing with the append path but CPU.  It dies with the writer (a parent-death
 signal), killing a command it runs; the status files say where a new one
 resumes.
 
+It runs at nice 10: where the CPUs are busy, the appenders come first, and the archive
+falls behind (up to ``archive_max_pending``) rather than slow the commits.
+
 A shared WAL's processes each start one; a lock in ``archive_status/`` lets one
 work at a time, and the next takes over when its writer closes or dies.
 
@@ -41,6 +44,7 @@ from pmemwal.format import segment_name
 
 _PR_SET_PDEATHSIG = 1
 ARCHIVER_LOCK = "ARCHIVER"  # in archive_status/: held by the one archiver that works
+NICE = 10  # the archiver yields the CPU to the appenders when both want it
 _IDLE_POLL = 1.0          # the archiver looks at archive_status/ this often without a wake-up
 _FIRST_BACKOFF = 0.1
 _RESTART_INTERVAL = 1.0   # an archiver that died is started again at most this often
@@ -264,6 +268,7 @@ def main(argv: list[str]) -> int:
     wal_dir, spec, backoff_max, parent = argv[0], json.loads(argv[1]), float(argv[2]), int(argv[3])
     signal.signal(signal.SIGTERM, _exit_on_term)
     _die_with(parent)
+    os.nice(NICE)
     archive = open_archive(spec)
     status = ArchiveStatus(wal_dir)
     lock = os.open(os.path.join(status.path, ARCHIVER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -163,6 +163,22 @@ def test_bench_json(shm_dir: Path) -> None:
     assert result.stderr == ""
 
 
+def test_bench_paced_and_archiving(shm_dir: Path) -> None:
+    """--rate paces each client (never above it), and --archive ships the run's complete
+    segments (file://, so no server is needed), which the result counts."""
+    arch = shm_dir / "arch"
+    result = invoke("bench", shm_dir / "wal", "--mode", "direct", "--duration", "1",
+                    "--size", "64k", "--segment-size", "1m", "--keep", "4m", "--rate", "400",
+                    "--archive", f"file://{arch}", "--json", "--progress", "0")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert 0 < data["records"] <= 400 * 1 + 1
+    archive = data["archive"]
+    assert archive["archive_failures"] == 0 and archive["archive_segments"] >= 1
+    assert archive["archive_bytes"] == archive["archive_segments"] * (1 << 20)
+    assert len(os.listdir(arch)) >= archive["archive_segments"]
+
+
 def test_bench_bad_size() -> None:
     result = invoke("bench", "--size", "8q")
     assert result.exit_code == 2

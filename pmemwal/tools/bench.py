@@ -44,6 +44,15 @@ progress lines.  The main process holds the WAL open (warm-up, truncation after
 the run, counters) without a background writer.  A script that runs them needs
 the ``if __name__ == "__main__":`` guard: "spawn" imports the main module again.
 
+With ``archive`` (an fsspec URL, ``archive_options`` its storage options) the WAL
+archives every complete segment as it runs.  Truncation keeps the segments not archived
+yet, so the warm-up waits until the archive has taken its own (failing at once if an
+upload fails) and truncates again: the run starts with none pending.  ``BenchResult.archive``
+has the archive counters at the end of the run (``archive_segments``, ``archive_bytes``,
+``archive_ns``, ``archive_failures`` since the warm-up; ``archive_pending``, the complete
+segments still waiting, as it is then); an archive slower than the appenders shows as
+``archive_pending`` and as segments created instead of recycled.
+
 The main thread meanwhile prints a pgbench-style progress line every interval
 (records/s, MB/s and the mean and standard deviation of the per-record
 latency: append, plus the flush where one followed that record).
@@ -58,6 +67,7 @@ MB is 10**6 bytes; sizes given as text (``8k``, ``16MiB``) are powers of 1024.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import math
 import multiprocessing
@@ -78,7 +88,7 @@ import numpy as np
 import pmemwal
 from pmemwal import _core
 from pmemwal.device import ProbeResult
-from pmemwal.errors import ConfigError, LockedError
+from pmemwal.errors import ArchiveError, ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
 from pmemwal.segments import ARCHIVE_STATUS_NAME, CONTROL_NAME, LOCK_NAME, Segment, WalDirectory
 from pmemwal.tools._extras import require
@@ -93,6 +103,10 @@ DEFAULT_PATH = "/dev/shm/pmemwal-bench"
 DEFAULT_KEEP = 256 << 20
 _POLL = 0.05  # s: the main thread's longest sleep, so that a failed client ends the run soon
 _PUBLISH = 0.01  # s: how often a client process copies its progress into shared memory
+ARCHIVE_COUNTERS = ("archive_segments", "archive_bytes", "archive_ns", "archive_failures",
+                    "archive_pending")  # BenchResult.archive: wal.stats()'s, at the run's end
+_GAUGES = ("archive_pending",)  # stats taken as they are at the end, not since the warm-up
+ARCHIVE_WAIT = 600.0  # s the warm-up waits for the archive to take its segments
 HIST_LOWEST, HIST_HIGHEST, HIST_DIGITS = 1, 60_000_000_000, 3  # ns: 1 ns to 60 s
 _DRAIN_EVERY = 1 << 16  # latency samples kept per client before folding into its histogram
 _SUB_BUCKET_BITS = 11  # 3 significant digits: 2048 sub-buckets, resolution 2**(bitlen - 11)
@@ -170,8 +184,11 @@ class BenchConfig:
     fresh: bool = True  # delete the WAL directory first (it must hold only a WAL)
     keep_wal: bool = False  # leave the WAL behind after the run (else removed, on Ctrl-C too)
     progress_interval: float = 1.0  # seconds between progress lines; 0: none
+    rate: float = 0.0  # records/s each client appends at most (paced: a given load); 0: no limit
     processes: bool = False  # the clients are processes, each opening the WAL with shared=True
                              # (mode "direct" only); False: threads of this process
+    archive: str | None = None  # an fsspec URL complete segments are archived to (WAL option)
+    archive_options: dict | None = None  # its storage options (WAL option)
 
     def __post_init__(self) -> None:
         self.path = os.fspath(self.path)
@@ -190,25 +207,34 @@ class BenchConfig:
         for name in ("buffer_size", "max_wal_size", "preallocate", "gil_release_size"):
             setattr(self, name, parse_size(getattr(self, name)))
         options = self.wal_options()
-        del options["prefault"], options["background"]  # booleans: nothing to check
+        # booleans: nothing to check; the archive's options pmemwal.open checks itself
+        for name in ("prefault", "background", "archive", "archive_options"):
+            del options[name]
         check_wal_options(mode=self.mode, segment_size=self.segment_size,
                           insert_slots=self.insert_slots, **options)
         if not (isinstance(self.clients, int) and self.clients >= 1):
             raise ConfigError(f"clients={self.clients!r}: 1 or more")
         if not self.duration > 0:
             raise ConfigError(f"duration={self.duration!r}: more than 0 seconds")
+        if not self.rate >= 0:
+            raise ConfigError(f"rate={self.rate!r}: records/s, 0 (no limit) or more")
         if not self.progress_interval >= 0:
             raise ConfigError(f"progress_interval={self.progress_interval!r}: 0 or more seconds")
         if self.processes and self.mode != "direct":
             raise ConfigError(f"processes=True: mode='direct' only (a WAL shared by processes "
                               f"runs in direct mode), not {self.mode!r}")
+        if self.archive_options is not None and self.archive is None:
+            raise ConfigError("archive_options go with archive (a URL)")
+        if self.archive is not None and self.processes:
+            raise ConfigError("archive: the bench archives from its own process only, not with "
+                              "processes=True (the main process there runs no background writer)")
 
     def wal_options(self) -> dict:
         """The pmemwal.open options this config passes on as they are."""
         return {name: getattr(self, name) for name in (
             "prefault", "persist", "buffer_size", "sync_method", "background", "flush_interval",
             "prepare_segments", "gil_release_size", "max_wal_size", "preallocate",
-            "insertion")}
+            "insertion", "archive", "archive_options")}
 
     @property
     def flush_every(self) -> int:
@@ -290,6 +316,19 @@ class BenchResult:
     append_histogram: HdrHistogram = field(repr=False, compare=False)
     flush_histogram: HdrHistogram = field(repr=False, compare=False)
     fresh_segment_rate: float | None = None  # bytes/s this machine makes segments (keep=all)
+    archive: dict[str, int] | None = None  # the archive counters at the run's end (archive only)
+
+    @property
+    def archive_rate(self) -> float | None:
+        """Bytes/s the archiver moved while it worked: the bytes it uploaded in the run over
+        the time it spent on them (``archive_ns``: upload and read-back check)."""
+        a = self.archive
+        return a["archive_bytes"] / a["archive_ns"] * 1e9 if a and a["archive_ns"] else None
+
+    @property
+    def archived_per_s(self) -> float | None:
+        """Bytes/s archived over the run's elapsed time."""
+        return self.archive["archive_bytes"] / self.elapsed if self.archive else None
 
     @property
     def records_per_s(self) -> float:
@@ -346,6 +385,9 @@ class BenchResult:
             "fresh_segment_bytes_per_s": self.fresh_segment_rate,
             "segment_making_bytes_per_s": self.making_rate,
             "stats": dict(self.stats),
+            "archive": dict(self.archive) if self.archive else None,
+            "archive_bytes_per_s": self.archive_rate,
+            "archived_bytes_per_s": self.archived_per_s,
             "append_histogram": _encode(self.append_histogram),
             "flush_histogram": _encode(self.flush_histogram),
         }
@@ -402,6 +444,14 @@ class BenchResult:
         if self.making_rate and c.keep_bytes is None:
             lines.append(("segments made", f"at {self.making_rate / 1e6:.0f} MB/s in this run "
                           f"(appended {appended / self.making_rate:.2f}x that)"))
+        if self.archive:
+            a, rate = self.archive, self.archive_rate
+            lines.append(("archive", f"{a['archive_segments']} segments, "
+                          f"{a['archive_bytes'] / 1e6:.1f} MB archived ("
+                          + (f"{rate / 1e6:.1f} MB/s while archiving, " if rate else "")
+                          + f"{self.archived_per_s / 1e6:.1f} MB/s over the run); "
+                          f"{a['archive_failures']} failures, {a['archive_pending']} segments "
+                          f"pending at the end"))
         lines.append(("segments", ", ".join(f"{n} {k}" for k, n in
                                             self.segments_after_warm_up.items())
                       + " after warm-up"))
@@ -499,6 +549,17 @@ def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int) -> dict[str, int]
     while wal.insert_lsn < target:
         wal.append_many([chunk] * 8)
     wal.truncate(wal.flush() - (keep or 0))  # the retained window is full from the start
+    if wal.archive_status() is not None:
+        # truncation kept the segments the archive has not taken yet: wait for it, and
+        # truncate again, so that the run starts with none pending and a full pool
+        deadline = time.monotonic() + ARCHIVE_WAIT
+        while not wal.wait_archived(0.1):
+            status = wal.archive_status()
+            if status["failed"] or time.monotonic() > deadline:  # no waiting on retries
+                raise ArchiveError(errno.EIO, f"the warm-up's segments were not archived to "
+                                   f"{status['archive']} ({status['ready']} waiting): "
+                                   f"{status['last_error'] or f'not in {ARCHIVE_WAIT:g} s'}")
+        wal.truncate(wal.flushed_lsn - (keep or 0))
     return wal.stats()
 
 
@@ -560,8 +621,15 @@ class _Client(threading.Thread):
         n = total = squares = 0
         countdown = every
         commit = every == 1  # flush each: append(data, flush=True), one call timed as one
+        interval = int(1e9 / r.config.rate) if r.config.rate else 0
+        due = now()
         while True:
             t0 = now()
+            if interval:  # paced: wait for this record's turn (one running late goes at once)
+                due += interval
+                if due > t0:
+                    time.sleep((due - t0) / 1e9)
+                    t0 = now()
             if t0 >= r.deadline:
                 break
             lsn = append(payload, commit)
@@ -638,9 +706,11 @@ class _Run:
         self._truncate()  # untimed: leave no more than keep_bytes behind
         per_client = clients.records()
         records = sum(per_client)
-        stats = {k: v - self.baseline.get(k, 0) for k, v in wal.stats().items()}
+        stats = {k: v if k in _GAUGES else v - self.baseline.get(k, 0)
+                 for k, v in wal.stats().items()}
         if config.processes:  # a gauge: those attached during the run, this one included
             stats["processes"] = clients.attached
+        archive = {k: stats[k] for k in ARCHIVE_COUNTERS} if config.archive else None
         return BenchResult(
             config=config, mode=wal.mode, persist_method=wal.persist_method, probe=probe,
             segment_size=wal.segment_size, records=records, bytes=records * config.size,
@@ -648,7 +718,8 @@ class _Run:
             background_flushes=self.background_flushes + clients.background_flushes,
             per_client_records=per_client,
             append_latency=Latency.of(appends), flush_latency=Latency.of(flushes),
-            stats=stats, append_histogram=appends.hist, flush_histogram=flushes.hist)
+            stats=stats, append_histogram=appends.hist, flush_histogram=flushes.hist,
+            archive=archive)
 
     def _report_until_deadline(self, start: int, clients: _Threads | _Processes) -> None:
         """Progress lines, from the main thread, until the clients stop."""

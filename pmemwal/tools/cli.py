@@ -148,14 +148,25 @@ def probe(path: str, as_json: bool, measure: bool, seconds: float, save: bool,
 @click.option("--cold", is_flag=True,
               help="No warm-up: start on a fresh WAL, so appends reach new segments (with "
                    "--no-prefault, their first-touch page faults too).")
+@click.option("--rate", type=click.FloatRange(min=0), default=0.0,
+              help="Records/s each client appends at most: a paced load, for latency and "
+                   "for what archiving costs below the archive's speed [default: 0, no limit].")
 @click.option("--keep-wal", is_flag=True,
               help="Leave the WAL at PATH after the run (by default it is removed, on Ctrl-C too).")
+@click.option("--archive", "archive", metavar="URL", default=None,
+              help="Archive every complete segment to this fsspec URL (s3://bucket/prefix, "
+                   "file:///path) while the clients append; the warm-up waits until its "
+                   "segments are archived, and the report adds the archive's counters.")
+@click.option("--archive-endpoint", metavar="URL", default=None,
+              help="With --archive s3://...: the S3-compatible server to use (e.g. "
+                   "http://127.0.0.1:5000, moto's dummy keys).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_library_errors
 def bench(path: str, mode: str, clients: int, processes: bool, size: int, duration: float,
           flush: str, segment_size: int | None, insert_slots: int, prefault: bool, persist: str,
           keep: int | None, checkpoint: float, progress_interval: float, cold: bool,
-          keep_wal: bool, as_json: bool) -> None:
+          keep_wal: bool, rate: float, archive: str | None, archive_endpoint: str | None,
+          as_json: bool) -> None:
     """Append records to a fresh WAL at PATH for a while and report throughput and latency.
 
     PATH is a benchmark directory: a WAL already there is deleted first, and the run's WAL
@@ -168,12 +179,23 @@ def bench(path: str, mode: str, clients: int, processes: bool, size: int, durati
                                 insert_slots=insert_slots, prefault=prefault, persist=persist,
                                 keep_bytes=keep, checkpoint=checkpoint,
                                 progress_interval=progress_interval, cold=cold,
-                                keep_wal=keep_wal, processes=processes)
+                                keep_wal=keep_wal, rate=rate, processes=processes, archive=archive,
+                                archive_options=_archive_options(archive, archive_endpoint))
     result = _bench.run(config, progress=lambda p: click.echo(p["line"], err=True))
     if as_json:
         _dump(result.as_dict())
     else:
         click.echo(result.report())
+
+
+def _archive_options(archive: str | None, endpoint: str | None) -> dict | None:
+    """``bench``'s archive storage options: an S3-compatible server at ``endpoint``, if any."""
+    if endpoint is None:
+        return None
+    if archive is None:
+        raise click.UsageError("--archive-endpoint goes with --archive")
+    from pmemwal.tools.s3_server import storage_options
+    return storage_options(endpoint)
 
 
 # ---- dump, verify, stats (pmemwal.tools.inspect: read-only, no lock) ----------------

@@ -18,6 +18,17 @@ import time
 import urllib.request
 
 
+# moto's server, sent SIGTERM when the process that started it dies (a test run killed
+# by a timeout leaves no server behind)
+_SERVE = """
+import ctypes, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)
+from moto.server import main
+sys.argv[0] = "moto_server"
+main()
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,7 +50,7 @@ class LocalS3:
 
     def start(self, timeout: float = 30.0) -> LocalS3:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-c", _SERVE, "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
         while True:
