@@ -159,10 +159,10 @@ class WAL:
     - ``archive_max_pending``: bytes of complete segments that may wait for the archive
       (it is unreachable, or refuses them); past it, appends that need a new segment get
       ArchiveError (a StorageError, ENOSPC) naming the archive, until it catches up.
-    - A shared WAL's processes each run an archiver if they pass an archive option (the
-      same one, as they must): one works at a time, the others wait to take over.
     - ``archive_backoff``: the longest pause, in seconds, between retries of a failed
       archiving (the pause doubles from 0.1 s).
+    - A shared WAL's processes each run an archiver if they pass an archive option (the
+      same one, as they must): one works at a time, the others wait to take over.
     - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
       records are followed by more, or ``"truncate"`` the WAL at the damage.
     - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
@@ -211,7 +211,7 @@ class WAL:
                        insertion, shared)
         archive_spec = _archive_spec(archive, archive_command, restore_command, archive_options,
                                      archive_timeout, archive_max_pending, archive_backoff,
-                                     shared, background)
+                                     background)
         self._archiver: Archiver | None = None
         self._insertion = insertion
         self._background: BackgroundWriter | None = None
@@ -1189,7 +1189,7 @@ def check_wal_options(mode: str = "auto", segment_size: int | None = None, inser
 
 def _archive_spec(url: str | None, command: str | None, restore_command: str | None,
                   options: dict | None, timeout: float, max_pending: int, backoff: float,
-                  shared: bool, background: bool) -> dict | None:
+                  background: bool) -> dict | None:
     """The archiver's description of the archive options (None: no archiving), checked."""
     if url is None and command is None:
         if restore_command is not None or options is not None:

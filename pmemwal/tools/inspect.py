@@ -41,8 +41,8 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from pmemwal import _core
-from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
 from pmemwal.archive import ArchiveStatus
+from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
 from pmemwal.log import describe as describe_log_record
 from pmemwal.segments import ARCHIVE_STATUS_NAME
 from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader, first_lsn,
