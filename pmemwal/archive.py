@@ -53,19 +53,17 @@ from pmemwal.segments import ARCHIVE_STATUS_NAME
 
 STATUS_DIR = ARCHIVE_STATUS_NAME
 _CHUNK = 4 << 20
-_ATOMIC_WRITES = {"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "memory"}  # a PUT lands whole or not at all
+# object stores: a PUT lands whole or not at all
+_ATOMIC_WRITES = {"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "memory"}
 DEFAULT_COMMAND_TIMEOUT = 300.0
-running_commands: set[int] = set()  # process groups of the commands running now (the archiver kills them as it exits)
+# the process groups of the commands running now (the archiver kills them as it exits)
+running_commands: set[int] = set()
 
 
 def file_crc(path: str) -> tuple[int, int]:
     """(CRC-32C, size) of the file at ``path``."""
-    crc = size = 0
     with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(_CHUNK):
-            crc = _core.crc32c(chunk, crc)
-            size += len(chunk)
-    return crc, size
+        return _stream_crc(f)
 
 
 def fsync_path(path: str) -> None:
@@ -78,6 +76,7 @@ def fsync_path(path: str) -> None:
 
 
 def _stream_crc(f) -> tuple[int, int]:
+    """(CRC-32C, size) of what is left to read in file object ``f``."""
     crc = size = 0
     while chunk := f.read(_CHUNK):
         crc = _core.crc32c(chunk, crc)
@@ -107,7 +106,8 @@ class FsspecArchive:
             raise ConfigError(f"archive={url!r}: {exc}") from exc
         self.root = root.rstrip("/")
         self.description = url
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else [self.fs.protocol]
+        protocols = (self.fs.protocol if isinstance(self.fs.protocol, (tuple, list))
+                     else [self.fs.protocol])
         self._atomic = bool(_ATOMIC_WRITES.intersection(protocols))
         self._local = bool({"file", "local"}.intersection(protocols))  # synced here: the
         # segment is truncated once archived, so the copy must be durable first
@@ -125,8 +125,9 @@ class FsspecArchive:
             if held == (crc, size):
                 return False
             if held is not None:
-                raise ArchiveError(errno.EEXIST, f"{self.description}/{name} already holds other bytes "
-                                   f"({held[1]} bytes, CRC {held[0]:08x}; this segment: {size} "
+                raise ArchiveError(errno.EEXIST, f"{self.description}/{name} already holds "
+                                   f"other bytes ({held[1]} bytes, CRC {held[0]:08x}; this "
+                                   f"segment: {size} "
                                    f"bytes, CRC {crc:08x}): refusing to overwrite it")
             if not self._made_root:
                 self.fs.makedirs(self.root, exist_ok=True)
@@ -209,7 +210,8 @@ def run_command(command: str, timeout: float) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        raise ArchiveError(errno.ETIMEDOUT, f"{command!r} ran past its {timeout:g} s limit and was killed")
+        raise ArchiveError(errno.ETIMEDOUT,
+                           f"{command!r} ran past its {timeout:g} s limit and was killed")
     finally:
         running_commands.discard(proc.pid)
     return proc.returncode, err.decode(errors="replace").strip()[-300:]

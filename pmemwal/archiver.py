@@ -90,7 +90,8 @@ class Archiver:
 
     def _refresh(self) -> int:
         """Move the archived mark past the segments that became ``.done`` (lock held)."""
-        while self._archived_below < self._marked_below and self.status.is_done(self._archived_below):
+        while (self._archived_below < self._marked_below
+               and self.status.is_done(self._archived_below)):
             self._archived_below += 1
         return self._archived_below
 
@@ -146,8 +147,8 @@ class Archiver:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pmemwal._archiver_process", self._wal_dir, json.dumps(self._spec),
-             str(self._backoff), str(os.getpid())],
+            [sys.executable, "-m", "pmemwal._archiver_process", self._wal_dir,
+             json.dumps(self._spec), str(self._backoff), str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         os.set_blocking(self._proc.stdin.fileno(), False)
         os.set_blocking(self._proc.stdout.fileno(), False)
@@ -210,7 +211,8 @@ class Archiver:
         """The counters since open, and ``archive_pending``: complete segments not archived."""
         with self._lock:
             self._read_reports()
-            return {**self.counters, "archive_pending": max(0, self._marked_below - self._refresh())}
+            pending = max(0, self._marked_below - self._refresh())
+            return {**self.counters, "archive_pending": pending}
 
     def summary(self) -> dict:
         """What the status files say, with this writer's archive and limit."""
@@ -271,7 +273,8 @@ def main(argv: list[str]) -> int:
     os.nice(NICE)
     archive = open_archive(spec)
     status = ArchiveStatus(wal_dir)
-    lock = os.open(os.path.join(status.path, ARCHIVER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    lock = os.open(os.path.join(status.path, ARCHIVER_LOCK),
+                   os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     fcntl.flock(lock, fcntl.LOCK_EX)  # a shared WAL's other archivers wait here to take over
     attempts: dict[int, int] = {}
     delay, retry_at = 0.0, 0.0

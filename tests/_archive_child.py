@@ -1,12 +1,14 @@
 """A writer for tests/test_archive.py's SIGKILL test: appends and flushes records of known
-content to a WAL that archives to S3, until it is killed.
+content to a WAL that archives to S3, then waits to be killed.
 
     python _archive_child.py WAL_DIR URL ENDPOINT SEED
 
-Prints "open" once the WAL is open, then the LSN of every 50th record.
+Prints "open" once the WAL is open; appends 4.5 segments (1 MiB each), as the archiver ships
+them (however late it starts, on a busy machine, what waits for it stays small); then sleeps.
 """
 
 import sys
+import time
 
 import pmemwal
 from pmemwal.tools.s3_server import storage_options
@@ -18,12 +20,11 @@ def main() -> None:
     wal = pmemwal.open(path, segment_size=1 << 20, archive=url,
                        archive_options=storage_options(endpoint), archive_backoff=0.2)
     print("open", flush=True)
-    i = 0
-    while True:
-        lsn = wal.append(payload(f"{seed}/{i}", 1000 + (i * 7919) % 30000), flush=True)
-        if i % 50 == 0:
-            print(lsn, flush=True)
+    i, until = 0, wal.insert_lsn + 9 * (1 << 19)
+    while wal.insert_lsn < until:
+        wal.append(payload(f"{seed}/{i}", 1000 + (i * 7919) % 30000), flush=True)
         i += 1
+    time.sleep(3600)  # until killed, the archiver at work
 
 
 if __name__ == "__main__":

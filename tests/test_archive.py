@@ -150,7 +150,8 @@ def test_archive_to_s3_under_load_then_restore(s3_server, bucket, shm_tmp):
         complete = wal.flushed_lsn // SEG
         stats = wal.stats()
         status = wal.archive_status()
-        local = {s: seg_file(wal_dir, s).read_bytes() for s in range(wal.first_lsn // SEG, complete)}
+        local = {s: seg_file(wal_dir, s).read_bytes()
+                 for s in range(wal.first_lsn // SEG, complete)}
     assert stats["archive_segments"] == complete and stats["archive_failures"] == 0
     assert stats["archive_bytes"] == complete * SEG and stats["archive_pending"] == 0
     assert status["ready"] == 0 and status["failed"] == 0 and status["archive"] == bucket
@@ -383,7 +384,8 @@ def test_restore_stops_at_a_gap_and_at_damage(archived, shm_tmp):
     arch, expected = archived
     (arch / segment_name(3)).unlink()
     report = restore(shm_tmp / "gap", f"file://{arch}")
-    assert report.segments == [0, 1, 2] and "gap: the archive lacks 0000000000000003.wal" in report.stopped
+    assert report.segments == [0, 1, 2]
+    assert "gap: the archive lacks 0000000000000003.wal" in report.stopped
     held_in_archive(expected, 3 * SEG, records(shm_tmp / "gap"))
     # a record's payload damaged in segment 1: the WAL is cut at that record
     victim = next(i for i, (lsn, data) in enumerate(expected) if lsn > SEG + 100_000)

@@ -90,7 +90,8 @@ def restore(dest: str | os.PathLike[str], source: str | None = None, *,
     while fetcher.next(until):
         pass
     if not report.segments:
-        raise ArchiveError(errno.ENOENT, f"{archive.description} holds no usable segment: {report.stopped}")
+        raise ArchiveError(errno.ENOENT,
+                           f"{archive.description} holds no usable segment: {report.stopped}")
     while True:
         with WalView(dest) as view:
             end = view.scan(until if until is not None else _END).end
@@ -101,7 +102,8 @@ def restore(dest: str | os.PathLike[str], source: str | None = None, *,
     if end.kind in ("limit", "damage"):
         _cut(dest, end.lsn, fetcher.header.segment_size, report)
         if end.kind == "damage":
-            report.stopped = f"damage in the archived segments: {end.describe(fetcher.header.segment_size)}"
+            where = end.describe(fetcher.header.segment_size)
+            report.stopped = f"damage in the archived segments: {where}"
     _finish(dest, report, fetcher.header.segment_size)
     return report
 
@@ -190,6 +192,7 @@ def _finish(dest: str, report: RestoreReport, segment_size: int) -> None:
     fsync_path(dest)
     check = verify(dest)
     if not check.ok:
-        raise ArchiveError(errno.EIO, f"the restored WAL at {dest} does not verify: {check.summary_line()}")
+        raise ArchiveError(errno.EIO, f"the restored WAL at {dest} does not verify: "
+                           f"{check.summary_line()}")
     report.records, report.first_lsn, report.last_lsn, report.end_lsn = (
         check.records, check.first_lsn, check.last_lsn, check.end_lsn)
