@@ -152,8 +152,11 @@ def test_archive_to_s3_under_load_then_restore(s3_server, bucket, shm_tmp):
         status = wal.archive_status()
         local = {s: seg_file(wal_dir, s).read_bytes()
                  for s in range(wal.first_lsn // SEG, complete)}
-    assert stats["archive_segments"] == complete and stats["archive_failures"] == 0
-    assert stats["archive_bytes"] == complete * SEG and stats["archive_pending"] == 0
+    # each once: uploaded, or found uploaded after an attempt that timed out on a busy machine
+    assert stats["archive_segments"] + stats["archive_found"] == complete
+    assert stats["archive_found"] <= stats["archive_failures"]
+    assert stats["archive_bytes"] == stats["archive_segments"] * SEG
+    assert stats["archive_pending"] == 0
     assert status["ready"] == 0 and status["failed"] == 0 and status["archive"] == bucket
     fs = s3fs_of(s3_server.endpoint)
     names = sorted(os.path.basename(p) for p in fs.ls(bucket[5:], refresh=True))
@@ -378,6 +381,11 @@ def test_restore_cli_until_and_reopen_with_the_same_archive(archived, shm_tmp):
     assert "cut at" in result.output
     with pytest.raises(ConfigError, match="not an empty directory"):
         restore(dest2, f"file://{arch}")
+    # `until` inside a record that runs into the next segment: that segment is fetched too
+    k = next(i for i in range(1, len(expected)) if expected[i][0] >= 2 * SEG)
+    assert expected[k - 1][0] < 2 * SEG  # record k - 1 starts in segment 1 and ends in 2
+    report = restore(shm_tmp / "r3", f"file://{arch}", until=expected[k - 1][0] + 8)
+    assert report.segments == [0, 1, 2] and records(shm_tmp / "r3") == expected[:k]
 
 
 def test_restore_stops_at_a_gap_and_at_damage(archived, shm_tmp):

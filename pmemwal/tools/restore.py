@@ -96,7 +96,7 @@ def restore(dest: str | os.PathLike[str], source: str | None = None, *,
         with WalView(dest) as view:
             end = view.scan(until if until is not None else _END).end
         if (until is not None and end.kind in ("clean", "torn") and end.lsn < until
-                and fetcher.stopped_for_until and fetcher.next(None)):
+                and not fetcher.done and fetcher.next(None)):
             continue  # the last record before `until` runs into the next segment: fetch it
         break
     if end.kind in ("limit", "damage"):
@@ -118,8 +118,7 @@ class _Fetcher:
             start = min(self.listed) if self.listed else 0
         self.segno = start
         self.header: SegmentHeader | None = None
-        self.stopped_for_until = False
-        self.done = False
+        self.done = False  # at a gap, a bad segment or the archive's end (not at `until`)
 
     def next(self, until: int | None) -> bool:
         """Fetch the next segment; False (and ``report.stopped`` says why) at the end."""
@@ -128,10 +127,8 @@ class _Fetcher:
         segno, name = self.segno, segment_name(self.segno)
         size = self.header.segment_size if self.header else None
         if until is not None and size and segno * size >= until:
-            self.stopped_for_until = True
             self.report.stopped = f"until {format_lsn(until)}"
             return False
-        self.stopped_for_until = False
         if self.listed is not None and segno not in self.listed:
             return self._stop("end of archive" if not self.listed or segno > max(self.listed)
                               else f"gap: the archive lacks {name}")

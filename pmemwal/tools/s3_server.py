@@ -81,9 +81,10 @@ class LocalS3:
         self.stop()
 
 
-def storage_options(endpoint: str, timeout: float = 5.0) -> dict:
+def storage_options(endpoint: str, timeout: float = 30.0) -> dict:
     """s3fs options for an S3-compatible server at ``endpoint`` with moto's dummy keys, and
-    short timeouts and no retries inside botocore (pmemwal's archiver retries)."""
+    ``timeout`` seconds to connect and to read, and no retries inside botocore (pmemwal's
+    archiver retries)."""
     return {"key": "testing", "secret": "testing",
             "client_kwargs": {"endpoint_url": endpoint},
             "config_kwargs": {"connect_timeout": timeout, "read_timeout": timeout,
