@@ -164,7 +164,10 @@ class WalDirectory:
                 segnos.append(segno)
             elif name.endswith(".wal.tmp") and parse_segment_name(name[:-4]) is not None:
                 if tidy:
-                    os.unlink(os.path.join(self.path, name))
+                    try:
+                        os.unlink(os.path.join(self.path, name))
+                    except FileNotFoundError:
+                        pass  # gone already: renamed by a writer the lock did not exclude
             elif name not in _IGNORED:
                 raise FormatError(f"{self.path} holds {name!r}, which is not part of a pmemwal WAL")
         return sorted(segnos)

@@ -423,6 +423,8 @@ def test_shared_wal_one_archiver_at_a_time_the_next_takes_over(shm_tmp):
     for i in range(3):
         append_segments(a if i % 2 else b, 1, "shared", expected)
     assert a.wait_archived(20) and b.wait_archived(20)
+    complete = a.flushed_lsn // SEG  # (a report reaches its writer just after the .done file)
+    wait_for(lambda: sum(w.stats()["archive_segments"] for w in (a, b)) == complete, 10, "reports")
     counts = [w.stats()["archive_segments"] for w in (a, b)]
     assert sorted(counts) == [0, a.flushed_lsn // SEG]  # one archiver worked, the other waited
     working, other = (a, b) if counts[0] else (b, a)
