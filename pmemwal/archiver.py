@@ -178,7 +178,7 @@ class Archiver:
 
     def _collect(self) -> None:
         """Stop the archiver process, if any, and read its last reports (lock held)."""
-        proc, self._proc = self._proc, None
+        proc = self._proc
         if proc is None:
             return
         if proc.poll() is None:
@@ -188,9 +188,8 @@ class Archiver:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._proc = proc
         self._read_reports()
-        self._proc = None
+        self._proc, self._pending_output = None, b""  # (a line it left unfinished goes too)
         proc.stdin.close()
         proc.stdout.close()
 
