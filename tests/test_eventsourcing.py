@@ -19,6 +19,7 @@ pytest.importorskip("eventsourcing")
 pytest.importorskip("Crypto", reason="eventsourcing's test cases import its AES cipher: "
                     "pip install 'eventsourcing[crypto]'")
 
+from eventsourcing.dcb import tests as es_dcb  # noqa: E402
 from eventsourcing.persistence import InfrastructureFactory  # noqa: E402
 
 # The modules, not their classes: pytest would collect (and run) any TestCase named here.
@@ -83,6 +84,26 @@ class TestProcessRecorder(es_persistence.ProcessRecorderTestCase):
 class TestNonInterleavingNotificationIDs(es_persistence.NonInterleavingNotificationIDsBaseCase):
     def create_recorder(self) -> pes.PmemwalApplicationRecorder:
         return new_factory(self).application_recorder()
+
+
+class TestDCBRecorder(es_dcb.DCBRecorderTestCase):
+    """eventsourcing 9.5's DCB recorder case, whose tests its subclasses call (as its own POPO
+    and PostgreSQL tests do): on a fresh log, then on one reopened with events in it."""
+
+    def test_append_read(self) -> None:
+        self._test_append_read(new_factory(self).dcb_recorder())
+
+    def test_append_subscribe(self) -> None:
+        self._test_append_subscribe(new_factory(self).dcb_recorder())
+
+    def test_append_read_after_reopening(self) -> None:
+        env = Environment(env=module_env(self))
+        factory = InfrastructureFactory.construct(env)
+        self._test_append_read(factory.dcb_recorder())
+        factory.close()
+        factory = InfrastructureFactory.construct(env)
+        self.addCleanup(factory.close)
+        self._test_append_read(factory.dcb_recorder(), initial_position=13)
 
 
 class MyTrackingRecorder(pes.PmemwalTrackingRecorder):

@@ -7,7 +7,11 @@ eventsourcing's conformance tests):
 - the recorders against eventsourcing's in-memory POPO ones, on a random workload, before and
   after closing and replaying;
 - one insert, one log entry; a conflicting batch writes nothing;
-- the layout, the shared datastores, and the errors.
+- the layout, the shared datastores, and the errors;
+- an application's tracking and process recorders share tracking positions, and an originator
+  is found by its UUID or the UUID's string form;
+- the DCB recorder against eventsourcing's in-memory one, one entry per append, and a
+  DCBApplication taking this module from its environment.
 """
 
 from __future__ import annotations
@@ -23,9 +27,13 @@ import pytest
 pytest.importorskip("eventsourcing")
 
 from conftest import TESTS_DIR, run_and_kill  # noqa: E402
+from eventsourcing.dcb.api import (  # noqa: E402
+    DCBAppendCondition, DCBEvent, DCBQuery, DCBQueryItem)
+from eventsourcing.dcb.application import DCBApplication  # noqa: E402
+from eventsourcing.dcb.popo import InMemoryDCBRecorder  # noqa: E402
 from eventsourcing.persistence import (  # noqa: E402
     DatabaseError, DataError, InfrastructureFactory, IntegrityError, InterfaceError,
-    OperationalError, StoredEvent, Tracking)
+    OperationalError, ProgrammingError, StoredEvent, Tracking)
 from eventsourcing.popo import POPOProcessRecorder  # noqa: E402
 from eventsourcing.utils import Environment  # noqa: E402
 
@@ -141,6 +149,7 @@ def same_answers(ours, popo, rng: random.Random, oids: list) -> None:
 def test_same_answers_as_popo_before_and_after_replay(shm_dir: Path) -> None:
     rng = random.Random("eventsourcing-popo")
     oids = [uuid.uuid4() for _ in range(4)] + ["str-id-1", "ünï-2"]
+    oids.append(str(oids[0]))   # the same originator as oids[0], by its string form
     versions = dict.fromkeys(oids, 0)
     popo, factory = POPOProcessRecorder(), factory_for(shm_dir)
     ours = factory.process_recorder()
@@ -263,3 +272,192 @@ def test_errors_are_eventsourcings(shm_dir: Path) -> None:
         recorder.insert_events([event("long topic", 1, topic="t" * 70000)])
     assert recorder.max_notification_id() is None
     store.close()
+
+
+# ---- tracking positions shared, UUIDs by their string form (issue 26, point 5) -------
+
+@pytest.mark.parametrize("name", ["", "BankAccounts"])
+def test_tracking_and_process_recorders_share_tracking_positions(shm_dir: Path,
+                                                                 name: str) -> None:
+    """As in eventsourcing's PostgreSQL module, where both write one tracking table: a
+    position taken through one recorder is taken for the other, before and after reopening,
+    whichever recorder is made first."""
+    factory = factory_for(shm_dir, name)
+    process, tracking = factory.process_recorder(), factory.tracking_recorder()
+    process.insert_events([event("a", 1)], tracking=Tracking("up", 5))
+    assert tracking.max_tracking_id("up") == 5
+    assert tracking.has_tracking_id("up", 5)
+    with pytest.raises(IntegrityError):
+        tracking.insert_tracking(Tracking("up", 5))
+    tracking.insert_tracking(Tracking("up", 7))
+    assert process.max_tracking_id("up") == 7
+    with pytest.raises(IntegrityError):
+        process.insert_events([event("a", 2)], tracking=Tracking("up", 6))
+    assert [e.originator_version for e in process.select_events("a")] == [1]  # nothing written
+    with pytest.raises(IntegrityError):
+        process.insert_tracking(Tracking("up", 7))
+    factory.close()
+    for first in ("tracking", "process"):     # reopened, either recorder made first
+        factory = factory_for(shm_dir, name)
+        made = {first: getattr(factory, f"{first}_recorder")()}
+        assert made[first].max_tracking_id("up") == 7, first
+        for kind in ("tracking", "process"):
+            made.setdefault(kind, getattr(factory, f"{kind}_recorder")())
+        with pytest.raises(IntegrityError):
+            made["tracking"].insert_tracking(Tracking("up", 7))
+        with pytest.raises(IntegrityError):
+            made["process"].insert_events([event("a", 2)], tracking=Tracking("up", 6))
+        assert made["process"].max_tracking_id("up") == 7
+        factory.close()
+
+
+def test_a_tracking_recorder_made_before_the_events_log_sees_the_process_recorders(
+        shm_dir: Path) -> None:
+    """The tracking recorder of one factory, made while no events log existed, and the process
+    recorder of another factory (same application) made after it."""
+    first = factory_for(shm_dir, "Proc")
+    tracking = first.tracking_recorder()
+    second = factory_for(shm_dir, "Proc")
+    process = second.process_recorder()
+    process.insert_events([event("a", 1)], tracking=Tracking("up", 3))
+    assert tracking.max_tracking_id("up") == 3
+    with pytest.raises(IntegrityError):
+        tracking.insert_tracking(Tracking("up", 2))
+    second.close()          # the first factory's tracking recorder still sees the events log
+    assert tracking.max_tracking_id("up") == 3
+    tracking.insert_tracking(Tracking("up", 4))
+    first.close()
+    third = factory_for(shm_dir, "Proc")
+    assert third.process_recorder().max_tracking_id("up") == 4
+    third.close()
+
+
+def test_an_event_stored_under_a_uuid_is_found_by_its_string_form(shm_dir: Path) -> None:
+    """As in eventsourcing's POPO and PostgreSQL modules: one originator, either form."""
+    factory = factory_for(shm_dir)
+    recorder = factory.application_recorder()
+    a, b = uuid.uuid4(), uuid.uuid4()
+    recorder.insert_events([event(a, 1)])
+    recorder.insert_events([event(str(b), 1)])
+    with pytest.raises(IntegrityError):
+        recorder.insert_events([event(str(a), 1)])
+    with pytest.raises(IntegrityError):
+        recorder.insert_events([event(b, 1)])
+    with pytest.raises(IntegrityError):
+        recorder.insert_events([event(a, 2), event(str(a), 2)])
+    recorder.insert_events([event(str(a), 2)])
+    recorder.insert_events([event(b, 2)])
+    # Other spellings of a UUID are other originators, as in POPO.
+    recorder.insert_events([event(a.hex, 1), event(str(a).upper(), 1)])
+
+    def check(recorder) -> None:
+        for oid in (a, str(a)):     # each event comes back with the ID it was stored under
+            assert recorder.select_events(oid) == [event(a, 1), event(str(a), 2)]
+            assert recorder.select_events(oid, desc=True, limit=1) == [event(str(a), 2)]
+        for oid in (b, str(b)):
+            assert recorder.select_events(oid) == [event(str(b), 1), event(b, 2)]
+        assert recorder.select_events(a.hex) == [event(a.hex, 1)]
+        assert recorder.select_events(str(a).upper()) == [event(str(a).upper(), 1)]
+        assert recorder.max_notification_id() == 6
+
+    check(recorder)
+    factory.close()
+    factory = factory_for(shm_dir)
+    check(factory.application_recorder())
+    factory.close()
+
+
+# ---- DCB ------------------------------------------------------------------------------
+
+def dcb_query(rng: random.Random):
+    """None, no items, or 1 to 3 items of 0 to 2 types and 0 to 3 tags (some unknown)."""
+    if rng.random() < 0.1:
+        return None
+    return DCBQuery(items=[DCBQueryItem(types=rng.sample("abcz", rng.randint(0, 2)),
+                                        tags=rng.sample(["t1", "t2", "t3", "t4", "tz"],
+                                                        rng.randint(0, 3)))
+                           for _ in range(rng.randint(0, 3))])
+
+
+def test_dcb_same_answers_as_in_memory_before_and_after_replay(shm_dir: Path) -> None:
+    """The DCB recorder against eventsourcing's in-memory one: random appends, conditional
+    ones among them (which conflict or not alike), and random reads, then reopened."""
+    rng = random.Random("eventsourcing-dcb")
+    memory, factory = InMemoryDCBRecorder(), factory_for(shm_dir, "Courses")
+    ours = factory.dcb_recorder()
+
+    def same_reads() -> None:
+        for _ in range(30):
+            query, after = dcb_query(rng), rng.choice([None, 0, rng.randint(0, 200)])
+            limit = rng.choice([None, None, 0, 1, rng.randint(1, 50)])
+            mine, theirs = ours.read(query, after=after, limit=limit), memory.read(
+                query, after=after, limit=limit)
+            assert list(mine) == list(theirs), (query, after, limit)
+            assert mine.head == theirs.head, (query, after, limit)
+
+    for step in range(200):
+        events = [DCBEvent(type=rng.choice("abc"), data=rng.randbytes(rng.randint(0, 30)),
+                           tags=rng.sample(["t1", "t2", "t3", "t4", "ü"], rng.randint(0, 3)))
+                  for _ in range(rng.randint(1, 3))]
+        condition = None
+        if rng.random() < 0.6:
+            condition = DCBAppendCondition(dcb_query(rng) or DCBQuery(),
+                                           after=rng.choice([None, rng.randint(0, 200)]))
+        outcomes = []
+        for recorder in (memory, ours):
+            try:
+                outcomes.append(recorder.append(events, condition))
+            except IntegrityError:
+                outcomes.append("conflict")
+        assert outcomes[0] == outcomes[1], (step, events, condition)
+        if step % 40 == 0:
+            same_reads()
+    same_reads()
+    factory.close()
+    factory = factory_for(shm_dir, "Courses")
+    ours = factory.dcb_recorder()
+    same_reads()
+    factory.close()
+
+
+def test_dcb_one_entry_per_append_and_none_for_a_conflict(shm_dir: Path) -> None:
+    factory = factory_for(shm_dir)
+    recorder = factory.dcb_recorder()
+    first = [DCBEvent("Registered", b"{}", ["student-1"]), DCBEvent("Opened", b"", [])]
+    assert recorder.append(first) == 2
+    taken = DCBAppendCondition(DCBQuery([DCBQueryItem(["Registered"], ["student-1"])]))
+    with pytest.raises(IntegrityError):
+        recorder.append([DCBEvent("Registered", b"again", ["student-1"])], taken)
+    with pytest.raises(ProgrammingError):
+        recorder.append([])
+    assert recorder.append([DCBEvent("Joined", b"x", ["student-1", "course-1"])],
+                           DCBAppendCondition(taken.fail_if_events_match, after=2)) == 3
+    factory.close()
+    # The application's layout: its own directory, and nothing else touched.
+    assert os.listdir(shm_dir) == ["dcb_dcb_events"]
+    payloads = log_payloads(shm_dir / "dcb_dcb_events")
+    assert [[(r.type, r.tags) for r in pes.decode_dcb_batch(memoryview(p))] for p in payloads] == [
+        [("Registered", ("student-1",)), ("Opened", ())],
+        [("Joined", ("student-1", "course-1"))],
+    ]
+    # A DCB log is not an events log, nor the other way round.
+    with pytest.raises(DatabaseError, match="not a batch of events"):
+        pes.open_datastore(shm_dir / "dcb_dcb_events")
+    factory = factory_for(shm_dir)
+    factory.application_recorder().insert_events([event("a", 1)])
+    factory.close()
+    with pytest.raises(DatabaseError, match="not a batch of DCB events"):
+        pes.open_dcb_datastore(shm_dir / "stored_events")
+
+
+def test_a_dcb_application_takes_the_module_from_its_environment(shm_dir: Path) -> None:
+    class Enrolment(DCBApplication):
+        pass
+
+    with Enrolment(env=module_env(shm_dir)) as app:
+        assert isinstance(app.factory, pes.PmemwalFactory)
+        app.recorder.append([DCBEvent("CourseRegistered", b"{}", ["course-1"])])
+    with Enrolment(env=module_env(shm_dir)) as app:
+        found = list(app.recorder.read(DCBQuery([DCBQueryItem(tags=["course-1"])])))
+        assert [(e.position, e.event.type) for e in found] == [(1, "CourseRegistered")]
+    assert os.listdir(shm_dir) == ["enrolment_dcb_events"]

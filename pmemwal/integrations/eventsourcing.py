@@ -1,5 +1,9 @@
 """eventsourcing persistence on a ``pmemwal.Log``: each stored batch of events durable on return.
 
+Recorders: aggregate, application, tracking and process recorders, and (for eventsourcing's
+``DCBApplication``) a DCB recorder: events with a type and tags, read by queries of types and
+tags, appended under a condition (dynamic consistency boundaries).
+
 eventsourcing (github.com/pyeventsourcing/eventsourcing, 9.5) finds its persistence module
 through the environment variable ``PERSISTENCE_MODULE``; this module is one::
 
@@ -27,11 +31,18 @@ case; without one, the word in brackets):
     <app [stored]>_events           application_recorder(), process_recorder()
     <app [stored]>_snapshots        aggregate_recorder("snapshots"), the snapshot store
     <app [stored]>_<purpose>        aggregate_recorder(purpose)
-    <app [notification]>_tracking   tracking_recorder(), for projections
+    <app [notification]>_tracking   tracking_recorder(), process_recorder()
+    <app [dcb]>_dcb_events          dcb_recorder()
 
 A process recorder keeps its tracking records in its events log, inside the entry of the events
-they go with (so the two are stored together or not at all); ``tracking_recorder()`` has a log of
-its own.  In one process, every recorder of a directory shares one open log and its index, even
+they go with (so the two are stored together or not at all); ``tracking_recorder()`` writes to
+the tracking log.  The two share their tracking positions, as they share one tracking table in
+eventsourcing's PostgreSQL module: ``max_tracking_id`` is the larger of the two logs', and a
+notification ID tracked in either is taken for both (IntegrityError), both logs locked while a
+record is checked and stored.  So ``process_recorder()`` opens (or makes) the tracking log too,
+and ``tracking_recorder()`` opens the application's events log when it exists (a process
+recorder made later links them then); the tracking log holds the events log open until it
+closes.  In one process, every recorder of a directory shares one open log and its index, even
 across factories and applications (``open_datastore``); a log takes one writer process, and a
 second one gets OperationalError (pmemwal's LockedError).
 
@@ -71,7 +82,27 @@ the index kept in memory: per notification, the entry and offset of its event an
 (numpy columns); per originator, its versions in order and their notification IDs (lists, so
 ``select_events`` bisects and never scans other events); per application name, the last
 tracked notification.  Events are read back from the log (``Log.entry``, zero-copy) when
-selected.
+selected.  An originator is indexed by its UUID, and a str that is a UUID's string form
+(``str(uuid)``: 36 characters, lower case) is that UUID, as in eventsourcing's POPO and
+PostgreSQL modules: an event stored under either form is found by either, and takes the
+version for both.  Each event comes back with the ID as it was stored (kind 0 or 1); other
+spellings of a UUID (``uuid.hex``, upper case) are other originators, as in POPO.
+
+A DCB events log holds DCB batches, one entry per ``append`` (all or nothing, durable on
+return; nothing is written when the append condition fails: IntegrityError):
+
+    DCB batch header, 6 bytes (BATCH "<BBI"): u8 2 (a DCB batch), u8 flags 0, u32 events
+    each event (DCB_EVENT "<HHI", 8 bytes, then what it gives the lengths of):
+      0  u16  type length t
+      2  u16  number of tags n
+      4  u32  data length d
+      8  n u16 tag lengths, then the type (UTF-8), the tags (UTF-8, in order), the data
+
+Positions are counted on replay as notification IDs are (dense from 1).  The index: per
+position, its entry, offset and type (numpy columns); per tag, its events' positions
+(ascending lists).  A query item with tags walks its rarest tag's list from ``after`` and looks
+the others up (bisect), then filters by type; an item of types alone scans the type column; the
+items' positions are merged.  The two logs refuse each other's entries (DatabaseError).
 
 Errors are eventsourcing's, the pmemwal error chained: IntegrityError (a version or tracking
 ID already taken), DataError (a batch over the WAL's max_record_size, a field too long for the
@@ -87,17 +118,21 @@ import struct
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from threading import Event
 from typing import Any, NamedTuple, TypeVar
 from uuid import UUID
 
 import numpy as np
+from eventsourcing.dcb.api import (DCBAppendCondition, DCBEvent, DCBQuery, DCBReadResponse,
+                                   DCBRecorder, DCBSequencedEvent)
+from eventsourcing.dcb.persistence import DCBInfrastructureFactory, DCBListenNotifySubscription
 from eventsourcing.persistence import (AggregateRecorder, ApplicationRecorder, DatabaseError,
                                        DataError, InfrastructureFactory, IntegrityError,
                                        InterfaceError, ListenNotifySubscription, Notification,
                                        OperationalError, PersistenceError, ProcessRecorder,
-                                       Recorder, StoredEvent, Tracking, TrackingRecorder)
+                                       ProgrammingError, Recorder, StoredEvent, Tracking,
+                                       TrackingRecorder)
 from eventsourcing.utils import Environment, EnvType, resolve_topic, strtobool
 
 import pmemwal
@@ -109,6 +144,8 @@ ID_UUID, ID_STR = 0, 1              # event: how the originator ID is stored
 BATCH = struct.Struct("<BBI")       # format version, flags, number of events
 TRACKING = struct.Struct("<qH")     # notification ID, application name length (the name follows)
 EVENT = struct.Struct("<BHHIq")     # ID kind, ID length, topic length, state length, version
+DCB_FORMAT = 2                      # a DCB batch's first byte (BATCH's "format version" place)
+DCB_EVENT = struct.Struct("<HHI")   # type length, number of tags, data length
 
 # pmemwal's errors as eventsourcing's (PEP 249 names), the first match wins.
 _ERRORS: tuple[tuple[type[WALError], type[PersistenceError]], ...] = (
@@ -148,8 +185,22 @@ def originator_key(originator_id: UUID | str) -> tuple[int, Key, bytes]:
     if isinstance(originator_id, UUID):
         return ID_UUID, originator_id.bytes, originator_id.bytes
     if isinstance(originator_id, str):
-        return ID_STR, originator_id, originator_id.encode()
+        return ID_STR, str_key(originator_id), originator_id.encode()
     raise DataError(f"originator ID {originator_id!r}: pmemwal stores a UUID or a str")
+
+
+def str_key(originator_id: str) -> Key:
+    """The index key of a str originator ID: a UUID's string form (``str(uuid)``, 36
+    characters, lower case) is that UUID, as in eventsourcing's POPO and PostgreSQL modules;
+    any other str, other spellings of a UUID included, is itself."""
+    if len(originator_id) == 36 and originator_id[8] == "-":
+        try:
+            uuid = UUID(originator_id)
+        except ValueError:
+            return originator_id
+        if str(uuid) == originator_id:
+            return uuid.bytes
+    return originator_id
 
 
 def encode_batch(events: Sequence[StoredEvent],
@@ -185,7 +236,7 @@ def decode_batch(payload: memoryview) -> tuple[Tracking | None, list[Row]]:
     rows = []
     for _ in range(count):
         kind, ident, topic, _, version, end = _event_parts(payload, offset)
-        key = bytes(ident) if kind == ID_UUID else str(ident, "utf-8")
+        key = bytes(ident) if kind == ID_UUID else str_key(str(ident, "utf-8"))
         rows.append(Row(key, version, str(topic, "utf-8"), offset))
         offset = end
     return tracking, rows
@@ -260,10 +311,14 @@ class _Index:
                                      f"{row.version} is {where}")
             batch.add((row.key, row.version))
         if tracking is not None:
-            last = self.tracking.get(tracking.application_name)
-            if last is not None and tracking.notification_id <= last:
-                raise IntegrityError(f"tracking {tracking.application_name!r} notification "
-                                     f"{tracking.notification_id}: {last} is tracked already")
+            self.check_tracking(tracking)
+
+    def check_tracking(self, tracking: Tracking) -> None:
+        """IntegrityError unless ``tracking`` follows what is tracked for its application."""
+        last = self.tracking.get(tracking.application_name)
+        if last is not None and tracking.notification_id <= last:
+            raise IntegrityError(f"tracking {tracking.application_name!r} notification "
+                                 f"{tracking.notification_id}: {last} is tracked already")
 
     def _has(self, key: Key, version: int) -> bool:
         versions = self.originators.get(key, ([], []))[0]
@@ -317,19 +372,145 @@ def _shown(key: Key) -> str:
     return str(UUID(bytes=key)) if isinstance(key, bytes) else repr(key)
 
 
-# ---- the datastore: one log directory ------------------------------------------------
+# ---- DCB: the entry format and the index ---------------------------------------------
 
-class PmemwalDatastore:
-    """One log directory and its index, shared by the recorders that use it in this process.
+class DCBRow(NamedTuple):
+    """What the index keeps of one DCB event of a batch."""
 
-    Get one with ``open_datastore``; each call to it is matched by one ``close``, and the last
-    closes the log (so does garbage collection, for a datastore nobody closed).
-    """
+    type: str
+    tags: tuple[str, ...]
+    offset: int                     # of its DCB_EVENT header in the entry's payload
+
+
+def encode_dcb_batch(events: Sequence[DCBEvent]) -> tuple[bytes, list[DCBRow]]:
+    """The payload of the entry that stores DCB ``events``, and its rows."""
+    parts = [BATCH.pack(DCB_FORMAT, 0, len(events))]
+    offset, rows = BATCH.size, []
+    for event in events:
+        kind, tags = event.type.encode(), [tag.encode() for tag in event.tags]
+        tag_lengths = struct.pack(f"<{len(tags)}H", *map(len, tags))
+        parts += (DCB_EVENT.pack(len(kind), len(tags), len(event.data)), tag_lengths, kind,
+                  *tags, event.data)
+        rows.append(DCBRow(event.type, tuple(event.tags), offset))
+        offset += (DCB_EVENT.size + len(tag_lengths) + len(kind) + sum(map(len, tags))
+                   + len(event.data))
+    return b"".join(parts), rows
+
+
+def decode_dcb_batch(payload: memoryview) -> list[DCBRow]:
+    """The rows of a DCB batch; ValueError if it is not one."""
+    kind, _, count = BATCH.unpack_from(payload)
+    if kind != DCB_FORMAT:
+        raise ValueError(f"batch format {kind} (a DCB batch is {DCB_FORMAT})")
+    offset, rows = BATCH.size, []
+    for _ in range(count):
+        event, end = decode_dcb_event(payload, offset)
+        rows.append(DCBRow(event.type, tuple(event.tags), offset))
+        offset = end
+    return rows
+
+
+def decode_dcb_event(payload: memoryview, offset: int) -> tuple[DCBEvent, int]:
+    """The DCB event at ``offset``, and the offset after it."""
+    type_len, tag_count, data_len = DCB_EVENT.unpack_from(payload, offset)
+    at = offset + DCB_EVENT.size
+    tag_lengths = struct.unpack_from(f"<{tag_count}H", payload, at)
+    at += 2 * tag_count
+    kind = str(payload[at:at + type_len], "utf-8")
+    at += type_len
+    tags = []
+    for length in tag_lengths:
+        tags.append(str(payload[at:at + length], "utf-8"))
+        at += length
+    end = at + data_len
+    if end > len(payload):
+        raise ValueError(f"DCB event at offset {offset} runs past the entry's end")
+    return DCBEvent(type=kind, data=bytes(payload[at:end]), tags=tags), end
+
+
+class _DCBIndex:
+    """Positions (dense from 1), their types and tags; the caller holds the lock."""
+
+    def __init__(self) -> None:
+        self.entry = _Column(np.int64)      # position - 1 -> the log entry holding it
+        self.offset = _Column(np.uint32)    # ... -> its offset in that entry's payload
+        self.type = _Column(np.int32)       # ... -> its type's number in type_ids
+        self.type_ids: dict[str, int] = {}
+        self.tags: dict[str, list[int]] = {}    # tag -> its events' positions, ascending
+
+    @property
+    def count(self) -> int:
+        return self.entry.size
+
+    def add(self, entry: int, rows: list[DCBRow]) -> int:
+        """Add the rows of log entry ``entry``; returns the last one's position."""
+        first = self.count + 1
+        for position, row in enumerate(rows, first):
+            for tag in set(row.tags):
+                self.tags.setdefault(tag, []).append(position)
+        self.entry.extend([entry] * len(rows))
+        self.offset.extend([row.offset for row in rows])
+        self.type.extend([self.type_ids.setdefault(row.type, len(self.type_ids))
+                          for row in rows])
+        return self.count
+
+    def match(self, query: DCBQuery | None, after: int | None, limit: int | None) -> list[int]:
+        """Positions after ``after`` of the events that match an item of ``query`` (every
+        event when it has none), ascending, at most ``limit``.  An event matches an item when
+        its type is one of the item's types (or the item has none) and it has all its tags."""
+        first, last = max(after or 0, 0) + 1, self.count
+        if first > last or (limit is not None and limit <= 0):
+            return []
+        items = query.items if query is not None else []
+        if not items or any(not item.types and not item.tags for item in items):
+            end = last if limit is None else min(last, first + limit - 1)
+            return list(range(first, end + 1))
+        hits: set[int] = set()
+        for item in items:
+            wanted = [self.type_ids[t] for t in item.types if t in self.type_ids]
+            if item.types and not wanted:
+                continue
+            if not item.tags:       # types only: scan the type column
+                at = np.flatnonzero(np.isin(self.type.view()[first - 1:last], wanted))
+                hits.update((at + first).tolist())
+                continue
+            lists = [self.tags.get(tag) for tag in set(item.tags)]
+            if any(positions is None for positions in lists):
+                continue
+            lists.sort(key=len)     # walk the rarest tag, look the others up
+            shortest = lists[0]
+            found = [p for p in shortest[bisect.bisect_right(shortest, first - 1):]
+                     if all(_contains(other, p) for other in lists[1:])]
+            if wanted and found:
+                types = self.type.view()[np.asarray(found, np.int64) - 1]
+                found = np.asarray(found)[np.isin(types, wanted)].tolist()
+            hits.update(found)
+        positions = sorted(hits)
+        return positions if limit is None else positions[:limit]
+
+    def places(self, positions: list[int]) -> list[tuple[int, int]]:
+        """(entry, offset) of each position."""
+        at = np.asarray(positions, np.int64) - 1
+        return list(zip(self.entry.view()[at].tolist(), self.offset.view()[at].tolist()))
+
+
+def _contains(ascending: list[int], value: int) -> bool:
+    i = bisect.bisect_left(ascending, value)
+    return i < len(ascending) and ascending[i] == value
+
+
+# ---- datastores: one log directory each -----------------------------------------------
+
+class _LogStore:
+    """One log directory and the index rebuilt from it, shared by the recorders that use it
+    in this process.  Get one with ``open_datastore`` (or ``open_dcb_datastore``); each call
+    is matched by one ``close``, and the last closes the log (so does garbage collection,
+    for a datastore nobody closed)."""
 
     def __init__(self, path: str, **wal_options: Any) -> None:
         self.path = path
         self._lock = threading.Lock()       # inserts are checked and indexed in log order
-        self._index = _Index()
+        self._index = self._new_index()
         self._listeners: set[Event] = set()
         self._users = 1
         with _translated():
@@ -341,15 +522,24 @@ class PmemwalDatastore:
             self._close_log()
             raise
 
+    def _new_index(self) -> Any:
+        raise NotImplementedError
+
+    def _replay_entry(self, entry: Any) -> None:
+        """Add log entry ``entry`` to the index; ValueError or struct.error if it is not what
+        this datastore writes."""
+        raise NotImplementedError
+
     def _replay(self) -> None:
         with _translated():
             for entry in self._log.entries():
                 try:
-                    tracking, rows = decode_batch(entry.payload)
+                    self._replay_entry(entry)
                 except (ValueError, struct.error) as exc:   # UnicodeDecodeError is a ValueError
                     raise DatabaseError(f"{self.path}: log entry {entry.index} is not a batch of "
-                                        f"events ({exc})") from exc
-                self._index.add(entry.index, rows, tracking)
+                                        f"{self._what} ({exc})") from exc
+
+    _what = "events"
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -358,20 +548,110 @@ class PmemwalDatastore:
                 raise InterfaceError(f"pmemwal: the datastore {self.path} is closed")
             yield
 
+    def _append(self, payload: bytes) -> int:
+        """Append one entry, durable on return (the caller holds the lock)."""
+        return self._log.append(payload, sync=True)
+
+    def _payloads(self, places: list[tuple[int, int]]) -> Iterator[tuple[memoryview, int]]:
+        """(payload, offset) of each (entry, offset) place.  Outside the lock: an entry never
+        changes once written, and the log serializes its own reads."""
+        payloads: dict[int, memoryview] = {}     # a batch's events share one read
+        with _translated():
+            for entry, offset in places:
+                if entry not in payloads:
+                    payloads[entry] = self._log.entry(entry).payload
+                yield payloads[entry], offset
+
+    # ---- subscriptions: events set after each insert ----
+
+    def listen(self, listener: Event) -> None:
+        with self._lock:
+            self._listeners.add(listener)
+
+    def unlisten(self, listener: Event) -> None:
+        with self._lock:
+            self._listeners.discard(listener)
+
+    # ---- lifecycle ----
+
+    def retain(self) -> None:
+        """One more user: one more ``close`` before the log closes."""
+        with _registry_lock:
+            if self._users == 0:
+                raise InterfaceError(f"pmemwal: the datastore {self.path} is closed")
+            self._users += 1
+
+    def close(self) -> None:
+        """Release this user's hold; the last one closes the log."""
+        with _registry_lock:    # held while the log closes: a new open must find it closed
+            if self._users == 0:
+                return
+            self._users -= 1
+            if self._users:
+                return
+            if _datastores.get(self.path) is self:
+                del _datastores[self.path]
+            try:
+                with _translated():
+                    self._close_log()
+            finally:
+                held = self._release_held()
+        for store in held:
+            store.close()
+
+    def _release_held(self) -> list[_LogStore]:
+        """The datastores this one holds open, to close after it."""
+        return []
+
+    @property
+    def closed(self) -> bool:
+        return self._log.closed
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path} {self._index.count} events>"
+
+
+class PmemwalDatastore(_LogStore):
+    """An events log (aggregate, application and process recorders) or a tracking log."""
+
+    def __init__(self, path: str, **wal_options: Any) -> None:
+        # The events log of this tracking log's application, held open while this is: its
+        # process recorders keep their tracking records there.  Set by the factory.
+        self.tracking_peer: PmemwalDatastore | None = None
+        super().__init__(path, **wal_options)
+
+    def _new_index(self) -> _Index:
+        return _Index()
+
+    def _replay_entry(self, entry: Any) -> None:
+        tracking, rows = decode_batch(entry.payload)
+        self._index.add(entry.index, rows, tracking)
+
+    def _release_held(self) -> list[_LogStore]:
+        peer, self.tracking_peer = self.tracking_peer, None
+        return [peer] if peer is not None else []
+
     # ---- writing ----
 
-    def insert(self, events: Sequence[StoredEvent], tracking: Tracking | None = None) -> list[int]:
+    def insert(self, events: Sequence[StoredEvent], tracking: Tracking | None = None, *,
+               tracked_also: Sequence[PmemwalDatastore] = ()) -> list[int]:
         """Store ``events`` (and ``tracking``) as one log entry, durable on return; returns the
-        events' notification IDs.  IntegrityError, nothing written, if one is taken already."""
+        events' notification IDs.  IntegrityError, nothing written, if one is taken already,
+        here or, for the tracking record, in the datastores ``tracked_also`` (the logs that
+        share this one's tracking positions: all are locked while it is checked and stored)."""
         if not events and tracking is None:
             return []
         try:
             payload, rows = encode_batch(events, tracking)
         except struct.error as exc:
             raise DataError(f"pmemwal: a value does not fit the entry format: {exc}") from exc
-        with self._locked():
+        tracked = tracking is not None and tracked_also
+        with _all_locked(self, *tracked_also) if tracked else self._locked():
             self._index.check(rows, tracking)
-            entry = self._log.append(payload, sync=True)
+            if tracked:
+                for other in tracked_also:
+                    other._index.check_tracking(tracking)
+            entry = self._append(payload)
             ids = self._index.add(entry, rows, tracking)
             listeners = tuple(self._listeners)
         for listener in listeners:
@@ -398,72 +678,140 @@ class PmemwalDatastore:
         return [Notification(*fields, id=i) for i, fields in zip(ids, self._read(places))]
 
     def _read(self, places: list[tuple[int, int]]) -> list[tuple[UUID | str, int, str, bytes]]:
-        """The events at these (entry, offset) places.  Outside the lock: an entry never
-        changes once written, and the log serializes its own reads."""
-        payloads: dict[int, memoryview] = {}     # a batch's events share one read
-        events = []
-        with _translated():
-            for entry, offset in places:
-                if entry not in payloads:
-                    payloads[entry] = self._log.entry(entry).payload
-                events.append(decode_event(payloads[entry], offset))
-        return events
+        """The events at these (entry, offset) places."""
+        return [decode_event(payload, offset) for payload, offset in self._payloads(places)]
 
     def max_notification_id(self) -> int | None:
         with self._locked():
             return self._index.count or None
 
-    def max_tracking_id(self, application_name: str) -> int | None:
+    def max_tracking_id(self, application_name: str, *,
+                        tracked_also: Sequence[PmemwalDatastore] = ()) -> int | None:
+        """The last notification ID tracked for ``application_name``, here and in the
+        datastores ``tracked_also``."""
+        with _all_locked(self, *tracked_also):
+            found = [store._index.tracking.get(application_name)
+                     for store in (self, *tracked_also)]
+        return max((i for i in found if i is not None), default=None)
+
+
+class PmemwalDCBDatastore(_LogStore):
+    """A DCB events log: DCB events with their types and tags, at dense positions from 1."""
+
+    _what = "DCB events"
+
+    def _new_index(self) -> _DCBIndex:
+        return _DCBIndex()
+
+    def _replay_entry(self, entry: Any) -> None:
+        self._index.add(entry.index, decode_dcb_batch(entry.payload))
+
+    def append(self, events: Sequence[DCBEvent], condition: DCBAppendCondition | None = None
+               ) -> int:
+        """Store ``events`` as one log entry, durable on return, unless an event stored
+        already matches ``condition`` (IntegrityError, nothing written); the last position."""
+        if not events:
+            raise ProgrammingError("pmemwal: append at least one DCB event")
+        try:
+            payload, rows = encode_dcb_batch(events)
+        except struct.error as exc:
+            raise DataError(f"pmemwal: a value does not fit the entry format: {exc}") from exc
         with self._locked():
-            return self._index.tracking.get(application_name)
+            if condition is not None and self._index.match(condition.fail_if_events_match,
+                                                           condition.after, 1):
+                raise IntegrityError(condition)
+            position = self._index.add(self._append(payload), rows)
+            listeners = tuple(self._listeners)
+        for listener in listeners:
+            listener.set()
+        return position
 
-    # ---- subscriptions: events set after each insert ----
-
-    def listen(self, listener: Event) -> None:
-        with self._lock:
-            self._listeners.add(listener)
-
-    def unlisten(self, listener: Event) -> None:
-        with self._lock:
-            self._listeners.discard(listener)
-
-    # ---- lifecycle ----
-
-    def close(self) -> None:
-        """Release this user's hold; the last one closes the log."""
-        with _registry_lock:    # held while the log closes: a new open must find it closed
-            if self._users == 0:
-                return
-            self._users -= 1
-            if self._users == 0:
-                if _datastores.get(self.path) is self:
-                    del _datastores[self.path]
-                with _translated():
-                    self._close_log()
-
-    @property
-    def closed(self) -> bool:
-        return self._log.closed
-
-    def __repr__(self) -> str:
-        return f"<PmemwalDatastore {self.path} {self._index.count} events>"
+    def read(self, query: DCBQuery | None = None, *, after: int | None = None,
+             limit: int | None = None) -> tuple[list[DCBSequencedEvent], int | None]:
+        """The matching events, and the head: without a limit the last position stored, with
+        one the last position returned (None for none), as eventsourcing's DCB recorders."""
+        with self._locked():
+            positions = self._index.match(query, after, limit)
+            places = self._index.places(positions)
+            head = (self._index.count or None) if limit is None else (
+                positions[-1] if positions else None)
+        events = [DCBSequencedEvent(event=decode_dcb_event(payload, offset)[0],
+                                    position=position)
+                  for position, (payload, offset) in zip(positions, self._payloads(places))]
+        return events, head
 
 
-_datastores: weakref.WeakValueDictionary[str, PmemwalDatastore] = weakref.WeakValueDictionary()
+def _all_locked(*stores: _LogStore) -> AbstractContextManager[None]:
+    """Every datastore given locked, in the order of their paths (one order for all)."""
+    if len(stores) == 2:        # the common case: an events log and a tracking log
+        a, b = stores
+        if a is b:
+            return a._locked()
+        return _LockedInOrder([a, b] if a.path < b.path else [b, a])
+    if len(stores) == 1 or all(store is stores[0] for store in stores):
+        return stores[0]._locked()
+    return _LockedInOrder(sorted({id(s): s for s in stores}.values(), key=lambda s: s.path))
+
+
+class _LockedInOrder:
+    """``_locked`` of several datastores: a class, not a generator, as it is on the path of
+    every insert with a tracking record."""
+
+    __slots__ = ("stores",)
+
+    def __init__(self, stores: list[_LogStore]) -> None:
+        self.stores = stores
+
+    def __enter__(self) -> None:
+        held = 0
+        try:
+            for store in self.stores:
+                store._lock.acquire()
+                held += 1
+            for store in self.stores:
+                if store._log.closed:
+                    raise InterfaceError(f"pmemwal: the datastore {store.path} is closed")
+        except BaseException:
+            for store in reversed(self.stores[:held]):
+                store._lock.release()
+            raise
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        for store in reversed(self.stores):
+            store._lock.release()
+        if isinstance(exc, WALError):
+            with _translated():
+                raise exc
+
+
+_datastores: weakref.WeakValueDictionary[str, _LogStore] = weakref.WeakValueDictionary()
 _registry_lock = threading.Lock()
+_S = TypeVar("_S", bound=_LogStore)
+
+
+def _open_store(kind: type[_S], path: str | os.PathLike[str], **wal_options: Any) -> _S:
+    key = os.path.realpath(path)
+    with _registry_lock:
+        store = _datastores.get(key)    # one that was closed for good has left the registry
+        if store is None:
+            store = _datastores[key] = kind(key, **wal_options)
+        elif not isinstance(store, kind):
+            raise OperationalError(f"pmemwal: {key} is open as a {type(store).__name__}, "
+                                   f"not a {kind.__name__}")
+        else:
+            store._users += 1
+        return store
 
 
 def open_datastore(path: str | os.PathLike[str], **wal_options: Any) -> PmemwalDatastore:
     """The datastore of directory ``path``: the one open in this process already (which keeps
     the options it was opened with), else a new one with ``pmemwal.open``'s ``wal_options``."""
-    key = os.path.realpath(path)
-    with _registry_lock:
-        store = _datastores.get(key)    # one that was closed for good has left the registry
-        if store is None:
-            store = _datastores[key] = PmemwalDatastore(key, **wal_options)
-        else:
-            store._users += 1
-        return store
+    return _open_store(PmemwalDatastore, path, **wal_options)
+
+
+def open_dcb_datastore(path: str | os.PathLike[str], **wal_options: Any) -> PmemwalDCBDatastore:
+    """As ``open_datastore``, for a DCB events log."""
+    return _open_store(PmemwalDCBDatastore, path, **wal_options)
 
 
 # ---- the recorders ----------------------------------------------------------------
@@ -471,7 +819,7 @@ def open_datastore(path: str | os.PathLike[str], **wal_options: Any) -> PmemwalD
 class PmemwalRecorder(Recorder):
     """A recorder over a datastore (one log directory)."""
 
-    def __init__(self, datastore: PmemwalDatastore) -> None:
+    def __init__(self, datastore: Any) -> None:
         self.datastore = datastore
 
 
@@ -506,17 +854,37 @@ class PmemwalApplicationRecorder(PmemwalAggregateRecorder, ApplicationRecorder):
 
 
 class PmemwalTrackingRecorder(PmemwalRecorder, TrackingRecorder):
+    """Tracking records in a tracking log; its application's process recorders keep theirs
+    in the events log (``datastore.tracking_peer``), and both count for both."""
+
+    def _tracked_also(self) -> tuple[PmemwalDatastore, ...]:
+        peer = self.datastore.tracking_peer
+        return () if peer is None else (peer,)
+
     def insert_tracking(self, tracking: Tracking) -> None:
-        self.datastore.insert((), tracking)
+        self.datastore.insert((), tracking, tracked_also=self._tracked_also())
 
     def max_tracking_id(self, application_name: str) -> int | None:
-        return self.datastore.max_tracking_id(application_name)
+        return self.datastore.max_tracking_id(application_name,
+                                              tracked_also=self._tracked_also())
 
 
 class PmemwalProcessRecorder(PmemwalTrackingRecorder, PmemwalApplicationRecorder, ProcessRecorder):
+    """Events and their tracking records in the events log; ``tracking_datastore``, when
+    given, is the application's tracking log, whose tracking positions count here too."""
+
+    def __init__(self, datastore: PmemwalDatastore,
+                 tracking_datastore: PmemwalDatastore | None = None) -> None:
+        super().__init__(datastore)
+        self.tracking_datastore = tracking_datastore
+
+    def _tracked_also(self) -> tuple[PmemwalDatastore, ...]:
+        return () if self.tracking_datastore is None else (self.tracking_datastore,)
+
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> list[int]:
         """The events and their tracking record go in one entry: both are stored, or neither."""
-        return self.datastore.insert(stored_events, kwargs.get("tracking"))
+        return self.datastore.insert(stored_events, kwargs.get("tracking"),
+                                     tracked_also=self._tracked_also())
 
 
 class PmemwalSubscription(ListenNotifySubscription[PmemwalApplicationRecorder]):
@@ -535,13 +903,61 @@ class PmemwalSubscription(ListenNotifySubscription[PmemwalApplicationRecorder]):
         self._recorder.datastore.unlisten(self._has_been_notified)
 
 
+class PmemwalDCBRecorder(PmemwalRecorder, DCBRecorder):
+    """eventsourcing's DCB recorder (dynamic consistency boundaries) over a DCB events log."""
+
+    datastore: PmemwalDCBDatastore
+
+    def read(self, query: DCBQuery | None = None, *, after: int | None = None,
+             limit: int | None = None) -> DCBReadResponse:
+        events, head = self.datastore.read(query, after=after, limit=limit)
+        return PmemwalDCBReadResponse(events, head)
+
+    def append(self, events: Sequence[DCBEvent],
+               condition: DCBAppendCondition | None = None) -> int:
+        return self.datastore.append(events, condition)
+
+    def subscribe(self, query: DCBQuery | None = None, *,
+                  after: int | None = None) -> PmemwalDCBSubscription:
+        return PmemwalDCBSubscription(self, query=query, after=after)
+
+
+class PmemwalDCBReadResponse(DCBReadResponse):
+    def __init__(self, events: list[DCBSequencedEvent], head: int | None) -> None:
+        self._events = iter(events)
+        self._head = head
+
+    @property
+    def head(self) -> int | None:
+        return self._head
+
+    def __next__(self) -> DCBSequencedEvent:
+        return next(self._events)
+
+
+class PmemwalDCBSubscription(DCBListenNotifySubscription[PmemwalDCBRecorder]):
+    """DCB events after ``after`` that match ``query``, then new ones as they are stored."""
+
+    def __init__(self, recorder: PmemwalDCBRecorder, query: DCBQuery | None = None,
+                 after: int | None = None) -> None:
+        super().__init__(recorder=recorder, query=query, after=after)
+        recorder.datastore.listen(self._has_been_notified)
+        self._has_been_notified.set()   # as PmemwalSubscription: an insert in between
+
+    def stop(self) -> None:
+        super().stop()
+        self._recorder.datastore.unlisten(self._has_been_notified)
+
+
 # ---- the factory --------------------------------------------------------------------
 
 _R = TypeVar("_R", bound=PmemwalRecorder)
 
 
-class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder]):
-    """Makes the recorders of an application, each over its log directory (see the module)."""
+class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder],
+                     DCBInfrastructureFactory[PmemwalTrackingRecorder]):
+    """Makes the recorders of an application (and a DCB application's recorder), each over
+    its log directory (see the module)."""
 
     PMEMWAL_PATH = "PMEMWAL_PATH"
     PMEMWAL_MODE = "PMEMWAL_MODE"
@@ -552,6 +968,7 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder]):
     application_recorder_class = PmemwalApplicationRecorder
     tracking_recorder_class = PmemwalTrackingRecorder
     process_recorder_class = PmemwalProcessRecorder
+    dcb_recorder_class = PmemwalDCBRecorder
 
     def __init__(self, env: Environment | EnvType | None) -> None:
         super().__init__(env)
@@ -560,7 +977,7 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder]):
             keys = ", ".join(self.env.create_keys(self.PMEMWAL_PATH))
             raise OSError(f"pmemwal: no directory in the environment (keys: {keys})")
         self.path = path
-        self._datastores: dict[str, PmemwalDatastore] = {}
+        self._datastores: dict[str, _LogStore] = {}
         self._lock = threading.Lock()
 
     def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
@@ -568,27 +985,58 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder]):
 
     def application_recorder(self) -> ApplicationRecorder:
         cls = self._recorder_class(self.APPLICATION_RECORDER_TOPIC, self.application_recorder_class)
-        return cls(self.datastore(f"{self._prefix('stored')}_events"))
+        return cls(self.datastore(self._events_name()))
 
     def tracking_recorder(self, tracking_recorder_class: type[PmemwalTrackingRecorder] | None = None
                           ) -> PmemwalTrackingRecorder:
         cls = self._recorder_class(self.TRACKING_RECORDER_TOPIC, self.tracking_recorder_class,
                                    tracking_recorder_class)
-        return cls(self.datastore(f"{self._prefix('notification')}_tracking"))
+        tracking = self.datastore(self._tracking_name())
+        self._share_tracking(tracking)
+        return cls(tracking)
 
     def process_recorder(self) -> ProcessRecorder:
         cls = self._recorder_class(self.PROCESS_RECORDER_TOPIC, self.process_recorder_class)
-        return cls(self.datastore(f"{self._prefix('stored')}_events"))
+        events = self.datastore(self._events_name())
+        tracking = self.datastore(self._tracking_name())
+        self._share_tracking(tracking, events)
+        return cls(events, tracking)
 
-    def datastore(self, name: str) -> PmemwalDatastore:
+    def dcb_recorder(self) -> PmemwalDCBRecorder:
+        return self.dcb_recorder_class(
+            self.datastore(f"{self._prefix('dcb')}_dcb_events", PmemwalDCBDatastore))
+
+    def datastore(self, name: str, kind: type[_S] = PmemwalDatastore) -> _S:  # type: ignore
         """The datastore of directory ``name`` under the base path, opened on first use."""
         if not name or os.sep in name or name in (".", ".."):
             raise ValueError(f"pmemwal: {name!r} is not a directory name")
         with self._lock:
             if name not in self._datastores:
-                self._datastores[name] = open_datastore(os.path.join(self.path, name),
-                                                        **self._wal_options())
-            return self._datastores[name]
+                self._datastores[name] = _open_store(kind, os.path.join(self.path, name),
+                                                     **self._wal_options())
+            store = self._datastores[name]
+        if not isinstance(store, kind):
+            raise OperationalError(f"pmemwal: {name} is open as a {type(store).__name__}")
+        return store
+
+    def _share_tracking(self, tracking: PmemwalDatastore,
+                        events: PmemwalDatastore | None = None) -> None:
+        """Let the application's tracking log see the tracking positions its process
+        recorders keep in the events log, as eventsourcing's PostgreSQL module has its
+        tracking and process recorders share one tracking table.  The tracking log holds the
+        events log open: ``events``, else the application's events log if it exists (a
+        process recorder made later links them then)."""
+        with _link_lock:
+            if tracking.tracking_peer is not None:
+                return
+            if events is not None:
+                events.retain()
+            else:
+                path = os.path.join(self.path, self._events_name())
+                if not os.path.isdir(path):
+                    return
+                events = open_datastore(path, **{**self._wal_options(), "create": False})
+            tracking.tracking_peer = events
 
     def close(self) -> None:
         """Release the datastores this factory opened (the last user of each closes its log)."""
@@ -599,6 +1047,12 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder]):
 
     def _prefix(self, default: str) -> str:
         return self.env.name.lower() or default
+
+    def _events_name(self) -> str:
+        return f"{self._prefix('stored')}_events"
+
+    def _tracking_name(self) -> str:
+        return f"{self._prefix('notification')}_tracking"
 
     def _wal_options(self) -> dict[str, Any]:
         size = self.env.get(self.PMEMWAL_SEGMENT_SIZE)
@@ -617,5 +1071,7 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder]):
             raise TypeError(f"pmemwal: {cls!r} is not a subclass of {default.__qualname__}")
         return cls
 
+
+_link_lock = threading.Lock()
 
 Factory = PmemwalFactory
