@@ -635,6 +635,19 @@ static PyObject *Core_stats(CoreObject *self, PyObject *unused)
                          "coalesced", s.coalesced, "writes", s.writes);
 }
 
+/* position() -> (insert_lsn, last record's LSN or 0), read together (wal_position) */
+static PyObject *Core_position(CoreObject *self, PyObject *unused)
+{
+    (void)unused;
+    uint64_t insert = 0, prev = 0;
+    CORE_ENV(cc, 0);
+    int rc = wal_position(self->core, &env, &insert, &prev);
+    regain_gil(&cc);
+    if (rc)
+        return raise_rc(self->core, rc, &cc);
+    return Py_BuildValue("(KK)", (unsigned long long)insert, (unsigned long long)prev);
+}
+
 static PyObject *Core_get_insert_lsn(CoreObject *self, void *closure)
 {
     (void)closure;
@@ -660,6 +673,8 @@ static PyMethodDef Core_methods[] = {
      "stream_min (pmem only): payloads of at least this many bytes are streamed past the\n"
      "cache, headers included; STREAM_NEVER: none (every store then goes through pmem_flush:\n"
      "what a persist tracer needs)."},
+    {"position", (PyCFunction)Core_position, METH_NOARGS,
+     "position() -> (insert_lsn, last record's LSN or 0), read together"},
     {"flush_ready", (PyCFunction)Core_flush_ready, METH_NOARGS, "flush_ready() -> flushed lsn"},
     {"set_notify", (PyCFunction)Core_set_notify, METH_VARARGS, "set_notify(eventfd, ahead=0)"},
     {"set_serial", (PyCFunction)Core_set_serial, METH_VARARGS, "set_serial(on)"},

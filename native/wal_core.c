@@ -1285,6 +1285,19 @@ void wal_close(wal_core *c)
     pthread_mutex_unlock(&c->write_lock);
 }
 
+int wal_position(wal_core *c, const wal_env *env, uint64_t *insert_lsn, uint64_t *prev_lsn)
+{
+    if (atomic_load(&c->closed) || c->forked)
+        return -WAL_ECLOSED;
+    insert_lock(c, env);
+    uint64_t u = atomic_load_explicit(&c->sh->cur_u, memory_order_relaxed);
+    uint64_t p = c->sh->prev_u;
+    insert_unlock(c);
+    *insert_lsn = wal_lsn(&c->geom, u);
+    *prev_lsn = p == WAL_NO_PREV ? 0 : wal_lsn(&c->geom, p);
+    return 0;
+}
+
 uint64_t wal_insert_lsn(wal_core *c)
 {
     uint64_t u = load_cur(c);

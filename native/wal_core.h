@@ -246,6 +246,11 @@ void wal_forsake(wal_core *c);
 /* wal_close -- stop accepting work and wait until none is in progress. */
 void wal_close(wal_core *c);
 
+/* wal_position -- the insert position and the last reserved record's LSN (0: none), read
+ * together under the reservation lock: a pair a checkpoint can name once everything
+ * below the insert position is flushed.  -WAL_ECLOSED once closed. */
+int wal_position(wal_core *c, const wal_env *env, uint64_t *insert_lsn, uint64_t *prev_lsn);
+
 uint64_t wal_insert_lsn(wal_core *c);
 uint64_t wal_flushed_lsn(wal_core *c);
 void wal_get_stats(wal_core *c, wal_stats *s);

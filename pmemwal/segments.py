@@ -41,13 +41,17 @@ from pmemwal.libpmem import buffer_address
 
 LOCK_NAME = "LOCK"
 CONTROL_NAME = "CONTROL"  # a shared WAL's control file (pmemwal/control.py)
+CHECKPOINT_NAME = "CHECKPOINT"  # where recovery starts (pmemwal/checkpoint.py)
+LOST_FOUND_NAME = "lost+found"  # what a cut set aside (pmemwal/lostfound.py)
 MAP_SHARED_VALIDATE = 0x03
 MAP_SYNC = 0x80000
 MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/archive.py)
-_IGNORED = {LOCK_NAME, CONTROL_NAME, ARCHIVE_STATUS_NAME, "lost+found"}
+# What a WAL directory holds besides its segments (and their temp files)
+WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
+            ARCHIVE_STATUS_NAME, LOST_FOUND_NAME}
 _ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
 
 
@@ -168,7 +172,7 @@ class WalDirectory:
                         os.unlink(os.path.join(self.path, name))
                     except FileNotFoundError:
                         pass  # gone already: renamed by a writer the lock did not exclude
-            elif name not in _IGNORED:
+            elif name not in WAL_OWN_NAMES:
                 raise FormatError(f"{self.path} holds {name!r}, which is not part of a pmemwal WAL")
         return sorted(segnos)
 

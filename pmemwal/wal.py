@@ -20,6 +20,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -29,12 +30,14 @@ from pmemwal import _core, libpmem
 from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
 from pmemwal.archiver import Archiver
 from pmemwal.background import BackgroundWriter
+from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.control import ControlFile
 from pmemwal.device import resolve_mode, stream_min
 from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, NotFoundError,
                             StorageError, format_lsn)
 from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,
                             is_valid_segment_size)
+from pmemwal.recovery import VERIFY, Recovery
 from pmemwal.segments import Segment, WalDirectory
 
 MODES = ("auto", "buffered", "direct")
@@ -51,12 +54,16 @@ DEFAULT_MAX_RECORD_SIZE = 64 << 20
 DEFAULT_FLUSH_INTERVAL = 0.05
 DEFAULT_MAX_WAL_SIZE = 1 << 30
 DEFAULT_MAX_PENDING = 4 << 30  # archive_max_pending
+# A checkpoint a second, or every 64 MiB flushed: after a crash, open reads at most about
+# that much (0.02-0.1 s at the scan rates of docs/PERFORMANCE.md §14), for one small
+# synced write a second.
+DEFAULT_CHECKPOINT_INTERVAL = 1.0
+DEFAULT_CHECKPOINT_BYTES = 64 << 20
 # Appends smaller than this keep the GIL while they insert (and persist): giving it up and
 # taking it back costs more than the insertion.  Measured in docs/PERFORMANCE.md §8.
 DEFAULT_GIL_RELEASE_SIZE = 8 << 10
 _END = (1 << 64) - 1
 _READ_CACHE = 16  # read-only segment mappings kept for readers
-_NO_SEGMENT = 1   # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
 _OLDEST = 8       # _core.Core.shared: the oldest segment a shared WAL's truncations left
 _SHARED: weakref.WeakSet[WAL] = weakref.WeakSet()  # shared WALs open in this process
 
@@ -94,7 +101,9 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          archive: str | None = None, archive_command: str | None = None,
          restore_command: str | None = None, archive_options: dict | None = None,
          archive_timeout: float = DEFAULT_COMMAND_TIMEOUT,
-         archive_max_pending: int = DEFAULT_MAX_PENDING, archive_backoff: float = 10.0) -> WAL:
+         archive_max_pending: int = DEFAULT_MAX_PENDING, archive_backoff: float = 10.0,
+         checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
+         checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES, verify: str = "checkpoint") -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
@@ -106,7 +115,9 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
                preallocate=preallocate, persist=persist, insertion=insertion, shared=shared,
                archive=archive, archive_command=archive_command, restore_command=restore_command,
                archive_options=archive_options, archive_timeout=archive_timeout,
-               archive_max_pending=archive_max_pending, archive_backoff=archive_backoff)
+               archive_max_pending=archive_max_pending, archive_backoff=archive_backoff,
+               checkpoint_interval=checkpoint_interval, checkpoint_bytes=checkpoint_bytes,
+               verify=verify)
 
 
 class WAL:
@@ -164,7 +175,18 @@ class WAL:
     - A shared WAL's processes each run an archiver if they pass an archive option (the
       same one, as they must): one works at a time, the others wait to take over.
     - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
-      records are followed by more, or ``"truncate"`` the WAL at the damage.
+      records are followed by more, or ``"truncate"`` the WAL at the damage.  Either way,
+      valid records past where recovery ends the WAL are first set aside in
+      ``lost+found/`` (``pmemwal lost-found``), never only zeroed.
+    - ``checkpoint_interval``, ``checkpoint_bytes``: the background writer writes a
+      checkpoint (``CHECKPOINT``: where the next open starts reading, and below which
+      every record is known durable) when this many seconds have passed, or this many
+      bytes were flushed, since the last one; a clean close and ``truncate`` write one
+      too, and ``checkpoint()`` on demand.  After a crash, open reads about what was
+      flushed since the last checkpoint; after a clean close, nothing.
+    - ``verify``: ``"checkpoint"`` (open reads from the checkpoint on; a record before
+      it is checked when read) or ``"all"`` (open reads every retained record, and an end
+      before the checkpoint's is CorruptionError: the check ``pmemwal verify`` makes).
     - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
       the ``prepare_segments`` the background writer keeps ready; at least this
       many, and 2.5 times as many as the WAL advances between two truncations (an
@@ -204,11 +226,15 @@ class WAL:
                  restore_command: str | None = None, archive_options: dict | None = None,
                  archive_timeout: float = DEFAULT_COMMAND_TIMEOUT,
                  archive_max_pending: int = DEFAULT_MAX_PENDING,
-                 archive_backoff: float = 10.0) -> None:
+                 archive_backoff: float = 10.0,
+                 checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
+                 checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES,
+                 verify: str = "checkpoint") -> None:
         _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                        sync_method, on_corruption, recycle_segments, flush_interval,
                        prepare_segments, gil_release_size, max_wal_size, preallocate, persist,
                        insertion, shared)
+        _check_checkpoint_options(checkpoint_interval, checkpoint_bytes, verify)
         archive_spec = _archive_spec(archive, archive_command, restore_command, archive_options,
                                      archive_timeout, archive_max_pending, archive_backoff,
                                      background)
@@ -226,7 +252,13 @@ class WAL:
         self._arriving: dict[int, threading.Event] = {}  # segments being made, opened or recycled
         self._retired: dict[tuple[int, int], Segment] = {}  # shared: truncated, mapped, by inode
         self._counters = {"segments_created": 0, "segments_recycled": 0, "segments_removed": 0,
-                          "segments_prefaulted": 0, "segment_make_ns": 0}
+                          "segments_prefaulted": 0, "segment_make_ns": 0, "checkpoints": 0}
+        self._checkpoint_interval = checkpoint_interval
+        self._checkpoint_bytes = checkpoint_bytes
+        self._checkpoint_lock = threading.Lock()  # one checkpoint written at a time
+        self._checkpoint: Checkpoint | None = None    # the last one this process read or wrote
+        self._checkpoint_time = time.monotonic()
+        self._position_before = (0, 0)  # the background's position snapshot of its last round
         self._sync_method = sync_method
         self._persist = persist
         self._recycle_segments = recycle_segments
@@ -241,10 +273,10 @@ class WAL:
                 self._control = ControlFile(self._dir.path)
                 with self._control.files_lock():
                     self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
-                               max_record_size, gil_release_size)
+                               max_record_size, gil_release_size, verify)
             else:
                 self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
-                           max_record_size, gil_release_size)
+                           max_record_size, gil_release_size, verify)
             if archive_spec is not None:
                 self._archiver = Archiver(self._dir.path, archive_spec, self.segment_size,
                                           self._segnos[0], archive_max_pending, archive_backoff)
@@ -263,7 +295,8 @@ class WAL:
     # ---- opening -------------------------------------------------------------
 
     def _open(self, mode: str, segment_size: int | None, on_corruption: str, insert_slots: int,
-              buffer_size: int, max_record_size: int, gil_release_size: int) -> None:
+              buffer_size: int, max_record_size: int, gil_release_size: int,
+              verify: str) -> None:
         """Check the segments, choose the mode, recover and start the core.  A shared WAL
         (the files lock held) is recovered by the process that finds no other has it
         open, which rebuilds the control file; the others join the state it set up."""
@@ -279,9 +312,19 @@ class WAL:
         self._direct = self.mode == "direct"
         self._map_sync = bool(self.probe and self.probe.map_sync)
         self._reader = _core.Reader(self.segment_size, self._wal_id_lo, _weak(self, "_segment_buffer"))
-        insert_lsn, prev_lsn = self._recover(on_corruption) if first else (0, 0)
+        self._checkpoints = CheckpointFile(self._dir.path, self._dir.dir_fd, self.wal_id,
+                                           self.segment_size)
+        self.recovery: dict | None = None
+        insert_lsn = prev_lsn = 0
+        if first:
+            recovered = Recovery(self._dir, self._segnos, self.segment_size, self.wal_id,
+                                 self._reader, self._segment_buffer, self._checkpoints)
+            result = recovered.run(on_corruption, verify)
+            insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
         self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
                          insert_lsn, prev_lsn, first)
+        if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
+            self._write_checkpoint(insert_lsn, prev_lsn, exact=True)
         if self._control is not None and first:
             self._dir.share_lock()
 
@@ -310,61 +353,6 @@ class WAL:
                                   f"was made with {first.segment_size}")
             self.segment_size, self.wal_id = first.segment_size, first.wal_id
         self._wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
-
-    def _recover(self, on_corruption: str) -> tuple[int, int]:
-        """The insert position and last record after a scan; cuts a torn tail."""
-        status, lsn = self._reader.first_record(self._segnos[0])
-        last = bad = 0
-        if status == 0:
-            status, lsn, last, _, _, bad = self._reader.scan(lsn, -1, _END)
-        deleted = self._deleted_segment(status, lsn, bad)
-        if deleted is not None and on_corruption == "raise":
-            raise CorruptionError(lsn, deleted, f"segment {deleted:016X} is missing, but it had "
-                                  "been made: it was deleted, with any record in it "
-                                  "(open with on_corruption='truncate' to cut the WAL here)")
-        durable, pages = self._reader.beyond(lsn, self._segnos[-1], first_lsn(self._segnos[0],
-                                                                          self.segment_size))
-        if durable and on_corruption == "raise":
-            raise CorruptionError(lsn, lsn // self.segment_size,
-                                  f"{_core.status_text(status)}; the valid record at "
-                                  f"{format_lsn(durable)} was written after this one was flushed "
-                                  "(open with on_corruption='truncate' to cut the WAL here)")
-        self._wipe_beyond(lsn, pages)
-        return lsn, last
-
-    def _deleted_segment(self, status: int, lsn: int, bad: int) -> int | None:
-        """The segment the chain ran into that is missing but certainly had been made:
-        a later segment exists (segments are made and recycled in order).
-
-        A record that merely claims to run into it proves nothing: its CRC can't be
-        checked without the segment, and a header torn by a crash can pair a new
-        prev-link with an old length."""
-        missing = bad // self.segment_size
-        if status != _NO_SEGMENT or missing in self._segnos or self._segnos[-1] < missing:
-            return None
-        return missing
-
-    def _wipe_beyond(self, end: int, pages: list[int]) -> None:
-        """Zero the rest of the end's page and the later pages ``beyond`` named (see there).
-
-        Whole pages: once a new record re-validates a page's header, any old
-        record left in it would be readable again.
-        """
-        size = self.segment_size
-        writes = [(p, PAGE_SIZE) for p in pages]
-        seg_map = self._segment_buffer(end // size)
-        page_end = end - end % PAGE_SIZE + PAGE_SIZE
-        if seg_map is not None and np.frombuffer(seg_map, np.uint8, page_end - end, end % size).any():
-            writes.append((end, page_end - end))
-        touched = {}
-        for lsn, length in writes:
-            segno = lsn // size
-            if segno not in touched:
-                touched[segno] = os.open(self._dir.file(segno), os.O_RDWR)
-            os.pwrite(touched[segno], bytes(length), lsn % size)
-        for fd in touched.values():
-            os.fdatasync(fd)
-            os.close(fd)
 
     def _start_core(self, insert_slots: int, buffer_size: int, max_record_size: int,
                     gil_release_size: int, insert_lsn: int, prev_lsn: int,
@@ -491,8 +479,11 @@ class WAL:
             self._core.reap_dead()  # a peer that died mid-insert, even if nobody waits for it
         if not self._truncating():
             self._check_segments()
-        if self._core.insert_lsn != self._core.flushed_lsn:
-            self._core.flush_ready()
+        position = self._core.position()
+        flushed = self._core.flushed_lsn
+        if position[0] != flushed:
+            flushed = self._core.flush_ready()
+        self._background_checkpoint(position, flushed)
         if self._archiver is not None:
             self._archiver.tick(self._oldest_segment(), self._core.flushed_lsn)
 
@@ -514,6 +505,81 @@ class WAL:
                     self._core.stop(errno.ENOENT, f"segment file {seg.segno:016X} was deleted "
                                     "under the writer")
                     return
+
+    # ---- checkpoints (pmemwal/checkpoint.py) -------------------------------------
+
+    def checkpoint(self) -> int:
+        """Make everything appended so far durable and write a checkpoint there; returns its
+        LSN.  The next open reads from it on, and takes any invalid record before it for
+        damage (CorruptionError), never for the end of the WAL.  The background writer
+        writes one every ``checkpoint_interval`` seconds or ``checkpoint_bytes`` bytes."""
+        self._check_open()
+        return self._write_checkpoint(*self._flushed_position()).end_lsn
+
+    def _flushed_position(self) -> tuple[int, int]:
+        """The insert position and the last record before it, with everything below made
+        durable: a pair a checkpoint can name."""
+        insert, last = self._core.position()
+        if last:
+            self._core.flush(last)
+        return insert, last
+
+    def _durable_point(self) -> tuple[int, int]:
+        """A pair a checkpoint can name without flushing (truncation does not flush): the
+        flushed LSN, and the record that ends there, found by following the chain from the
+        last checkpoint (at most about ``checkpoint_bytes``: truncation and the background
+        writer move it on).  Flushes only when that chain is not there to follow (a peer
+        truncated the checkpoint's segment)."""
+        flushed, cp = self._core.flushed_lsn, self._checkpoint
+        if cp is not None and cp.end_lsn == flushed:
+            return flushed, cp.last_lsn
+        if cp is not None and first_lsn(self._oldest_segment(), self.segment_size) <= cp.end_lsn < flushed:
+            status, end, last, _, _, _ = self._reader.scan(cp.end_lsn, cp.last_lsn or -1, flushed)
+            if status == 0 and end == flushed:
+                return flushed, last or cp.last_lsn
+        return self._flushed_position()
+
+    def _background_checkpoint(self, position: tuple[int, int], flushed: int) -> None:
+        """Background, after its flush: a checkpoint when one is due, at the position taken
+        before the flush or, when an insertion still in progress held that back, at the one
+        of the round before (long since complete)."""
+        last = self._checkpoint
+        before, self._position_before = self._position_before, position
+        if last is not None and flushed - last.end_lsn < self._checkpoint_bytes and \
+                time.monotonic() - self._checkpoint_time < self._checkpoint_interval:
+            return
+        for end, prev in (position, before):
+            if end <= flushed and (last is None or end > last.end_lsn):
+                self._write_checkpoint(end, prev)
+                return
+
+    def _write_checkpoint(self, end: int, last: int, oldest: int = 0, clean: bool = False,
+                          exact: bool = False) -> Checkpoint:
+        """Write a checkpoint naming ``end`` (durable: the caller flushed it), the record
+        ``last`` that ends there, and the oldest segment kept: ``oldest`` or the oldest
+        retained, whichever is higher.  A shared WAL's processes write it in turn (files
+        lock), each never below what another wrote; ``exact``: recovery's, where it ended
+        the WAL, which a cut may have moved below the last checkpoint."""
+        shared = self._control is not None
+        with self._checkpoint_lock, (self._control.files_lock() if shared else nullcontext()):
+            current = self._checkpoints.read() if shared or self._checkpoint is None \
+                else self._checkpoint
+            oldest = max(oldest, self._oldest_segment())
+            if current is not None and not exact:
+                if current.end_lsn > end:  # written meanwhile, by a truncation or a peer
+                    end, last = current.end_lsn, current.last_lsn
+                oldest = max(oldest, current.oldest_segno)
+                if (current.end_lsn, current.last_lsn, current.oldest_segno, current.clean) == \
+                        (end, last, oldest, clean):
+                    self._checkpoint = current
+                    return current
+            if self._closed and not clean and self._checkpoint is not None and \
+                    self._checkpoint.clean:
+                return self._checkpoint  # a background round that lost the race with close
+            self._checkpoint = self._checkpoints.write(end, last, oldest, clean, current)
+            self._checkpoint_time = time.monotonic()
+            self._count("checkpoints")
+            return self._checkpoint
 
     # ---- segments (called by the native core, with the GIL) -------------------
 
@@ -882,6 +948,8 @@ class WAL:
         with self._truncate_lock:
             cut = self._archived_cut(min(before_lsn, self.flushed_lsn) // self.segment_size)
             if self._control is None:
+                if cut > self._oldest_segment():  # the checkpoint first: see checkpoint.py
+                    self._write_checkpoint(*self._durable_point(), oldest=cut)
                 with self._seg_lock:
                     plan = self._release_below(cut)
                 self._recycle_or_remove(plan)
@@ -903,13 +971,18 @@ class WAL:
 
     def _truncate_shared(self, cut: int) -> list[tuple[int, int | None, Segment | None]]:
         """A shared WAL's truncation: under the files lock, with the segment list read
-        again (other processes make segments too), and the oldest segment raised first,
-        so that the others take what goes as truncated, not as deleted under them.
-        Nothing to cut takes no lock: processes that truncate often would keep one that
-        waits to open the WAL or make a segment from ever getting it (flock is not fair)."""
+        again (other processes make segments too), the checkpoint naming ``cut`` written
+        (its point found before the lock: finding it may flush, and a flush may wait for a
+        peer's insertion that needs the lock for a segment) and the oldest segment raised
+        first, so that the
+        others take what goes as truncated, not as deleted under them.  Nothing to cut
+        takes no lock: processes that truncate often would keep one that waits to open the
+        WAL or make a segment from ever getting it (flock is not fair)."""
         if cut <= self._oldest_shared():
             return []
+        position = self._durable_point()
         with self._control.files_lock():
+            self._write_checkpoint(*position, oldest=cut)
             self._core.shared(_OLDEST, cut)
             with self._seg_lock:  # our own mappings of what goes are recycled with it
                 on_disk = self._dir.list_segments(tidy=False)
@@ -1040,6 +1113,7 @@ class WAL:
         earlier flush had already covered (group commit); ``writes`` (pwrite,
         msync calls); ``segments_created``, ``_recycled``, ``_removed`` and
         ``_prefaulted`` (made ready ahead by the background writer);
+        ``checkpoints`` written (``wal.recovery`` says where this open started reading);
         ``segment_make_ns``, the time threads spent making the created ones (allocated,
         written, mapped and pre-faulted: bytes created over it is the pace at which this
         machine grows the WAL).  A shared WAL's counters count across its processes;
@@ -1084,6 +1158,9 @@ class WAL:
         try:
             if not self._core.error:
                 self._core.flush()
+                # A one-process WAL closed cleanly: the next open reads nothing (a shared
+                # WAL's other processes may append on, so its checkpoint is never clean).
+                self._write_checkpoint(*self._core.position(), clean=self._control is None)
         finally:
             self._release()
 
@@ -1185,6 +1262,15 @@ def check_wal_options(mode: str = "auto", segment_size: int | None = None, inser
     _check_options(mode, segment_size, insert_slots, buffer_size, max_record_size, sync_method,
                    on_corruption, recycle_segments, flush_interval, prepare_segments,
                    gil_release_size, max_wal_size, preallocate, persist, insertion, shared)
+
+
+def _check_checkpoint_options(interval: float, nbytes: int, verify: str) -> None:
+    if not interval > 0:
+        raise ConfigError(f"checkpoint_interval={interval!r}: seconds, more than 0")
+    if not isinstance(nbytes, int) or nbytes < 1:
+        raise ConfigError(f"checkpoint_bytes={nbytes!r}: a positive number of bytes")
+    if verify not in VERIFY:
+        raise ConfigError(f"verify={verify!r}: one of {', '.join(VERIFY)}")
 
 
 def _archive_spec(url: str | None, command: str | None, restore_command: str | None,

@@ -90,7 +90,7 @@ from pmemwal import _core
 from pmemwal.device import ProbeResult
 from pmemwal.errors import ArchiveError, ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
-from pmemwal.segments import ARCHIVE_STATUS_NAME, CONTROL_NAME, LOCK_NAME, Segment, WalDirectory
+from pmemwal.segments import LOCK_NAME, WAL_OWN_NAMES, Segment, WalDirectory
 from pmemwal.tools._extras import require
 from pmemwal.wal import (DEFAULT_BUFFER_SIZE, DEFAULT_FLUSH_INTERVAL, DEFAULT_GIL_RELEASE_SIZE,
                          DEFAULT_MAX_WAL_SIZE, MODES, PERSIST, check_wal_options)
@@ -570,7 +570,7 @@ def remove_wal_dir(path: str) -> None:
     if not os.path.isdir(path):
         raise ConfigError(f"{path} is not a directory")
     names = os.listdir(path)
-    strangers = [n for n in names if n not in (LOCK_NAME, CONTROL_NAME, ARCHIVE_STATUS_NAME)
+    strangers = [n for n in names if n not in WAL_OWN_NAMES
                  and parse_segment_name(n.removesuffix(".tmp")) is None]
     if strangers:
         raise ConfigError(f"{path} holds {strangers[0]!r}, which is not part of a pmemwal WAL: "
@@ -584,7 +584,7 @@ def remove_wal_dir(path: str) -> None:
         finally:
             os.close(fd)
     for name in names:
-        if name == ARCHIVE_STATUS_NAME:
+        if os.path.isdir(os.path.join(path, name)):  # archive_status/, lost+found/
             shutil.rmtree(os.path.join(path, name))
         else:
             os.unlink(os.path.join(path, name))

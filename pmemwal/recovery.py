@@ -1,0 +1,199 @@
+"""Recovery: where a WAL being opened ends, from its checkpoint on.
+
+Concern: the open-time scan and what it decides (docs/FORMAT.md, "The end of the
+WAL" and "Checkpoint").  It reads segments through the native reader and the
+checkpoint file, and writes only after deciding: the set-aside copies
+(pmemwal/lostfound.py), then the zeroing of what lies past the end.  A refused
+open (CorruptionError) has written nothing.
+
+- With a valid checkpoint (pmemwal/checkpoint.py), the chain is followed from
+  its end_lsn, linked to its last_lsn: the records before it were durable, so
+  nothing there is read, and nothing there can be taken for a torn tail.  The
+  segments from its oldest_segno to the one holding its end must exist.
+- Without one (a WAL made before checkpoints, or both slots torn: said by a
+  warning), or with ``verify="all"``, the chain is followed from the first
+  record of the oldest segment, as before; an end found before the checkpoint's
+  end_lsn is then damage to acknowledged records.
+- Past the end x, the native ``beyond`` tells a torn tail from damage: a valid
+  record past x whose durable hint passes x proves that x had been flushed.
+- Any cut first sets aside the valid records past x (lost+found), then zeroes
+  the rest of x's page and the later pages that may hold this cycle's bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import mmap
+import numpy as np
+
+from pmemwal import _core, lostfound
+from pmemwal.checkpoint import Checkpoint, CheckpointFile
+from pmemwal.errors import CorruptionError, format_lsn
+from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, first_lsn
+from pmemwal.segments import WalDirectory
+
+VERIFY = ("checkpoint", "all")
+_END = (1 << 64) - 1
+_NO_SEGMENT = 1  # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
+
+
+class RecoveryWarning(UserWarning):
+    """Recovery did something a user should know of: a full scan for want of a valid
+    checkpoint, or records set aside in lost+found."""
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """Where appending resumes, and how recovery got there (``WAL.recovery``)."""
+
+    insert_lsn: int
+    prev_lsn: int
+    checkpoint_lsn: int | None   # the end_lsn recovery started from; None: a full scan
+    scanned_from: int
+    full_scan: str | None        # why every retained record was read, if it was
+    set_aside: str | None        # the lost+found entry made, if any
+
+    def as_dict(self) -> dict:
+        return {"insert_lsn": self.insert_lsn, "prev_lsn": self.prev_lsn,
+                "checkpoint_lsn": self.checkpoint_lsn, "scanned_from": self.scanned_from,
+                "scanned_bytes": self.insert_lsn - self.scanned_from,
+                "full_scan": self.full_scan, "set_aside": self.set_aside}
+
+
+class Recovery:
+    """One open's recovery of the WAL in ``directory`` (its segments ``segnos``)."""
+
+    def __init__(self, directory: WalDirectory, segnos: list[int], segment_size: int,
+                 wal_id: bytes, reader: _core.Reader,
+                 segment: Callable[[int], mmap.mmap | None], checkpoints: CheckpointFile) -> None:
+        self._dir = directory
+        self._segnos = segnos
+        self._size = segment_size
+        self._wal_id = wal_id
+        self._reader = reader
+        self._segment = segment
+        self._checkpoints = checkpoints
+
+    def run(self, on_corruption: str, verify: str = "checkpoint") -> Recovered:
+        cp = self._checkpoints.read()
+        full_scan = self._full_scan_reason(cp, verify)
+        if cp is not None:
+            self._check_vouched_segments(cp, on_corruption)
+        if full_scan is None:
+            start, prev = cp.end_lsn, cp.last_lsn
+            status, x, last, _, _, bad = self._reader.scan(start, prev or -1, _END)
+            last = last or prev
+        else:
+            status, start = self._reader.first_record(self._segnos[0])
+            x, last, bad = start, 0, start
+            if status == 0:
+                status, x, last, _, _, bad = self._reader.scan(start, -1, _END)
+            if cp is not None and first_lsn(self._segnos[0], self._size) <= x < cp.end_lsn:
+                self._refuse(on_corruption, x, f"{_core.status_text(status)}, before the "
+                             f"checkpoint's end {format_lsn(cp.end_lsn)}: this record had been "
+                             "made durable")
+        self._check_deleted(on_corruption, status, x, bad)
+        pages: list[int] = []
+        if not (cp is not None and cp.clean and full_scan is None and x == cp.end_lsn):
+            durable, pages = self._reader.beyond(x, self._segnos[-1],
+                                                 first_lsn(self._segnos[0], self._size))
+            if durable:
+                self._refuse(on_corruption, x, f"{_core.status_text(status)}; the valid record "
+                             f"at {format_lsn(durable)} was written after this one was flushed")
+        aside = self._set_aside(x, pages, _core.status_text(status))
+        if cp is not None and x < cp.end_lsn:  # a cut below it: the checkpoint goes first,
+            # so that no open after a crash starts reading past the zeroed records
+            self._checkpoints.write(x, last, self._segnos[0], current=cp)
+        self._wipe_beyond(x, pages)
+        return Recovered(x, last, None if full_scan else start, start, full_scan, aside)
+
+    def _full_scan_reason(self, cp: Checkpoint | None, verify: str) -> str | None:
+        if verify == "all":
+            return "verify='all'"
+        if cp is None:
+            if not os.path.exists(self._checkpoints.path):
+                return "no checkpoint (a WAL made before checkpoints, or never opened to the end)"
+            reason = "no valid checkpoint slot: both are torn or damaged"
+            warnings.warn(f"{self._dir.path}: {reason}; reading every retained record",
+                          RecoveryWarning, stacklevel=4)
+            return reason
+        if cp.end_lsn < first_lsn(self._segnos[0], self._size):
+            return "the checkpoint lies below the oldest segment"
+        return None
+
+    def _check_vouched_segments(self, cp: Checkpoint, on_corruption: str) -> None:
+        """The segments from the checkpoint's oldest to the one holding its last byte exist:
+        truncation writes the checkpoint that drops a segment before it removes it."""
+        end = cp.end_lsn
+        last_segno = end // self._size - (end % self._size == PAGE_SIZE + PAGE_HEADER_SIZE)
+        present = set(self._segnos)
+        missing = [n for n in range(cp.oldest_segno, last_segno + 1) if n not in present]
+        if not missing:
+            return
+        what = (f"segment {missing[0]:016X} is missing" if len(missing) == 1 else
+                f"segments {missing[0]:016X}..{missing[-1]:016X} are missing ({len(missing)})")
+        reason = (f"{what}, but the checkpoint says they held records durable up to "
+                  f"{format_lsn(end)}: deleted, with their records")
+        if on_corruption == "raise":
+            raise CorruptionError(first_lsn(missing[0], self._size), missing[0], reason)
+        warnings.warn(f"{self._dir.path}: {reason}; on_corruption='truncate' goes on without "
+                      "them", RecoveryWarning, stacklevel=4)
+
+    def _check_deleted(self, on_corruption: str, status: int, x: int, bad: int) -> None:
+        """The chain ran into a segment that is missing although a later one exists
+        (segments are made and recycled in order): it was deleted, with its records.
+
+        A record that merely claims to run into it proves nothing: its CRC can't be
+        checked without the segment, and a header torn by a crash can pair a new
+        prev-link with an old length."""
+        missing = bad // self._size
+        if status != _NO_SEGMENT or missing in self._segnos or self._segnos[-1] < missing:
+            return
+        self._refuse(on_corruption, x, f"segment {missing:016X} is missing, but it had been "
+                     "made: it was deleted, with any record in it")
+
+    def _refuse(self, on_corruption: str, x: int, reason: str) -> None:
+        if on_corruption == "raise":
+            raise CorruptionError(x, x // self._size, reason + " (open with "
+                                  "on_corruption='truncate' to cut the WAL here; what follows "
+                                  "is set aside in lost+found first)")
+
+    def _set_aside(self, x: int, pages: list[int], reason: str) -> str | None:
+        made = lostfound.set_aside(self._dir.path, self._reader, x, pages, self._segment,
+                                   self._size, self._wal_id, reason)
+        if made is None:
+            return None
+        path, found = made
+        warnings.warn(f"{self._dir.path}: the WAL ends at {format_lsn(x)} ({reason}); "
+                      f"{len(found)} valid record(s) past it set aside in {path} "
+                      "(pmemwal lost-found)", RecoveryWarning, stacklevel=4)
+        return path
+
+    def _wipe_beyond(self, end: int, pages: list[int]) -> None:
+        """Zero the rest of the end's page and the later pages ``beyond`` named.
+
+        Whole pages: once a new record re-validates a page's header, any old
+        record left in it would be readable again.
+        """
+        size = self._size
+        writes = [(p, PAGE_SIZE) for p in pages]
+        seg_map = self._segment(end // size)
+        page_end = end - end % PAGE_SIZE + PAGE_SIZE
+        if seg_map is not None and np.frombuffer(seg_map, np.uint8, page_end - end, end % size).any():
+            writes.append((end, page_end - end))
+        touched = {}
+        try:
+            for lsn, length in writes:
+                segno = lsn // size
+                if segno not in touched:
+                    touched[segno] = os.open(self._dir.file(segno), os.O_RDWR)
+                os.pwrite(touched[segno], bytes(length), lsn % size)
+            for fd in touched.values():
+                os.fdatasync(fd)
+        finally:
+            for fd in touched.values():
+                os.close(fd)

@@ -1,0 +1,248 @@
+"""Checkpoints: where recovery starts, and no acknowledged record cut or destroyed.
+
+The issue's scenario, in every flush pattern: records of 100-3,000 B, acknowledged
+(flushed) and the WAL closed, then 32 bytes of record 100's payload garbled as a media
+error would.  Reopening must never return fewer records silently: the damaged record
+raises CorruptionError when read (or on open with verify="all"), no segment file
+changes, and a cut (on_corruption="truncate") sets the records past it aside first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+import pmemwal
+from pmemwal import lostfound
+from pmemwal.checkpoint import SLOT_SIZE, CheckpointFile
+from pmemwal.recovery import RecoveryWarning
+from pmemwal.tools.cli import main as cli
+
+from conftest import CHILD, child_env, seg_file, stream_write
+
+N, DAMAGED = 1500, 100
+PATTERNS = ("each", "end", "background", "every500")
+
+
+def _payloads(seed: int = 1) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(rng.randint(100, 3000)) for _ in range(N)]
+
+
+def _write(path, mode: str, seg: int, pattern: str, payloads: list[bytes]) -> list[int]:
+    """Append ``payloads`` flushing as ``pattern`` says; every record is acknowledged
+    (flushed) before the WAL is closed."""
+    lsns = []
+    with pmemwal.open(path, mode=mode, segment_size=seg, background=pattern == "background",
+                      flush_interval=0.005) as wal:
+        for i, data in enumerate(payloads):
+            lsns.append(wal.append(data, flush=pattern == "each"))
+            if pattern == "every500" and i % 500 == 499:
+                wal.flush()
+        if pattern == "background":
+            deadline = time.monotonic() + 10
+            while wal.flushed_lsn < wal.insert_lsn and time.monotonic() < deadline:
+                time.sleep(0.005)  # acknowledged by the background writer alone
+        assert wal.flush() == wal.insert_lsn
+    return lsns
+
+
+def _garble(path, lsn: int, seg: int) -> None:
+    """32 bytes inside the payload of the record at ``lsn`` inverted, as a media error."""
+    payload_lsn = lsn + 24 + 40
+    data = bytes(b ^ 0xA5 for b in range(32))
+    stream_write(path, payload_lsn, data, seg)
+
+
+def _digest(path) -> dict[str, str]:
+    """The segment files' contents (lost+found and the checkpoint aside)."""
+    out = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".wal"):
+            with open(os.path.join(path, name), "rb") as f:
+                out[name] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+@pytest.mark.parametrize("seg", [1 << 20, 16 << 20], ids=["1MiB", "16MiB"])
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_damage_to_an_acknowledged_record_is_never_cut(wal_dir, mode, seg, pattern):
+    payloads = _payloads()
+    lsns = _write(wal_dir, mode, seg, pattern, payloads)
+    _garble(wal_dir, lsns[DAMAGED], seg)
+    before = _digest(wal_dir)
+
+    with pytest.raises(pmemwal.CorruptionError) as err:
+        pmemwal.open(wal_dir, mode=mode, verify="all")
+    assert err.value.lsn == lsns[DAMAGED]
+    assert _digest(wal_dir) == before, "a refused open changed a segment file"
+
+    with pmemwal.open(wal_dir, mode=mode) as wal:  # from the checkpoint: the end is the end
+        assert wal.insert_lsn > lsns[-1]
+        read = []
+        with pytest.raises(pmemwal.CorruptionError) as err:
+            for rec in wal.records():
+                read.append(bytes(rec.payload))
+        assert err.value.lsn == lsns[DAMAGED] and read == payloads[:DAMAGED]
+        assert bytes(wal.record(lsns[-1]).payload) == payloads[-1]  # the rest is all there
+        with pytest.raises(ValueError):
+            wal.record(lsns[DAMAGED])
+    assert _digest(wal_dir) == before, "an open that read damage changed a segment file"
+
+
+def test_truncate_sets_aside_what_it_cuts_and_it_can_be_put_back(wal_dir, mode):
+    seg = 1 << 20
+    payloads = _payloads(2)
+    lsns = _write(wal_dir, mode, seg, "end", payloads)
+    _garble(wal_dir, lsns[DAMAGED], seg)
+    with pytest.warns(RecoveryWarning, match="set aside"):
+        wal = pmemwal.open(wal_dir, mode=mode, verify="all", on_corruption="truncate")
+    with wal:
+        assert [bytes(r.payload) for r in wal.records()] == payloads[:DAMAGED]
+        assert wal.recovery["set_aside"]
+    (entry,) = lostfound.entries(wal_dir)
+    kept = [payload for _, payload in entry.records()]
+    assert kept == payloads[DAMAGED + 1:], "not every valid record past the cut was kept"
+
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["lost-found", str(wal_dir)])
+    assert listed.exit_code == 0, listed.output
+    assert entry.name in listed.output and f"{N - DAMAGED - 1} record" in listed.output
+    dumped = runner.invoke(cli, ["lost-found", str(wal_dir), "--dump", entry.name])
+    assert dumped.exit_code == 0 and dumped.output.count("\n") >= N - DAMAGED - 1
+    put_back = runner.invoke(cli, ["lost-found", str(wal_dir), "--restore", entry.name])
+    assert put_back.exit_code == 0, put_back.output
+    assert lostfound.entries(wal_dir) == []
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert [bytes(r.payload) for r in wal.records()] == payloads[:DAMAGED] + payloads[DAMAGED + 1:]
+
+
+def test_lost_found_remove(wal_dir, mode):
+    seg = 1 << 20
+    payloads = _payloads(3)[:300]
+    lsns = []
+    with pmemwal.open(wal_dir, mode=mode, segment_size=seg, background=False) as wal:
+        lsns = [wal.append(p) for p in payloads]
+        wal.flush()
+    _garble(wal_dir, lsns[10], seg)
+    with pytest.warns(RecoveryWarning):
+        pmemwal.open(wal_dir, mode=mode, verify="all", on_corruption="truncate").close()
+    (entry,) = lostfound.entries(wal_dir)
+    result = CliRunner().invoke(cli, ["lost-found", str(wal_dir), "--remove", entry.name])
+    assert result.exit_code == 0, result.output
+    assert lostfound.entries(wal_dir) == [] and not os.path.exists(entry.path)
+
+
+def test_open_after_clean_close_reads_nothing(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=1 << 20) as wal:
+        for i in range(2000):
+            wal.append(b"x" * 500)
+        end = wal.insert_lsn
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert wal.recovery["checkpoint_lsn"] == end and wal.recovery["scanned_bytes"] == 0
+        assert wal.recovery["full_scan"] is None
+        assert sum(1 for _ in wal.records()) == 2000
+
+
+def test_checkpoint_bounds_the_scan_after_a_kill(wal_dir, mode):
+    """A writer killed with SIGKILL: the next open reads from the last checkpoint, not
+    from the oldest record, and every record flushed before the kill is there."""
+    code = f"""
+import sys, pmemwal
+wal = pmemwal.open({str(wal_dir)!r}, mode={mode!r}, segment_size=1 << 20, background=False)
+for i in range(3000):
+    wal.append(i.to_bytes(8, "little") * 64)
+cp = wal.checkpoint()
+for i in range(3000, 3100):
+    wal.append(i.to_bytes(8, "little") * 64, flush=True)
+print(cp, wal.flushed_lsn, flush=True)
+sys.stdin.read()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=child_env(), text=True)
+    cp, flushed = map(int, proc.stdout.readline().split())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert wal.recovery["scanned_from"] == cp and wal.recovery["checkpoint_lsn"] == cp
+        assert wal.insert_lsn >= flushed
+        got = [int.from_bytes(bytes(r.payload)[:8], "little") for r in wal.records()]
+        assert got == list(range(3100))
+
+
+def test_a_torn_checkpoint_slot_falls_back_to_the_other(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=1 << 20, background=False) as wal:
+        wal.append(b"a" * 100)
+        first = wal.checkpoint()
+        wal.append(b"b" * 100)
+        second = wal.checkpoint()
+    cpf = CheckpointFile(str(wal_dir), -1, wal.wal_id, 1 << 20)
+    newest = cpf.read()
+    assert newest.end_lsn == second and newest.clean
+    with open(cpf.path, "r+b") as f:  # tear the newest slot
+        f.seek((newest.seq % 2) * SLOT_SIZE + 100)
+        f.write(b"\xff" * 8)
+    older = cpf.read()
+    assert older.seq == newest.seq - 1 and older.end_lsn >= first
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert [bytes(r.payload) for r in wal.records()] == [b"a" * 100, b"b" * 100]
+    with open(cpf.path, "r+b") as f:  # both torn: a full scan, said by a warning
+        f.write(b"\xff" * (2 * SLOT_SIZE))
+    with pytest.warns(RecoveryWarning, match="no valid checkpoint"):
+        wal = pmemwal.open(wal_dir, mode=mode)
+    with wal:
+        assert wal.recovery["full_scan"].startswith("no valid checkpoint")
+        assert [bytes(r.payload) for r in wal.records()] == [b"a" * 100, b"b" * 100]
+
+
+def test_deleted_segment_below_the_checkpoint_is_corruption(wal_dir, mode):
+    seg = 1 << 20
+    with pmemwal.open(wal_dir, mode=mode, segment_size=seg) as wal:
+        for _ in range(600):
+            wal.append(b"z" * 4000)
+        assert wal.insert_lsn // seg >= 2
+    os.unlink(seg_file(wal_dir, 0))
+    with pytest.raises(pmemwal.CorruptionError, match="missing"):
+        pmemwal.open(wal_dir, mode=mode)
+
+
+def test_truncation_moves_the_checkpoint_first(wal_dir, mode):
+    seg = 1 << 20
+    with pmemwal.open(wal_dir, mode=mode, segment_size=seg, background=False) as wal:
+        for _ in range(700):
+            wal.append(b"t" * 4000)
+        wal.flush()
+        cut_lsn = wal.insert_lsn
+        assert wal.truncate(cut_lsn) >= 2
+        cp = CheckpointFile(str(wal_dir), -1, wal.wal_id, seg).read()
+        assert cp.oldest_segno == cut_lsn // seg and cp.end_lsn >= cut_lsn
+        wal.append(b"after")
+    with pmemwal.open(wal_dir, mode=mode) as wal:  # the removed segments are no loss
+        assert [bytes(r.payload) for r in wal.records()][-1] == b"after"
+
+
+def test_background_writer_checkpoints(wal_dir):
+    with pmemwal.open(wal_dir, segment_size=1 << 20, flush_interval=0.01,
+                      checkpoint_interval=0.02) as wal:
+        start = wal.stats()["checkpoints"]
+        for _ in range(20):
+            wal.append(b"c" * 1000)
+            time.sleep(0.01)
+        deadline = time.monotonic() + 5
+        while wal.stats()["checkpoints"] < start + 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert wal.stats()["checkpoints"] >= start + 3
+
+
+def test_checkpoint_options_are_checked(wal_dir):
+    for bad in ({"checkpoint_interval": 0}, {"checkpoint_bytes": 0}, {"verify": "some"}):
+        with pytest.raises(pmemwal.ConfigError):
+            pmemwal.open(wal_dir, **bad)
