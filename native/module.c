@@ -864,10 +864,12 @@ static PyObject *Reader_scan(ReaderObject *self, PyObject *args)
 {
     unsigned long long lsn, stop;
     long long expect;
-    if (!PyArg_ParseTuple(args, "KLK", &lsn, &expect, &stop))
+    int check_body = 1;
+    if (!PyArg_ParseTuple(args, "KLK|p", &lsn, &expect, &stop, &check_body))
         return NULL;
     wal_scan_result r;
-    wal_scan(&self->src, lsn, expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, stop, &r);
+    (check_body ? wal_scan : wal_follow)(&self->src, lsn,
+                                         expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, stop, &r);
     return reader_done(self, Py_BuildValue("(iKKKKK)", r.status, r.end_lsn, r.last_lsn, r.count,
                                            r.bytes, r.bad_lsn));
 }
@@ -964,7 +966,9 @@ static PyObject *Reader_beyond(ReaderObject *self, PyObject *args)
 static PyMethodDef Reader_methods[] = {
     {"read", (PyCFunction)Reader_read, METH_VARARGS, "read(lsn, expect_prev=-1) -> tuple"},
     {"payload", (PyCFunction)Reader_payload, METH_VARARGS, "payload(lsn) -> bytes"},
-    {"scan", (PyCFunction)Reader_scan, METH_VARARGS, "scan(lsn, expect_prev, stop_lsn) -> tuple"},
+    {"scan", (PyCFunction)Reader_scan, METH_VARARGS,
+     "scan(lsn, expect_prev, stop_lsn, check_body=True) -> tuple; without check_body, "
+     "headers alone (wal_follow)"},
     {"heads", (PyCFunction)Reader_heads, METH_VARARGS,
      "heads(lsn, expect_prev, stop_lsn, head_bytes, max_count) -> (status, next, last, lsns, lengths, heads)"},
     {"first_record", (PyCFunction)Reader_first_record, METH_VARARGS, "first_record(segno) -> (status, lsn)"},

@@ -73,6 +73,12 @@ int wal_copy_head(const wal_src *s, const wal_record *r, uint8_t *dst, uint64_t 
 void wal_scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
               wal_scan_result *r);
 
+/* wal_follow -- wal_scan reading each record's header alone (rules 1-4 for its bytes; no
+ * CRC, the pages it spans unchecked): the record boundaries of a stretch known good, such
+ * as one this process flushed, at a cost per record instead of per byte. */
+void wal_follow(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
+                wal_scan_result *r);
+
 /* wal_first_record -- LSN of the first record starting in segment segno or later;
  * returns WAL_OK, or the status of the first page without a valid header
  * (then *lsn is that page's first usable byte). */

@@ -59,6 +59,7 @@ DEFAULT_MAX_PENDING = 4 << 30  # archive_max_pending
 # synced write a second.
 DEFAULT_CHECKPOINT_INTERVAL = 1.0
 DEFAULT_CHECKPOINT_BYTES = 64 << 20
+_CHECKPOINT_MIN_GAP = 0.01  # seconds: checkpoints for bytes come no closer (a synced write each)
 # Appends smaller than this keep the GIL while they insert (and persist): giving it up and
 # taking it back costs more than the insertion.  Measured in docs/PERFORMANCE.md §8.
 DEFAULT_GIL_RELEASE_SIZE = 8 << 10
@@ -526,15 +527,17 @@ class WAL:
 
     def _durable_point(self) -> tuple[int, int]:
         """A pair a checkpoint can name without flushing (truncation does not flush): the
-        flushed LSN, and the record that ends there, found by following the chain from the
-        last checkpoint (at most about ``checkpoint_bytes``: truncation and the background
-        writer move it on).  Flushes only when that chain is not there to follow (a peer
-        truncated the checkpoint's segment)."""
+        flushed LSN, and the record that ends there, found by following the record headers
+        from the last checkpoint (records this WAL flushed: no CRC, a cost per record, at most
+        about ``checkpoint_bytes`` of them: truncation and the background writer move it on).
+        Flushes only when that chain is not there to follow (a peer truncated the
+        checkpoint's segment)."""
         flushed, cp = self._core.flushed_lsn, self._checkpoint
         if cp is not None and cp.end_lsn == flushed:
             return flushed, cp.last_lsn
         if cp is not None and first_lsn(self._oldest_segment(), self.segment_size) <= cp.end_lsn < flushed:
-            status, end, last, _, _, _ = self._reader.scan(cp.end_lsn, cp.last_lsn or -1, flushed)
+            status, end, last, _, _, _ = self._reader.scan(cp.end_lsn, cp.last_lsn or -1, flushed,
+                                                           False)
             if status == 0 and end == flushed:
                 return flushed, last or cp.last_lsn
         return self._flushed_position()
@@ -545,8 +548,9 @@ class WAL:
         of the round before (long since complete)."""
         last = self._checkpoint
         before, self._position_before = self._position_before, position
-        if last is not None and flushed - last.end_lsn < self._checkpoint_bytes and \
-                time.monotonic() - self._checkpoint_time < self._checkpoint_interval:
+        since = time.monotonic() - self._checkpoint_time
+        if last is not None and since < self._checkpoint_interval and (
+                flushed - last.end_lsn < self._checkpoint_bytes or since < _CHECKPOINT_MIN_GAP):
             return
         for end, prev in (position, before):
             if end <= flushed and (last is None or end > last.end_lsn):
