@@ -6,32 +6,28 @@ guess from flush hints whether damage lies in acknowledged records.  The file
 PostgreSQL's pg_control names the last checkpoint: recovery reads from there
 on, and an invalid record before it is damage, never a torn tail.
 
-Layout: two 512-byte slots, written in turn (slot ``seq % 2``), each with a
-CRC, so that a crash while writing one leaves the other whole (LMDB's two meta
-pages).  The valid slot of this WAL with the highest ``seq`` is the checkpoint.
-Little-endian:
+It is a pair of slots written in turn (pmemwal/slots.py: 512 bytes each, the last 4 a
+CRC), so that a crash while writing one leaves the other whole; the valid slot of this
+WAL with the higher ``seq`` is the checkpoint.  A slot's body, little-endian:
 
      0  8s   magic          b"PWCKPT1\\0"
      8  u32  version        1
     12  u32  flags          bit 0 CLEAN: written by a clean close of a one-process WAL;
                             nothing was appended after end_lsn since
-    16  u64  seq            one more than the slot it replaces
+    16  u64  seq            one more than the slot it replaces; slot seq % 2 is written
     24  16s  wal_id         the WAL's (its segment headers')
     40  u64  segment_size
     48  u64  end_lsn        every byte below it is durable; a record boundary
     56  u64  last_lsn       the record that ends at end_lsn (0: none)
     64  u64  oldest_segno   segments below it were truncated
     72  u64  time_ns        wall clock when written, for people
-    80  ...  zeros
-   508  u32  crc            CRC-32C of bytes 0..507
+    80  ...  zeros to 508, then the CRC
 
 A slot is written with pwrite and fdatasync once everything below end_lsn is
 durable.  A truncation writes one naming the segment it keeps first *before*
 it removes anything, so a segment below oldest_segno may still exist (a crash
 cut the truncation short) but one at or above it, up to end_lsn's, never
-legitimately goes missing.  The file is made as ``CHECKPOINT.tmp`` with both
-slots, synced, renamed and the directory synced.  Validity rules are in
-docs/FORMAT.md, "Checkpoint".
+legitimately goes missing.  Validity rules are in docs/FORMAT.md, "Checkpoint".
 """
 
 from __future__ import annotations
@@ -41,16 +37,13 @@ import struct
 import time
 from dataclasses import dataclass
 
-from pmemwal import _core
-from pmemwal.segments import CHECKPOINT_NAME, storage_errors
+from pmemwal.segments import CHECKPOINT_NAME
+from pmemwal.slots import SlotPair
 
 MAGIC = b"PWCKPT1\0"
 VERSION = 1
 CLEAN = 1
-SLOT_SIZE = 512
 _BODY = struct.Struct("<8sIIQ16sQQQQQ")
-_CRC = struct.Struct("<I")
-_CRC_AT = SLOT_SIZE - _CRC.size
 
 
 @dataclass(frozen=True)
@@ -65,18 +58,17 @@ class Checkpoint:
     time_ns: int = 0
 
     def pack(self, wal_id: bytes, segment_size: int) -> bytes:
-        body = _BODY.pack(MAGIC, VERSION, CLEAN if self.clean else 0, self.seq, wal_id,
+        return _BODY.pack(MAGIC, VERSION, CLEAN if self.clean else 0, self.seq, wal_id,
                           segment_size, self.end_lsn, self.last_lsn, self.oldest_segno,
                           self.time_ns or time.time_ns())
-        slot = body + bytes(_CRC_AT - len(body))
-        return slot + _CRC.pack(_core.crc32c(slot))
 
 
-def unpack(slot: bytes, wal_id: bytes, segment_size: int) -> Checkpoint | None:
-    """The checkpoint in ``slot``, or None when it is torn, damaged or another WAL's."""
-    if len(slot) != SLOT_SIZE or _CRC.unpack_from(slot, _CRC_AT)[0] != _core.crc32c(slot[:_CRC_AT]):
+def unpack(body: bytes | None, wal_id: bytes, segment_size: int) -> Checkpoint | None:
+    """The checkpoint in a slot's body (None: torn or damaged), or None when it is another
+    WAL's or breaks a rule."""
+    if body is None:
         return None
-    magic, version, flags, seq, wid, size, end, last, oldest, when = _BODY.unpack_from(slot)
+    magic, version, flags, seq, wid, size, end, last, oldest, when = _BODY.unpack_from(body)
     if magic != MAGIC or version != VERSION or wid != wal_id or size != segment_size:
         return None
     if end % 8 or last >= end or (flags & ~CLEAN):
@@ -87,23 +79,17 @@ def unpack(slot: bytes, wal_id: bytes, segment_size: int) -> Checkpoint | None:
 class CheckpointFile:
     """``CHECKPOINT`` in one WAL directory: read the current slot, write the next."""
 
-    def __init__(self, directory: str, dir_fd: int, wal_id: bytes, segment_size: int) -> None:
+    def __init__(self, directory: str, wal_id: bytes, segment_size: int) -> None:
         self.path = os.path.join(directory, CHECKPOINT_NAME)
-        self._dir_fd = dir_fd
+        self._slots = SlotPair(self.path)
         self._wal_id = wal_id
         self._segment_size = segment_size
 
     def read(self) -> Checkpoint | None:
         """The valid slot with the highest seq, or None (no file, or no slot valid)."""
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read(2 * SLOT_SIZE)
-        except FileNotFoundError:
-            return None
-        slots = [unpack(data[i:i + SLOT_SIZE], self._wal_id, self._segment_size)
-                 for i in (0, SLOT_SIZE)]
-        valid = [s for s in slots if s is not None]
-        return max(valid, key=lambda s: s.seq) if valid else None
+        valid = [cp for body in self._slots.read()
+                 if (cp := unpack(body, self._wal_id, self._segment_size)) is not None]
+        return max(valid, key=lambda cp: cp.seq) if valid else None
 
     def write(self, end_lsn: int, last_lsn: int, oldest_segno: int, clean: bool = False,
               current: Checkpoint | None = None) -> Checkpoint:
@@ -112,27 +98,5 @@ class CheckpointFile:
         current = current if current is not None else self.read()
         seq = current.seq + 1 if current is not None else 1
         cp = Checkpoint(seq, end_lsn, last_lsn, oldest_segno, clean, time.time_ns())
-        slot = cp.pack(self._wal_id, self._segment_size)
-        with storage_errors(f"writing {self.path}"):
-            if not os.path.exists(self.path):  # (another process of a shared WAL may make it)
-                self._create(slot)
-            else:
-                fd = os.open(self.path, os.O_WRONLY)
-                try:
-                    os.pwrite(fd, slot, (seq % 2) * SLOT_SIZE)
-                    os.fdatasync(fd)
-                finally:
-                    os.close(fd)
+        self._slots.write(seq % 2, cp.pack(self._wal_id, self._segment_size))
         return cp
-
-    def _create(self, slot: bytes) -> None:
-        """The file with ``slot`` (seq 1) in slot 1 and slot 0 invalid, made atomically."""
-        tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.pwrite(fd, bytes(SLOT_SIZE) + slot, 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, self.path)
-        os.fsync(self._dir_fd)

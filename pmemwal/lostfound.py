@@ -33,6 +33,7 @@ from pmemwal import _core
 from pmemwal.errors import CorruptionError, FormatError, format_lsn
 from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, parse_segment_name, segment_name
 from pmemwal.segments import LOST_FOUND_NAME, storage_errors
+from pmemwal.slots import sync_directory
 
 MANIFEST = "MANIFEST.json"
 _REM_LEN = struct.Struct("<I")  # a page header's rem_len, at offset 4
@@ -99,7 +100,7 @@ def set_aside(wal_dir: str, reader: _core.Reader, x: int, pages: list[int],
                     "records": [[f.lsn, f.next_lsn, f.length] for f in found]}
         _write_synced(os.path.join(target, MANIFEST), json.dumps(manifest, indent=1).encode())
         for directory in (target, os.path.dirname(target), wal_dir):
-            _sync_dir(directory)
+            sync_directory(directory)
     return target, found
 
 
@@ -119,14 +120,6 @@ def _write_synced(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -232,7 +225,7 @@ def remove(wal_dir: str, name: str) -> None:
         for file in os.listdir(entry.path):
             os.unlink(os.path.join(entry.path, file))
         os.rmdir(entry.path)
-        _sync_dir(os.path.dirname(entry.path))
+        sync_directory(os.path.dirname(entry.path))
 
 
 def _entry(wal_dir: str, name: str) -> SetAside:
@@ -275,4 +268,4 @@ def _write_synced_over(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.rename(tmp, path)
-    _sync_dir(os.path.dirname(path))
+    sync_directory(os.path.dirname(path))

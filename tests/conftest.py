@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -26,7 +27,10 @@ import pytest
 from click.testing import CliRunner
 
 import pmemwal
-from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, RECORD_HEADER_SIZE, segment_name
+from pmemwal import _core
+from pmemwal.checkpoint import Checkpoint, CheckpointFile
+from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, RECORD_HEADER_SIZE, SegmentHeader,
+                            parse_segment_name, segment_name)
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -165,6 +169,60 @@ def file_write(wal_path, lsn: int, data: bytes, seg_size: int = SEG) -> None:
     with open(seg_file(wal_path, lsn // seg_size), "r+b") as f:
         f.seek(lsn % seg_size)
         f.write(data)
+
+
+# ---- the checkpoint a crash would have left ------------------------------------
+
+def rewind_checkpoint(wal_path, lsn: int | None = None) -> Checkpoint:
+    """Rewrite CHECKPOINT as a crash would have left it: a new newest slot (the next seq)
+    naming as its end ``lsn`` (a record's LSN; None: the first record of the oldest
+    segment), as last_lsn that record's prev-link (read from its header), and the oldest
+    segment on disk; not clean.
+
+    Tests that simulate a crash by closing a WAL cleanly and then damaging its tail need
+    this: the clean close wrote a checkpoint at the end of the WAL, past the damage, and
+    recovery would take the damage for damage to durable records, never for a torn tail.
+    Rewinding it makes everything from ``lsn`` on be read, and judged, as after a crash
+    that no checkpoint had covered.  Returns the checkpoint written.
+    """
+    directory = os.fspath(wal_path)
+    segnos = sorted(n for n in map(parse_segment_name, os.listdir(directory)) if n is not None)
+    assert segnos, f"{directory} holds no segment"
+    oldest = segnos[0]
+    with open(seg_file(directory, oldest), "rb") as f:
+        header = SegmentHeader.unpack(f.read(PAGE_SIZE), segment_name(oldest))
+    size = header.segment_size
+    maps: dict[int, mmap.mmap | None] = {}
+
+    def segment(segno: int) -> mmap.mmap | None:
+        if segno not in maps:
+            try:
+                with open(seg_file(directory, segno), "rb") as f:
+                    maps[segno] = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+            except (OSError, ValueError):
+                maps[segno] = None
+        return maps[segno]
+
+    reader = _core.Reader(size, int.from_bytes(header.wal_id[:4], "little"), segment)
+    try:
+        if lsn is None:
+            status, lsn = reader.first_record(oldest)
+            assert status == 0, f"no first record in segment {oldest:016X}: " \
+                f"{_core.status_text(status)}"
+        else:
+            status = reader.read(lsn, -1)[0]
+            assert status == 0, f"no valid record at {lsn}: {_core.status_text(status)}"
+    finally:
+        reader = None  # before the mappings it may hold are closed
+        for m in maps.values():
+            if m is not None:
+                m.close()
+    # u32 crc, u32 length, u64 prev_lsn (a header may cross a page: read it as stream bytes)
+    prev_lsn = int.from_bytes(stream_read(directory, lsn, 16, size)[8:16], "little")
+    checkpoints = CheckpointFile(directory, header.wal_id, size)
+    written = checkpoints.write(lsn, prev_lsn, oldest, clean=False, current=checkpoints.read())
+    assert checkpoints.read() == written, "the rewound checkpoint does not read back"
+    return written
 
 
 # ---- reading back ----------------------------------------------------------------

@@ -22,7 +22,8 @@ from click.testing import CliRunner
 
 import pmemwal
 from pmemwal import lostfound
-from pmemwal.checkpoint import SLOT_SIZE, CheckpointFile
+from pmemwal.checkpoint import CheckpointFile
+from pmemwal.slots import SLOT_STRIDE
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.cli import main as cli
 
@@ -184,18 +185,18 @@ def test_a_torn_checkpoint_slot_falls_back_to_the_other(wal_dir, mode):
         first = wal.checkpoint()
         wal.append(b"b" * 100)
         second = wal.checkpoint()
-    cpf = CheckpointFile(str(wal_dir), -1, wal.wal_id, 1 << 20)
+    cpf = CheckpointFile(str(wal_dir), wal.wal_id, 1 << 20)
     newest = cpf.read()
     assert newest.end_lsn == second and newest.clean
     with open(cpf.path, "r+b") as f:  # tear the newest slot
-        f.seek((newest.seq % 2) * SLOT_SIZE + 100)
+        f.seek((newest.seq % 2) * SLOT_STRIDE + 100)
         f.write(b"\xff" * 8)
     older = cpf.read()
     assert older.seq == newest.seq - 1 and older.end_lsn >= first
     with pmemwal.open(wal_dir, mode=mode) as wal:
         assert [bytes(r.payload) for r in wal.records()] == [b"a" * 100, b"b" * 100]
     with open(cpf.path, "r+b") as f:  # both torn: a full scan, said by a warning
-        f.write(b"\xff" * (2 * SLOT_SIZE))
+        f.write(b"\xff" * (2 * SLOT_STRIDE))
     with pytest.warns(RecoveryWarning, match="no valid checkpoint"):
         wal = pmemwal.open(wal_dir, mode=mode)
     with wal:
@@ -222,7 +223,7 @@ def test_truncation_moves_the_checkpoint_first(wal_dir, mode):
         wal.flush()
         cut_lsn = wal.insert_lsn
         assert wal.truncate(cut_lsn) >= 2
-        cp = CheckpointFile(str(wal_dir), -1, wal.wal_id, seg).read()
+        cp = CheckpointFile(str(wal_dir), wal.wal_id, seg).read()
         assert cp.oldest_segno == cut_lsn // seg and cp.end_lsn >= cut_lsn
         wal.append(b"after")
     with pmemwal.open(wal_dir, mode=mode) as wal:  # the removed segments are no loss

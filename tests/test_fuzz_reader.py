@@ -6,7 +6,11 @@ few random mutations (bytes flipped, ranges zeroed, a file truncated, a page
 copied over another, bytes moved between segments) and then checks the
 promises: opening never crashes (a typed WALError or a WAL), every record it
 returns is one that was written, at the LSN it was written at, in order and
-with no gap (a prefix of the log); ``verify`` never raises either.
+with no gap (a prefix of the log); ``verify`` never raises either.  The WAL was
+closed cleanly, so its checkpoint vouches for every record: damage before it is
+not read by open, and reading the damaged record must raise CorruptionError
+(after exactly the records before it), never return something else; verify then
+reports it, and open with verify="all" cuts the WAL exactly there.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from hypothesis import strategies as st
 
 import pmemwal
 from pmemwal.tools import inspect
+
+from conftest import rewind_checkpoint
 
 SEG = 1 << 20
 PAGE = 8192
@@ -38,6 +44,17 @@ def pristine(tmp_path_factory):
             data = rng.randbytes(size)
             written[wal.append(data)] = data
         wal.flush()
+    return path, written
+
+
+@pytest.fixture(scope="module")
+def pristine_crashed(pristine, tmp_path_factory):
+    """The same WAL with the checkpoint a crash would have left (the start, not the clean
+    close's end): open reads, and judges, every record again."""
+    source, written = pristine
+    path = tmp_path_factory.mktemp("fuzz-crashed") / "wal"
+    shutil.copytree(source, path)
+    rewind_checkpoint(path)
     return path, written
 
 
@@ -84,8 +101,10 @@ EXAMPLES = int(os.environ.get("PMEMWAL_FUZZ_EXAMPLES", "120"))
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=4))
-def test_mutated_wal_never_crashes_or_lies(pristine, tmp_path_factory, mutations):
-    source, written = pristine
+@pytest.mark.parametrize("after", ["clean_close", "crash"])
+def test_mutated_wal_never_crashes_or_lies(request, tmp_path_factory, after, mutations):
+    source, written = request.getfixturevalue("pristine" if after == "clean_close"
+                                              else "pristine_crashed")
     path = tmp_path_factory.mktemp("case") / "wal"
     shutil.copytree(source, path)
     for mutation in mutations:
@@ -99,17 +118,45 @@ def test_mutated_wal_never_crashes_or_lies(pristine, tmp_path_factory, mutations
         event(f"refused: {type(error).__name__}")
         return  # a typed refusal (foreign or damaged header, short segment file) is a right answer
     with wal:
-        previous = 0
-        kept = 0
+        kept, error = read_checked(wal, written)
+    if error is None:
+        event("opened: all records kept" if kept == len(written) else "opened: cut short")
+        return
+    assert after == "clean_close", f"open read every record, yet reading raised {error}"
+    # Damage before the checkpoint (the clean close's, at the end): open reads from there and
+    # cuts nothing; the damaged record raises when read, after the records before it, and
+    # verify (which reads them all, as open with verify="all") calls it damage.
+    event("opened: damage before the checkpoint raised when read")
+    assert not report.ok, f"verify found nothing wrong, reading raised {error}"
+    try:
+        wal = pmemwal.open(path, mode="buffered", on_corruption="truncate", background=False,
+                           verify="all")
+    except pmemwal.WALError as refusal:
+        event(f"verify='all' refused: {type(refusal).__name__}")
+        return
+    with wal:
+        assert read_checked(wal, written) == (kept, None), "the cut is not where reading stopped"
+
+
+def read_checked(wal, written) -> tuple[int, pmemwal.CorruptionError | None]:
+    """Read every record, checking each against what was written: how many were read,
+    and the CorruptionError reading stopped at (None: it reached the end)."""
+    order = sorted(written)
+    previous = kept = 0
+    try:
         for rec in wal.records():
             kept += 1
             assert rec.lsn in written, f"record at {rec.lsn} was never written"
             assert bytes(rec.payload) == written[rec.lsn]
             assert rec.lsn > previous
             previous = rec.lsn
-        event("opened: all records kept" if kept == len(written) else "opened: cut short")
-        # the chain admits no gaps: what survives is the oldest records, in full
-        assert previous == 0 or sorted(written)[kept - 1] == previous
+    except pmemwal.CorruptionError as error:
+        # the chain stops at the next record written, not somewhere else
+        assert kept < len(order) and error.lsn == order[kept], (error, kept)
+        return kept, error
+    # the chain admits no gaps: what survives is the oldest records, in full
+    assert previous == 0 or order[kept - 1] == previous
+    return kept, None
 
 
 @pytest.fixture(scope="module")

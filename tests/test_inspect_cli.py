@@ -9,6 +9,11 @@
   a flipped byte mid-log (exit 1 at that record), a torn tail (exit 0, a note),
   a foreign file, a bad segment header, a truncated segment, garbage named like
   a segment;
+- the checkpoint: verify shows it, reads every record as open(verify="all")
+  does, and calls an end before the checkpoint's end damage (exit 1), never a
+  torn tail; a segment it vouches for that is missing is a problem too.  Tests
+  that simulate a crash by a clean close and damage rewind it first, as a crash
+  would have left it (conftest.rewind_checkpoint);
 - ``--start`` parsing; a path that is no WAL;
 - 200 random byte flips and truncations: exit code 0 or 1, never an exception.
 
@@ -35,7 +40,7 @@ from pmemwal.format import segment_name
 from pmemwal.tools import inspect
 from pmemwal.tools.cli import main
 from conftest import (PAGE, REC_HDR, SEG, cli_runner, file_write, flip_byte, next_lsn, payload,
-                      read_all, rec_size, seg_file, stream_write)
+                      read_all, rec_size, rewind_checkpoint, seg_file, stream_write)
 
 SPANNING = 1_200_000                         # longer than a 1 MiB segment: it crosses into the next
 SIZES = [0, 1, 8168, 20000, SPANNING, 5]
@@ -114,11 +119,17 @@ def test_healthy_wal(wal_dir, mode):
 
     result = invoke("verify", wal_dir)
     assert result.exit_code == 0
-    assert result.stdout == f"OK: 6 records, 2 segments, end {pmemwal.format_lsn(end)}\n"
+    assert result.stdout == (f"OK: 6 records, 2 segments, end {pmemwal.format_lsn(end)}\n"
+                             f"checkpoint: end {pmemwal.format_lsn(end)}, last "
+                             f"{pmemwal.format_lsn(lsns[-1])}, oldest segment 0000000000000000, "
+                             "clean\n")
     report = json.loads(invoke("verify", wal_dir, "--json").stdout)
     assert report["ok"] and report["records"] == 6 and report["bytes"] == sum(SIZES)
     assert (report["first_lsn"], report["last_lsn"], report["end_lsn"]) == (lsns[0], lsns[-1], end)
     assert report["first_problem"] is None and report["torn_tail"] is None
+    checkpoint = report["checkpoint"]
+    assert (checkpoint["end_lsn"], checkpoint["last_lsn"], checkpoint["oldest_segno"],
+            checkpoint["clean"]) == (end, lsns[-1], 0, True)
 
     result = invoke("stats", wal_dir, "--json")
     assert result.exit_code == 0
@@ -197,17 +208,34 @@ def test_writer_holds_wal_open(wal_dir, mode):
 
 # ---- damage ----------------------------------------------------------------------------
 
-def test_flipped_byte_mid_log(wal_dir, mode):
+@pytest.mark.parametrize("after", ["crash", "clean_close"])
+def test_flipped_byte_mid_log(wal_dir, mode, after):
+    """``crash``: the checkpoint a crash would have left (the start): the valid records
+    after the damage prove it.  ``clean_close``: the damage lies before the checkpoint's
+    end, which says so by itself; open reads from the checkpoint and succeeds, but the
+    record raises when read, and open with verify="all" refuses it."""
     recs = make_wal(wal_dir, mode, [3000] * 30, flush_each=True)
+    end = end_of(recs)
+    if after == "crash":
+        rewind_checkpoint(wal_dir)
     bad = recs[12][0]
     flip_byte(wal_dir, bad + REC_HDR + 100)
     before = digests(wal_dir)
 
     result = invoke("verify", wal_dir)
     assert result.exit_code == 1
-    assert result.stdout.startswith(f"FAIL at {pmemwal.format_lsn(bad)} (segment 0000000000000000): "
-                                    "CRC mismatch; the valid record at ")
-    assert len(result.stdout.splitlines()) == 1
+    prefix = f"FAIL at {pmemwal.format_lsn(bad)} (segment 0000000000000000): CRC mismatch"
+    if after == "crash":
+        assert result.stdout.startswith(f"{prefix}; the valid record at ")
+        assert result.stdout.splitlines()[1] == (
+            "checkpoint: end 0/2018, last 0/0, oldest segment 0000000000000000, not clean")
+    else:
+        assert result.stdout.startswith(f"{prefix}, before the checkpoint's end "
+                                        f"{pmemwal.format_lsn(end)}: this record had been made "
+                                        "durable")
+        assert result.stdout.splitlines()[1].startswith(
+            f"checkpoint: end {pmemwal.format_lsn(end)}, ")
+    assert len(result.stdout.splitlines()) == 2
     report = json.loads(invoke("verify", wal_dir, "--json").stdout)
     assert not report["ok"] and report["first_problem"]["lsn"] == bad
     assert report["first_problem"]["kind"] == "damage" and report["records"] == 12
@@ -223,8 +251,16 @@ def test_flipped_byte_mid_log(wal_dir, mode):
     assert digests(wal_dir) == before
 
     with pytest.raises(pmemwal.CorruptionError) as info:   # open agrees
-        pmemwal.open(wal_dir)
+        pmemwal.open(wal_dir, verify="all")
     assert info.value.lsn == bad
+    if after == "crash":
+        with pytest.raises(pmemwal.CorruptionError) as info:
+            pmemwal.open(wal_dir)
+        assert info.value.lsn == bad
+    else:
+        with pmemwal.open(wal_dir) as wal, pytest.raises(pmemwal.CorruptionError) as info:
+            list(wal.records())
+        assert info.value.lsn == bad
 
 
 def test_torn_tail(wal_dir, mode):
@@ -233,6 +269,7 @@ def test_torn_tail(wal_dir, mode):
             wal.append(payload(f"f/{i}", n), flush=True)
         unflushed = [(wal.append(payload(f"u/{i}", n)), n) for i, n in enumerate([500, 64, 1200])]
     last_lsn, last_n = unflushed[-1]
+    rewind_checkpoint(wal_dir)              # a crash, not a clean close: the checkpoint of open
     stream_write(wal_dir, last_lsn, payload("garbage", rec_size(last_n)))   # a torn last record
     before = digests(wal_dir)
 
@@ -240,8 +277,10 @@ def test_torn_tail(wal_dir, mode):
     assert result.exit_code == 0
     at = pmemwal.format_lsn(last_lsn)
     assert result.stdout.splitlines()[0] == f"OK: 6 records, 1 segments, end {at}"
+    assert result.stdout.splitlines()[1] == ("checkpoint: end 0/2018, last 0/0, oldest segment "
+                                             "0000000000000000, not clean")
     assert re.fullmatch(rf"note: torn tail at {re.escape(at)}: \d+ bytes after the last record "
-                        r"would be cut on open", result.stdout.splitlines()[1])
+                        r"would be cut on open", result.stdout.splitlines()[2])
     report = inspect.verify(wal_dir)
     assert report.ok and report.torn_tail.lsn == last_lsn and report.torn_tail.cut_bytes > 0
     result = invoke("dump", wal_dir)
@@ -251,7 +290,61 @@ def test_torn_tail(wal_dir, mode):
 
     with pmemwal.open(wal_dir) as wal:                   # open cuts it there, silently
         assert wal.insert_lsn == last_lsn
-    assert invoke("verify", wal_dir).stdout == f"OK: 6 records, 1 segments, end {at}\n"
+    assert invoke("verify", wal_dir).stdout == (
+        f"OK: 6 records, 1 segments, end {at}\ncheckpoint: end {at}, last "
+        f"{pmemwal.format_lsn(unflushed[-2][0])}, oldest segment 0000000000000000, clean\n")
+
+
+def test_damage_before_the_checkpoint_is_damage_not_a_torn_tail(wal_dir, mode):
+    """The last record, acknowledged and closed cleanly, then garbled (a media error): no
+    record follows it to prove it was flushed, but the checkpoint's end lies past it, so
+    verify calls it damage (exit 1), as open(verify="all") does; dump stops there with
+    exit 1.  With the checkpoint rewound to where a crash would have left it, the same
+    bytes are a torn tail again (exit 0, a note), as before checkpoints."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        recs = [(wal.append(payload(f"d/{i}", n)), n) for i, n in enumerate([100, 9000, 0, 3000])]
+        wal.flush()
+    last_lsn, last_n = recs[-1]
+    end = end_of(recs)
+    at = pmemwal.format_lsn(last_lsn)
+    stream_write(wal_dir, last_lsn, payload("garbage", rec_size(last_n)))
+    before = digests(wal_dir)
+
+    result = invoke("verify", wal_dir)
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        f"FAIL at {at} (segment 0000000000000000): unknown record type, before the checkpoint's "
+        f"end {pmemwal.format_lsn(end)}: this record had been made durable",
+        f"checkpoint: end {pmemwal.format_lsn(end)}, last {at}, oldest segment 0000000000000000, "
+        "clean"]
+    report = inspect.verify(wal_dir)
+    assert not report.ok and report.torn_tail is None and report.records == 3
+    (problem,) = report.problems
+    assert (problem.kind, problem.lsn, problem.segment) == ("damage", last_lsn, 0)
+    assert report.checkpoint["end_lsn"] == end and report.checkpoint["clean"]
+    result = invoke("dump", wal_dir)
+    assert result.exit_code == 1 and len(dumped(result.stdout)) == 3
+    assert f"stopped: damage at {at} (segment 0000000000000000): " in result.stdout
+    summary = json.loads(invoke("dump", wal_dir, "--json").stdout.splitlines()[-1])
+    assert summary["stopped"] == "damage" and summary["checkpoint"]["end_lsn"] == end
+    stats = json.loads(invoke("stats", wal_dir, "--json").stdout)
+    assert stats["end"]["kind"] == "damage" and stats["checkpoint"]["end_lsn"] == end
+    assert digests(wal_dir) == before
+
+    with pytest.raises(pmemwal.CorruptionError, match="before the checkpoint") as info:
+        pmemwal.open(wal_dir, verify="all")                # open agrees
+    assert info.value.lsn == last_lsn
+    assert digests(wal_dir) == before
+
+    rewind_checkpoint(wal_dir)                             # as a crash would have left it
+    result = invoke("verify", wal_dir)
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[0] == f"OK: 3 records, 1 segments, end {at}"
+    assert result.stdout.splitlines()[2].startswith(f"note: torn tail at {at}: ")
+    report = inspect.verify(wal_dir)
+    assert report.ok and report.torn_tail.lsn == last_lsn
+    with pmemwal.open(wal_dir) as wal:                     # open cuts it, silently
+        assert wal.insert_lsn == last_lsn
 
 
 def test_foreign_file(wal_dir):
@@ -259,7 +352,9 @@ def test_foreign_file(wal_dir):
     (wal_dir / "notes.txt").write_text("hello")
     result = invoke("verify", wal_dir)
     assert result.exit_code == 1
-    assert result.stdout == "FAIL: 'notes.txt' is not part of a pmemwal WAL\n"
+    assert result.stdout.splitlines()[0] == "FAIL: 'notes.txt' is not part of a pmemwal WAL"
+    assert result.stdout.splitlines()[1].startswith("checkpoint: end ")
+    assert len(result.stdout.splitlines()) == 2
     result = invoke("dump", wal_dir)              # dump lists what is there, and warns
     assert result.exit_code == 0 and len(dumped(result.stdout)) == len(recs)
     assert "warning: directory: 'notes.txt' is not part of a pmemwal WAL" in result.stderr
@@ -349,18 +444,36 @@ def test_missing_middle_segment(wal_dir):
     assert invoke("dump", wal_dir).exit_code == 1
 
 
-def test_missing_last_segment_looks_like_the_end(wal_dir):
+@pytest.mark.parametrize("after", ["crash", "clean_close"])
+def test_missing_last_segment_looks_like_the_end(wal_dir, after):
     """A record that claims to run into a missing last segment can't be checked (its CRC
-    covers bytes that are gone) and may be a torn header: open cuts it as a torn tail,
-    and verify agrees."""
+    covers bytes that are gone) and may be a torn header: after a crash (the checkpoint
+    rewound), open cuts it as a torn tail, and verify agrees.  After a clean close, the
+    checkpoint says the segment held durable records: open refuses, and so does verify."""
     recs = make_wal(wal_dir, sizes=[10, SPANNING])   # the second record runs into segment 1
     assert recs[-1][0] // SEG == 0 and (recs[-1][0] + SPANNING) // SEG == 1
+    if after == "crash":
+        rewind_checkpoint(wal_dir)
     seg_file(wal_dir, 1).unlink()
     result = invoke("verify", wal_dir)
-    assert result.exit_code == 0
-    assert "torn tail" in result.stdout
-    with pmemwal.open(wal_dir, create=False) as wal:
-        assert [lsn for lsn, _, _ in read_all(wal)] == [recs[0][0]]
+    if after == "crash":
+        assert result.exit_code == 0
+        assert "torn tail" in result.stdout
+        with pmemwal.open(wal_dir, create=False) as wal:
+            assert [lsn for lsn, _, _ in read_all(wal)] == [recs[0][0]]
+        return
+    assert result.exit_code == 1    # the record that runs into it first: it was durable
+    assert result.stdout.startswith(f"FAIL at {pmemwal.format_lsn(recs[-1][0])} (segment "
+                                    "0000000000000000): segment missing, before the checkpoint's "
+                                    "end ")
+    report = inspect.verify(wal_dir)
+    assert {(p.kind, p.segment, p.lsn) for p in report.problems} == {
+        ("damage", 0, recs[-1][0]), ("gap", 1, SEG)}
+    gap = next(p for p in report.problems if p.kind == "gap")
+    assert gap.reason.startswith("segment 0000000000000001 is missing, but the checkpoint says")
+    with pytest.raises(pmemwal.CorruptionError, match="0000000000000001 is missing") as info:
+        pmemwal.open(wal_dir, create=False)
+    assert info.value.segment == 1
 
 
 # ---- arguments ------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pmemwal
 from pmemwal import log as log_module
 from pmemwal.log import HEADER, MAGIC, SNAPSHOT, VERSION
 
-from conftest import SEG, seg_file
+from conftest import SEG, rewind_checkpoint, seg_file
 
 
 def open_log(path: Path, **options) -> pmemwal.Log:
@@ -176,12 +176,28 @@ def test_a_newer_log_version_is_refused(wal_dir: Path) -> None:
         open_log(wal_dir)
 
 
-def test_a_missing_leading_segment_is_damage(wal_dir: Path) -> None:
+@pytest.mark.parametrize("checkpoint", ["vouching", "rewound", "none"])
+def test_a_missing_leading_segment_is_damage(wal_dir: Path, checkpoint: str) -> None:
+    """A deleted oldest segment holding entries never compacted.  ``vouching``: the clean
+    close's checkpoint names segment 0 as the oldest, so the WAL refuses to open first,
+    naming it.  Where no checkpoint covers it (``rewound`` to the oldest segment on disk,
+    1; ``none``: a WAL made before checkpoints), the WAL opens from segment 1 and the
+    Log's own check finds the entries below its first missing."""
     with open_log(wal_dir) as log:
         log.append_many([bytes(5000)] * 400, term=1)  # about two segments
     seg_file(wal_dir, 0).unlink()
-    with pytest.raises(pmemwal.CorruptionError, match="never compacted"):
-        open_log(wal_dir)
+    if checkpoint == "vouching":
+        with pytest.raises(pmemwal.CorruptionError,
+                           match="segment 0000000000000000 is missing, but the checkpoint") as info:
+            open_log(wal_dir)
+        assert info.value.segment == 0
+    else:
+        if checkpoint == "rewound":
+            assert rewind_checkpoint(wal_dir).oldest_segno == 1
+        else:
+            (wal_dir / "CHECKPOINT").unlink()
+        with pytest.raises(pmemwal.CorruptionError, match="never compacted"):
+            open_log(wal_dir)
 
 
 def test_replay_of_an_unknown_kind_is_a_format_error(wal_dir: Path) -> None:

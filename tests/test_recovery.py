@@ -7,6 +7,10 @@
   header is torn over it (seed 004, Tom Lane's scenario);
 - damage to flushed records followed by valid ones raises CorruptionError at
   the damaged record, or is cut with on_corruption="truncate";
+- a clean close writes a checkpoint at the end of the WAL, which a crash would
+  not have left: tests that simulate a crash by closing cleanly and damaging the
+  tail rewind it first (conftest.rewind_checkpoint); damage before a checkpoint
+  is found when the record is read, or on open with verify="all", never cut;
 - retention: truncate() removes or recycles whole segments.
 
 Damage is done to the segment files with ordinary file writes at offsets
@@ -15,21 +19,24 @@ computed from the format (LSN % segment_size is the offset in the file).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
 import random
 import shutil
 import struct
+import warnings
 
 import pytest
 
 import pmemwal
-from pmemwal import _core
+from pmemwal import _core, lostfound
+from pmemwal.recovery import RecoveryWarning
 from conftest import (PAGE, PAGE_HDR, REC_HDR, SEG, USABLE, assert_chain, expected_end,
                       file_bytes, file_write, first_lsn_of_segment, flip_byte, lsn_of, next_lsn, payload,
-                      read_all, rec_size, seg_file, seg_usable, stream_read, stream_write,
-                      usable_of)
+                      read_all, rec_size, rewind_checkpoint, seg_file, seg_usable, stream_read,
+                      stream_write, usable_of)
 
 MODES = ("buffered", "direct")
 
@@ -52,6 +59,11 @@ def _records(wal):
 def _dir_digest(path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(path.iterdir()) if p.is_file()}
+
+
+def _segments_digest(path) -> dict[str, str]:
+    """The segment files' contents (an open that succeeds writes CHECKPOINT)."""
+    return {name: digest for name, digest in _dir_digest(path).items() if name.endswith(".wal")}
 
 
 # ---- reopen and continue ----------------------------------------------------------
@@ -111,7 +123,9 @@ def test_torn_tail(wal_dir, mode, damage):
         wal.flush()
         boundary = wal.flushed_lsn
         unflushed = _append(wal, [500, 20000, 64, 12000], "unflushed")
-    # close() wrote the unflushed records too; now tear them as a crash might have
+    # close() wrote the unflushed records too; now tear them as a crash might have, and
+    # leave the checkpoint where the crash would have: the one open wrote, at the start
+    rewind_checkpoint(wal_dir)
     assert unflushed[0][0] == boundary
     last_lsn, last = unflushed[-1]
     if damage == "garbage_last":
@@ -134,8 +148,15 @@ def test_torn_tail(wal_dir, mode, damage):
         file_write(wal_dir, page - page % PAGE, bytes(PAGE))
         good = flushed + unflushed[:1]
     cut = expected = next_lsn(good[-1][0], len(good[-1][1]))
+    # the valid records past the cut (later unflushed ones the tear left whole) are set aside
+    aside = [r for r in unflushed if r[0] > cut and damage not in ("garbage_last", "zero_inside_last")
+             and (damage != "unwritten_page" or r[0] > unflushed[1][0])]
 
-    with pmemwal.open(wal_dir, mode=mode) as wal:       # on_corruption="raise": no error
+    with (pytest.warns(RecoveryWarning, match="set aside") if aside else contextlib.nullcontext()):
+        wal = pmemwal.open(wal_dir, mode=mode)       # on_corruption="raise": no error
+    entries = lostfound.entries(wal_dir)
+    assert [list(e.records()) for e in entries] == ([aside] if aside else [])
+    with wal:
         recs = read_all(wal)
         assert [(lsn, data) for lsn, data, _ in recs] == good
         assert_chain(recs)
@@ -286,6 +307,7 @@ def test_current_bytes_under_a_stale_page_header_are_wiped(wal_dir, mode):
         assert r1 < page < r2 < page + PAGE
     file_write(wal_dir, page, stale_header)                   # the header never reached the media
     stream_write(wal_dir, r1, bytes(REC_HDR))                 # nor did R1's own header
+    rewind_checkpoint(wal_dir)    # the crash left the truncation's checkpoint, not close's
     with pmemwal.open(wal_dir, mode=mode) as wal:
         assert _records(wal) == kept + new and wal.insert_lsn == r1
         again = _append(wal, [1000], "r1-again", flush_each=True)
@@ -318,10 +340,19 @@ def _make_flushed(wal_dir, mode, sizes, seed="mid"):
 DAMAGE = ["payload", "crc", "length_huge", "prev_link", "page_header", "segment_spanning"]
 
 
+@pytest.mark.parametrize("after", ["crash", "clean_close"])
 @pytest.mark.parametrize("where", DAMAGE)
-def test_mid_log_damage(wal_dir, mode, where):
+def test_mid_log_damage(wal_dir, mode, where, after):
+    """Damage to flushed records with valid ones after it.  ``crash``: the checkpoint a
+    crash would have left (the start): open reads the damage and refuses it, or cuts it.
+    ``clean_close``: the damage lies before the checkpoint of the clean close, which
+    vouches for every record before it: open reads nothing there and succeeds, reading
+    the record raises, open with verify="all" refuses it, and nothing is cut unasked."""
     sizes = [3000] * 30 if where != "segment_spanning" else [3000] * 400
     recs = _make_flushed(wal_dir, mode, sizes)
+    end = next_lsn(recs[-1][0], len(recs[-1][1]))
+    if after == "crash":
+        rewind_checkpoint(wal_dir)
     k = 12
     if where == "payload":
         flip_byte(wal_dir, recs[k][0] + REC_HDR + 100)
@@ -347,21 +378,48 @@ def test_mid_log_damage(wal_dir, mode, where):
     bad = recs[k][0]
     before = _dir_digest(wal_dir)
 
-    with pytest.raises(pmemwal.CorruptionError) as info:
-        pmemwal.open(wal_dir, mode=mode)
-    err = info.value
-    assert isinstance(err, pmemwal.WALError)
-    assert err.lsn == bad
-    assert err.segment == bad // SEG
-    assert isinstance(err.reason, str) and err.reason
-    assert pmemwal.format_lsn(bad) in str(err)
-    assert _dir_digest(wal_dir) == before, "a refused open changed the files"
+    def check(err):
+        assert isinstance(err, pmemwal.WALError)
+        assert err.lsn == bad
+        assert err.segment == bad // SEG
+        assert isinstance(err.reason, str) and err.reason
+        assert pmemwal.format_lsn(bad) in str(err)
 
-    with pmemwal.open(wal_dir, mode=mode, on_corruption="truncate") as wal:
+    # verify="all" reads every record: both ways, the damage is refused
+    for verify in (("checkpoint", "all") if after == "crash" else ("all",)):
+        with pytest.raises(pmemwal.CorruptionError) as info:
+            pmemwal.open(wal_dir, mode=mode, verify=verify)
+        check(info.value)
+        assert _dir_digest(wal_dir) == before, "a refused open changed the files"
+
+    if after == "clean_close":   # from the checkpoint: nothing to read, nothing cut
+        segments = _segments_digest(wal_dir)
+        with pmemwal.open(wal_dir, mode=mode) as wal:
+            assert wal.insert_lsn == end and wal.recovery["scanned_bytes"] == 0
+            got = []
+            with pytest.raises(pmemwal.CorruptionError) as info:
+                for rec in wal.records():
+                    got.append((rec.lsn, bytes(rec.payload)))
+            check(info.value)
+            assert got == recs[:k]
+            assert bytes(wal.record(recs[-1][0]).payload) == recs[-1][1]   # the rest is there
+            with pytest.raises(ValueError):
+                wal.record(bad)
+        assert _segments_digest(wal_dir) == segments, "an open that read damage changed a segment"
+        assert lostfound.entries(wal_dir) == []
+
+    # the cut, which must be asked for: verify="all" finds the damage of the clean close's WAL
+    with pytest.warns(RecoveryWarning, match="set aside"):
+        wal = pmemwal.open(wal_dir, mode=mode, on_corruption="truncate",
+                           verify="all" if after == "clean_close" else "checkpoint")
+    with wal:
         assert _records(wal) == recs[:k]
         assert wal.insert_lsn == bad
         more = _append(wal, [10, 5000], "after-cut")
         assert more[0][0] == bad
+    (entry,) = lostfound.entries(wal_dir)    # the valid records past the cut, set aside first
+    kept = list(entry.records())
+    assert kept and set(kept) <= set(recs[k + 1:])
     with pmemwal.open(wal_dir, mode=mode) as wal:   # the default again: nothing left to report
         got = read_all(wal)
         assert [(lsn, d) for lsn, d, _ in got] == recs[:k] + more
@@ -391,10 +449,14 @@ def test_damage_in_unflushed_record_between_flushes_is_a_torn_tail(wal_dir, mode
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
         a = _append(wal, [100] * 3, "a", flush_each=True)
         b = _append(wal, [100] * 5, "b")   # one group, flushed at close
+    rewind_checkpoint(wal_dir)             # a crash, not a clean close, after the group's flush
     flip_byte(wal_dir, b[2][0] + REC_HDR)
-    with pmemwal.open(wal_dir, mode=mode) as wal:
+    with pytest.warns(RecoveryWarning, match="set aside"):   # b[3:], whole, kept aside
+        wal = pmemwal.open(wal_dir, mode=mode)
+    with wal:
         assert _records(wal) == a + b[:2]
         assert wal.insert_lsn == b[2][0]
+    assert [list(e.records()) for e in lostfound.entries(wal_dir)] == [b[3:]]
 
 
 # ---- retention ---------------------------------------------------------------------
@@ -497,12 +559,28 @@ def test_truncate_stops_at_flushed_lsn(wal_dir, mode, recycle):
 
 # ---- arbitrary damage --------------------------------------------------------------------
 
-def test_random_damage_never_crashes(shm_tmp, mode):
+def _read_prefix(wal) -> tuple[list[tuple[int, bytes]], pmemwal.CorruptionError | None]:
+    """The records up to the first that raises CorruptionError when read, and that error."""
+    got = []
+    try:
+        for lsn, data, _ in ((r.lsn, bytes(r.payload), r.prev_lsn) for r in wal.records()):
+            got.append((lsn, data))
+    except pmemwal.CorruptionError as error:
+        return got, error
+    return got, None
+
+
+@pytest.mark.parametrize("after", ["crash", "clean_close"])
+def test_random_damage_never_crashes(shm_tmp, mode, after):
     """Garbage or zeros anywhere: a typed error or a prefix of the records, never anything else.
 
     With on_corruption="truncate" the WAL opens (unless a segment header was hit),
     holds exactly a prefix of what was written, takes new records, and then
-    reopens with the default "raise" without complaint.
+    reopens with the default "raise" without complaint.  ``crash``: the checkpoint a
+    crash would have left (the start), so open reads, and judges, every record.
+    ``clean_close``: the clean close's checkpoint vouches for every record: open reads
+    none of them, a damaged one raises CorruptionError when read (after a prefix), and
+    the cut takes verify="all".
     """
     pristine = shm_tmp / "pristine"
     with pmemwal.open(pristine, mode=mode, segment_size=SEG, background=False) as wal:
@@ -510,6 +588,8 @@ def test_random_damage_never_crashes(shm_tmp, mode):
         while wal.insert_lsn < SEG + 30 * PAGE:
             n = random.Random(len(recs)).choice([0, 8, 300, 5000, 8168, 12000])
             recs += _append(wal, [n], f"fuzz/{len(recs)}", flush_each=len(recs) % 3 == 0)
+    if after == "crash":
+        rewind_checkpoint(pristine)
     rng = random.Random(1234)
     outcomes = {"format": 0, "corruption": 0, "opened": 0}
     for it in range(40):
@@ -532,15 +612,24 @@ def test_random_damage_never_crashes(shm_tmp, mode):
                 f.write(data[:SEG - off])
         try:
             with pmemwal.open(d, mode=mode) as wal:
-                got = _records(wal)
+                got, error = _read_prefix(wal)
             assert got == recs[:len(got)]
+            if error is not None:
+                assert after == "clean_close", "an open that read every record left damage"
+                assert error.lsn == next_lsn(got[-1][0], len(got[-1][1])) if got \
+                    else error.lsn == recs[0][0]
+                outcomes["corruption"] += 1
         except pmemwal.FormatError:
             outcomes["format"] += 1
             shutil.rmtree(d)
             continue
         except pmemwal.CorruptionError:
             outcomes["corruption"] += 1
-        with pmemwal.open(d, mode=mode, on_corruption="truncate") as wal:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RecoveryWarning)   # what was set aside
+            wal = pmemwal.open(d, mode=mode, on_corruption="truncate",
+                               verify="all" if after == "clean_close" else "checkpoint")
+        with wal:
             got = _records(wal)
             assert got == recs[:len(got)]
             end = wal.insert_lsn
@@ -583,20 +672,38 @@ def test_truncate_leaves_segment_of_pure_continuation(wal_dir, mode):
         assert _records(wal) == tail + more
 
 
-def test_missing_middle_segment_is_reported(wal_dir, mode):
-    """A lost segment with durable records after it is damage, not a torn tail."""
+@pytest.mark.parametrize("after", ["crash", "clean_close"])
+def test_missing_middle_segment_is_reported(wal_dir, mode, after):
+    """A lost segment with durable records after it is damage, not a torn tail.
+    ``crash``: the checkpoint a crash would have left (the start): the chain runs into the
+    gap.  ``clean_close``: the checkpoint vouches for the segment: open says it is missing
+    before it reads anything, and the cut takes verify="all"."""
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
         recs = []
         while wal.insert_lsn < 2 * SEG + 5 * PAGE:
             recs += _append(wal, [10000], f"gap/{len(recs)}", flush_each=True)
+    if after == "crash":
+        rewind_checkpoint(wal_dir)
     seg_file(wal_dir, 1).unlink()
     # the first record with bytes in segment 1 is where reading stops
     k = next(i for i, (lsn, d) in enumerate(recs)
              if lsn_of(usable_of(lsn) + rec_size(len(d)) - 1) >= SEG)
-    with pytest.raises(pmemwal.CorruptionError) as info:
-        pmemwal.open(wal_dir, mode=mode)
-    assert info.value.lsn == recs[k][0]
-    with pmemwal.open(wal_dir, mode=mode, on_corruption="truncate") as wal:
+    before = _dir_digest(wal_dir)
+    for verify in ("checkpoint", "all"):
+        with pytest.raises(pmemwal.CorruptionError) as info:
+            pmemwal.open(wal_dir, mode=mode, verify=verify)
+        if after == "crash":
+            assert info.value.lsn == recs[k][0]
+        else:   # the checkpoint's check, before any record is read: it names the segment
+            assert (info.value.lsn, info.value.segment) == (first_lsn_of_segment(1), 1)
+            assert "segment 0000000000000001 is missing" in str(info.value)
+        assert _dir_digest(wal_dir) == before, "a refused open changed the files"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RecoveryWarning)
+        wal = pmemwal.open(wal_dir, mode=mode, on_corruption="truncate",
+                           verify="all" if after == "clean_close" else "checkpoint")
+    assert any("set aside" in str(w.message) for w in caught)   # segment 2's records
+    with wal:
         assert _records(wal) == recs[:k]
         assert wal.insert_lsn == recs[k][0]
         more = []

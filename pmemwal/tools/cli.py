@@ -14,6 +14,7 @@ import time
 import click
 
 import pmemwal
+from pmemwal import lostfound as _lostfound
 from pmemwal.tools import bench as _bench
 from pmemwal.tools import powerloss as _powerloss
 from pmemwal.tools import progress as _progress
@@ -222,7 +223,8 @@ def dump(path: str, start: int | None, limit: int | None, preview: int, as_json:
     kind and index (entry, rewind, snapshot, state).
 
     Read-only: works while a writer has the WAL open.  Exits 1 when it stops at
-    damage or finds no valid record at --start.
+    damage (an end before the checkpoint's end is damage too) or finds no valid
+    record at --start.
 
     Example: pmemwal dump /dev/shm/wal --start 0/2018 --limit 10
     """
@@ -251,10 +253,14 @@ def dump(path: str, start: int | None, limit: int | None, preview: int, as_json:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_library_errors
 def verify(path: str, as_json: bool) -> None:
-    """Check the WAL at PATH as open would, without changing it; exit 0 when it is sound.
+    """Check the WAL at PATH as open(verify="all") would, without changing it; exit 0 when
+    it is sound.
 
-    A torn tail (what open would cut after a crash) is a note; bad or foreign
-    files, missing segments and damaged durable records make it exit 1.
+    Every record is read.  A torn tail (what open would cut after a crash) is a note;
+    bad or foreign files, missing segments (also those the checkpoint vouches for) and
+    damaged durable records (an end before the checkpoint's end included) make it exit 1.
+    The second line shows the checkpoint: its end, last record, oldest segment, and
+    whether a clean close wrote it.
 
     Example: pmemwal verify /dev/shm/wal --json
     """
@@ -262,10 +268,8 @@ def verify(path: str, as_json: bool) -> None:
     if as_json:
         _dump(report.as_dict())
     else:
-        click.echo(report.summary_line())
-        if report.ok:
-            for line in report.note_lines():
-                click.echo(line)
+        for line in report.lines():
+            click.echo(line)
     if not report.ok:
         raise click.exceptions.Exit(1)
 
@@ -331,6 +335,51 @@ def restore(source: str, dest: str, until: int | None, restore_command: bool,
                              restore_command=source if restore_command else None, until=until,
                              start_segment=start_segment, storage_options=options)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary_line())
+
+
+@main.command(name="lost-found")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--dump", "dump_name", metavar="NAME", default=None,
+              help="List the records of entry NAME (LSN, length, first bytes).")
+@click.option("--restore", "restore_name", metavar="NAME", default=None,
+              help="Append entry NAME's records to the WAL (new LSNs, in order), then remove it.")
+@click.option("--remove", "remove_name", metavar="NAME", default=None,
+              help="Delete entry NAME and the records it holds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
+@_library_errors
+def lost_found(path: str, dump_name: str | None, restore_name: str | None,
+               remove_name: str | None, as_json: bool) -> None:
+    """What recovery set aside in the WAL at PATH before a cut (lost+found/): list it, read
+    an entry, put its records back or remove it.  Every entry holds valid records that lay
+    past where recovery ended the WAL (docs/FORMAT.md, "lost+found").
+
+    Example: pmemwal lost-found /dev/shm/wal --restore 0000000000A12018-1733400000000000000
+    """
+    if restore_name is not None:
+        n = _lostfound.restore(path, restore_name)
+        click.echo(f"{restore_name}: {n} record(s) appended to {path} and the entry removed")
+        return
+    if remove_name is not None:
+        _lostfound.remove(path, remove_name)
+        click.echo(f"{remove_name}: removed")
+        return
+    if dump_name is not None:
+        entry = _lostfound._entry(path, dump_name)
+        for lsn, payload in entry.records():
+            click.echo(f"lsn {pmemwal.format_lsn(lsn)} len {len(payload)} "
+                       f"data {bytes(payload[:16]).hex()}")
+        return
+    listing = [{"name": e.name, "cut": e.manifest["cut"], "reason": e.manifest["reason"],
+                "records": len(e.manifest["records"]),
+                "payload_bytes": sum(r[2] for r in e.manifest["records"])}
+               for e in _lostfound.entries(path)]
+    if as_json:
+        _dump({"path": os.path.abspath(path), "entries": listing})
+    elif not listing:
+        click.echo("lost+found is empty")
+    for e in [] if as_json else listing:
+        click.echo(f"{e['name']}: cut at {e['cut']} ({e['reason']}); {e['records']} record(s), "
+                   f"{e['payload_bytes']} payload bytes")
 
 
 # ---- compare (pmemwal.tools.harness) ----------------------------------------------

@@ -13,6 +13,14 @@ instead of doing it:
 - a *note* is something ``open`` tidies quietly: a torn tail it would cut,
   a temp file it would remove.
 
+The checkpoint (``CHECKPOINT``, pmemwal/checkpoint.py) is read, never written:
+``verify`` reads every record as ``open(..., verify="all")`` does, so an end of
+the chain before the checkpoint's end_lsn is damage (those records had been
+made durable), never a torn tail, and a segment missing from the checkpoint's
+oldest_segno up to the one holding its end is a problem (open refuses both).
+A WAL without the file (made before checkpoints) is read as before; one whose
+slots are both invalid is read so too, with a note (open warns and reads it all).
+
 Malformed files never raise: each OSError or FormatError met reading them
 becomes a Problem.  Only a path that is no WAL directory at all raises:
 NotFoundError (nothing there) or FormatError (a file, or no segment files).
@@ -42,9 +50,10 @@ import numpy as np
 
 from pmemwal import _core
 from pmemwal.archive import ArchiveStatus
+from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
 from pmemwal.log import describe as describe_log_record
-from pmemwal.segments import ARCHIVE_STATUS_NAME
+from pmemwal.segments import CHECKPOINT_NAME, WAL_OWN_NAMES
 from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader, first_lsn,
                             parse_segment_name, segment_name)
 
@@ -54,9 +63,20 @@ __all__ = ["WalView", "RecordInfo", "Records", "End", "Problem", "VerifyReport",
 _END = (1 << 64) - 1
 _LSN_LIMIT = 1 << 63          # the reader takes a prev-link as a signed 64-bit number
 _LIVE_RETRIES = 8             # re-reads of an end that looked like damage (a writer at work)
-_IGNORED = {"LOCK", "lost+found", ARCHIVE_STATUS_NAME}
+_IGNORED = WAL_OWN_NAMES
 _NO_SEGMENT = 1               # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
 _LSN_TEXT = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
+
+
+def _runs(numbers: list[int]) -> list[tuple[int, int]]:
+    """Sorted numbers as (first, last) runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for n in numbers:
+        if runs and runs[-1][1] == n - 1:
+            runs[-1] = (runs[-1][0], n)
+        else:
+            runs.append((n, n))
+    return runs
 
 
 def parse_lsn(text: str) -> int:
@@ -119,7 +139,8 @@ class End:
     ``kind``: ``clean`` (nothing durable past it, nothing to cut), ``torn``
     (nothing durable past it; ``cut_bytes`` would be zeroed on open), ``damage``
     (the valid record at ``durable_lsn`` proves that the one at ``lsn`` had been
-    flushed), ``limit`` (as many records as asked for), ``bad_start`` (no valid
+    flushed, or ``lsn`` lies before the checkpoint's end: ``durable_lsn`` is that
+    end), ``limit`` (as many records as asked for), ``bad_start`` (no valid
     record at the chosen start), ``unreadable`` (the chain runs into a segment
     that is missing or unreadable while later ones exist, or no segment can be read).
     """
@@ -174,7 +195,10 @@ class WalView:
     no header is valid); ``problems`` and ``notes`` found so far (reading
     records can add problems: a file that cannot be mapped); ``vanished``: the
     segments that were listed but gone when read (a writer truncating the WAL:
-    ``verify`` and ``wal_stats`` look again when there are any).
+    ``verify`` and ``wal_stats`` look again when there are any); ``checkpoint``: the
+    valid checkpoint slot with the highest seq (None: no file, or no valid slot, which
+    ``checkpoint_state`` tells apart: ``"valid"``, ``"none"``, ``"invalid"``,
+    ``"unreadable"``).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -190,7 +214,10 @@ class WalView:
         self.segments = self._list()
         self._check_headers()
         self.readable = sorted(s for s, f in self._files.items() if self._usable_file(f))
-        self._check_gaps()
+        gaps = self._check_gaps()
+        self.checkpoint: Checkpoint | None = None
+        self.checkpoint_state = "none"
+        self._read_checkpoint(gaps)
         if self.segment_size is not None:
             wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
             self._reader = _core.Reader(self.segment_size, wal_id_lo, self._segment)
@@ -289,7 +316,9 @@ class WalView:
     def _usable_file(self, info: _SegmentFile) -> bool:
         return info.header is not None and info.size >= (self.segment_size or 0)
 
-    def _check_gaps(self) -> None:
+    def _check_gaps(self) -> set[int]:
+        """Segments missing between two present ones; returns their numbers."""
+        missing: set[int] = set()
         for before, after in zip(self.segments, self.segments[1:]):
             if after > before + 1:
                 lo, hi = before + 1, after - 1
@@ -297,6 +326,65 @@ class WalView:
                 lsn = lo * self.segment_size if self.segment_size else None
                 self.problems.append(Problem("gap", f"segment {which} missing between "
                                              f"{before:016X} and {after:016X}", lo, lsn))
+                missing.update(range(lo, hi + 1))
+        return missing
+
+    def _read_checkpoint(self, gaps: set[int]) -> None:
+        """The checkpoint, read only (after the listing: a truncation writes the one that
+        raises oldest_segno before it removes a segment), and the segments it vouches for:
+        from its oldest_segno to the one holding the byte before its end (recovery's check;
+        the gaps between present segments are reported already)."""
+        path = os.path.join(self.path, CHECKPOINT_NAME)
+        if self.segment_size is None:
+            return
+        try:
+            self.checkpoint = CheckpointFile(self.path, self.wal_id, self.segment_size).read()
+        except OSError as exc:
+            self.checkpoint_state = "unreadable"
+            self.problems.append(Problem("io", f"cannot read {CHECKPOINT_NAME}: "
+                                         f"{exc.strerror or exc}"))
+            return
+        if self.checkpoint is None:
+            if os.path.lexists(path):
+                self.checkpoint_state = "invalid"
+                self.notes.append(f"{CHECKPOINT_NAME} has no valid slot (both torn or damaged, or "
+                                  "another WAL's): open reads every record, with a warning")
+            return
+        self.checkpoint_state = "valid"
+        cp, size = self.checkpoint, self.segment_size
+        last_segno = cp.end_lsn // size - (cp.end_lsn % size == PAGE_SIZE + PAGE_HEADER_SIZE)
+        present = set(self.segments)
+        missing = [n for n in range(cp.oldest_segno, last_segno + 1)
+                   if n not in present and n not in gaps
+                   and not os.path.exists(os.path.join(self.path, segment_name(n)))]
+        # (one that exists now was made after the listing: a writer at work)
+        if not missing:
+            return
+        for lo, hi in _runs(missing):
+            which = f"segment {lo:016X} is" if lo == hi else \
+                f"segments {lo:016X} to {hi:016X} are"
+            self.problems.append(Problem(
+                "gap", f"{which} missing, but the checkpoint says they held records durable up "
+                f"to {format_lsn(cp.end_lsn)}: deleted, with their records", lo, lo * size))
+
+    def checkpoint_dict(self) -> dict | None:
+        """The checkpoint as JSON (None: none valid)."""
+        cp = self.checkpoint
+        if cp is None:
+            return None
+        return {"end_lsn": cp.end_lsn, "last_lsn": cp.last_lsn, "oldest_segno": cp.oldest_segno,
+                "clean": cp.clean, "seq": cp.seq, "time_ns": cp.time_ns}
+
+    def describe_checkpoint(self) -> str:
+        """``checkpoint: end X/X, last X/X, oldest segment 000..., clean`` (or why none)."""
+        cp = self.checkpoint
+        if cp is None:
+            return {"none": "checkpoint: none (a WAL made before checkpoints: open reads every "
+                            "record)",
+                    "invalid": "checkpoint: no valid slot (open reads every record)",
+                    "unreadable": "checkpoint: unreadable"}[self.checkpoint_state]
+        return (f"checkpoint: end {format_lsn(cp.end_lsn)}, last {format_lsn(cp.last_lsn)}, "
+                f"oldest segment {cp.oldest_segno:016X}, {'clean' if cp.clean else 'not clean'}")
 
     # -- reading --
 
@@ -388,8 +476,14 @@ class WalView:
         return Problem("damage", end.reason, end.lsn // self.segment_size, end.lsn)
 
     def _classify(self, lsn: int, status: int) -> End:
-        """What the first invalid position ``lsn`` after a chain is: open's test."""
+        """What the first invalid position ``lsn`` after a chain is: open's test (with
+        verify="all": before the checkpoint's end, it is damage)."""
         reason = _core.status_text(status)
+        cp = self.checkpoint
+        if cp is not None and first_lsn(self.segments[0], self.segment_size) <= lsn < cp.end_lsn:
+            return End("damage", lsn, f"{reason}, before the checkpoint's end "
+                       f"{format_lsn(cp.end_lsn)}: this record had been made durable",
+                       durable_lsn=cp.end_lsn)
         durable, pages = self._reader.beyond(lsn, self.readable[-1],
                                              first_lsn(self.segments[0], self.segment_size))
         if durable:
@@ -539,7 +633,8 @@ class Records:
                 "first_lsn": self.first_lsn, "last_lsn": self.last_lsn,
                 "end_lsn": end.lsn if end else None, "stopped": end.kind if end else None,
                 "reason": end.describe(self._view.segment_size) if end else None,
-                "problems": [p.as_dict() for p in self._view.problems]}
+                "problems": [p.as_dict() for p in self._view.problems],
+                "checkpoint": self._view.checkpoint_dict()}
 
 
 def format_log_fields(fields: dict | None) -> str:
@@ -580,6 +675,8 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     torn_tail: End | None = None
+    checkpoint: dict | None = None       # WalView.checkpoint_dict()
+    checkpoint_line: str = ""            # WalView.describe_checkpoint()
     vanished: bool = field(default=False, repr=False)
 
     @property
@@ -605,6 +702,13 @@ class VerifyReport:
     def note_lines(self) -> list[str]:
         return [f"note: {n}" for n in self.notes]
 
+    def lines(self) -> list[str]:
+        """The text report: the summary line, the checkpoint, then (when OK) the notes."""
+        out = [self.summary_line()]
+        if self.checkpoint_line:
+            out.append(self.checkpoint_line)
+        return out + (self.note_lines() if self.ok else [])
+
     def as_dict(self) -> dict:
         first = self.first_problem
         return {"path": self.path, "ok": self.ok, "segments": self.segments,
@@ -612,7 +716,8 @@ class VerifyReport:
                 "first_lsn": self.first_lsn, "last_lsn": self.last_lsn, "end_lsn": self.end_lsn,
                 "first_problem": first.as_dict() if first else None,
                 "problems": [p.as_dict() for p in self.problems], "notes": list(self.notes),
-                "torn_tail": self.torn_tail.as_dict() if self.torn_tail else None}
+                "torn_tail": self.torn_tail.as_dict() if self.torn_tail else None,
+                "checkpoint": self.checkpoint}
 
 
 def verify(path: str | os.PathLike[str]) -> VerifyReport:
@@ -632,7 +737,9 @@ def _verify(path: str | os.PathLike[str]) -> VerifyReport:
         chain = view.scan()
         report = VerifyReport(view.path, len(view.segments), view.segment_size, chain.count,
                               chain.payload_bytes, chain.first_lsn, chain.last_lsn,
-                              chain.end.lsn, notes=list(view.notes))
+                              chain.end.lsn, notes=list(view.notes),
+                              checkpoint=view.checkpoint_dict(),
+                              checkpoint_line=view.describe_checkpoint())
         end = chain.end
         if end.kind == "damage":
             view.problems.append(view.end_problem(end))
@@ -712,6 +819,8 @@ def _stats(path: str | os.PathLike[str]) -> dict:
             },
             "problems": [p.as_dict() for p in view.problems],
             "notes": list(view.notes),
+            "checkpoint": view.checkpoint_dict(),
+            "checkpoint_text": view.describe_checkpoint(),
             "archive": archive_status(view.path, size),
             "vanished": bool(view.vanished),
         }
@@ -769,6 +878,8 @@ def format_stats(stats: dict) -> str:
         f"last record:     {lsn(stats['last_lsn'])}",
         f"end:             {lsn(stats['end_lsn'])} ({stats['end']['text']})",
     ]
+    if stats.get("checkpoint_text"):
+        lines.append(f"checkpoint:      {stats['checkpoint_text'].removeprefix('checkpoint: ')}")
     if sizes["max"] is not None:
         lines.append(f"record size:     min {sizes['min']}, mean {sizes['mean']:.1f}, max {sizes['max']}")
     width = max(len("bytes"), *(len(b["range"]) for b in sizes["histogram"]))
