@@ -643,7 +643,7 @@ static PyObject *Core_position(CoreObject *self, PyObject *unused)
     CORE_ENV(cc, 0);
     int rc = wal_position(self->core, &env, &insert, &prev);
     regain_gil(&cc);
-    if (rc)
+    if (rc || cc.exc_type) /* a reap while waiting for the lock may have failed */
         return raise_rc(self->core, rc, &cc);
     return Py_BuildValue("(KK)", (unsigned long long)insert, (unsigned long long)prev);
 }

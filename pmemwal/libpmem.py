@@ -91,6 +91,10 @@ class LibPmem:
         """Whether libpmem would persist [address, address+length) by flushing."""
         return bool(self._lib.pmem_is_pmem(address, length))
 
+    def persist(self, address: int, length: int) -> None:
+        """Flush [address, address+length) from the CPU caches and fence (pmem_persist)."""
+        self._lib.pmem_persist(address, length)
+
     def has_auto_flush(self) -> bool | None:
         """Whether CPU caches are flushed on power loss (eADR); None if unknown."""
         result = self._lib.pmem_has_auto_flush()

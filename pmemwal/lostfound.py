@@ -48,11 +48,13 @@ class Found:
     length: int
 
 
-def records_past(reader: _core.Reader, x: int, pages: list[int],
+def records_past(reader: _core.Reader, x: int, pages: list[int], min_prev: int,
                  segment: Callable[[int], mmap.mmap | None], segment_size: int) -> list[Found]:
-    """The valid records (not void) at or past ``x``: tried at every aligned position of x's
-    page and at the first record of each page in ``pages``, each chain followed while it
-    holds.  ``segment``: a segment number's mapping, or None."""
+    """The valid records (not void) of this cycle at or past ``x``: tried at every aligned
+    position of x's page and at the first record of each page in ``pages``, each chain
+    followed while it holds.  A chain's first record must link at or past ``min_prev`` (the
+    first LSN of the oldest segment): an older cycle's record in a recycled segment links
+    below it, and is no record of this WAL.  ``segment``: a segment's mapping, or None."""
     found: dict[int, Found] = {}
     page_end = x - x % PAGE_SIZE + PAGE_SIZE
     starts = list(range(x, page_end, 8))
@@ -66,8 +68,8 @@ def records_past(reader: _core.Reader, x: int, pages: list[int],
     for start in starts:
         lsn, prev = start, -1
         while lsn not in found:
-            status, _, next_lsn, _, length, _, _, _, _, void = reader.read(lsn, prev)
-            if status:
+            status, _, next_lsn, prev_lsn, length, _, _, _, _, void = reader.read(lsn, prev)
+            if status or (prev == -1 and prev_lsn < min_prev):
                 break
             if not void:
                 found[lsn] = Found(lsn, next_lsn, length)
@@ -75,12 +77,12 @@ def records_past(reader: _core.Reader, x: int, pages: list[int],
     return sorted(found.values(), key=lambda f: f.lsn)
 
 
-def set_aside(wal_dir: str, reader: _core.Reader, x: int, pages: list[int],
+def set_aside(wal_dir: str, reader: _core.Reader, x: int, pages: list[int], min_prev: int,
               segment: Callable[[int], mmap.mmap | None], segment_size: int, wal_id: bytes,
               reason: str) -> tuple[str, list[Found]] | None:
     """Copy the pages past ``x`` that hold valid records into lost+found, synced; returns its
     path and the records, or None when there is no valid record to keep."""
-    found = records_past(reader, x, pages, segment, segment_size)
+    found = records_past(reader, x, pages, min_prev, segment, segment_size)
     if not found:
         return None
     copy = {x - x % PAGE_SIZE} | set(pages)
@@ -200,9 +202,9 @@ _RESTORING = "RESTORING"  # the insert LSN a put-back began at: a second try che
 
 def restore(wal_dir: str, name: str, **wal_options) -> int:
     """Append the records of lost+found entry ``name`` to the WAL, in order, as new records
-    (new LSNs), flush them, then remove the entry; returns how many were appended.  A try
-    cut short is safe to repeat: the LSN it began at is noted first, and a repeat that
-    finds the records there appends nothing twice."""
+    (new LSNs), flush them, then remove the entry; returns how many it holds.  A try cut
+    short is safe to repeat: the LSN it began at is noted first, and a repeat appends only
+    the records it does not find there, in order."""
     from pmemwal.wal import open as open_wal  # the WAL imports this module
 
     entry = _entry(wal_dir, name)
@@ -210,9 +212,11 @@ def restore(wal_dir: str, name: str, **wal_options) -> int:
     marker = os.path.join(entry.path, _RESTORING)
     with open_wal(wal_dir, create=False, **wal_options) as wal:
         begun = _begun_at(marker)
-        if begun is None or not _already_there(wal, begun, records):
+        done = 0 if begun is None else _already_there(wal, begun, records)
+        if done == 0:  # (again) from here
             _write_synced_over(marker, str(wal.insert_lsn).encode())
-            wal.append_many(records)
+        if done < len(records):
+            wal.append_many(records[done:])
             wal.flush()
     remove(wal_dir, name)
     return len(records)
@@ -243,20 +247,20 @@ def _begun_at(marker: str) -> int | None:
         return None
 
 
-def _already_there(wal, lsn: int, records: list[bytes]) -> bool:
-    """Whether the WAL holds ``records`` from ``lsn`` on (a put-back that was cut short
-    after its flush)."""
+def _already_there(wal, lsn: int, records: list[bytes]) -> int:
+    """How many of ``records`` the WAL holds from ``lsn`` on, in order (a put-back cut short
+    after part of it became durable): those are not appended again."""
+    done = 0
     if lsn >= wal.insert_lsn:
-        return False
-    got = []
+        return 0
     try:
         for rec in wal.records(lsn):
-            got.append(bytes(rec.payload))
-            if len(got) == len(records):
+            if done == len(records) or bytes(rec.payload) != records[done]:
                 break
+            done += 1
     except (ValueError, CorruptionError):
-        return False
-    return got == records
+        pass
+    return done
 
 
 def _write_synced_over(path: str, data: bytes) -> None:

@@ -56,12 +56,14 @@ class Recovered:
     scanned_from: int
     full_scan: str | None        # why every retained record was read, if it was
     set_aside: str | None        # the lost+found entry made, if any
+    oldest_segno: int            # the oldest segment the next checkpoint may vouch for
 
     def as_dict(self) -> dict:
         return {"insert_lsn": self.insert_lsn, "prev_lsn": self.prev_lsn,
                 "checkpoint_lsn": self.checkpoint_lsn, "scanned_from": self.scanned_from,
                 "scanned_bytes": self.insert_lsn - self.scanned_from,
-                "full_scan": self.full_scan, "set_aside": self.set_aside}
+                "full_scan": self.full_scan, "set_aside": self.set_aside,
+                "oldest_segno": self.oldest_segno}
 
 
 class Recovery:
@@ -81,8 +83,10 @@ class Recovery:
     def run(self, on_corruption: str, verify: str = "checkpoint") -> Recovered:
         cp = self._checkpoints.read()
         full_scan = self._full_scan_reason(cp, verify)
-        if cp is not None:
-            self._check_vouched_segments(cp, on_corruption)
+        oldest = self._segnos[0] if cp is None else max(self._segnos[0], cp.oldest_segno)
+        if cp is not None and self._check_vouched_segments(cp, on_corruption):
+            full_scan = full_scan or "segments the checkpoint vouches for are missing"
+            oldest = self._segnos[0]  # the cut below lands at the first one missing
         if full_scan is None:
             start, prev = cp.end_lsn, cp.last_lsn
             status, x, last, _, _, bad = self._reader.scan(start, prev or -1, _END)
@@ -97,19 +101,22 @@ class Recovery:
                              f"checkpoint's end {format_lsn(cp.end_lsn)}: this record had been "
                              "made durable")
         self._check_deleted(on_corruption, status, x, bad)
-        pages: list[int] = []
+        aside = None
         if not (cp is not None and cp.clean and full_scan is None and x == cp.end_lsn):
-            durable, pages = self._reader.beyond(x, self._segnos[-1],
-                                                 first_lsn(self._segnos[0], self._size))
+            # (after a clean close with nothing past it, nothing of this cycle lies past x)
+            min_prev = first_lsn(self._segnos[0], self._size)
+            durable, pages = self._reader.beyond(x, self._segnos[-1], min_prev)
             if durable:
                 self._refuse(on_corruption, x, f"{_core.status_text(status)}; the valid record "
                              f"at {format_lsn(durable)} was written after this one was flushed")
-        aside = self._set_aside(x, pages, _core.status_text(status))
+            aside = self._set_aside(x, pages, min_prev, _core.status_text(status))
+        else:
+            pages = []
         if cp is not None and x < cp.end_lsn:  # a cut below it: the checkpoint goes first,
             # so that no open after a crash starts reading past the zeroed records
             self._checkpoints.write(x, last, self._segnos[0], current=cp)
         self._wipe_beyond(x, pages)
-        return Recovered(x, last, None if full_scan else start, start, full_scan, aside)
+        return Recovered(x, last, None if full_scan else start, start, full_scan, aside, oldest)
 
     def _full_scan_reason(self, cp: Checkpoint | None, verify: str) -> str | None:
         if verify == "all":
@@ -125,23 +132,26 @@ class Recovery:
             return "the checkpoint lies below the oldest segment"
         return None
 
-    def _check_vouched_segments(self, cp: Checkpoint, on_corruption: str) -> None:
-        """The segments from the checkpoint's oldest to the one holding its last byte exist:
-        truncation writes the checkpoint that drops a segment before it removes it."""
+    def _check_vouched_segments(self, cp: Checkpoint, on_corruption: str) -> bool:
+        """Whether a segment is missing from the checkpoint's oldest to the one holding its
+        last byte (truncation writes the checkpoint that drops a segment before it removes
+        it): CorruptionError, or with on_corruption="truncate" a warning, and True (the
+        caller then reads every retained record, to cut at the first one missing)."""
         end = cp.end_lsn
         last_segno = end // self._size - (end % self._size == PAGE_SIZE + PAGE_HEADER_SIZE)
         present = set(self._segnos)
         missing = [n for n in range(cp.oldest_segno, last_segno + 1) if n not in present]
         if not missing:
-            return
+            return False
         what = (f"segment {missing[0]:016X} is missing" if len(missing) == 1 else
                 f"segments {missing[0]:016X}..{missing[-1]:016X} are missing ({len(missing)})")
         reason = (f"{what}, but the checkpoint says they held records durable up to "
                   f"{format_lsn(end)}: deleted, with their records")
         if on_corruption == "raise":
             raise CorruptionError(first_lsn(missing[0], self._size), missing[0], reason)
-        warnings.warn(f"{self._dir.path}: {reason}; on_corruption='truncate' goes on without "
-                      "them", RecoveryWarning, stacklevel=4)
+        warnings.warn(f"{self._dir.path}: {reason}; on_corruption='truncate' cuts the WAL at "
+                      "the first one missing", RecoveryWarning, stacklevel=4)
+        return True
 
     def _check_deleted(self, on_corruption: str, status: int, x: int, bad: int) -> None:
         """The chain ran into a segment that is missing although a later one exists
@@ -162,9 +172,9 @@ class Recovery:
                                   "on_corruption='truncate' to cut the WAL here; what follows "
                                   "is set aside in lost+found first)")
 
-    def _set_aside(self, x: int, pages: list[int], reason: str) -> str | None:
-        made = lostfound.set_aside(self._dir.path, self._reader, x, pages, self._segment,
-                                   self._size, self._wal_id, reason)
+    def _set_aside(self, x: int, pages: list[int], min_prev: int, reason: str) -> str | None:
+        made = lostfound.set_aside(self._dir.path, self._reader, x, pages, min_prev,
+                                   self._segment, self._size, self._wal_id, reason)
         if made is None:
             return None
         path, found = made

@@ -35,7 +35,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
-from pmemwal.errors import FormatError, LockedError, NotFoundError, StorageError
+from pmemwal.errors import ClosedError, FormatError, LockedError, NotFoundError, StorageError
 from pmemwal.format import PAGE_SIZE, SegmentHeader, parse_segment_name, segment_name
 from pmemwal.libpmem import buffer_address
 
@@ -189,6 +189,8 @@ class WalDirectory:
 
     def sync(self) -> None:
         """Make renames and removals durable."""
+        if self.dir_fd < 0:  # an appender making a segment as another thread closes the WAL
+            raise ClosedError("the WAL is closed")
         os.fsync(self.dir_fd)
 
     def create(self, segno: int, segment_size: int, wal_id: bytes, zero_fill: bool = False) -> None:

@@ -38,7 +38,7 @@ from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatErr
 from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,
                             is_valid_segment_size)
 from pmemwal.recovery import VERIFY, Recovery
-from pmemwal.segments import Segment, WalDirectory
+from pmemwal.segments import Segment, WalDirectory, storage_errors
 
 MODES = ("auto", "buffered", "direct")
 SYNC_METHODS = {
@@ -260,6 +260,7 @@ class WAL:
         self._checkpoint: Checkpoint | None = None    # the last one this process read or wrote
         self._checkpoint_time = time.monotonic()
         self._position_before = (0, 0)  # the background's position snapshot of its last round
+        self._checkpoint_listeners: list = []  # called after each background checkpoint
         self._sync_method = sync_method
         self._persist = persist
         self._recycle_segments = recycle_segments
@@ -313,8 +314,7 @@ class WAL:
         self._direct = self.mode == "direct"
         self._map_sync = bool(self.probe and self.probe.map_sync)
         self._reader = _core.Reader(self.segment_size, self._wal_id_lo, _weak(self, "_segment_buffer"))
-        self._checkpoints = CheckpointFile(self._dir.path, self._dir.dir_fd, self.wal_id,
-                                           self.segment_size)
+        self._checkpoints = CheckpointFile(self._dir.path, self.wal_id, self.segment_size)
         self.recovery: dict | None = None
         insert_lsn = prev_lsn = 0
         if first:
@@ -325,7 +325,11 @@ class WAL:
         self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
                          insert_lsn, prev_lsn, first)
         if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
-            self._write_checkpoint(insert_lsn, prev_lsn, exact=True)
+            self._persist_recovered(self.recovery["scanned_from"], insert_lsn)
+            self._write_checkpoint(insert_lsn, prev_lsn, oldest=self.recovery["oldest_segno"],
+                                   exact=True)
+        else:
+            self._checkpoint = self._checkpoints.read()
         if self._control is not None and first:
             self._dir.share_lock()
 
@@ -517,6 +521,38 @@ class WAL:
         self._check_open()
         return self._write_checkpoint(*self._flushed_position()).end_lsn
 
+    def position(self) -> tuple[int, int]:
+        """(insert LSN, LSN of the last record appended, 0 if none), read together: where a
+        layer keeping an index of its own stands (pmemwal.Log's index checkpoints)."""
+        self._check_open()
+        return self._core.position()
+
+    def add_checkpoint_listener(self, listener) -> None:
+        """Call ``listener(end_lsn)`` from the background writer's thread after each
+        checkpoint it writes: a layer with an index of its own (pmemwal.Log) stores it at
+        the WAL's pace.  The listener must not wait for anything close() holds."""
+        self._checkpoint_listeners.append(listener)
+
+    def _persist_recovered(self, start: int, end: int) -> None:
+        """Make the records recovery read past the checkpoint durable before a checkpoint
+        names them: after a SIGKILL they may lie in the page cache (or, on pmem, in CPU
+        caches) only, unsynced.  At most what was flushed since the last checkpoint."""
+        size = self.segment_size
+        lib = libpmem.load() if self.persist_method == "pmem" else None
+        for segno in range(start // size, (end - 1) // size + 1) if end > start else ():
+            if segno not in self._segnos:
+                continue
+            lo, hi = max(start, segno * size) % size, min(end - segno * size, size)
+            if lib is not None:
+                seg_map = self._segment_buffer(segno)
+                lib.persist(libpmem.buffer_address(seg_map) + lo, hi - lo)
+            with storage_errors(f"syncing segment {segno:016X}"):
+                fd = os.open(self._dir.file(segno), os.O_RDONLY)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+
     def _flushed_position(self) -> tuple[int, int]:
         """The insert position and the last record before it, with everything below made
         durable: a pair a checkpoint can name."""
@@ -553,19 +589,25 @@ class WAL:
                 flushed - last.end_lsn < self._checkpoint_bytes or since < _CHECKPOINT_MIN_GAP):
             return
         for end, prev in (position, before):
-            if end <= flushed and (last is None or end > last.end_lsn):
-                self._write_checkpoint(end, prev)
+            if end and end <= flushed and (last is None or end > last.end_lsn):
+                if self._write_checkpoint(end, prev, background=True) is not None:
+                    for listener in self._checkpoint_listeners:
+                        listener(end)
                 return
 
     def _write_checkpoint(self, end: int, last: int, oldest: int = 0, clean: bool = False,
-                          exact: bool = False) -> Checkpoint:
+                          exact: bool = False, background: bool = False) -> Checkpoint | None:
         """Write a checkpoint naming ``end`` (durable: the caller flushed it), the record
         ``last`` that ends there, and the oldest segment kept: ``oldest`` or the oldest
         retained, whichever is higher.  A shared WAL's processes write it in turn (files
         lock), each never below what another wrote; ``exact``: recovery's, where it ended
-        the WAL, which a cut may have moved below the last checkpoint."""
+        the WAL, which a cut may have moved below the last checkpoint.  A ``background``
+        round's is dropped once close is under way (close writes the last)."""
         shared = self._control is not None
-        with self._checkpoint_lock, (self._control.files_lock() if shared else nullcontext()):
+        # the files lock first: a shared truncation holds it when it writes one
+        with (self._control.files_lock() if shared else nullcontext()), self._checkpoint_lock:
+            if background and self._core_closed:
+                return None  # close has written the last one
             current = self._checkpoints.read() if shared or self._checkpoint is None \
                 else self._checkpoint
             oldest = max(oldest, self._oldest_segment())
@@ -577,9 +619,6 @@ class WAL:
                         (end, last, oldest, clean):
                     self._checkpoint = current
                     return current
-            if self._closed and not clean and self._checkpoint is not None and \
-                    self._checkpoint.clean:
-                return self._checkpoint  # a background round that lost the race with close
             self._checkpoint = self._checkpoints.write(end, last, oldest, clean, current)
             self._checkpoint_time = time.monotonic()
             self._count("checkpoints")
@@ -951,6 +990,8 @@ class WAL:
         self._check_open()
         with self._truncate_lock:
             cut = self._archived_cut(min(before_lsn, self.flushed_lsn) // self.segment_size)
+            cut = min(cut, self._segnos[-1])  # the newest segment stays (the flushed LSN can
+            # lie at the first byte of one not made yet)
             if self._control is None:
                 if cut > self._oldest_segment():  # the checkpoint first: see checkpoint.py
                     self._write_checkpoint(*self._durable_point(), oldest=cut)
@@ -1159,14 +1200,14 @@ class WAL:
         if self._closed:
             return
         self._closed = True
+        point = None
         try:
             if not self._core.error:
                 self._core.flush()
-                # A one-process WAL closed cleanly: the next open reads nothing (a shared
-                # WAL's other processes may append on, so its checkpoint is never clean).
-                self._write_checkpoint(*self._core.position(), clean=self._control is None)
+                point = self._flushed_position()  # durable, whatever another thread appends
+                self._write_checkpoint(*point)
         finally:
-            self._release()
+            self._release(point)
 
     def _forsake(self) -> None:
         """In a child after fork() (see _after_fork_in_child)."""
@@ -1178,12 +1219,13 @@ class WAL:
         if self._control is not None:
             self._control.forsake()
 
-    def _release(self) -> None:
+    def _release(self, point: tuple[int, int] | None = None) -> None:
         _SHARED.discard(self)
         with self._truncate_lock, self._seg_lock:  # no segment is attached after this
             self._core_closed = True
             if hasattr(self, "_core"):
                 self._core.close()
+                self._mark_clean(point)
             if self._control is not None:  # after the core, which let go of its mapping
                 self._control.close()
         if self._background is not None:  # after the core: no appender can notify it now
@@ -1196,6 +1238,19 @@ class WAL:
                 seg.close()
             table.clear()
         self._dir.close()
+
+    def _mark_clean(self, point: tuple[int, int] | None) -> None:
+        """Close, the core closed and truncations shut out: a one-process WAL with nothing
+        appended past ``point`` (close's checkpoint) gets it again as CLEAN, so that the
+        next open reads nothing past it.  A shared WAL's other processes may append on: its
+        checkpoint is never clean."""
+        if point is None or self._control is not None or self._core.error or \
+                self._core.insert_lsn != point[0]:
+            return
+        try:
+            self._write_checkpoint(*point, clean=True)
+        except StorageError:
+            pass  # close's checkpoint stands; the next open searches past it, as after a crash
 
     def _check_open(self) -> None:
         if self._closed:

@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 import pmemwal
+import pmemwal.slots
 from pmemwal import lostfound
 from pmemwal.checkpoint import CheckpointFile
 from pmemwal.slots import SLOT_STRIDE
@@ -247,3 +248,168 @@ def test_checkpoint_options_are_checked(wal_dir):
     for bad in ({"checkpoint_interval": 0}, {"checkpoint_bytes": 0}, {"verify": "some"}):
         with pytest.raises(pmemwal.ConfigError):
             pmemwal.open(wal_dir, **bad)
+
+
+# ---- found by review: each failed before its fix ------------------------------------
+
+def test_stale_records_of_a_recycled_segment_are_not_set_aside(wal_dir, mode):
+    """A WAL ending in a recycled segment, amid the records of its older cycle: those are no
+    records of this WAL, so a reopen sets nothing aside (and restore could not append them)."""
+    import warnings
+
+    from test_recovery import _append, _fill_and_recycle, _pad_to
+    from conftest import PAGE, PAGE_HDR, SEG as S
+
+    wal, old, _, recycled = _fill_and_recycle(wal_dir, mode, background=False)
+    with wal:
+        _append(wal, [1000] * 3, "new", flush_each=True)
+        while wal.insert_lsn < recycled[0] * S + 2 * PAGE:
+            _append(wal, [777], "more", flush_each=True)
+        cur = wal.insert_lsn % S
+        idx = next(k for k, (lsn, _) in enumerate(old[:-1])
+                   if lsn < S and lsn - cur >= 3 * PAGE and lsn % PAGE >= PAGE_HDR + 64
+                   and old[k + 1][0] // PAGE == lsn // PAGE)
+        _pad_to(wal, recycled[0] * S + old[idx][0], "pad")  # the end lands on an old record
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecoveryWarning)
+        pmemwal.open(wal_dir, mode=mode).close()
+    assert lostfound.entries(wal_dir) == []
+
+
+def test_close_names_no_end_it_did_not_flush(wal_dir, mode):
+    """A thread appending while another closes: the checkpoint close writes is durable, and
+    clean only when nothing came after it."""
+    import threading
+
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=1 << 20, background=False)
+
+    def appender():
+        try:
+            while True:
+                wal.append(b"x" * 200)
+        except pmemwal.ClosedError:
+            pass
+
+    thread = threading.Thread(target=appender)
+    thread.start()
+    time.sleep(0.05)
+    wal.close()
+    thread.join()
+    with pmemwal.open(wal_dir, mode=mode, verify="all") as again:
+        assert sum(1 for _ in again.records()) > 0
+
+
+def test_truncate_racing_close_never_removes_what_the_checkpoint_vouches_for(wal_dir, mode):
+    import threading
+
+    seg = 1 << 20
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=seg, background=False)
+    for _ in range(800):
+        wal.append(b"r" * 4000)
+    wal.flush()
+    closing = threading.Event()
+    durable_point = wal._durable_point
+
+    def late_durable_point():  # the truncation finds its point as close is under way
+        closing.wait(5)
+        time.sleep(0.05)
+        return durable_point()
+
+    wal._durable_point = late_durable_point
+    truncation = threading.Thread(target=lambda: wal.truncate(wal.flushed_lsn))
+    truncation.start()
+    time.sleep(0.02)
+    closing.set()
+    wal.close()
+    truncation.join()
+    with pmemwal.open(wal_dir, mode=mode) as again:  # no "segments ... are missing"
+        assert again.insert_lsn > 2 * seg
+
+
+def test_truncate_with_a_missing_vouched_segment_cuts_there(wal_dir, mode):
+    seg = 1 << 20
+    with pmemwal.open(wal_dir, mode=mode, segment_size=seg) as wal:
+        lsns = [wal.append(b"m" * 10_000) for _ in range(300)]
+    os.unlink(seg_file(wal_dir, 1))
+    with pytest.warns(RecoveryWarning):
+        wal = pmemwal.open(wal_dir, mode=mode, on_corruption="truncate")
+    with wal:
+        kept = [r.lsn for r in wal.records()]
+        assert kept == [lsn for lsn in lsns if lsn < kept[-1] + 1] and kept[-1] < seg
+        wal.append(b"after", flush=True)
+    with pmemwal.open(wal_dir, mode=mode) as wal:  # the cut holds: no error on later opens
+        assert bytes(list(wal.records())[-1].payload) == b"after"
+
+
+def test_truncate_to_a_segment_boundary_keeps_the_newest_segment(wal_dir, mode):
+    """The WAL ends exactly where segment 1 begins, which is not made yet: truncating up to
+    the flushed LSN keeps segment 0 (the newest), and appending goes on."""
+    seg = 1 << 20
+    usable = (seg // 8192 - 1) * 8168
+    with pmemwal.open(wal_dir, mode=mode, segment_size=seg, background=False,
+                      prepare_segments=0, max_record_size=2 * seg) as wal:
+        wal.append(b"z" * (usable - 24), flush=True)
+        assert wal.flushed_lsn == seg + 8216 and not seg_file(wal_dir, 1).exists()
+        wal.truncate(wal.flushed_lsn)
+        wal.append(b"after", flush=True)
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert bytes(list(wal.records())[-1].payload) == b"after"
+
+
+def test_open_syncs_what_it_read_before_a_checkpoint_names_it(wal_dir, mode, monkeypatch):
+    """After a SIGKILL, records that were never flushed lie in the page cache: recovery reads
+    them, and before the open's checkpoint names them durable they are synced."""
+    code = f"""
+import sys, pmemwal
+wal = pmemwal.open({str(wal_dir)!r}, mode={mode!r}, segment_size=1 << 20, background=False,
+                   buffer_size=128 << 10)  # buffered: the ring wraps, so its pages are written
+wal.append(b"first", flush=True)
+for i in range(600):
+    wal.append(b"u" * 4000)  # never flushed
+print(wal.insert_lsn, flush=True)
+sys.stdin.read()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=child_env(), text=True)
+    end = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    events = []
+    real_fdatasync, real_write = os.fdatasync, pmemwal.slots.SlotPair.write
+
+    def fdatasync(fd):
+        events.append(("sync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fdatasync(fd)
+
+    def write(self, which, body):
+        events.append(("checkpoint", os.path.basename(self.path)))
+        return real_write(self, which, body)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(pmemwal.slots.SlotPair, "write", write)
+    with pmemwal.open(wal_dir, mode=mode, background=False) as wal:
+        # the killed writer's records were in the page cache (but the ring's last pages)
+        assert wal.insert_lsn > end - (128 << 10) > 2 << 20
+        first_checkpoint = events.index(("checkpoint", "CHECKPOINT"))
+        synced = {name for kind, name in events[:first_checkpoint] if kind == "sync"}
+        assert {"0000000000000000.wal", "0000000000000001.wal", "0000000000000002.wal"} <= synced
+
+
+def test_a_restore_cut_short_appends_only_what_is_missing(wal_dir):
+    seg = 1 << 20
+    payloads = _payloads(4)[:200]
+    with pmemwal.open(wal_dir, segment_size=seg, background=False) as wal:
+        lsns = [wal.append(p) for p in payloads]
+        wal.flush()
+    _garble(wal_dir, lsns[20], seg)
+    with pytest.warns(RecoveryWarning):
+        pmemwal.open(wal_dir, verify="all", on_corruption="truncate").close()
+    (entry,) = lostfound.entries(wal_dir)
+    kept = [p for _, p in entry.records()]
+    with pmemwal.open(wal_dir) as wal:  # a put-back that got 50 records in, then died
+        with open(os.path.join(entry.path, "RESTORING"), "w") as f:
+            f.write(str(wal.insert_lsn))
+        wal.append_many(kept[:50])
+    assert lostfound.restore(str(wal_dir), entry.name) == len(kept)
+    with pmemwal.open(wal_dir) as wal:
+        assert [bytes(r.payload) for r in wal.records()] == payloads[:20] + kept
