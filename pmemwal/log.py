@@ -36,9 +36,14 @@ in a segment about to go, that state again), flushes, then lets
 ``WAL.truncate`` drop the whole segments below the first kept entry; entries
 left in the segment that holds it are skipped by the marker on replay.
 
-The index (entry -> LSN, entry -> term) lives in two numpy uint64 arrays,
-rebuilt on open from the records' headers alone, read in native batches
-(``WAL.record_heads``): ``log[i]`` is O(1) and reads one record.
+The index (entry -> LSN, entry -> term) is kept durable beside the WAL
+(pmemwal/log_index.py): at each of the WAL's background checkpoints, at
+compaction and at close, the entries appended since go into mapped index files
+and a slot names the WAL position the index reflects.  Open reads that slot and
+replays only the log records after it, from their headers alone, in native
+batches (``WAL.record_heads``); without a usable index (none yet, or a WAL cut
+below it) it replays every record and writes the index at the next checkpoint.
+``log[i]`` is O(1) and reads one record; memory follows the entries read.
 """
 
 from __future__ import annotations
@@ -46,13 +51,16 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import warnings
 from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, LogIndexError, TermError,
-                            format_lsn)
-from pmemwal.wal import WAL
+from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, LogIndexError,
+                            TermError, WALError, format_lsn)
+from pmemwal.log_index import IndexFiles, IndexState, TieredIndex, payload_crc
+from pmemwal.recovery import RecoveryWarning
+from pmemwal.wal import WAL, _weak
 
 MAGIC = 0x4C50
 VERSION = 1
@@ -91,69 +99,6 @@ def open_log(path: str | os.PathLike[str], **wal_options) -> Log:
     return Log(path, **wal_options)
 
 
-class _Index:
-    """Entry index -> (LSN, term), for the entries [first, next): numpy arrays with room
-    at the end to grow into and a start offset that compaction moves forward."""
-
-    def __init__(self) -> None:
-        self.lsn = np.zeros(1024, np.uint64)
-        self.term = np.zeros(1024, np.uint64)
-        self.start = self.count = 0
-        self.first = 1                          # index of entry 0 of the live range
-
-    @property
-    def next(self) -> int:
-        return self.first + self.count
-
-    def slot(self, index: int) -> int:
-        return self.start + index - self.first
-
-    def _room(self, n: int) -> int:
-        """Make room for n more entries; returns where they go."""
-        end = self.start + self.count
-        if end + n > len(self.lsn):
-            cap = max(2 * (self.count + n), 1024)
-            for name in ("lsn", "term"):
-                grown = np.zeros(cap, np.uint64)
-                grown[:self.count] = getattr(self, name)[self.start:end]
-                setattr(self, name, grown)
-            self.start, end = 0, self.count
-        return end
-
-    def extend(self, lsns: np.ndarray, terms: np.ndarray) -> None:
-        end = self._room(len(lsns))
-        self.lsn[end:end + len(lsns)] = lsns
-        self.term[end:end + len(lsns)] = terms
-        self.count += len(lsns)
-
-    def push(self, lsn: int, term: int) -> None:
-        end = self.start + self.count
-        if end == len(self.lsn):
-            end = self._room(1)
-        self.lsn[end] = lsn
-        self.term[end] = term
-        self.count += 1
-
-    def restart(self, first: int) -> None:
-        """No entries; the next one is ``first``."""
-        self.start, self.count, self.first = 0, 0, first
-
-    def keep_through(self, index: int) -> None:
-        """Void the entries above ``index`` (which may lie below the live range)."""
-        if index < self.first:
-            self.restart(index + 1)
-        elif index < self.next:
-            self.count = index - self.first + 1
-
-    def drop_through(self, index: int) -> None:
-        """Drop the entries up to ``index``; past the end, the log goes on at ``index + 1``."""
-        if index + 1 >= self.next:
-            self.restart(index + 1)
-        elif index >= self.first:
-            gone = index + 1 - self.first
-            self.start, self.count, self.first = self.start + gone, self.count - gone, index + 1
-
-
 class Log:
     """A log of numbered entries, each with a term, over one WAL directory.
 
@@ -170,27 +115,70 @@ class Log:
 
     def __init__(self, path: str | os.PathLike[str], **wal_options) -> None:
         self._lock = threading.Lock()
-        self._index = _Index()
         self._snapshot = (0, 0)                 # (index, term) of the last compacted entry
         self._state = HardState()
         self._state_record: bytes | None = None
         self._state_lsn = 0
         self._last_term = 0                     # the last entry's (or snapshot's) term
+        self._known = False                     # has any record fixed the numbering yet?
+        self._index_lock = threading.Lock()     # one index checkpoint written at a time
+        self._index_state: IndexState | None = None  # the last one written or read
+        self.replayed_from: int | None = None   # where open replayed from (None: everything)
+        self.index_error: WALError | OSError | None = None  # the last background one failed so
         if wal_options.get("shared"):
             raise ConfigError("a Log has one writer process (its index numbers the entries "
                               "as this process appends them): shared=True is the WAL's")
         self.wal = WAL(path, **wal_options)
+        self._files = IndexFiles(self.wal.path, self.wal.wal_id)
+        self._index = TieredIndex(self._files)
         try:
-            self._replay()
+            self.replayed_from = self._load_index()
+            self._replay(self.replayed_from)
         except BaseException:
+            self._files.close()
             self.wal.close()
             raise
+        self.wal.add_checkpoint_listener(_weak(self, "_background_index_checkpoint"))
 
-    # ---- open: rebuild the index ----------------------------------------------
+    # ---- open: read the index, replay what follows it ------------------------------
 
-    def _replay(self) -> None:
-        known = False                           # has any record fixed the numbering yet?
-        for lsns, lengths, heads in self.wal.record_heads(HEADER_SIZE, batch=_SCAN_BATCH):
+    def _load_index(self) -> int | None:
+        """Take the stored index when it fits this WAL; returns the LSN to replay from
+        (None: every record, the index rebuilt)."""
+        state = self._files.read_state()
+        if state is None or not state.guard_lsn:
+            return None  # none yet, or one of an empty log: replaying all is replaying little
+        why = self._unusable(state)
+        if why:
+            warnings.warn(f"{self.wal.path}: the log index is not used ({why}); every log "
+                          "record is read instead", RecoveryWarning, stacklevel=3)
+            return None
+        self._index = TieredIndex(self._files, state.first, state.next)
+        self._snapshot, self._state_lsn, self._known = state.snapshot, state.state_lsn, state.known
+        self._index_state = state
+        return state.replay_lsn
+
+    def _unusable(self, state: IndexState) -> str | None:
+        """Why the stored index does not describe this WAL's records below its replay_lsn,
+        or None: the WAL must still hold them, ending there in the same record."""
+        wal = self.wal
+        insert, last = wal.position()
+        if not wal.first_lsn <= state.replay_lsn <= insert:
+            return f"it reaches {format_lsn(state.replay_lsn)}, the WAL holds " \
+                   f"{format_lsn(wal.first_lsn)}..{format_lsn(insert)}"
+        try:
+            guard = wal.record(state.guard_lsn)
+            follows = last if state.replay_lsn == insert else wal.record(state.replay_lsn).prev_lsn
+        except (ValueError, WALError) as exc:
+            return f"its last record does not read: {exc}"
+        if follows != state.guard_lsn or payload_crc(guard.payload) != state.guard_crc:
+            return f"the record at {format_lsn(state.guard_lsn)} is not the one it was made after"
+        return None
+
+    def _replay(self, start: int | None) -> None:
+        known = self._known
+        for lsns, lengths, heads in self.wal.record_heads(HEADER_SIZE, start=start,
+                                                          batch=_SCAN_BATCH):
             head = heads.view(HEADER_DTYPE)[:, 0]
             _check_headers(lsns, lengths, head)
             if _dense_entries(head, self._index.next if known else None):
@@ -203,15 +191,81 @@ class Log:
                 continue
             for lsn, h in zip(lsns.tolist(), head.tolist()):
                 known = self._apply(lsn, h, known)
-        if self._snapshot[0] < self._index.first - 1:
+        ix = self._index  # (an index read from its files may name entries in a lost segment)
+        if self._snapshot[0] < ix.first - 1 or \
+                (ix.count and ix.lsn_at(ix.first) < self.wal.first_lsn):
             raise CorruptionError(self.wal.first_lsn, self.wal.first_lsn // self.wal.segment_size,
                                   f"the log starts at entry {self._index.first}, but entries "
                                   f"after {self._snapshot[0]} were never compacted: a segment "
                                   "holding them is missing")
         if self._state_lsn:
-            self._state = _decode_state(self.wal.record(self._state_lsn).payload)
+            self._state = _decode_state(self._record(self._state_lsn).payload)
             self._state_record = _encode_state(self._state)
         self._last_term = self._term_at(self._index.next - 1)
+        self._known = known
+
+    # ---- index checkpoints (pmemwal/log_index.py) ------------------------------------
+
+    def checkpoint(self) -> int:
+        """Make every entry durable, and write the index and the WAL's checkpoint: the next
+        open reads the index and replays nothing.  Returns the WAL checkpoint's LSN."""
+        with self._lock:
+            self._check_open()
+            self._store_index(self._capture())
+            return self.wal.checkpoint()
+
+    def _capture(self) -> tuple:
+        """Under the lock: the index as the WAL's records below the insert position leave it
+        (every log record goes in under the lock), and the entries not stored yet."""
+        insert, last = self.wal.position()
+        start, lsns, terms = self._index.pending()
+        ix = self._index
+        state = IndexState(0, insert, last, 0, ix.first, ix.next, self._known, self._snapshot,
+                           self._state_lsn)
+        return state, start, lsns, terms, ix.changes
+
+    def _store_index(self, captured: tuple, locked: bool = True) -> None:
+        """Write a captured index: its records made durable, its pending entries' slots
+        written and synced, then its state; never one older than the last written."""
+        state, start, lsns, terms, changes = captured
+        with self._index_lock:
+            if self._index_state is not None and state.replay_lsn < self._index_state.replay_lsn:
+                return  # one made later was written first (a compaction, by another thread)
+            guard_crc = 0
+            if state.guard_lsn:
+                self.wal.flush(state.guard_lsn)
+                guard_crc = payload_crc(self.wal.record(state.guard_lsn).payload)
+            self._files.write(start, lsns, terms)
+            seq = self._index_state.seq + 1 if self._index_state is not None else 1
+            state = IndexState(seq, state.replay_lsn, state.guard_lsn, guard_crc, state.first,
+                               state.next, state.known, state.snapshot, state.state_lsn)
+            self._files.write_state(state)
+            self._index_state = state
+            self._files.remove_below(state.first)
+        if locked or self._lock.acquire(blocking=False):  # (never waits: close may hold it)
+            try:
+                if self._index.changes == changes:
+                    self._index.stored(state.next)
+            finally:
+                if not locked:
+                    self._lock.release()
+
+    def _background_index_checkpoint(self, _end: int) -> None:
+        """The WAL's background writer wrote a checkpoint: the index follows, unless the
+        log is busy (the lock is taken, never waited for: close holds it while it stops
+        that writer)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self.wal.closed:
+                return
+            captured = self._capture()
+        finally:
+            self._lock.release()
+        try:
+            self._store_index(captured, locked=False)
+        except (WALError, OSError) as exc:
+            self.index_error = exc  # the next checkpoint tries again; the open replays more
 
     def _apply(self, lsn: int, head: tuple, known: bool) -> bool:
         """Replay one log record; returns whether the numbering is known from here on.
@@ -256,10 +310,10 @@ class Log:
             if term < self._last_term:
                 raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             ix = self._index
-            index = ix.first + ix.count
+            index = ix.next
             lsn = self.wal.append_prefixed(_ENTRY_PREFIX + _INDEX_TERM.pack(index, term), payload)
             ix.push(lsn, term)
-            self._last_term = term
+            self._last_term, self._known = term, True
         if sync:  # outside the lock: threads appending at once share flushes (group commit)
             self.wal.flush(lsn)
         return index
@@ -277,7 +331,7 @@ class Log:
                 return np.empty(0, np.int64)
             lsns = self.wal.append_many(records)
             self._index.extend(lsns, np.full(len(lsns), term, np.uint64))
-            self._last_term = term
+            self._last_term, self._known = term, True
         if sync:
             self.wal.flush(int(lsns[-1]))
         return np.arange(first, first + len(records), dtype=np.int64)
@@ -292,7 +346,7 @@ class Log:
             if index is None:
                 self.wal.flush()
             elif index >= ix.first:  # below it: compacted, made durable by compact()
-                self.wal.flush(int(ix.lsn[ix.slot(index)]))
+                self.wal.flush(ix.lsn_at(index))
 
     def truncate_after(self, index: int) -> None:
         """Void every entry above ``index``; the next append gets ``index + 1``.  Durable on return.
@@ -309,7 +363,7 @@ class Log:
                 return
             self.wal.append(HEADER.pack(MAGIC, VERSION, REWIND, 0, index, 0), True)
             ix.keep_through(index)
-            self._last_term = self._term_at(index)
+            self._last_term, self._known = self._term_at(index), True
 
     def compact(self, before_index: int) -> int:
         """Drop the entries below ``before_index``: ``first_index`` becomes ``before_index``,
@@ -327,7 +381,7 @@ class Log:
                                     f"{_span(ix)}")
             if before_index <= ix.first:
                 return 0
-            keep_lsn = int(ix.lsn[ix.slot(before_index)]) if before_index < ix.next else None
+            keep_lsn = ix.lsn_at(before_index) if before_index < ix.next else None
             return self._write_snapshot(before_index - 1, self._term_at(before_index - 1),
                                         False, keep_lsn)
 
@@ -359,6 +413,9 @@ class Log:
         self._last_term = self._term_at(self._index.next - 1)
         if restate:
             self._state_lsn = int(lsns[1])
+        self._known = True
+        # the index first: one naming an older replay point would need the segments that go
+        self._store_index(self._capture())
         return self.wal.truncate(keep_lsn if keep_lsn is not None else int(lsns[0]))
 
     def set_state(self, *, term=_KEEP, vote=_KEEP, commit=_KEEP) -> HardState:
@@ -391,9 +448,8 @@ class Log:
             ix = self._index
             if not ix.first <= index < ix.next:
                 raise LogIndexError(f"no entry {index}: entries are {_span(ix)}")
-            slot = ix.slot(index)
-            record = self.wal.record(int(ix.lsn[slot]))
-            return Entry(index, int(ix.term[slot]), record.payload[HEADER_SIZE:])
+            record = self._record(ix.lsn_at(index))
+            return _entry(index, record, self.wal.segment_size)
 
     __getitem__ = entry
 
@@ -407,17 +463,23 @@ class Log:
             stop = ix.next if stop is None else min(stop, ix.next)
             if start >= stop:
                 return
-            lsns = ix.lsn[ix.slot(start):ix.slot(stop)].tolist()
-            terms = ix.term[ix.slot(start):ix.slot(stop)].tolist()
+            lsns = ix.span(start, stop)[0].tolist()
         # One pass over the WAL from the first entry, stepping over the records in between
         # that are not these entries (voided ones, rewinds, markers, states).
         want = 0
+        self._record(lsns[0])  # the first must read: a start that does not is damage
         for record in self.wal.records(lsns[0]):
+            if record.lsn > lsns[want]:
+                break  # the chain passed the LSN the index names: no record starts there
             if record.lsn == lsns[want]:
-                yield Entry(start + want, terms[want], record.payload[HEADER_SIZE:])
+                yield _entry(start + want, record, self.wal.segment_size)
                 want += 1
                 if want == len(lsns):
                     return
+        lsn = lsns[want]
+        raise CorruptionError(lsn, lsn // self.wal.segment_size, f"the log's index names "
+                              f"{format_lsn(lsn)} for entry {start + want}, and no record of "
+                              "the WAL's chain starts there")
 
     def __iter__(self) -> Iterator[Entry]:
         return self.entries()
@@ -430,7 +492,7 @@ class Log:
     def _term_at(self, index: int) -> int:
         ix = self._index
         if ix.first <= index < ix.next:
-            return int(ix.term[ix.slot(index)])
+            return ix.term_at(index)
         if index == ix.first - 1:
             return self._snapshot[1] if self._snapshot[0] == index else 0
         raise LogIndexError(f"term_at({index}): entries are {_span(ix)}")
@@ -463,12 +525,27 @@ class Log:
     def __len__(self) -> int:
         return self._index.count
 
+    def _record(self, lsn: int):
+        """The WAL record at ``lsn``, which the index names: one that does not read is
+        damage (CorruptionError), not a caller's wrong LSN."""
+        try:
+            return self.wal.record(lsn)
+        except ValueError as exc:
+            raise CorruptionError(lsn, lsn // self.wal.segment_size, str(exc)) from None
+
     # ---- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush what was appended and close the WAL; closing twice is fine."""
+        """Flush what was appended, store the index and close the WAL; closing twice is fine."""
         with self._lock:
-            self.wal.close()
+            try:
+                if not self.wal.closed:
+                    self._store_index(self._capture())
+            except (WALError, OSError):
+                pass  # a stopped writer, a full disk: the next open replays more
+            finally:
+                self.wal.close()
+                self._files.close()
 
     @property
     def closed(self) -> bool:
@@ -497,8 +574,21 @@ class Log:
 # ---- helpers ---------------------------------------------------------------------
 
 
-def _span(ix: _Index) -> str:
+def _span(ix: TieredIndex) -> str:
     return f"{ix.first}..{ix.next - 1}" if ix.count else f"none (the next is {ix.next})"
+
+
+def _entry(index: int, record, segment_size: int) -> Entry:
+    """Entry ``index`` from the record the index names for it, which must say so itself (the
+    index files hold no checksum: a record of another entry is damage, never an answer)."""
+    payload = record.payload
+    head = HEADER.unpack_from(payload) if len(payload) >= HEADER_SIZE else None
+    if head is None or head[:3] != (MAGIC, VERSION, ENTRY) or head[4] != index:
+        raise CorruptionError(record.lsn, record.lsn // segment_size,
+                              f"the log's index names the record at {format_lsn(record.lsn)} "
+                              f"for entry {index}, but it is "
+                              f"{describe(bytes(payload[:HEADER_SIZE])) or 'no log record'}")
+    return Entry(index, head[5], payload[HEADER_SIZE:])
 
 
 def _check_headers(lsns: np.ndarray, lengths: np.ndarray, head: np.ndarray) -> None:

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from pmemwal.errors import ClosedError, FormatError, LockedError, NotFoundError, StorageError
-from pmemwal.format import PAGE_SIZE, SegmentHeader, parse_segment_name, segment_name
+from pmemwal.format import HEADER_SIZE, PAGE_SIZE, SegmentHeader, parse_segment_name, segment_name
 from pmemwal.libpmem import buffer_address
 
 LOCK_NAME = "LOCK"
@@ -51,7 +51,7 @@ _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/archive.py)
 # What a WAL directory holds besides its segments (and their temp files)
 WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
-            ARCHIVE_STATUS_NAME, LOST_FOUND_NAME}
+            ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, "index"}  # index/: pmemwal/log_index.py
 _ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
 
 
@@ -178,14 +178,26 @@ class WalDirectory:
 
     def read_header(self, segno: int) -> tuple[SegmentHeader, int]:
         """The checked header of a segment file, and the file's size."""
-        path = self.file(segno)
-        with storage_errors(f"reading {path}"), open(path, "rb") as f:
-            data = f.read(PAGE_SIZE)
-            size = os.fstat(f.fileno()).st_size
-        header = SegmentHeader.unpack(data, path)
-        if header.segno != segno:
-            raise FormatError(f"{path}: header says segment {header.segno:016X}")
-        return header, size
+        return self.read_headers([segno])[0]
+
+    def read_headers(self, segnos: list[int]) -> list[tuple[SegmentHeader, int]]:
+        """The checked headers of segment files, and their sizes.  Open reads every one, so
+        this is lean: descriptors relative to the directory's, no file objects."""
+        out = []
+        for segno in segnos:
+            name = segment_name(segno)
+            with storage_errors(f"reading {self.file(segno)}"):
+                fd = os.open(name, os.O_RDONLY, dir_fd=self.dir_fd)
+                try:
+                    data = os.pread(fd, HEADER_SIZE, 0)
+                    size = os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
+            header = SegmentHeader.unpack(data, self.file(segno))
+            if header.segno != segno:
+                raise FormatError(f"{self.file(segno)}: header says segment {header.segno:016X}")
+            out.append((header, size))
+        return out
 
     def sync(self) -> None:
         """Make renames and removals durable."""

@@ -345,9 +345,9 @@ class WAL:
             self._dir.create(0, self.segment_size, self.wal_id)
             self._segnos = [0]
         else:
-            first, _ = self._dir.read_header(self._segnos[0])
-            for segno in self._segnos:
-                header, size = self._dir.read_header(segno)
+            headers = self._dir.read_headers(self._segnos)
+            first = headers[0][0]
+            for segno, (header, size) in zip(self._segnos, headers):
                 if header.wal_id != first.wal_id or header.segment_size != first.segment_size:
                     raise FormatError(f"{self._dir.file(segno)} belongs to another WAL")
                 if size != header.segment_size:
@@ -543,9 +543,9 @@ class WAL:
             if segno not in self._segnos:
                 continue
             lo, hi = max(start, segno * size) % size, min(end - segno * size, size)
-            if lib is not None:
-                seg_map = self._segment_buffer(segno)
-                lib.persist(libpmem.buffer_address(seg_map) + lo, hi - lo)
+            if lib is not None:  # (the mapping may be a reader's, read-only)
+                address = np.frombuffer(self._segment_buffer(segno), np.uint8).ctypes.data
+                lib.persist(address + lo, hi - lo)
             with storage_errors(f"syncing segment {segno:016X}"):
                 fd = os.open(self._dir.file(segno), os.O_RDONLY)
                 try:

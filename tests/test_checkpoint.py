@@ -413,3 +413,36 @@ def test_a_restore_cut_short_appends_only_what_is_missing(wal_dir):
     assert lostfound.restore(str(wal_dir), entry.name) == len(kept)
     with pmemwal.open(wal_dir) as wal:
         assert [bytes(r.payload) for r in wal.records()] == payloads[:20] + kept
+
+
+@pytest.mark.parametrize("case", ["direct-pmem", "direct-msync", "buffered"])
+def test_reopen_after_a_kill_in_each_persist_method(wal_dir, case):
+    """Each way of persisting recovers what a killed writer left, and makes it durable before
+    naming it (on pmem by a cache flush over the reader's read-only mapping)."""
+    from conftest import PERSIST_CASES
+
+    mode, env, method = PERSIST_CASES[case]
+    writer = f"""
+import sys, pmemwal
+wal = pmemwal.open({str(wal_dir)!r}, mode={mode!r}, segment_size=1 << 20, background=False,
+                   buffer_size=128 << 10)
+for i in range(400):
+    wal.append(i.to_bytes(4, "little") * 1000, flush=i < 100)
+print(wal.persist_method, flush=True)
+sys.stdin.read()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", writer], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=child_env(**env), text=True)
+    assert proc.stdout.readline().strip() == method
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    reader = f"""
+import pmemwal
+with pmemwal.open({str(wal_dir)!r}, mode={mode!r}) as wal:
+    got = [int.from_bytes(bytes(r.payload)[:4], "little") for r in wal.records()]
+    assert got == list(range(len(got))) and len(got) >= 100, got[:3]
+    print(wal.persist_method, wal.recovery["scanned_bytes"] > 0)
+"""
+    out = subprocess.run([sys.executable, "-c", reader], env=child_env(**env), check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert out == [method, "True"]

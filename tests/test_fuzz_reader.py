@@ -193,7 +193,12 @@ def test_mutated_log_never_crashes_or_lies(pristine_log, tmp_path_factory, mutat
         event(f"refused: {type(error).__name__}")
         return
     with log:
-        got = [(e.term, bytes(e.payload)) for e in log]
+        got = []
+        try:  # damage under the stored index is found when read (CorruptionError)
+            for e in log:
+                got.append((e.term, bytes(e.payload)))
+        except pmemwal.CorruptionError:
+            event("opened: damage found when read")
         assert log.first_index == 1 and got == entries[:len(got)]
         assert log.state in (pmemwal.HardState(), pmemwal.HardState(1, "a", 30))
         event("opened: all entries kept" if len(got) == len(entries) else "opened: cut short")

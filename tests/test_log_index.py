@@ -1,0 +1,268 @@
+"""The Log's durable index (pmemwal/log_index.py): open reads it and replays only the tail,
+and every sequence of appends, rewinds, compactions and resets reads back the same after a
+clean close, after a SIGKILL, and with the index ignored (a full replay)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import pmemwal
+from pmemwal.log_index import INDEX_DIR
+from pmemwal.recovery import RecoveryWarning
+
+from conftest import child_env
+
+
+def _entries(log) -> list[tuple[int, int, bytes]]:
+    return [(e.index, e.term, bytes(e.payload)) for e in log.entries()]
+
+
+def test_a_clean_reopen_replays_nothing(wal_dir, mode):
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=1 << 20) as log:
+        log.append_many([b"e%d" % i for i in range(5000)], term=2)
+        before = _entries(log)
+        end = log.wal.insert_lsn
+    with pmemwal.open_log(wal_dir, mode=mode) as log:
+        assert log.replayed_from == end
+        assert _entries(log) == before and log.term_at(5000) == 2 and log.last_index == 5000
+        assert bytes(log[1].payload) == b"e0" and bytes(log[5000].payload) == b"e4999"
+
+
+def _model_apply(model: dict, op: tuple) -> None:
+    kind = op[0]
+    entries = model["entries"]
+    if kind == "append":
+        _, term, payloads = op
+        start = model["first"] + len(entries)
+        entries.extend((start + i, term, p) for i, p in enumerate(payloads))
+    elif kind == "truncate_after":
+        keep = op[1] - model["first"] + 1
+        del entries[keep:]
+    elif kind == "compact":
+        drop = op[1] - model["first"]
+        del entries[:drop]
+        model["first"] = op[1]
+    elif kind == "reset":
+        entries.clear()
+        model["first"] = op[1] + 1
+
+
+def _random_ops(rng: random.Random, model: dict, n: int) -> list[tuple]:
+    """Operations valid on the model as it evolves (applied to it as they are made)."""
+    ops, term = [], model.get("term", 1)
+    for _ in range(n):
+        roll = rng.random()
+        last = model["first"] + len(model["entries"]) - 1
+        if roll < 0.55 or not model["entries"]:
+            term += rng.random() < 0.1
+            op = ("append", term, [rng.randbytes(rng.randint(0, 300)) for _ in range(rng.randint(1, 40))])
+        elif roll < 0.7:
+            op = ("truncate_after", rng.randint(model["first"] - 1, last))
+        elif roll < 0.85:
+            op = ("compact", rng.randint(model["first"], last + 1))
+        elif roll < 0.9:
+            op = ("reset", rng.randint(max(0, model["first"] - 50), last + 50))
+            term = max(term, 1)
+        else:
+            op = ("checkpoint",)
+        if op[0] != "checkpoint":
+            _model_apply(model, op)
+        ops.append(op)
+    model["term"] = term
+    return ops
+
+
+def _run(log, ops) -> None:
+    for op in ops:
+        if op[0] == "append":
+            log.append_many(op[2], term=op[1])
+        elif op[0] == "truncate_after":
+            log.truncate_after(op[1])
+        elif op[0] == "compact":
+            log.compact(op[1])
+        elif op[0] == "reset":
+            log.reset(op[1], log.last_term)
+        else:
+            log.checkpoint()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_operations_read_back_the_same_through_the_index(wal_dir, mode, seed):
+    rng = random.Random(seed)
+    model = {"first": 1, "entries": []}
+    for round_ in range(6):
+        ops = _random_ops(rng, model, 40)
+        with pmemwal.open_log(wal_dir, mode=mode, segment_size=1 << 20,
+                              checkpoint_interval=0.01) as log:
+            _run(log, ops)
+            log.sync()
+            expected = [(i, t, p) for i, t, p in model["entries"]]
+            assert _entries(log) == expected
+        with pmemwal.open_log(wal_dir, mode=mode) as log:  # through the index
+            assert log.first_index == model["first"] and _entries(log) == expected
+        copy = wal_dir.parent / f"noindex{round_}"
+        shutil.copytree(wal_dir, copy)
+        shutil.rmtree(copy / INDEX_DIR)
+        with pmemwal.open_log(copy, mode=mode) as log:  # a full replay agrees
+            assert log.replayed_from is None
+            assert log.first_index == model["first"] and _entries(log) == expected
+
+
+_CHILD = """
+import json, random, sys
+sys.path.insert(0, {tests!r})
+import pmemwal
+from test_log_index import _random_ops, _run
+rng = random.Random({seed})
+model = json.loads(sys.argv[1])
+model["entries"] = [tuple(e[:2]) + (bytes.fromhex(e[2]),) for e in model["entries"]]
+log = pmemwal.open_log({path!r}, mode={mode!r}, segment_size=1 << 20, checkpoint_interval=0.005,
+                       flush_interval=0.005)
+while True:
+    ops = _random_ops(rng, model, 20)
+    _run(log, ops)
+    log.sync()
+    print(json.dumps({{"first": model["first"], "term": model["term"],
+                      "entries": [[i, t, p.hex()] for i, t, p in model["entries"]]}}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sigkill_at_any_point_of_index_checkpoints(wal_dir, mode, seed):
+    """A writer killed with SIGKILL mid-run, while the background writer stores the index
+    every few ms: opening through the index reads exactly what a full replay of the same WAL
+    reads (that a replay keeps every synced entry is test_log.py's and the log torture's)."""
+    import json
+    import time
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    model = {"first": 1, "entries": [], "term": 1}
+    for kill in range(4):
+        code = _CHILD.format(tests=tests, seed=seed * 10 + kill, path=str(wal_dir), mode=mode)
+        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(
+            {**model, "entries": [[i, t, p.hex()] for i, t, p in model["entries"]]})],
+            stdout=subprocess.PIPE, env=child_env(), text=True)
+        deadline = time.monotonic() + random.Random(seed * 10 + kill).uniform(0.3, 0.8)
+        synced = None
+        while time.monotonic() < deadline and (line := proc.stdout.readline()):
+            synced = line
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+        assert synced is not None, "the child never synced"
+        copy = wal_dir.parent / f"full{kill}"
+        shutil.copytree(wal_dir, copy)
+        shutil.rmtree(copy / INDEX_DIR, ignore_errors=True)
+        with pmemwal.open_log(wal_dir, mode=mode) as log, \
+                pmemwal.open_log(copy, mode=mode) as full:
+            got = _entries(log)
+            assert got == _entries(full) and log.first_index == full.first_index
+            assert log.last_term == full.last_term and log.snapshot == full.snapshot
+            state = json.loads(synced)
+            model = {"first": log.first_index, "term": max(state["term"], log.last_term),
+                     "entries": got}
+        shutil.rmtree(copy)
+
+
+def test_an_index_the_wal_was_cut_below_is_not_used(wal_dir, mode):
+    from test_checkpoint import _garble
+
+    seg = 1 << 20
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=seg) as log:
+        log.append_many([os.urandom(500) for _ in range(500)], term=1)
+        lsn_100 = log.wal.position()[0]
+        lsns = [log.wal.position()[0]]
+        log.append_many([os.urandom(500) for _ in range(500)], term=1)
+        lsns.append(log.wal.position()[0])
+    _garble(wal_dir, lsn_100, seg)  # entry 501, before the checkpoint: cut with verify="all"
+    with pytest.warns(RecoveryWarning):
+        log = pmemwal.open_log(wal_dir, mode=mode, verify="all", on_corruption="truncate")
+    with log:
+        assert log.replayed_from is None and log.last_index == 500
+        log.append(b"new", term=1)
+    with pmemwal.open_log(wal_dir, mode=mode) as log:
+        assert log.last_index == 501 and bytes(log[501].payload) == b"new"
+        assert log.replayed_from is not None
+
+
+def test_open_memory_does_not_follow_the_entries_kept(wal_dir):
+    """The index of a closed log is mapped, not loaded: opening one of 400 k entries adds
+    what reading its tail needs, not 16 bytes an entry and every page of the WAL (as a full
+    replay does: the same open with index/ removed is the control)."""
+    with pmemwal.open_log(wal_dir, segment_size=16 << 20) as log:
+        for _ in range(40):
+            log.append_many([b"x" * 8] * 10_000, term=1)
+    code = f"""
+import pmemwal
+def rss_kib():  # this process's own (ru_maxrss would start at the parent's peak)
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS"))
+before = rss_kib()
+log = pmemwal.open_log({str(wal_dir)!r}, prefault=False, background=False)
+assert len(log) == 400_000 and bytes(log[123_456].payload) == b"x" * 8
+print(rss_kib() - before, log.replayed_from is not None)
+"""
+
+    def grown() -> tuple[int, bool]:
+        out = subprocess.run([sys.executable, "-c", code], env=child_env(), check=True,
+                             capture_output=True, text=True).stdout.split()
+        return int(out[0]), out[1] == "True"
+
+    indexed, used = grown()
+    shutil.rmtree(wal_dir / INDEX_DIR)
+    replayed, used_after = grown()
+    assert used and not used_after
+    assert indexed < 4 * 1024 < replayed, f"opening grew RSS by {indexed} KiB ({replayed} " \
+        "KiB replaying every record)"
+
+
+def test_an_index_over_records_written_anew_is_not_used(wal_dir, mode):
+    """The WAL cut below the index's replay point and written past it again (the writer then
+    killed before it stored the index anew): the records under the index are others, and its
+    guard record says so."""
+    from test_checkpoint import _garble
+
+    seg = 1 << 20
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=seg) as log:
+        log.append_many([b"a" * 500] * 1000, term=1)
+        cut_at = log.wal.record(log.wal.position()[1]).lsn
+    _garble(wal_dir, cut_at, seg)  # the last entry, before the checkpoint
+    code = f"""
+import os, warnings, pmemwal
+warnings.simplefilter("ignore")
+log = pmemwal.open_log({str(wal_dir)!r}, mode={mode!r}, verify="all", on_corruption="truncate",
+                       background=False)
+log.append_many([b"b" * 300] * 2000, term=2, sync=True)
+os._exit(0)  # no index stored: the one from before the cut stays
+"""
+    subprocess.run([sys.executable, "-c", code], env=child_env(), check=True)
+    with pytest.warns(RecoveryWarning, match="log index is not used"):
+        log = pmemwal.open_log(wal_dir, mode=mode)
+    with log:
+        assert log.replayed_from is None and log.last_index == 2999
+        assert bytes(log[999].payload) == b"a" * 500 and bytes(log[1000].payload) == b"b" * 300
+
+
+def test_a_damaged_index_file_never_answers_with_another_entry(wal_dir, mode):
+    """The chunk files hold no checksum: each entry read is checked against its record's own
+    header, so an LSN damaged in them gives CorruptionError, never another entry's payload."""
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=1 << 20) as log:
+        log.append_many([b"%d" % i for i in range(1, 101)], term=1)
+    chunk = wal_dir / INDEX_DIR / "0000000000000000.lidx"
+    with open(chunk, "r+b") as f:  # entry 50's LSN := entry 7's
+        f.seek(7 * 16)
+        lsn_of_7 = f.read(8)
+        f.seek(50 * 16)
+        f.write(lsn_of_7)
+    with pmemwal.open_log(wal_dir, mode=mode) as log:
+        assert bytes(log[49].payload) == b"49" and bytes(log[7].payload) == b"7"
+        with pytest.raises(pmemwal.CorruptionError, match="for entry 50"):
+            log[50]
+        with pytest.raises(pmemwal.CorruptionError, match="for entry 50"):
+            list(log.entries(45, 55))
