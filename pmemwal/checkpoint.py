@@ -21,7 +21,10 @@ WAL with the higher ``seq`` is the checkpoint.  A slot's body, little-endian:
     56  u64  last_lsn       the record that ends at end_lsn (0: none)
     64  u64  oldest_segno   segments below it were truncated
     72  u64  time_ns        wall clock when written, for people
-    80  ...  zeros to 508, then the CRC
+    80  u64  cuts           how many recoveries cut records that had been durable
+                            (on_corruption="truncate"): a layer's index made before a
+                            cut is not used after it (pmemwal/log_index.py)
+    88  ...  zeros to 508, then the CRC
 
 A slot is written with pwrite and fdatasync once everything below end_lsn is
 durable.  A truncation writes one naming the segment it keeps first *before*
@@ -43,7 +46,7 @@ from pmemwal.slots import SlotPair
 MAGIC = b"PWCKPT1\0"
 VERSION = 1
 CLEAN = 1
-_BODY = struct.Struct("<8sIIQ16sQQQQQ")
+_BODY = struct.Struct("<8sIIQ16sQQQQQQ")
 
 
 @dataclass(frozen=True)
@@ -56,11 +59,12 @@ class Checkpoint:
     oldest_segno: int
     clean: bool = False
     time_ns: int = 0
+    cuts: int = 0
 
     def pack(self, wal_id: bytes, segment_size: int) -> bytes:
         return _BODY.pack(MAGIC, VERSION, CLEAN if self.clean else 0, self.seq, wal_id,
                           segment_size, self.end_lsn, self.last_lsn, self.oldest_segno,
-                          self.time_ns or time.time_ns())
+                          self.time_ns or time.time_ns(), self.cuts)
 
 
 def unpack(body: bytes | None, wal_id: bytes, segment_size: int) -> Checkpoint | None:
@@ -68,12 +72,12 @@ def unpack(body: bytes | None, wal_id: bytes, segment_size: int) -> Checkpoint |
     WAL's or breaks a rule."""
     if body is None:
         return None
-    magic, version, flags, seq, wid, size, end, last, oldest, when = _BODY.unpack_from(body)
+    magic, version, flags, seq, wid, size, end, last, oldest, when, cuts = _BODY.unpack_from(body)
     if magic != MAGIC or version != VERSION or wid != wal_id or size != segment_size:
         return None
     if end % 8 or last >= end or (flags & ~CLEAN):
         return None
-    return Checkpoint(seq, end, last, oldest, bool(flags & CLEAN), when)
+    return Checkpoint(seq, end, last, oldest, bool(flags & CLEAN), when, cuts)
 
 
 class CheckpointFile:
@@ -92,11 +96,12 @@ class CheckpointFile:
         return max(valid, key=lambda cp: cp.seq) if valid else None
 
     def write(self, end_lsn: int, last_lsn: int, oldest_segno: int, clean: bool = False,
-              current: Checkpoint | None = None) -> Checkpoint:
+              current: Checkpoint | None = None, cuts: int = 0) -> Checkpoint:
         """Write the next slot (after ``current``, the valid one; read when None) and sync it.
-        The caller has made everything below ``end_lsn`` durable."""
+        The caller has made everything below ``end_lsn`` durable.  ``cuts`` never goes down."""
         current = current if current is not None else self.read()
         seq = current.seq + 1 if current is not None else 1
-        cp = Checkpoint(seq, end_lsn, last_lsn, oldest_segno, clean, time.time_ns())
+        cuts = max(cuts, current.cuts if current is not None else 0)
+        cp = Checkpoint(seq, end_lsn, last_lsn, oldest_segno, clean, time.time_ns(), cuts)
         self._slots.write(seq % 2, cp.pack(self._wal_id, self._segment_size))
         return cp

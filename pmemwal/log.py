@@ -152,6 +152,9 @@ class Log:
         if why:
             warnings.warn(f"{self.wal.path}: the log index is not used ({why}); every log "
                           "record is read instead", RecoveryWarning, stacklevel=3)
+            # before anything is appended: no later open may take it up again
+            self._files.write_state(IndexState(self._files.last_seq + 1, 0, 0, 0, 1, 1, False,
+                                               (0, 0), 0, self.wal.cuts))
             return None
         self._index = TieredIndex(self._files, state.first, state.next)
         self._snapshot, self._state_lsn, self._known = state.snapshot, state.state_lsn, state.known
@@ -163,6 +166,11 @@ class Log:
         or None: the WAL must still hold them, ending there in the same record."""
         wal = self.wal
         insert, last = wal.position()
+        if state.wal_cuts != wal.cuts:
+            return "the WAL was cut below it since (on_corruption='truncate')"
+        gone = self._files.missing_chunks(state.first, state.next)
+        if gone:
+            return f"its chunk file {gone[0]:016X}.lidx is missing or short"
         if not wal.first_lsn <= state.replay_lsn <= insert:
             return f"it reaches {format_lsn(state.replay_lsn)}, the WAL holds " \
                    f"{format_lsn(wal.first_lsn)}..{format_lsn(insert)}"
@@ -229,16 +237,16 @@ class Log:
         written and synced, then its state; never one older than the last written."""
         state, start, lsns, terms, changes = captured
         with self._index_lock:
-            if self._index_state is not None and state.replay_lsn < self._index_state.replay_lsn:
-                return  # one made later was written first (a compaction, by another thread)
+            if self._index_state is not None and state.replay_lsn <= self._index_state.replay_lsn:
+                return  # that one or a later one is written (a compaction, by another thread)
             guard_crc = 0
             if state.guard_lsn:
                 self.wal.flush(state.guard_lsn)
                 guard_crc = payload_crc(self.wal.record(state.guard_lsn).payload)
             self._files.write(start, lsns, terms)
-            seq = self._index_state.seq + 1 if self._index_state is not None else 1
-            state = IndexState(seq, state.replay_lsn, state.guard_lsn, guard_crc, state.first,
-                               state.next, state.known, state.snapshot, state.state_lsn)
+            state = IndexState(self._files.last_seq + 1, state.replay_lsn, state.guard_lsn,
+                               guard_crc, state.first, state.next, state.known, state.snapshot,
+                               state.state_lsn, self.wal.cuts)
             self._files.write_state(state)
             self._index_state = state
             self._files.remove_below(state.first)
@@ -264,6 +272,7 @@ class Log:
             self._lock.release()
         try:
             self._store_index(captured, locked=False)
+            self.index_error = None
         except (WALError, OSError) as exc:
             self.index_error = exc  # the next checkpoint tries again; the open replays more
 
@@ -491,6 +500,8 @@ class Log:
 
     def _term_at(self, index: int) -> int:
         ix = self._index
+        if ix.durable_next > index >= ix.first:  # from its record: the files hold no checksum
+            return _entry(index, self._record(ix.lsn_at(index)), self.wal.segment_size).term
         if ix.first <= index < ix.next:
             return ix.term_at(index)
         if index == ix.first - 1:

@@ -29,10 +29,15 @@ LOG's slot body, little-endian:
     80  u64  snapshot_index  the last compacted entry and its term
     88  u64  snapshot_term
     96  u64  state_lsn       the latest state record (0: none)
+   104  u64  wal_cuts        the WAL's count of recoveries that cut durable records when
+                             this was stored (pmemwal/checkpoint.py: cuts); another is a WAL
+                             written anew below replay_lsn, which the guard alone may miss
 
 An index checkpoint writes the chunk slots of the entries changed since the last one,
-fdatasyncs those files, then writes the next LOG slot: a slot never names entries whose
-slots are not durable.  Slots a rewind or a reset voids are written again later, while
+fdatasyncs those files (and ``index/``, the first time this process writes each one), then
+writes the next LOG slot: a slot never names entries whose slots are not durable.  Slots
+are numbered on from the highest valid one, and an open that finds the index unusable
+first writes one that names nothing (replay_lsn 0), so that no older slot comes back.  Slots a rewind or a reset voids are written again later, while
 the slot before still names them: an open from that slot replays the WAL from its
 replay_lsn, which holds the rewind or reset (it came after), and so never reads them.
 Chunk files wholly below ``first`` go once a slot naming that ``first`` is durable.
@@ -60,7 +65,7 @@ KNOWN = 1
 CHUNK_BITS = 20
 _CHUNK = 1 << CHUNK_BITS
 _SLOT = np.dtype([("lsn", "<u8"), ("term", "<u8")])
-_BODY = struct.Struct("<8sIIQ16sQQIIQQQQQ")
+_BODY = struct.Struct("<8sIIQ16sQQIIQQQQQQ")
 _CHUNK_NAME = re.compile(r"^([0-9A-F]{16})\.lidx$")
 
 
@@ -77,24 +82,25 @@ class IndexState:
     known: bool
     snapshot: tuple[int, int]
     state_lsn: int
+    wal_cuts: int = 0
 
     def pack(self, wal_id: bytes) -> bytes:
         return _BODY.pack(MAGIC, VERSION, KNOWN if self.known else 0, self.seq, wal_id,
                           self.replay_lsn, self.guard_lsn, self.guard_crc, CHUNK_BITS,
                           self.first, self.next, self.snapshot[0], self.snapshot[1],
-                          self.state_lsn)
+                          self.state_lsn, self.wal_cuts)
 
 
 def _unpack(body: bytes | None, wal_id: bytes) -> IndexState | None:
     if body is None:
         return None
     (magic, version, flags, seq, wid, replay, guard, guard_crc, bits, first, nxt, snap_index,
-     snap_term, state_lsn) = _BODY.unpack_from(body)
+     snap_term, state_lsn, cuts) = _BODY.unpack_from(body)
     if magic != MAGIC or version != VERSION or wid != wal_id or bits != CHUNK_BITS or \
             flags & ~KNOWN or first > nxt or guard >= max(replay, 1):
         return None
     return IndexState(seq, replay, guard, guard_crc, first, nxt, bool(flags & KNOWN),
-                      (snap_index, snap_term), state_lsn)
+                      (snap_index, snap_term), state_lsn, cuts)
 
 
 def payload_crc(payload) -> int:
@@ -109,13 +115,33 @@ class IndexFiles:
         self._wal_id = wal_id
         self._slots = SlotPair(os.path.join(self.path, META_NAME))
         self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        self._entered: set[int] = set()  # chunks whose directory entry this process synced
+        self.last_seq = 0                # the highest valid slot's seq: the next goes past it
 
     def read_state(self) -> IndexState | None:
         valid = [s for body in self._slots.read() if (s := _unpack(body, self._wal_id))]
-        return max(valid, key=lambda s: s.seq) if valid else None
+        if not valid:
+            return None
+        newest = max(valid, key=lambda s: s.seq)
+        self.last_seq = max(self.last_seq, newest.seq)
+        return newest
+
+    def missing_chunks(self, first: int, next_index: int) -> list[int]:
+        """The chunks entries [first, next) lie in whose files are missing or short."""
+        if first >= next_index:
+            return []
+        gone = []
+        for chunk in range(first // _CHUNK, (next_index - 1) // _CHUNK + 1):
+            try:
+                if os.stat(self._file(chunk)).st_size < _CHUNK * _SLOT.itemsize:
+                    gone.append(chunk)
+            except FileNotFoundError:
+                gone.append(chunk)
+        return gone
 
     def write_state(self, state: IndexState) -> None:
         self._slots.write(state.seq % 2, state.pack(self._wal_id))
+        self.last_seq = max(self.last_seq, state.seq)
 
     def _file(self, chunk: int) -> str:
         return os.path.join(self.path, f"{chunk:016X}.lidx")
@@ -152,15 +178,18 @@ class IndexFiles:
         slots = np.empty(len(lsns), _SLOT)
         slots["lsn"], slots["term"] = lsns, terms
         data = memoryview(slots.view(np.uint8))
-        made = False
+        entered = False
         with storage_errors(f"writing the log index in {self.path}"):
-            os.makedirs(self.path, exist_ok=True)
+            if not os.path.isdir(self.path):
+                os.makedirs(self.path)
+                sync_directory(os.path.dirname(self.path))
             done = 0
             while done < len(lsns):
                 chunk, off = divmod(start + done, _CHUNK)
                 n = min(len(lsns) - done, _CHUNK - off)
                 path = self._file(chunk)
-                made |= not os.path.exists(path)
+                entered |= chunk not in self._entered  # (made now, or by a run cut short)
+                self._entered.add(chunk)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
                 try:
                     if os.fstat(fd).st_size != _CHUNK * _SLOT.itemsize:
@@ -171,7 +200,7 @@ class IndexFiles:
                 finally:
                     os.close(fd)
                 done += n
-            if made:
+            if entered:
                 sync_directory(self.path)
 
     def remove_below(self, first: int) -> None:

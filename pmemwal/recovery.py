@@ -57,13 +57,14 @@ class Recovered:
     full_scan: str | None        # why every retained record was read, if it was
     set_aside: str | None        # the lost+found entry made, if any
     oldest_segno: int            # the oldest segment the next checkpoint may vouch for
+    cuts: int = 0                # the checkpoint's count of cuts of durable records, this one's
 
     def as_dict(self) -> dict:
         return {"insert_lsn": self.insert_lsn, "prev_lsn": self.prev_lsn,
                 "checkpoint_lsn": self.checkpoint_lsn, "scanned_from": self.scanned_from,
                 "scanned_bytes": self.insert_lsn - self.scanned_from,
                 "full_scan": self.full_scan, "set_aside": self.set_aside,
-                "oldest_segno": self.oldest_segno}
+                "oldest_segno": self.oldest_segno, "cuts": self.cuts}
 
 
 class Recovery:
@@ -81,6 +82,7 @@ class Recovery:
         self._checkpoints = checkpoints
 
     def run(self, on_corruption: str, verify: str = "checkpoint") -> Recovered:
+        self._cut_durable = False
         cp = self._checkpoints.read()
         full_scan = self._full_scan_reason(cp, verify)
         oldest = self._segnos[0] if cp is None else max(self._segnos[0], cp.oldest_segno)
@@ -112,11 +114,13 @@ class Recovery:
             aside = self._set_aside(x, pages, min_prev, _core.status_text(status))
         else:
             pages = []
+        cuts = (cp.cuts if cp is not None else 0) + self._cut_durable
         if cp is not None and x < cp.end_lsn:  # a cut below it: the checkpoint goes first,
             # so that no open after a crash starts reading past the zeroed records
-            self._checkpoints.write(x, last, self._segnos[0], current=cp)
+            self._checkpoints.write(x, last, self._segnos[0], current=cp, cuts=cuts)
         self._wipe_beyond(x, pages)
-        return Recovered(x, last, None if full_scan else start, start, full_scan, aside, oldest)
+        return Recovered(x, last, None if full_scan else start, start, full_scan, aside, oldest,
+                         cuts)
 
     def _full_scan_reason(self, cp: Checkpoint | None, verify: str) -> str | None:
         if verify == "all":
@@ -167,6 +171,8 @@ class Recovery:
                      "made: it was deleted, with any record in it")
 
     def _refuse(self, on_corruption: str, x: int, reason: str) -> None:
+        """CorruptionError, or with on_corruption="truncate" a cut of durable records here."""
+        self._cut_durable = True
         if on_corruption == "raise":
             raise CorruptionError(x, x // self._size, reason + " (open with "
                                   "on_corruption='truncate' to cut the WAL here; what follows "

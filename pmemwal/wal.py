@@ -258,6 +258,7 @@ class WAL:
         self._checkpoint_bytes = checkpoint_bytes
         self._checkpoint_lock = threading.Lock()  # one checkpoint written at a time
         self._checkpoint: Checkpoint | None = None    # the last one this process read or wrote
+        self._cuts = 0  # recoveries that cut durable records (checkpoint.py: cuts)
         self._checkpoint_time = time.monotonic()
         self._position_before = (0, 0)  # the background's position snapshot of its last round
         self._checkpoint_listeners: list = []  # called after each background checkpoint
@@ -322,6 +323,7 @@ class WAL:
                                  self._reader, self._segment_buffer, self._checkpoints)
             result = recovered.run(on_corruption, verify)
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
+            self._cuts = result.cuts
         self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
                          insert_lsn, prev_lsn, first)
         if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
@@ -330,6 +332,7 @@ class WAL:
                                    exact=True)
         else:
             self._checkpoint = self._checkpoints.read()
+            self._cuts = self._checkpoint.cuts if self._checkpoint is not None else 0
         if self._control is not None and first:
             self._dir.share_lock()
 
@@ -521,6 +524,13 @@ class WAL:
         self._check_open()
         return self._write_checkpoint(*self._flushed_position()).end_lsn
 
+    @property
+    def cuts(self) -> int:
+        """How many recoveries of this WAL cut records that had been durable (opened with
+        ``on_corruption="truncate"``): an index of the records that a layer made before a
+        cut describes other records after it (pmemwal.Log compares it)."""
+        return self._cuts
+
     def position(self) -> tuple[int, int]:
         """(insert LSN, LSN of the last record appended, 0 if none), read together: where a
         layer keeping an index of its own stands (pmemwal.Log's index checkpoints)."""
@@ -619,7 +629,8 @@ class WAL:
                         (end, last, oldest, clean):
                     self._checkpoint = current
                     return current
-            self._checkpoint = self._checkpoints.write(end, last, oldest, clean, current)
+            self._checkpoint = self._checkpoints.write(end, last, oldest, clean, current,
+                                                       self._cuts)
             self._checkpoint_time = time.monotonic()
             self._count("checkpoints")
             return self._checkpoint

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 import shutil
 import signal
 import subprocess
@@ -222,31 +223,57 @@ print(rss_kib() - before, log.replayed_from is not None)
         "KiB replaying every record)"
 
 
-def test_an_index_over_records_written_anew_is_not_used(wal_dir, mode):
-    """The WAL cut below the index's replay point and written past it again (the writer then
-    killed before it stored the index anew): the records under the index are others, and its
-    guard record says so."""
+@pytest.mark.parametrize("writer", ["log", "wal"])
+def test_an_index_over_records_written_anew_is_not_used(wal_dir, mode, writer):
+    """The WAL cut below the index's replay point (on_corruption="truncate") and written again
+    past it, records of the same sizes, the last one byte for byte the same (a state record),
+    and the writer killed before it stored an index: the old index describes other records.
+    Through a Log, its open set the index aside before appending; through the plain WAL, the
+    checkpoint's count of cuts gives it away (the guard record alone would pass)."""
     from test_checkpoint import _garble
 
     seg = 1 << 20
-    with pmemwal.open_log(wal_dir, mode=mode, segment_size=seg) as log:
-        log.append_many([b"a" * 500] * 1000, term=1)
-        cut_at = log.wal.record(log.wal.position()[1]).lsn
-    _garble(wal_dir, cut_at, seg)  # the last entry, before the checkpoint
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=seg, background=False) as log:
+        log.append_many([b"a" * 500] * 5, term=1)
+        cut = log.wal.position()[0]
+        log.append_many([b"a" * 500] * 4, term=1)
+        log.set_state(term=3, vote=1, commit=0)
+        end = log.wal.position()
+    _garble(wal_dir, cut, seg)  # entry 6, before the checkpoint
+    rewrite = {
+        "log": """
+log = pmemwal.open_log(path, mode=mode, verify="all", on_corruption="truncate", background=False)
+log.append_many([b"b" * 500] * 4, term=2, sync=True)
+log.set_state(term=3, vote=1, commit=0)
+position = log.wal.position()
+""",
+        "wal": """
+from pmemwal.log import ENTRY, HEADER, MAGIC, VERSION, HardState, _encode_state
+wal = pmemwal.open(path, mode=mode, verify="all", on_corruption="truncate", background=False)
+for index in range(6, 10):
+    wal.append(HEADER.pack(MAGIC, VERSION, ENTRY, 0, index, 2) + b"b" * 500)
+wal.append(_encode_state(HardState(3, 1, 0)), flush=True)
+position = wal.position()
+"""}[writer]
     code = f"""
 import os, warnings, pmemwal
 warnings.simplefilter("ignore")
-log = pmemwal.open_log({str(wal_dir)!r}, mode={mode!r}, verify="all", on_corruption="truncate",
-                       background=False)
-log.append_many([b"b" * 300] * 2000, term=2, sync=True)
-os._exit(0)  # no index stored: the one from before the cut stays
+path, mode = {str(wal_dir)!r}, {mode!r}
+{rewrite}
+print(*position, flush=True)
+os._exit(0)  # no index stored after the rewrite
 """
-    subprocess.run([sys.executable, "-c", code], env=child_env(), check=True)
-    with pytest.warns(RecoveryWarning, match="log index is not used"):
+    out = subprocess.run([sys.executable, "-c", code], env=child_env(), check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert tuple(map(int, out)) == end, "the rewrite should lay the records where they were"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
         log = pmemwal.open_log(wal_dir, mode=mode)
     with log:
-        assert log.replayed_from is None and log.last_index == 2999
-        assert bytes(log[999].payload) == b"a" * 500 and bytes(log[1000].payload) == b"b" * 300
+        assert log.replayed_from is None
+        assert log.term_at(6) == log[6].term == 2 and log.last_term == 2
+        with pytest.raises(pmemwal.TermError):
+            log.append(b"x", term=1)
 
 
 def test_a_damaged_index_file_never_answers_with_another_entry(wal_dir, mode):
@@ -266,3 +293,52 @@ def test_a_damaged_index_file_never_answers_with_another_entry(wal_dir, mode):
             log[50]
         with pytest.raises(pmemwal.CorruptionError, match="for entry 50"):
             list(log.entries(45, 55))
+
+
+def test_an_unusable_index_is_replaced_for_good(wal_dir, mode):
+    """An index set aside stays aside, and the next one stored wins on every later open,
+    whatever slot the old one was in."""
+    from test_checkpoint import _garble
+
+    seg = 1 << 20
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=seg, background=False) as log:
+        for _ in range(3):  # slots stored: the last has an even seq or odd, either way
+            log.append_many([b"c" * 300] * 50, term=1)
+            log.checkpoint()
+        cut = log.wal.position()[0]
+        log.append_many([b"c" * 300] * 50, term=1)
+    _garble(wal_dir, cut, seg)
+    with pytest.warns(RecoveryWarning):
+        log = pmemwal.open_log(wal_dir, mode=mode, verify="all", on_corruption="truncate")
+    with log:
+        assert log.replayed_from is None and log.last_index == 150
+        log.append(b"after", term=1)
+    for _ in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RecoveryWarning)
+            with pmemwal.open_log(wal_dir, mode=mode) as log:
+                assert log.replayed_from is not None and log.last_index == 151
+
+
+def test_a_missing_chunk_file_means_a_full_replay_not_a_failure(wal_dir, mode):
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=1 << 20) as log:
+        log.append_many([b"%d" % i for i in range(1, 201)], term=1)
+    os.unlink(wal_dir / INDEX_DIR / "0000000000000000.lidx")
+    with pytest.warns(RecoveryWarning, match="missing or short"):
+        log = pmemwal.open_log(wal_dir, mode=mode)
+    with log:
+        assert log.replayed_from is None and bytes(log[200].payload) == b"200"
+
+
+def test_a_damaged_term_in_an_index_file_is_never_an_answer(wal_dir, mode):
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=1 << 20) as log:
+        log.append_many([b"t"] * 100, term=5)
+    with open(wal_dir / INDEX_DIR / "0000000000000000.lidx", "r+b") as f:
+        for index in (50, 100):  # the terms of entries 50 and 100 := 1
+            f.seek(index * 16 + 8)
+            f.write((1).to_bytes(8, "little"))
+    with pmemwal.open_log(wal_dir, mode=mode) as log:
+        assert log.replayed_from is not None
+        assert log.term_at(50) == 5 and log.last_term == 5
+        with pytest.raises(pmemwal.TermError):
+            log.append(b"x", term=2)
