@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 from pmemwal import _core
 from pmemwal.errors import CorruptionError, FormatError, format_lsn
-from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, parse_segment_name, segment_name
+from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, segment_name
 from pmemwal.segments import LOST_FOUND_NAME, storage_errors
 from pmemwal.slots import sync_directory
 
@@ -118,8 +118,8 @@ def _copy_pages(path: str, source: mmap.mmap | None, offsets: list[int], size: i
         os.close(fd)
 
 
-def _write_synced(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+def _write_synced(path: str, data: bytes, flags: int = os.O_EXCL) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -191,12 +191,6 @@ def entries(wal_dir: str) -> list[SetAside]:
     return found
 
 
-def is_set_aside(path: str) -> bool:
-    """Whether ``path`` is one entry of a lost+found directory."""
-    return os.path.isfile(os.path.join(path, MANIFEST)) and \
-        all(parse_segment_name(n) is not None or n == MANIFEST for n in os.listdir(path))
-
-
 _RESTORING = "RESTORING"  # the insert LSN a put-back began at: a second try checks it
 
 
@@ -207,7 +201,7 @@ def restore(wal_dir: str, name: str, **wal_options) -> int:
     the records it does not find there, in order."""
     from pmemwal.wal import open as open_wal  # the WAL imports this module
 
-    entry = _entry(wal_dir, name)
+    entry = find(wal_dir, name)
     records = [payload for _, payload in entry.records()]
     marker = os.path.join(entry.path, _RESTORING)
     with open_wal(wal_dir, create=False, **wal_options) as wal:
@@ -224,7 +218,7 @@ def restore(wal_dir: str, name: str, **wal_options) -> int:
 
 def remove(wal_dir: str, name: str) -> None:
     """Delete lost+found entry ``name`` and what it holds."""
-    entry = _entry(wal_dir, name)
+    entry = find(wal_dir, name)
     with storage_errors(f"removing {entry.path}"):
         for file in os.listdir(entry.path):
             os.unlink(os.path.join(entry.path, file))
@@ -232,7 +226,8 @@ def remove(wal_dir: str, name: str) -> None:
         sync_directory(os.path.dirname(entry.path))
 
 
-def _entry(wal_dir: str, name: str) -> SetAside:
+def find(wal_dir: str, name: str) -> SetAside:
+    """Entry ``name`` of lost+found in ``wal_dir``; FileNotFoundError when there is none."""
     for entry in entries(wal_dir):
         if entry.name == name:
             return entry
@@ -265,11 +260,6 @@ def _already_there(wal, lsn: int, records: list[bytes]) -> int:
 
 def _write_synced_over(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_synced(tmp, data, os.O_TRUNC)
     os.rename(tmp, path)
     sync_directory(os.path.dirname(path))

@@ -28,7 +28,7 @@ from pmemwal.slots import SLOT_STRIDE
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.cli import main as cli
 
-from conftest import CHILD, child_env, seg_file, stream_write
+from conftest import child_env, seg_file, stream_write
 
 N, DAMAGED = 1500, 100
 PATTERNS = ("each", "end", "background", "every500")

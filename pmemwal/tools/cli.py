@@ -364,7 +364,7 @@ def lost_found(path: str, dump_name: str | None, restore_name: str | None,
         click.echo(f"{remove_name}: removed")
         return
     if dump_name is not None:
-        entry = _lostfound._entry(path, dump_name)
+        entry = _lostfound.find(path, dump_name)
         for lsn, payload in entry.records():
             click.echo(f"lsn {pmemwal.format_lsn(lsn)} len {len(payload)} "
                        f"data {bytes(payload[:16]).hex()}")
