@@ -6,7 +6,14 @@ to enumerate thousands of such outcomes without a power switch:
 
 - **Durable shadow.**  Per segment, the bytes known to survive.  A segment's
   shadow starts as its file when the WAL opens, creates or recycles it
-  (those steps sync the file and the directory themselves).
+  (those steps sync the file and the directory themselves).  The WAL's
+  ``CHECKPOINT`` is in it too, as each write of a slot leaves it (a slot is
+  written and synced as one step for the images), so images are recovered from
+  their checkpoint as a real open is; in the page-cache modes a slot written in
+  a step that a crash is due in counts once the step is settled (the crash
+  image of that step is of its flush, before the slot).  A torn slot is
+  tests/test_checkpoint.py's.  A Log's ``index/`` is not in it: its images
+  replay every log record.
 
 - **Direct mode, pmem persist.**  A tracer takes libpmem's place: the core's
   ``pmem_flush(addr, len)`` and ``pmem_drain()`` calls land here (ctypes
@@ -96,6 +103,7 @@ class Image:
     acked: Any
     grain: int
     where: str
+    files: dict[str, bytes] = field(default_factory=dict)  # other files of the WAL (CHECKPOINT)
 
 
 @dataclass
@@ -149,7 +157,37 @@ class DurableShadow:
         self.errors: list[str] = []  # what failed in a callback (ctypes can only print it)
         self._armed: Callable[[], Image] | None = None  # a crash due before a segment goes
         self._taken: Image | None = None
+        self.files: dict[str, bytes] = {}  # durable small files, by name in the WAL directory
+        self._written: dict[str, bytes] = {}  # written since the last settle
         self._follow(wal._dir)
+        self._follow_checkpoints(wal)
+
+    def _follow_checkpoints(self, wal: pmemwal.WAL) -> None:
+        """Keep CHECKPOINT as its slot writes leave it: each pwrite and fdatasync of a slot
+        is one step for the images (they never see one half written)."""
+        slots = wal._checkpoints._slots
+        name = os.path.basename(slots.path)
+        if os.path.exists(slots.path):
+            self.files[name] = Path(slots.path).read_bytes()
+        write = slots.write
+
+        def written(which: int, body: bytes) -> None:
+            with self.lock:
+                write(which, body)
+                self._file_written(name, Path(slots.path).read_bytes())
+
+        slots.write = written
+
+    def _file_written(self, name: str, data: bytes) -> None:
+        """A small file was written and synced.  In a step a crash is due in, it stays as
+        before until the step is settled (the step's flush may not have landed, so what it
+        names may not have: the crash came before); otherwise it is durable now (no image
+        is taken before the step that wrote it is settled)."""
+        if self._armed is not None:
+            self._written[name] = data
+        else:
+            self.files[name] = data
+            self._written.pop(name, None)
 
     def _follow(self, directory) -> None:
         """Track segment files as the WAL makes, recycles and removes them: a made
@@ -211,13 +249,16 @@ class DurableShadow:
         """Everything written so far is durable (a flush returned)."""
         for segno in self.segments:
             self.segments[segno] = self.current(segno).copy()
+        self.files.update(self._written)
+        self._written.clear()
 
     def image(self, acked: int, where: str) -> Image:
         """A crash now: each changed unit of each segment old or new at random."""
         with self.lock:
             grain = int(self.rng.choice(self.grains))
             return Image({segno: self._mix(old, self.current(segno), grain)
-                          for segno, old in self.segments.items()}, acked, grain, where)
+                          for segno, old in self.segments.items()}, acked, grain, where,
+                         dict(self.files))
 
     def _mix(self, old: np.ndarray, new: np.ndarray, grain: int) -> bytes:
         units_old, units_new = old.reshape(-1, grain), new.reshape(-1, grain)
@@ -261,6 +302,7 @@ class PmemTracer(DurableShadow):
         wal._core.set_persist(_core.PERSIST_PMEM, ctypes.cast(self._flush, ctypes.c_void_p).value,
                               ctypes.cast(self._drain, ctypes.c_void_p).value, _core.STREAM_NEVER)
         self._follow(wal._dir)
+        self._follow_checkpoints(wal)
 
     def _locate(self, addr: int) -> tuple[int, int]:
         """(segno, offset) of a mapped address, in any handle's mappings."""
@@ -324,6 +366,10 @@ class PmemTracer(DurableShadow):
 
     def settle(self) -> None:
         """Nothing to do: durability is exactly what the drains made durable."""
+
+    def _file_written(self, name: str, data: bytes) -> None:
+        """Durable at once: a slot names only what drains had made durable."""
+        self.files[name] = data
 
 
 class Workload:
@@ -564,6 +610,8 @@ def _write_image(image: Image, directory: Path) -> None:
     directory.mkdir(parents=True)
     for segno, data in image.segments.items():
         (directory / segment_name(segno)).write_bytes(data)
+    for name, data in image.files.items():
+        (directory / name).write_bytes(data)
 
 
 def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str, str]:
