@@ -37,9 +37,10 @@ An index checkpoint writes the chunk slots of the entries changed since the last
 fdatasyncs those files (and ``index/``, the first time this process writes each one), then
 writes the next LOG slot: a slot never names entries whose slots are not durable.  Slots
 are numbered on from the highest valid one, and an open that finds the index unusable
-first writes one that names nothing (replay_lsn 0), so that no older slot comes back.  Slots a rewind or a reset voids are written again later, while
-the slot before still names them: an open from that slot replays the WAL from its
-replay_lsn, which holds the rewind or reset (it came after), and so never reads them.
+first writes one that names nothing (replay_lsn 0), so that no older slot comes back.
+Slots a rewind or a reset voids are written again later, while the slot before still
+names them: an open from that slot replays the WAL from its replay_lsn, which holds the
+rewind or reset (it came after), and so never reads them.
 Chunk files wholly below ``first`` go once a slot naming that ``first`` is durable.
 """
 

@@ -199,7 +199,9 @@ class Recovery:
         writes = [(p, PAGE_SIZE) for p in pages]
         seg_map = self._segment(end // size)
         page_end = end - end % PAGE_SIZE + PAGE_SIZE
-        if seg_map is not None and np.frombuffer(seg_map, np.uint8, page_end - end, end % size).any():
+        rest = (None if seg_map is None else
+                np.frombuffer(seg_map, np.uint8, page_end - end, end % size))
+        if rest is not None and rest.any():
             writes.append((end, page_end - end))
         touched = {}
         try:

@@ -581,9 +581,10 @@ class WAL:
         flushed, cp = self._core.flushed_lsn, self._checkpoint
         if cp is not None and cp.end_lsn == flushed:
             return flushed, cp.last_lsn
-        if cp is not None and first_lsn(self._oldest_segment(), self.segment_size) <= cp.end_lsn < flushed:
-            status, end, last, _, _, _ = self._reader.scan(cp.end_lsn, cp.last_lsn or -1, flushed,
-                                                           False)
+        oldest = first_lsn(self._oldest_segment(), self.segment_size)
+        if cp is not None and oldest <= cp.end_lsn < flushed:
+            status, end, last, _, _, _ = self._reader.scan(cp.end_lsn, cp.last_lsn or -1,
+                                                           flushed, False)
             if status == 0 and end == flushed:
                 return flushed, last or cp.last_lsn
         return self._flushed_position()
