@@ -296,8 +296,12 @@ class ArchiveStatus:
         fsync_path(self.path)
 
     def set_failed(self, segno: int, attempts: int, error: str) -> None:
-        with open(self._file(segno, "error"), "w") as f:
+        """Replaced whole (a temp file renamed over it): the archiver is stopped at close,
+        and a file it was writing then would read as failing with no error."""
+        path = self._file(segno, "error")
+        with open(path + ".tmp", "w") as f:
             json.dump({"attempts": attempts, "error": error, "time": time.time()}, f)
+        os.replace(path + ".tmp", path)
 
     def forget(self, segno: int) -> None:
         """``segno`` left the WAL (truncated): its status goes with it."""
