@@ -760,7 +760,9 @@ class WAL:
 
     def _oldest_shared(self) -> int:
         """A shared WAL: the oldest segment the processes' truncations left (0 otherwise)."""
-        return self._core.shared(_OLDEST) if self._control is not None and not self._core_closed else 0
+        if self._control is None or self._core_closed or not hasattr(self, "_core"):
+            return 0  # (recovery reads before the core exists: the first opener, alone)
+        return self._core.shared(_OLDEST)
 
     def _drop_truncated(self) -> None:
         """A shared WAL: let go of the segments another process truncated (they are

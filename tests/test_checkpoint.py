@@ -446,3 +446,19 @@ with pmemwal.open({str(wal_dir)!r}, mode={mode!r}) as wal:
     out = subprocess.run([sys.executable, "-c", reader], env=child_env(**env), check=True,
                          capture_output=True, text=True).stdout.split()
     assert out == [method, "True"]
+
+
+def test_a_shared_wal_recovers_a_record_running_into_a_missing_segment(wal_dir):
+    """The first opener of a shared WAL recovers before its core exists: looking past a torn
+    end at a record that runs into a segment not there asks for it, and must get "none"."""
+    from conftest import rewind_checkpoint
+
+    seg = 1 << 20
+    usable = (seg // 8192 - 1) * 8168
+    with pmemwal.open(wal_dir, segment_size=seg, shared=True, background=False) as wal:
+        wal.append(b"a" * (usable - 24 - 4000 - 24), flush=True)
+        wal.append(b"b" * 8000, flush=True)  # runs into segment 1
+    os.unlink(seg_file(wal_dir, 1))
+    rewind_checkpoint(wal_dir)
+    with pmemwal.open(wal_dir, shared=True) as wal:
+        assert [len(r.payload) for r in wal.records()] == [usable - 24 - 4000 - 24]
