@@ -1240,11 +1240,12 @@ class WAL:
             if hasattr(self, "_core"):
                 self._core.close()
                 self._mark_clean(point)
-            if self._control is not None:  # after the core, which let go of its mapping
-                self._control.close()
         if self._background is not None:  # after the core: no appender can notify it now
             self._background.stop()
             self._background = None
+        if self._control is not None:  # after the core, which let go of its mapping, and the
+            self._control.close()      # background writer: a round begun before the core
+            # closed may still hold a pointer into the mapping (unmapped under it: SIGSEGV)
         if self._archiver is not None:  # after the background writer, which wakes it
             self._archiver.close()
         for table in (self._segments, self._read_cache, self._retired):
