@@ -472,7 +472,7 @@ class Log:
             stop = ix.next if stop is None else min(stop, ix.next)
             if start >= stop:
                 return
-            lsns = ix.span(start, stop)[0].tolist()
+            lsns = ix.lsns(start, stop).tolist()
         # One pass over the WAL from the first entry, stepping over the records in between
         # that are not these entries (voided ones, rewinds, markers, states).
         want = 0

