@@ -484,8 +484,11 @@ static PyObject *Core_close(CoreObject *self, PyObject *unused)
     for (int i = 0; i < WAL_SEG_TABLE; i++)
         atomic_store(&self->core->segs[i].tag, 0);
     release_views(self);
-    if (self->control.obj) /* the core reads its own copy from here on */
-        PyBuffer_Release(&self->control);
+    /* The core reads its own copy from here on, but the control mapping stays exported until
+     * dealloc: a thread of this process already inside a call (a flush waiting on a slot)
+     * may still read it through a pointer taken before close, and every call holds a
+     * reference to the core.  ControlFile.close finds it exported and leaves the unmapping
+     * to its last reference. */
     Py_RETURN_NONE;
 }
 

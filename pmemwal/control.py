@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from pmemwal import _core
-from pmemwal.errors import FormatError
+from pmemwal.errors import ClosedError, FormatError
 from pmemwal.segments import close_mapped, storage_errors
 
 CONTROL_NAME = "CONTROL"
@@ -71,6 +71,8 @@ class ControlFile:
         """Held while opening, and while changing which segment files exist; one thread of
         one process at a time, re-entrant within a thread."""
         with self._thread_lock:
+            if self.fd < 0:  # closed (close takes this lock too: never under a holder)
+                raise ClosedError("the WAL is closed")
             if self._depth == 0:
                 fcntl.flock(self.fd, fcntl.LOCK_EX)
             self._depth += 1
@@ -117,9 +119,12 @@ class ControlFile:
         return self.map
 
     def close(self) -> None:
-        """Unmap and close (the core has let go of the mapping first)."""
-        close_mapped(self.map, self.fd)
-        self.map, self.fd = None, -1
+        """Close, once no thread of this process holds the files lock (closing the descriptor
+        would drop its flock), and unmap, unless the closed core still exports the mapping
+        to calls in flight: its last reference unmaps it then."""
+        with self._thread_lock:
+            close_mapped(self.map, self.fd)
+            self.map, self.fd = None, -1
 
     def forsake(self) -> None:
         """In a child after fork(): drop this process's copies, touching nothing shared

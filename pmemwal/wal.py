@@ -1003,6 +1003,8 @@ class WAL:
         """
         self._check_open()
         with self._truncate_lock:
+            if self._core_closed:  # close ran since the check (it holds this lock to close)
+                raise ClosedError("the WAL is closed")
             cut = self._archived_cut(min(before_lsn, self.flushed_lsn) // self.segment_size)
             cut = min(cut, self._segnos[-1])  # the newest segment stays (the flushed LSN can
             # lie at the first byte of one not made yet)
@@ -1242,15 +1244,17 @@ class WAL:
         if self._background is not None:  # after the core: no appender can notify it now
             self._background.stop()
             self._background = None
-        if self._control is not None:  # after the core, which let go of its mapping, and the
-            self._control.close()      # background writer: a round begun before the core
-            # closed may still hold a pointer into the mapping (unmapped under it: SIGSEGV)
+        if self._control is not None:  # after the core and the background writer (the
+            self._control.close()      # mapping outlives calls in flight: module.c, Core_close)
         if self._archiver is not None:  # after the background writer, which wakes it
             self._archiver.close()
-        for table in (self._segments, self._read_cache, self._retired):
-            for seg in table.values():
-                seg.close()
-            table.clear()
+        with self._seg_lock:  # (a truncation or an appender may still be on its way out)
+            segments = [seg for table in (self._segments, self._read_cache, self._retired)
+                        for seg in table.values()]
+            for table in (self._segments, self._read_cache, self._retired):
+                table.clear()
+        for seg in segments:
+            seg.close()
         self._dir.close()
 
     def _mark_clean(self, point: tuple[int, int] | None) -> None:

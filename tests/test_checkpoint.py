@@ -462,3 +462,88 @@ def test_a_shared_wal_recovers_a_record_running_into_a_missing_segment(wal_dir):
     rewind_checkpoint(wal_dir)
     with pmemwal.open(wal_dir, shared=True) as wal:
         assert [len(r.payload) for r in wal.records()] == [usable - 24 - 4000 - 24]
+
+
+def test_a_truncation_that_close_overtakes_touches_nothing(wal_dir):
+    """A truncation past its open check when close runs: once it gets the truncation lock
+    the WAL is closed (its directory lock may be another writer's by now), so it removes no
+    segment and leaves the clean checkpoint as it is."""
+    import threading
+
+    seg = 1 << 20
+    wal = pmemwal.open(wal_dir, segment_size=seg, background=False, recycle_segments=0)
+    for _ in range(20):
+        wal.append(b"x" * 200_000, flush=True)
+    before = sorted(os.listdir(wal_dir))
+    closed = threading.Event()
+    check_open = wal._check_open
+
+    def late_check_open():  # the truncation has passed its check; close runs meanwhile
+        check_open()
+        if threading.current_thread().name == "truncation":
+            closed.wait(5)
+
+    wal._check_open = late_check_open
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(
+        pytest.raises(pmemwal.ClosedError, wal.truncate, wal.flushed_lsn)), name="truncation")
+    thread.start()
+    time.sleep(0.05)
+    wal.close()
+    closed.set()
+    thread.join()
+    assert sorted(os.listdir(wal_dir)) == before
+    assert CheckpointFile(str(wal_dir), wal.wal_id, seg).read().clean
+
+
+def test_closing_a_shared_wal_keeps_the_files_lock_of_a_segment_being_made(wal_dir):
+    """An appender that claimed a segment of a shared WAL before close reaches the files
+    lock (flock on CONTROL) as close closes that file: it holds the lock through the create,
+    or gets ClosedError, never a bad descriptor or a lock dropped under it."""
+    import fcntl
+    import threading
+
+    wal = pmemwal.open(wal_dir, segment_size=1 << 20, shared=True, background=False)
+    closing, creating, seen = threading.Event(), threading.Event(), []
+    await_lower, create, control = wal._await_lower, wal._dir.create, wal._control
+    close_control = control.close
+
+    def late_await_lower(segno):  # the appender goes on only once close is closing CONTROL
+        closing.wait(5)
+        await_lower(segno)
+
+    def slow_create(*args, **kwargs):
+        creating.set()
+        time.sleep(0.3)
+        fd = os.open(wal_dir / "CONTROL", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append("the files lock was free while a segment was made")
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+        create(*args, **kwargs)
+
+    def watched_close():
+        closing.set()
+        creating.wait(1)
+        close_control()
+
+    wal._await_lower, wal._dir.create, control.close = late_await_lower, slow_create, watched_close
+
+    def appender():
+        try:
+            for _ in range(400):
+                wal.append(b"x" * 8000)
+        except pmemwal.ClosedError:
+            pass
+        except BaseException as exc:
+            seen.append(repr(exc))
+
+    thread = threading.Thread(target=appender)
+    thread.start()
+    time.sleep(0.2)
+    wal.close()
+    thread.join()
+    assert not seen, seen
