@@ -451,7 +451,8 @@ def test_log_compact_keeps_unarchived_segments(shm_tmp):
         log.sync()
         segments = sorted(n for n in os.listdir(path) if n.endswith(".wal"))
         assert log.compact(250) == 0
-        assert sorted(n for n in os.listdir(path) if n.endswith(".wal")) == segments
+        after = {n for n in os.listdir(path) if n.endswith(".wal")}
+        assert set(segments) <= after  # none went (the background may have made one ahead)
         assert log.wal.stats()["truncate_kept_unarchived"] >= 2
         assert bytes(log.entry(250).payload) == payload("log/249", 10_000)
 
