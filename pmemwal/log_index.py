@@ -46,28 +46,23 @@ Chunk files wholly below ``first`` go once a slot naming that ``first`` is durab
 
 from __future__ import annotations
 
-import mmap
 import os
-import re
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from pmemwal import _core
-from pmemwal.segments import storage_errors
-from pmemwal.slots import SlotPair, sync_directory
+from pmemwal.chunked import CHUNK_BITS, ChunkedColumn
+from pmemwal.slots import SlotPair
 
 INDEX_DIR = "index"
 META_NAME = "LOG"
 MAGIC = b"PWLIDX1\0"
 VERSION = 1
 KNOWN = 1
-CHUNK_BITS = 20
-_CHUNK = 1 << CHUNK_BITS
 _SLOT = np.dtype([("lsn", "<u8"), ("term", "<u8")])
 _BODY = struct.Struct("<8sIIQ16sQQIIQQQQQQ")
-_CHUNK_NAME = re.compile(r"^([0-9A-F]{16})\.lidx$")
 
 
 @dataclass(frozen=True)
@@ -115,8 +110,7 @@ class IndexFiles:
         self.path = os.path.join(wal_dir, INDEX_DIR)
         self._wal_id = wal_id
         self._slots = SlotPair(os.path.join(self.path, META_NAME))
-        self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
-        self._entered: set[int] = set()  # chunks whose directory entry this process synced
+        self._chunks = ChunkedColumn(self.path, "lidx", _SLOT)
         self.last_seq = 0                # the highest valid slot's seq: the next goes past it
 
     def read_state(self) -> IndexState | None:
@@ -129,111 +123,32 @@ class IndexFiles:
 
     def missing_chunks(self, first: int, next_index: int) -> list[int]:
         """The chunks entries [first, next) lie in whose files are missing or short."""
-        if first >= next_index:
-            return []
-        gone = []
-        for chunk in range(first // _CHUNK, (next_index - 1) // _CHUNK + 1):
-            try:
-                if os.stat(self._file(chunk)).st_size < _CHUNK * _SLOT.itemsize:
-                    gone.append(chunk)
-            except FileNotFoundError:
-                gone.append(chunk)
-        return gone
+        return self._chunks.missing(first, next_index)
 
     def write_state(self, state: IndexState) -> None:
         self._slots.write(state.seq % 2, state.pack(self._wal_id))
         self.last_seq = max(self.last_seq, state.seq)
 
-    def _file(self, chunk: int) -> str:
-        return os.path.join(self.path, f"{chunk:016X}.lidx")
-
-    def _chunk(self, chunk: int) -> np.ndarray:
-        """Chunk ``chunk``'s slots, mapped read-only (the file exists: a state named it)."""
-        got = self._maps.get(chunk)
-        if got is None:
-            with storage_errors(f"mapping {self._file(chunk)}"), open(self._file(chunk), "rb") as f:
-                mapping = mmap.mmap(f.fileno(), _CHUNK * _SLOT.itemsize, prot=mmap.PROT_READ)
-            got = self._maps[chunk] = (mapping, np.frombuffer(mapping, _SLOT))
-        return got[1]
-
     def lsns(self, start: int, stop: int) -> np.ndarray:
         """LSNs of entries [start, stop), from the mapped chunks."""
-        if start >= stop:
-            return np.empty(0, np.uint64)
-        parts = []
-        while start < stop:
-            chunk, off = divmod(start, _CHUNK)
-            n = min(stop - start, _CHUNK - off)
-            parts.append(self._chunk(chunk)[off:off + n])
-            start += n
-        slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return slots["lsn"]
+        return self._chunks.read(start, stop)["lsn"]
 
     def slot(self, index: int) -> tuple[int, int]:
-        chunk, off = divmod(index, _CHUNK)
-        lsn, term = self._chunk(chunk)[off].tolist()
+        lsn, term = self._chunks.item(index).tolist()
         return lsn, term
 
     def write(self, start: int, lsns: np.ndarray, terms: np.ndarray) -> None:
         """The slots of entries [start, start + len(lsns)), written and synced."""
         slots = np.empty(len(lsns), _SLOT)
         slots["lsn"], slots["term"] = lsns, terms
-        data = memoryview(slots.view(np.uint8))
-        entered = False
-        with storage_errors(f"writing the log index in {self.path}"):
-            if not os.path.isdir(self.path):
-                os.makedirs(self.path)
-                sync_directory(os.path.dirname(self.path))
-            done = 0
-            while done < len(lsns):
-                chunk, off = divmod(start + done, _CHUNK)
-                n = min(len(lsns) - done, _CHUNK - off)
-                path = self._file(chunk)
-                entered |= chunk not in self._entered  # (made now, or by a run cut short)
-                self._entered.add(chunk)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-                try:
-                    if os.fstat(fd).st_size != _CHUNK * _SLOT.itemsize:
-                        os.ftruncate(fd, _CHUNK * _SLOT.itemsize)
-                    os.pwrite(fd, data[done * _SLOT.itemsize:(done + n) * _SLOT.itemsize],
-                              off * _SLOT.itemsize)
-                    os.fdatasync(fd)
-                finally:
-                    os.close(fd)
-                done += n
-            if entered:
-                sync_directory(self.path)
+        self._chunks.write(start, slots)
 
     def remove_below(self, first: int) -> None:
         """Delete the chunk files wholly below entry ``first`` (a durable state says so)."""
-        if not os.path.isdir(self.path):
-            return
-        gone = False
-        for name in os.listdir(self.path):
-            match = _CHUNK_NAME.match(name)
-            if match and (int(match.group(1), 16) + 1) * _CHUNK <= first:
-                chunk = int(match.group(1), 16)
-                if chunk in self._maps:
-                    _unmap(*self._maps.pop(chunk))
-                os.unlink(os.path.join(self.path, name))
-                gone = True
-        if gone:
-            sync_directory(self.path)
+        self._chunks.remove_below(first)
 
     def close(self) -> None:
-        maps, self._maps = list(self._maps.values()), {}
-        for mapping, slots in maps:
-            _unmap(mapping, slots)
-
-
-def _unmap(mapping: mmap.mmap, slots: np.ndarray) -> None:
-    """Unmap a chunk once its array is let go; a view of it still handed out keeps it
-    mapped until that dies."""
-    del slots
-    try:
-        mapping.close()
-    except BufferError:
-        pass
+        self._chunks.close()
 
 
 class HeapIndex:
