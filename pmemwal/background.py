@@ -38,14 +38,14 @@ from pmemwal.errors import ClosedError
 
 
 _IN_DELETE, _IN_MOVED_FROM = 0x200, 0x40  # <sys/inotify.h>
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def watch_removals(directory: str) -> int:
     """An inotify descriptor that becomes readable when a file leaves ``directory``
     (deleted or renamed away), or -1 where inotify is not available."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-    if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(directory), _IN_DELETE | _IN_MOVED_FROM) < 0:
+    fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd >= 0 and _libc.inotify_add_watch(fd, os.fsencode(directory), _IN_DELETE | _IN_MOVED_FROM) < 0:
         os.close(fd)
         fd = -1
     return fd

@@ -117,11 +117,14 @@ def _show(value: object) -> str:
     return str(value)
 
 
-def probe(path: str | os.PathLike[str]) -> ProbeResult:
-    """Probe the WAL directory ``path`` (or its nearest existing ancestor)."""
+def probe(path: str | os.PathLike[str], *, brief: bool = False) -> ProbeResult:
+    """Probe the WAL directory ``path`` (or its nearest existing ancestor).  ``brief``
+    leaves out what only a report shows (the CPU's flush instructions and model, the
+    governor, libpmem's auto-flush answer: None), as an open needs only the verdict."""
     path = os.path.abspath(path)
     probed_dir = _nearest_dir(path)
-    mount_point, fs_type, options = _mount_of(probed_dir)
+    mount = _mount_of(probed_dir)
+    mount_point, fs_type, options = mount
     lib = libpmem.load()
     try:
         map_sync, is_pmem = _test_mappings(probed_dir, lib)
@@ -133,7 +136,7 @@ def probe(path: str | os.PathLike[str]) -> ProbeResult:
     if fs_type == "tmpfs":
         reason += ("; tmpfs is volatile (its files die with the machine): durability there "
                    "is a benchmark setting")
-    cpu_flush, cpu_model = _cpu()
+    cpu_flush, cpu_model = (None, None) if brief else _cpu()
     return ProbeResult(
         path=path,
         probed_dir=probed_dir,
@@ -145,16 +148,16 @@ def probe(path: str | os.PathLike[str]) -> ProbeResult:
         libpmem_path=lib.path if lib else None,
         libpmem_version=lib.version if lib else None,
         is_pmem=is_pmem,
-        auto_flush=lib.has_auto_flush() if lib else None,
+        auto_flush=lib.has_auto_flush() if lib and not brief else None,
         pmem_is_pmem_force=os.environ.get(FORCE_ENV_VAR),
         cpu_flush=cpu_flush,
         cpu_model=cpu_model,
         crc32c_path=_core.CRC32C_IMPL,
-        governor=_read_line(_GOVERNOR),
+        governor=None if brief else _read_line(_GOVERNOR),
         recommended_mode=mode,
         persist_method=method,
         reason=reason,
-        calibration=stored_calibration(probed_dir),
+        calibration=stored_calibration(probed_dir, mount),
     )
 
 
@@ -179,7 +182,7 @@ def resolve_mode(mode: str, path: str | os.PathLike[str]) -> tuple[str, ProbeRes
         _check_mode(mode, MODE_ENV_VAR)
     if mode != "auto":
         return mode, None
-    result = probe(path)
+    result = probe(path, brief=True)
     if result.calibration and result.persist_method != "pmem":
         return result.calibration["mode"], result
     return result.recommended_mode, result
@@ -200,10 +203,11 @@ def calibration_file() -> str:
                                                                "calibration.json")
 
 
-def calibration_key(path: str | os.PathLike[str]) -> str:
-    """The file system ``path`` is on, as a calibration entry names it."""
+def calibration_key(path: str | os.PathLike[str], mount: tuple | None = None) -> str:
+    """The file system ``path`` is on, as a calibration entry names it (``mount``: what
+    _mount_of said of it, when the caller has it)."""
     directory = _nearest_dir(os.path.abspath(path))
-    mount_point, fs, _ = _mount_of(directory)
+    mount_point, fs, _ = mount or _mount_of(directory)
     return f"{mount_point}:{fs}:{os.stat(directory).st_dev}"
 
 
@@ -216,9 +220,9 @@ def _calibrations() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def stored_calibration(path: str | os.PathLike[str]) -> dict | None:
+def stored_calibration(path: str | os.PathLike[str], mount: tuple | None = None) -> dict | None:
     """The stored measurement for the file system of ``path``, or None."""
-    entry = _calibrations().get(calibration_key(path))
+    entry = _calibrations().get(calibration_key(path, mount))
     return entry if isinstance(entry, dict) and entry.get("mode") in ("buffered", "direct") \
         else None
 

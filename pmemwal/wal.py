@@ -13,6 +13,7 @@ follow a new record as if it belonged to it.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import mmap
 import os
@@ -32,7 +33,7 @@ from pmemwal.archiver import Archiver
 from pmemwal.background import BackgroundWriter
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.control import ControlFile
-from pmemwal.device import resolve_mode, stream_min
+from pmemwal.device import ProbeResult, probe, resolve_mode, stream_min
 from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, NotFoundError,
                             StorageError, format_lsn)
 from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,
@@ -307,13 +308,14 @@ class WAL:
         self._open_segments(segment_size, create=first)
         if self._control is not None and mode == "auto":
             mode = "direct"  # the mode shared writing has (msync where not pmem)
-        self.mode, self.probe = resolve_mode(mode, self._dir.path)
+        self.mode, self._verdict = resolve_mode(mode, self._dir.path)  # (a brief probe)
+        self._verdict_full = False
         if self._control is not None and self.mode != "direct":
             raise ConfigError("shared=True works in direct mode only: sharing buffered mode's "
                               "ring between processes would cost a copy to shared memory and a "
                               "cross-process write lock (docs/SHARED.md)")
         self._direct = self.mode == "direct"
-        self._map_sync = bool(self.probe and self.probe.map_sync)
+        self._map_sync = bool(self._verdict and self._verdict.map_sync)
         self._reader = _core.Reader(self.segment_size, self._wal_id_lo, _weak(self, "_segment_buffer"))
         self._checkpoints = CheckpointFile(self._dir.path, self.wal_id, self.segment_size)
         self.recovery: dict | None = None
@@ -537,6 +539,19 @@ class WAL:
         self._check_open()
         return self._core.position()
 
+    @property
+    def probe(self) -> ProbeResult | None:
+        """The device probe that chose the mode (mode ``"auto"``), else None.  The open
+        takes the verdict only; the report's fields (CPU, governor) are read when asked."""
+        if self._verdict is not None and not self._verdict_full:
+            verdict = self._verdict
+            self._verdict = dataclasses.replace(
+                probe(self._dir.path), recommended_mode=verdict.recommended_mode,
+                persist_method=verdict.persist_method, reason=verdict.reason,
+                calibration=verdict.calibration)
+            self._verdict_full = True
+        return self._verdict
+
     def add_checkpoint_listener(self, listener) -> None:
         """Call ``listener(end_lsn)`` from the background writer's thread after each
         checkpoint it writes: a layer with an index of its own (pmemwal.Log) stores it at
@@ -708,8 +723,11 @@ class WAL:
                         raise
                     self._truncated_meanwhile(todo[i:])  # another process truncated it
                     return
-                if self._direct:
-                    seg.mapping(populate=self._prefault, sync=self._map_sync)
+                if self._direct:  # (at open: from where appending goes on)
+                    insert = self._core.insert_lsn if hasattr(self, "_core") else 0
+                    seg.mapping(populate=self._prefault, sync=self._map_sync,
+                                populate_from=insert - segno * self.segment_size
+                                if insert // self.segment_size == segno else 0)
             except BaseException:
                 with self._seg_lock:  # the rest were never made: nobody may wait for them
                     for n, created in todo[i:]:
