@@ -19,7 +19,7 @@ import re
 import numpy as np
 
 from pmemwal.segments import storage_errors
-from pmemwal.slots import sync_directory
+from pmemwal.slots import make_directories, sync_directory
 
 CHUNK_BITS = 20
 CHUNK = 1 << CHUNK_BITS
@@ -96,9 +96,7 @@ class ChunkedColumn:
         data = memoryview(np.ascontiguousarray(items, self.dtype).view(np.uint8))
         size, entered = self.dtype.itemsize, False
         with storage_errors(f"writing {self.path}"):
-            if not os.path.isdir(self.path):
-                os.makedirs(self.path)
-                sync_directory(os.path.dirname(self.path))
+            make_directories(self.path)
             done = 0
             while done < len(items):
                 chunk, off = divmod(start + done, CHUNK)

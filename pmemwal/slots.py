@@ -89,3 +89,15 @@ def sync_directory(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_directories(path: str) -> None:
+    """Make directory ``path`` and any missing parents, each entry durable (the parent of
+    every directory made is synced)."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for made in reversed(missing):
+        os.mkdir(made)
+        sync_directory(os.path.dirname(made))

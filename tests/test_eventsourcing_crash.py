@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -38,6 +39,7 @@ from eventsourcing.popo import POPOProcessRecorder  # noqa: E402
 from eventsourcing.utils import Environment  # noqa: E402
 
 import pmemwal  # noqa: E402
+from pmemwal.integrations import es_index  # noqa: E402
 from pmemwal.integrations import eventsourcing as pes  # noqa: E402
 
 CHILD = str(TESTS_DIR / "_eventsourcing_child.py")
@@ -71,7 +73,7 @@ def log_payloads(path: Path) -> list[bytes]:
 Batches = dict[tuple[int, int], tuple[int, int]]   # (thread, k) -> (events, first ID)
 
 
-def check_after_crash(base: Path, known: Batches) -> Batches:
+def check_after_crash(base: Path, known: Batches) -> tuple[Batches, bool]:
     """What a killed child leaves is whole and dense, and holds each batch that was known
     (acknowledged, or found by an earlier check) as it was known; returns the batches there."""
     factory = factory_for(base)
@@ -100,23 +102,49 @@ def check_after_crash(base: Path, known: Batches) -> Batches:
         for oid in {note.originator_id for note in notes}:
             versions = [e.originator_version for e in recorder.select_events(oid)]
             assert versions == list(range(1, len(versions) + 1))
-        return found
+        from_index = recorder.datastore.replayed_from > 1
+        stored = answers(recorder)
     finally:
         factory.close()
+    # The same answers from an index rebuilt from the log alone: what the killed child's
+    # checkpoints stored agrees with the log it stored them beside.
+    shutil.rmtree(base / "stored_events" / es_index.INDEX_DIR)
+    factory = factory_for(base)
+    try:
+        recorder = factory.process_recorder()
+        assert recorder.datastore.replayed_from == 1
+        assert answers(recorder) == stored
+    finally:
+        factory.close()
+    return found, from_index
+
+
+def answers(recorder) -> tuple:
+    """Everything a process recorder answers: notifications, each originator's events by
+    select_events (all, the last, a range), the tracking positions."""
+    notes = recorder.select_notifications(None, limit=1 << 30)
+    oids = sorted({note.originator_id for note in notes}, key=str)
+    return (notes, [(recorder.select_events(oid), recorder.select_events(oid, desc=True, limit=1),
+                     recorder.select_events(oid, gt=2, lte=5)) for oid in oids],
+            [recorder.max_tracking_id(f"upstream-{t}") for t in range(2)])
 
 
 @pytest.mark.parametrize("mode", ["buffered", "direct"])
 def test_sigkill_keeps_acknowledged_batches_whole(shm_dir: Path, mode: str) -> None:
     rng = random.Random(f"eventsourcing-sigkill-{mode}")
-    env = module_env(shm_dir, PMEMWAL_MODE=mode)
+    # index checkpoints every 20 ms: the kill lands before, during or after one
+    env = module_env(shm_dir, PMEMWAL_MODE=mode, PMEMWAL_CHECKPOINT_INTERVAL="0.02")
     known: Batches = {}
+    from_index = []
     for _ in range(3):      # each child carries on from what the killed one left
         lines, stderr = run_and_kill(CHILD, {"threads": 2}, env, rng.uniform(0.1, 0.3))
         assert lines and lines[0] == b"READY\n", stderr
         acked = [tuple(map(int, line.split()[1:])) for line in lines[1:]]
         known.update({(t, k): (n, first) for t, k, n, first in acked})
-        known = check_after_crash(shm_dir, known)
+        known, used = check_after_crash(shm_dir, known)
+        from_index.append(used)
     assert len(known) >= 10, "the writers hardly wrote: the test proved little"
+    assert any(from_index), "no reopen read a stored index: the test proved little of it"
 
 
 # ---- against POPO -------------------------------------------------------------------
@@ -146,7 +174,26 @@ def same_answers(ours, popo, rng: random.Random, oids: list) -> None:
         assert ours.select_notifications(**kw) == popo.select_notifications(**kw), kw
 
 
-def test_same_answers_as_popo_before_and_after_replay(shm_dir: Path) -> None:
+@pytest.fixture(params=["hashes", "collisions"])
+def key_hashes(request, monkeypatch) -> str:
+    """Keys with 64-bit hashes; or with 2-bit ones, so that every run holds keys that share
+    a hash and every answer it gives must be checked against the events, and with runs
+    merged only when the same size, so that several stand at once."""
+    if request.param == "collisions":
+        monkeypatch.setattr(es_index, "HASH_MASK", 0x3)
+        monkeypatch.setattr(es_index, "FANOUT", 1)
+    return request.param
+
+
+def reopened_from_index(datastore) -> None:
+    """A datastore opened after a clean close replayed nothing: the index was read."""
+    assert datastore.replayed_from == datastore._log.last_index + 1 > 1
+
+
+def test_same_answers_as_popo_before_and_after_replay(shm_dir: Path, key_hashes: str) -> None:
+    """Random inserts, conflicting ones among them, and reads against POPO's, with index
+    checkpoints now and then (rows and runs stored, runs merged), then reopened from the
+    stored index."""
     rng = random.Random("eventsourcing-popo")
     oids = [uuid.uuid4() for _ in range(4)] + ["str-id-1", "ünï-2"]
     oids.append(str(oids[0]))   # the same originator as oids[0], by its string form
@@ -171,10 +218,16 @@ def test_same_answers_as_popo_before_and_after_replay(shm_dir: Path) -> None:
             versions[batch[0].originator_id] = batch[-1].originator_version
         if step % 50 == 0:
             same_answers(ours, popo, rng, oids)
+        if step % 23 == 0:
+            ours.datastore.checkpoint()
     same_answers(ours, popo, rng, oids)
+    runs = ours.datastore._index.runs
+    assert len(runs) >= (2 if key_hashes == "collisions" else 1), "too few runs to prove much"
     factory.close()
     factory = factory_for(shm_dir)
-    same_answers(factory.process_recorder(), popo, rng, oids)
+    reopened = factory.process_recorder()
+    reopened_from_index(reopened.datastore)
+    same_answers(reopened, popo, rng, oids)
     factory.close()
 
 
@@ -379,9 +432,11 @@ def dcb_query(rng: random.Random):
                            for _ in range(rng.randint(0, 3))])
 
 
-def test_dcb_same_answers_as_in_memory_before_and_after_replay(shm_dir: Path) -> None:
+def test_dcb_same_answers_as_in_memory_before_and_after_replay(shm_dir: Path,
+                                                              key_hashes: str) -> None:
     """The DCB recorder against eventsourcing's in-memory one: random appends, conditional
-    ones among them (which conflict or not alike), and random reads, then reopened."""
+    ones among them (which conflict or not alike), and random reads, with index checkpoints
+    now and then, then reopened from the stored index."""
     rng = random.Random("eventsourcing-dcb")
     memory, factory = InMemoryDCBRecorder(), factory_for(shm_dir, "Courses")
     ours = factory.dcb_recorder()
@@ -412,10 +467,13 @@ def test_dcb_same_answers_as_in_memory_before_and_after_replay(shm_dir: Path) ->
         assert outcomes[0] == outcomes[1], (step, events, condition)
         if step % 40 == 0:
             same_reads()
+        if step % 17 == 0:
+            ours.datastore.checkpoint()
     same_reads()
     factory.close()
     factory = factory_for(shm_dir, "Courses")
     ours = factory.dcb_recorder()
+    reopened_from_index(ours.datastore)
     same_reads()
     factory.close()
 

@@ -21,6 +21,9 @@ given for one application as ``<APPLICATION NAME>_<VARIABLE>`` (``BANKACCOUNTS_P
 - ``PMEMWAL_MODE``: ``auto`` (default), ``direct`` or ``buffered``: ``pmemwal.open``'s mode.
 - ``PMEMWAL_SEGMENT_SIZE``: bytes per segment file, a power of two from 1 MiB (default: a
   log's own, 16 MiB for a new one); a log made with another size is refused (OperationalError).
+- ``PMEMWAL_CHECKPOINT_INTERVAL``: seconds between the WAL's background checkpoints, which
+  the index follows (default: ``pmemwal.open``'s, 1); less makes a reopen after a crash
+  replay less, at a synced write each.
 - ``CREATE_TABLE``: eventsourcing's own switch, ``yes`` by default; ``no`` opens only log
   directories that exist (OperationalError otherwise), as the SQL modules then create no table.
 
@@ -112,12 +115,12 @@ batch), OperationalError (the rest: locked, storage failures).
 
 from __future__ import annotations
 
-import bisect
 import os
 import struct
 import threading
+import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from threading import Event
 from typing import Any, NamedTuple, TypeVar
@@ -136,7 +139,11 @@ from eventsourcing.persistence import (AggregateRecorder, ApplicationRecorder, D
 from eventsourcing.utils import Environment, EnvType, resolve_topic, strtobool
 
 import pmemwal
+from pmemwal import _core
 from pmemwal.errors import ClosedError, CorruptionError, FormatError, RecordTooLargeError, WALError
+from pmemwal.integrations.es_index import ORIGINATORS, TAGS, IndexStore, StoredIndex, Written
+from pmemwal.recovery import RecoveryWarning
+from pmemwal.wal import _weak
 
 FORMAT_VERSION = 1
 HAS_TRACKING = 1                    # batch flags: a tracking record follows the header
@@ -164,6 +171,8 @@ def _translated() -> Iterator[None]:
     except WALError as exc:
         target = next(target for source, target in _ERRORS if isinstance(exc, source))
         raise target(f"pmemwal: {exc}") from exc
+    except OSError as exc:      # (the index's files: es_index.py)
+        raise OperationalError(f"pmemwal: {exc}") from exc
 
 
 # ---- the entry format -------------------------------------------------------------
@@ -263,49 +272,31 @@ def _event_parts(payload: memoryview, offset: int
     return kind, payload[a:b], payload[b:c], payload[c:end], version, end
 
 
-# ---- the index kept in memory --------------------------------------------------------
+# ---- the index: rows and originators (stored: pmemwal/integrations/es_index.py) ------
 
-class _Column:
-    """An append-only numpy column that doubles when full."""
-
-    def __init__(self, dtype: type) -> None:
-        self._data: np.ndarray = np.empty(1024, dtype)
-        self.size = 0
-
-    def extend(self, values: list[int]) -> None:
-        end = self.size + len(values)
-        if end > len(self._data):
-            grown = np.empty(max(2 * len(self._data), end), self._data.dtype)
-            grown[:self.size] = self._data[:self.size]
-            self._data = grown
-        self._data[self.size:end] = values
-        self.size = end
-
-    def view(self) -> np.ndarray:
-        return self._data[:self.size]
+def originator_bytes(key: Key) -> bytes:
+    """An originator key's bytes for its hash: a UUID's and a str's never coincide."""
+    return b"u" + key if isinstance(key, bytes) else b"s" + key.encode()
 
 
-class _Index:
-    """Notifications, originators' versions and tracking positions; the caller holds the lock."""
+class _Index(StoredIndex):
+    """Notifications, originators' versions and tracking positions; the caller holds the lock.
+    A row is a notification (its ID is its number), a key pair (version, notification ID)."""
+
+    flavor = ORIGINATORS
 
     def __init__(self) -> None:
-        self.entry = _Column(np.int64)      # notification ID - 1 -> the log entry holding it
-        self.offset = _Column(np.uint32)    # ... -> its offset in that entry's payload
-        self.topic = _Column(np.int32)      # ... -> its topic's number in topic_ids
-        self.topic_ids: dict[str, int] = {}
-        self.originators: dict[Key, tuple[list[int], list[int]]] = {}  # versions, their IDs
-        self.tracking: dict[str, int] = {}  # application name -> last notification ID tracked
+        super().__init__(originator_bytes)
 
-    @property
-    def count(self) -> int:
-        return self.entry.size
-
-    def check(self, rows: list[Row], tracking: Tracking | None) -> None:
-        """IntegrityError unless every row and the tracking record can be added."""
+    def check(self, rows: list[Row], tracking: Tracking | None,
+              key_of: Callable[[int], Key]) -> None:
+        """IntegrityError unless every row and the tracking record can be added
+        (``key_of(notification_id)``: the originator of a stored event, read back)."""
         batch = set()
         for row in rows:
             where = ("twice in the batch" if (row.key, row.version) in batch else
-                     "stored already" if self._has(row.key, row.version) else None)
+                     "stored already" if self.has_pair(
+                         row.key, row.version, lambda i, k=row.key: key_of(i) == k) else None)
             if where:
                 raise IntegrityError(f"the event of originator {_shown(row.key)} with version "
                                      f"{row.version} is {where}")
@@ -320,35 +311,30 @@ class _Index:
             raise IntegrityError(f"tracking {tracking.application_name!r} notification "
                                  f"{tracking.notification_id}: {last} is tracked already")
 
-    def _has(self, key: Key, version: int) -> bool:
-        versions = self.originators.get(key, ([], []))[0]
-        i = bisect.bisect_left(versions, version)
-        return i < len(versions) and versions[i] == version
-
-    def add(self, entry: int, rows: list[Row], tracking: Tracking | None) -> list[int]:
+    def add(self, entry: int, payload: bytes | memoryview, rows: list[Row],
+            tracking: Tracking | None) -> list[int]:
         """Add the rows of log entry ``entry``; returns their notification IDs."""
         ids = list(range(self.count + 1, self.count + 1 + len(rows)))
         for row, notification_id in zip(rows, ids):
-            versions, version_ids = self.originators.setdefault(row.key, ([], []))
-            at = bisect.bisect_left(versions, row.version)  # versions may come out of order
-            versions.insert(at, row.version)
-            version_ids.insert(at, notification_id)
-        self.entry.extend([entry] * len(rows))
-        self.offset.extend([row.offset for row in rows])
-        self.topic.extend([self.topic_ids.setdefault(row.topic, len(self.topic_ids))
-                           for row in rows])
+            self.add_pair(row.key, row.version, notification_id)
+        self.add_rows(entry, payload, [row.offset for row in rows],
+                      [self.name_id(row.topic) for row in rows])
         if tracking is not None:
             self.tracking[tracking.application_name] = tracking.notification_id
         return ids
 
     def event_ids(self, key: Key, gt: int | None, lte: int | None, desc: bool,
-                  limit: int | None) -> list[int]:
-        """Notification IDs of an originator's events with gt < version <= lte, in order."""
-        versions, ids = self.originators.get(key, ([], []))
-        lo = 0 if gt is None else bisect.bisect_right(versions, gt)
-        hi = len(versions) if lte is None else bisect.bisect_right(versions, lte)
+                  limit: int | None) -> tuple[list[int], bool]:
+        """Notification IDs of an originator's events with gt < version <= lte, in order,
+        and whether they are the key's for certain: when not, every ID in the range is
+        given (no limit), and the caller drops the events of another key."""
+        versions, ids, unsure = self.pairs(key)
+        lo = 0 if gt is None else int(np.searchsorted(versions, gt, "right"))
+        hi = len(versions) if lte is None else int(np.searchsorted(versions, lte, "right"))
         chosen = ids[lo:hi][::-1] if desc else ids[lo:hi]
-        return chosen if limit is None else chosen[:limit]
+        if limit is not None and not unsure:
+            chosen = chosen[:limit]
+        return chosen.tolist(), not unsure
 
     def notification_ids(self, first: int, stop: int | None, topics: Sequence[str],
                          limit: int) -> list[int]:
@@ -358,14 +344,14 @@ class _Index:
             return []
         if not topics:
             return list(range(first, min(last, first + limit - 1) + 1))
-        wanted = [self.topic_ids[t] for t in topics if t in self.topic_ids]
-        hits = np.flatnonzero(np.isin(self.topic.view()[first - 1:last], wanted))[:limit]
+        wanted = [self.name_ids[t] for t in topics if t in self.name_ids]
+        hits = np.flatnonzero(np.isin(self.row_names(first, last), wanted))[:limit]
         return (hits + first).tolist()
 
     def places(self, ids: list[int]) -> list[tuple[int, int]]:
         """(entry, offset) of each notification ID."""
-        at = np.asarray(ids, np.int64) - 1
-        return list(zip(self.entry.view()[at].tolist(), self.offset.view()[at].tolist()))
+        rows = self.rows(ids)
+        return list(zip(rows["entry"].tolist(), rows["offset"].tolist()))
 
 
 def _shown(key: Key) -> str:
@@ -428,99 +414,120 @@ def decode_dcb_event(payload: memoryview, offset: int) -> tuple[DCBEvent, int]:
     return DCBEvent(type=kind, data=bytes(payload[at:end]), tags=tags), end
 
 
-class _DCBIndex:
-    """Positions (dense from 1), their types and tags; the caller holds the lock."""
+def tag_bytes(tag: str) -> bytes:
+    return b"t" + tag.encode()
+
+
+class _DCBIndex(StoredIndex):
+    """Positions (dense from 1), their types and tags; the caller holds the lock.  A row is
+    a position, a key pair (position, position) of each of its tags."""
+
+    flavor = TAGS
 
     def __init__(self) -> None:
-        self.entry = _Column(np.int64)      # position - 1 -> the log entry holding it
-        self.offset = _Column(np.uint32)    # ... -> its offset in that entry's payload
-        self.type = _Column(np.int32)       # ... -> its type's number in type_ids
-        self.type_ids: dict[str, int] = {}
-        self.tags: dict[str, list[int]] = {}    # tag -> its events' positions, ascending
+        super().__init__(tag_bytes)
 
-    @property
-    def count(self) -> int:
-        return self.entry.size
-
-    def add(self, entry: int, rows: list[DCBRow]) -> int:
+    def add(self, entry: int, payload: bytes | memoryview, rows: list[DCBRow]) -> int:
         """Add the rows of log entry ``entry``; returns the last one's position."""
-        first = self.count + 1
-        for position, row in enumerate(rows, first):
+        for position, row in enumerate(rows, self.count + 1):
             for tag in set(row.tags):
-                self.tags.setdefault(tag, []).append(position)
-        self.entry.extend([entry] * len(rows))
-        self.offset.extend([row.offset for row in rows])
-        self.type.extend([self.type_ids.setdefault(row.type, len(self.type_ids))
-                          for row in rows])
+                self.add_pair(tag, position, position)
+        self.add_rows(entry, payload, [row.offset for row in rows],
+                      [self.name_id(row.type) for row in rows])
         return self.count
 
-    def match(self, query: DCBQuery | None, after: int | None, limit: int | None) -> list[int]:
+    def match(self, query: DCBQuery | None, after: int | None, limit: int | None
+              ) -> tuple[list[int], bool]:
         """Positions after ``after`` of the events that match an item of ``query`` (every
-        event when it has none), ascending, at most ``limit``.  An event matches an item when
+        event when it has none), ascending, at most ``limit``, and whether they match for
+        certain: when not (a tag's positions came by its hash), the limit is not applied
+        and the caller checks each event (``dcb_matches``).  An event matches an item when
         its type is one of the item's types (or the item has none) and it has all its tags."""
         first, last = max(after or 0, 0) + 1, self.count
         if first > last or (limit is not None and limit <= 0):
-            return []
+            return [], True
         items = query.items if query is not None else []
         if not items or any(not item.types and not item.tags for item in items):
             end = last if limit is None else min(last, first + limit - 1)
-            return list(range(first, end + 1))
-        hits: set[int] = set()
+            return list(range(first, end + 1)), True
+        hits, sure = [], True
         for item in items:
-            wanted = [self.type_ids[t] for t in item.types if t in self.type_ids]
+            wanted = [self.name_ids[t] for t in item.types if t in self.name_ids]
             if item.types and not wanted:
                 continue
             if not item.tags:       # types only: scan the type column
-                at = np.flatnonzero(np.isin(self.type.view()[first - 1:last], wanted))
-                hits.update((at + first).tolist())
+                at = np.flatnonzero(np.isin(self.row_names(first, last), wanted))
+                hits.append(at + first)
                 continue
-            lists = [self.tags.get(tag) for tag in set(item.tags)]
-            if any(positions is None for positions in lists):
-                continue
-            lists.sort(key=len)     # walk the rarest tag, look the others up
-            shortest = lists[0]
-            found = [p for p in shortest[bisect.bisect_right(shortest, first - 1):]
-                     if all(_contains(other, p) for other in lists[1:])]
-            if wanted and found:
-                types = self.type.view()[np.asarray(found, np.int64) - 1]
-                found = np.asarray(found)[np.isin(types, wanted)].tolist()
-            hits.update(found)
-        positions = sorted(hits)
-        return positions if limit is None else positions[:limit]
+            lists = []
+            for tag in set(item.tags):
+                positions, _, unsure = self.pairs(tag)
+                sure &= not unsure
+                lists.append(positions[np.searchsorted(positions, first):])
+            lists.sort(key=len)     # the rarest tag's positions, in every other tag's
+            found = lists[0]
+            for other in lists[1:]:
+                found = found[np.isin(found, other)]
+            if wanted and len(found):
+                found = found[np.isin(self.rows(found)["name"], wanted)]
+            hits.append(found)
+        positions = np.sort(np.concatenate(hits)) if hits else _NO_POSITIONS
+        if len(positions) > 1:      # (items may match one event twice)
+            positions = positions[np.concatenate(([True], positions[1:] != positions[:-1]))]
+        if limit is not None and sure:
+            positions = positions[:limit]
+        return positions.tolist(), sure
 
     def places(self, positions: list[int]) -> list[tuple[int, int]]:
         """(entry, offset) of each position."""
-        at = np.asarray(positions, np.int64) - 1
-        return list(zip(self.entry.view()[at].tolist(), self.offset.view()[at].tolist()))
+        rows = self.rows(positions)
+        return list(zip(rows["entry"].tolist(), rows["offset"].tolist()))
 
 
-def _contains(ascending: list[int], value: int) -> bool:
-    i = bisect.bisect_left(ascending, value)
-    return i < len(ascending) and ascending[i] == value
+_NO_POSITIONS = np.empty(0, np.int64)
+
+
+def dcb_matches(event: DCBEvent, query: DCBQuery) -> bool:
+    """Whether ``event`` matches an item of ``query`` (which has items)."""
+    return any((not item.types or event.type in item.types) and set(item.tags) <= set(event.tags)
+               for item in query.items)
 
 
 # ---- datastores: one log directory each -----------------------------------------------
 
 class _LogStore:
-    """One log directory and the index rebuilt from it, shared by the recorders that use it
-    in this process.  Get one with ``open_datastore`` (or ``open_dcb_datastore``); each call
-    is matched by one ``close``, and the last closes the log (so does garbage collection,
-    for a datastore nobody closed)."""
+    """One log directory and its index, shared by the recorders that use it in this
+    process.  Get one with ``open_datastore`` (or ``open_dcb_datastore``); each call is
+    matched by one ``close``, and the last closes the log (so does garbage collection, for
+    a datastore nobody closed).
+
+    The index is stored beside the log (pmemwal/integrations/es_index.py): at each of the
+    WAL's background checkpoints, on ``checkpoint()`` and on close; an open maps it and
+    replays only the entries appended after it."""
 
     def __init__(self, path: str, **wal_options: Any) -> None:
         self.path = path
         self._lock = threading.Lock()       # inserts are checked and indexed in log order
+        self._checkpoint_lock = threading.Lock()    # one index checkpoint at a time; first
         self._index = self._new_index()
         self._listeners: set[Event] = set()
         self._users = 1
+        self._closing = False
+        self._uninstalled: Written | None = None    # written, not installed yet (busy lock)
+        self.replayed_from = 1              # the first log entry the open replayed
+        self.index_error: Exception | None = None   # the last background checkpoint's
         with _translated():
             self._log = pmemwal.open_log(path, **wal_options)
-        self._close_log = weakref.finalize(self, self._log.close)
+            self._store = IndexStore(self._log.wal.path, self._log.wal.wal_id,
+                                     self._index.flavor, self._index.tagged)
+        self._index.attach(self._store.rows)
+        self._close_log = weakref.finalize(self, _close_all, self._log, self._index, self._store)
         try:
-            self._replay()
+            self._replay(self._load_index())
         except BaseException:
             self._close_log()
             raise
+        self._log.wal.add_checkpoint_listener(_weak(self, "_background_checkpoint"))
 
     def _new_index(self) -> Any:
         raise NotImplementedError
@@ -530,16 +537,115 @@ class _LogStore:
         this datastore writes."""
         raise NotImplementedError
 
-    def _replay(self) -> None:
+    # ---- open: the stored index, then the entries after it ----
+
+    def _load_index(self) -> int:
+        """Take the stored index when it fits the log; returns the entry to replay from."""
         with _translated():
-            for entry in self._log.entries():
+            state = self._store.read_state()
+        if state is None or not state.manifest_size:
+            return self._log.first_index    # none yet, or one made void
+        try:
+            why = self._unusable(state)
+            manifest, runs = ({}, []) if why else self._store.load(state)
+        except (OSError, ValueError, KeyError, TypeError, WALError) as exc:
+            why = f"it does not read: {exc}"
+        if why:
+            warnings.warn(f"{self.path}: the eventsourcing index is not used ({why}); every "
+                          "log entry is read instead", RecoveryWarning, stacklevel=4)
+            with _translated():
+                self._index.next_run = self._store.void(self._log.wal.cuts)  # before appends
+            return self._log.first_index
+        self._index.load(state, manifest, runs)
+        return state.next_entry
+
+    def _unusable(self, state: Any) -> str | None:
+        """Why the stored index does not describe the log's entries below its next_entry,
+        or None: the log must still hold them, ending in the same entry."""
+        log, last = self._log, state.next_entry - 1
+        if state.wal_cuts != log.wal.cuts:
+            return "the WAL was cut below it since (on_corruption='truncate')"
+        if not log.first_index - 1 <= last <= log.last_index:
+            return f"it reaches entry {last}, the log holds {log.first_index}..{log.last_index}"
+        if last >= log.first_index and \
+                _core.crc32c(log.entry(last).payload) != state.guard_crc:
+            return f"log entry {last} is not the one it was made after"
+        return None
+
+    def _replay(self, start: int) -> None:
+        self.replayed_from = start
+        with _translated():
+            for entry in self._log.entries(start):
                 try:
                     self._replay_entry(entry)
                 except (ValueError, struct.error) as exc:   # UnicodeDecodeError is a ValueError
                     raise DatabaseError(f"{self.path}: log entry {entry.index} is not a batch of "
                                         f"{self._what} ({exc})") from exc
+        self._index.seal_guard()
 
     _what = "events"
+
+    # ---- index checkpoints ----
+
+    def checkpoint(self) -> None:
+        """Store the index now: the next open replays no entry appended before the call."""
+        with self._checkpoint_lock:
+            self._write_checkpoint()
+
+    def _write_checkpoint(self) -> None:
+        with self._locked():
+            captured = self._capture()
+        if captured is not None:
+            with _translated():
+                written = self._store.write(captured, self._log.wal.cuts)
+            with self._lock:
+                self._install(written)
+            with _translated():
+                self._store.collect(written.runs)
+
+    def _capture(self) -> Any:
+        """Under both locks: what the next checkpoint writes (None: nothing new)."""
+        if self._uninstalled is not None:
+            self._install(self._uninstalled)
+        return self._index.capture()
+
+    def _install(self, written: Written) -> None:
+        """Under the lock: a checkpoint written is the index's now."""
+        for run in self._index.install(written):
+            run.close()
+        self._uninstalled = None
+
+    def _background_checkpoint(self, _end: int) -> None:
+        """The WAL's background writer wrote a checkpoint: the index follows, unless the
+        datastore is busy (its locks are taken, never waited for: an insert holding the lock
+        may wait for that writer, and close stops it)."""
+        if not self._checkpoint_lock.acquire(blocking=False):
+            return
+        try:
+            if not self._lock.acquire(blocking=False):
+                return
+            try:
+                if self._closing or self._log.closed:
+                    return
+                captured = self._capture()
+            finally:
+                self._lock.release()
+            if captured is None:
+                return
+            written = self._store.write(captured, self._log.wal.cuts)
+            if self._lock.acquire(blocking=False):
+                try:
+                    self._install(written)
+                finally:
+                    self._lock.release()
+            else:
+                self._uninstalled = written     # the next capture installs it
+            self._store.collect(written.runs)
+            self.index_error = None
+        except (WALError, OSError) as exc:
+            self.index_error = exc  # the next checkpoint tries again; the open replays more
+        finally:
+            self._checkpoint_lock.release()
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -592,12 +698,23 @@ class _LogStore:
             if _datastores.get(self.path) is self:
                 del _datastores[self.path]
             try:
-                with _translated():
-                    self._close_log()
+                self._last_checkpoint()
             finally:
-                held = self._release_held()
+                try:
+                    with _translated():
+                        self._close_log()
+                finally:
+                    held = self._release_held()
         for store in held:
             store.close()
+
+    def _last_checkpoint(self) -> None:
+        """Store the index before the log closes (no background one starts after this)."""
+        with self._checkpoint_lock:
+            with self._lock:
+                self._closing = True
+            if not self._log.closed:
+                self._write_checkpoint()
 
     def _release_held(self) -> list[_LogStore]:
         """The datastores this one holds open, to close after it."""
@@ -625,7 +742,14 @@ class PmemwalDatastore(_LogStore):
 
     def _replay_entry(self, entry: Any) -> None:
         tracking, rows = decode_batch(entry.payload)
-        self._index.add(entry.index, rows, tracking)
+        self._index.add(entry.index, entry.payload, rows, tracking)
+
+    def _originator_of(self, notification_id: int) -> Key:
+        """The originator key of a stored event, read back (the caller holds the lock)."""
+        (place,) = self._index.places([notification_id])
+        (payload, offset), = self._payloads([place])
+        kind, ident = _event_parts(payload, offset)[:2]
+        return bytes(ident) if kind == ID_UUID else str_key(str(ident, "utf-8"))
 
     def _release_held(self) -> list[_LogStore]:
         peer, self.tracking_peer = self.tracking_peer, None
@@ -647,12 +771,12 @@ class PmemwalDatastore(_LogStore):
             raise DataError(f"pmemwal: a value does not fit the entry format: {exc}") from exc
         tracked = tracking is not None and tracked_also
         with _all_locked(self, *tracked_also) if tracked else self._locked():
-            self._index.check(rows, tracking)
+            self._index.check(rows, tracking, self._originator_of)
             if tracked:
                 for other in tracked_also:
                     other._index.check_tracking(tracking)
             entry = self._append(payload)
-            ids = self._index.add(entry, rows, tracking)
+            ids = self._index.add(entry, payload, rows, tracking)
             listeners = tuple(self._listeners)
         for listener in listeners:
             listener.set()
@@ -665,8 +789,15 @@ class PmemwalDatastore(_LogStore):
                       limit: int | None = None) -> list[StoredEvent]:
         key = originator_key(originator_id)[1]
         with self._locked():
-            places = self._index.places(self._index.event_ids(key, gt, lte, desc, limit))
-        return [StoredEvent(*fields) for fields in self._read(places)]
+            ids, sure = self._index.event_ids(key, gt, lte, desc, limit)
+            places = self._index.places(ids)
+        events = []
+        for fields in self._read(places):
+            if sure or originator_key(fields[0])[1] == key:  # (a run finds keys by hash)
+                events.append(StoredEvent(*fields))
+                if len(events) == limit:
+                    break
+        return events
 
     def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
                              topics: Sequence[str] = (), *,
@@ -677,9 +808,10 @@ class PmemwalDatastore(_LogStore):
             places = self._index.places(ids)
         return [Notification(*fields, id=i) for i, fields in zip(ids, self._read(places))]
 
-    def _read(self, places: list[tuple[int, int]]) -> list[tuple[UUID | str, int, str, bytes]]:
-        """The events at these (entry, offset) places."""
-        return [decode_event(payload, offset) for payload, offset in self._payloads(places)]
+    def _read(self, places: list[tuple[int, int]]
+              ) -> Iterator[tuple[UUID | str, int, str, bytes]]:
+        """The events at these (entry, offset) places, read as they are asked for."""
+        return (decode_event(payload, offset) for payload, offset in self._payloads(places))
 
     def max_notification_id(self) -> int | None:
         with self._locked():
@@ -704,7 +836,7 @@ class PmemwalDCBDatastore(_LogStore):
         return _DCBIndex()
 
     def _replay_entry(self, entry: Any) -> None:
-        self._index.add(entry.index, decode_dcb_batch(entry.payload))
+        self._index.add(entry.index, entry.payload, decode_dcb_batch(entry.payload))
 
     def append(self, events: Sequence[DCBEvent], condition: DCBAppendCondition | None = None
                ) -> int:
@@ -717,10 +849,10 @@ class PmemwalDCBDatastore(_LogStore):
         except struct.error as exc:
             raise DataError(f"pmemwal: a value does not fit the entry format: {exc}") from exc
         with self._locked():
-            if condition is not None and self._index.match(condition.fail_if_events_match,
-                                                           condition.after, 1):
+            if condition is not None and self._checked(
+                    *self._candidates(condition.fail_if_events_match, condition.after, 1), 1):
                 raise IntegrityError(condition)
-            position = self._index.add(self._append(payload), rows)
+            position = self._index.add(self._append(payload), payload, rows)
             listeners = tuple(self._listeners)
         for listener in listeners:
             listener.set()
@@ -731,14 +863,31 @@ class PmemwalDCBDatastore(_LogStore):
         """The matching events, and the head: without a limit the last position stored, with
         one the last position returned (None for none), as eventsourcing's DCB recorders."""
         with self._locked():
-            positions = self._index.match(query, after, limit)
-            places = self._index.places(positions)
-            head = (self._index.count or None) if limit is None else (
-                positions[-1] if positions else None)
-        events = [DCBSequencedEvent(event=decode_dcb_event(payload, offset)[0],
-                                    position=position)
-                  for position, (payload, offset) in zip(positions, self._payloads(places))]
+            candidates = self._candidates(query, after, limit)
+            count = self._index.count
+        events = self._checked(*candidates, limit)
+        head = (count or None) if limit is None else (events[-1].position if events else None)
         return events, head
+
+    def _candidates(self, query: DCBQuery | None, after: int | None, limit: int | None
+                    ) -> tuple[DCBQuery | None, list[int], list[tuple[int, int]], bool]:
+        """Under the lock: the index's matches, their places, and whether they are sure."""
+        positions, sure = self._index.match(query, after, limit)
+        return query, positions, self._index.places(positions), sure
+
+    def _checked(self, query: DCBQuery | None, positions: list[int],
+                 places: list[tuple[int, int]], sure: bool, limit: int | None
+                 ) -> list[DCBSequencedEvent]:
+        """The events at these positions, up to ``limit``, each checked against ``query``
+        where the index found it by a tag's hash (not ``sure``)."""
+        events = []
+        for position, (payload, offset) in zip(positions, self._payloads(places)):
+            event = decode_dcb_event(payload, offset)[0]
+            if sure or dcb_matches(event, query):
+                events.append(DCBSequencedEvent(event=event, position=position))
+                if len(events) == limit:
+                    break
+        return events
 
 
 def _all_locked(*stores: _LogStore) -> AbstractContextManager[None]:
@@ -782,6 +931,15 @@ class _LockedInOrder:
         if isinstance(exc, WALError):
             with _translated():
                 raise exc
+
+
+def _close_all(log: pmemwal.Log, index: StoredIndex, store: IndexStore) -> None:
+    """Close a datastore's log and unmap its index (no checkpoint: close writes that)."""
+    try:
+        log.close()
+    finally:
+        index.close()
+        store.close()
 
 
 _datastores: weakref.WeakValueDictionary[str, _LogStore] = weakref.WeakValueDictionary()
@@ -962,6 +1120,7 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder],
     PMEMWAL_PATH = "PMEMWAL_PATH"
     PMEMWAL_MODE = "PMEMWAL_MODE"
     PMEMWAL_SEGMENT_SIZE = "PMEMWAL_SEGMENT_SIZE"
+    PMEMWAL_CHECKPOINT_INTERVAL = "PMEMWAL_CHECKPOINT_INTERVAL"
     CREATE_TABLE = "CREATE_TABLE"
 
     aggregate_recorder_class = PmemwalAggregateRecorder
@@ -1058,9 +1217,17 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder],
         size = self.env.get(self.PMEMWAL_SEGMENT_SIZE)
         if size and not size.isdigit():
             raise OSError(f"pmemwal: {self.PMEMWAL_SEGMENT_SIZE}={size!r} is not a number of bytes")
-        return {"mode": self.env.get(self.PMEMWAL_MODE) or "auto",
-                "segment_size": int(size) if size else None,
-                "create": bool(strtobool(self.env.get(self.CREATE_TABLE) or "yes"))}
+        options = {"mode": self.env.get(self.PMEMWAL_MODE) or "auto",
+                   "segment_size": int(size) if size else None,
+                   "create": bool(strtobool(self.env.get(self.CREATE_TABLE) or "yes"))}
+        interval = self.env.get(self.PMEMWAL_CHECKPOINT_INTERVAL)
+        if interval:
+            try:
+                options["checkpoint_interval"] = float(interval)
+            except ValueError:
+                raise OSError(f"pmemwal: {self.PMEMWAL_CHECKPOINT_INTERVAL}={interval!r} is "
+                              "not a number of seconds") from None
+        return options
 
     def _recorder_class(self, topic_key: str, default: type[_R], given: type[_R] | None = None
                         ) -> type[_R]:

@@ -1,0 +1,218 @@
+"""The eventsourcing datastores' stored index (pmemwal/integrations/es_index.py):
+
+- a reopen reads it and replays only the entries after it, with memory that does not follow
+  the number of events stored;
+- an index that does not fit its log (a file gone or damaged, the log rewritten below it) is
+  not used: a RecoveryWarning, a rebuild from the log, the same answers, and the stored one
+  never comes back;
+- a checkpoint that fails loses nothing, and the next one stores all;
+- checkpoints leave only the files the two STATE slots name.
+
+tests/test_eventsourcing_crash.py has the SIGKILL test (checkpoints every 20 ms, then the
+stored index against one rebuilt from the log) and the comparisons with eventsourcing's own
+in-memory recorders across checkpoints and colliding key hashes.
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+import uuid
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("eventsourcing")
+
+from eventsourcing.dcb.api import DCBEvent, DCBQuery, DCBQueryItem  # noqa: E402
+from eventsourcing.persistence import OperationalError, StoredEvent, Tracking  # noqa: E402
+
+import pmemwal  # noqa: E402
+from pmemwal.integrations import es_index  # noqa: E402
+from pmemwal.integrations import eventsourcing as pes  # noqa: E402
+from pmemwal.recovery import RecoveryWarning  # noqa: E402
+
+OIDS = [uuid.UUID(int=i + 1) for i in range(40)] + ["str-one", "str-two"]
+
+
+def fill(store: pes.PmemwalDatastore, batches: int, start: int = 0) -> None:
+    """``batches`` batches of 1-3 events, one originator each, some with a tracking record."""
+    for k in range(start, start + batches):
+        oid = OIDS[k % len(OIDS)]
+        last = store.select_events(oid, desc=True, limit=1)
+        v = last[0].originator_version if last else 0
+        events = [StoredEvent(originator_id=oid, originator_version=v + 1 + j,
+                              topic=f"topic-{(k + j) % 5}", state=f"{k}/{j}".encode())
+                  for j in range(1 + k % 3)]
+        store.insert(events, Tracking("up", k + 1) if k % 4 == 0 else None)
+
+
+def answers(store: pes.PmemwalDatastore) -> tuple:
+    return (store.select_notifications(None, 1 << 30),
+            store.select_notifications(3, 50, topics=("topic-2", "topic-4")),
+            [(store.select_events(oid), store.select_events(oid, desc=True, limit=2),
+              store.select_events(oid, gt=1, lte=3)) for oid in OIDS],
+            store.max_tracking_id("up"), store.max_notification_id())
+
+
+def events_dir(base: Path) -> str:
+    return str(base / "events")
+
+
+def reopen(base: Path) -> pes.PmemwalDatastore:
+    return pes.open_datastore(events_dir(base), segment_size=1 << 20)
+
+
+def drop(store: pes._LogStore) -> None:
+    """Close without the closing checkpoint, as if the process had died there."""
+    with pes._registry_lock:
+        del pes._datastores[store.path]
+    store._close_log()
+
+
+def test_a_reopen_reads_the_index_and_replays_only_what_follows(shm_dir: Path) -> None:
+    store = reopen(shm_dir)
+    fill(store, 300)
+    store.checkpoint()
+    fill(store, 40, 300)
+    expected = answers(store)
+    last = store._log.last_index
+    drop(store)              # no closing checkpoint: as if the process had died
+    store = reopen(shm_dir)
+    assert 1 < store.replayed_from <= last - 39
+    assert answers(store) == expected
+    store.close()
+    store = reopen(shm_dir)
+    assert store.replayed_from == last + 1
+    assert answers(store) == expected
+    store.close()
+
+
+def test_reopen_memory_does_not_follow_the_events_stored(shm_dir: Path) -> None:
+    """Reopening 20,000 stored events allocates a small fraction of what a replay does
+    (the rows, the originators and their versions stay in the mapped files)."""
+    store = reopen(shm_dir)
+    for k in range(100):
+        store.insert([StoredEvent(originator_id=uuid.UUID(int=k * 200 + j + 1), originator_version=1,
+                                  topic="t", state=b"s") for j in range(200)])
+    store.close()
+
+    def allocated_by_open() -> tuple[int, int]:
+        tracemalloc.start()
+        try:
+            opened = reopen(shm_dir)
+            size = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        replayed = opened.replayed_from
+        drop(opened)
+        return size, replayed
+
+    stored, replayed_from = allocated_by_open()
+    assert replayed_from == 101
+    os.rename(os.path.join(events_dir(shm_dir), "index"), str(shm_dir / "moved"))
+    rebuilt, replayed_from = allocated_by_open()
+    assert replayed_from == 1
+    assert stored < rebuilt / 8, (stored, rebuilt)
+    assert stored < 256 << 10, stored
+
+
+@pytest.mark.parametrize("damage", ["run", "manifest", "rows", "rewritten"])
+def test_an_index_that_does_not_fit_is_rebuilt_and_never_comes_back(shm_dir: Path,
+                                                                     damage: str) -> None:
+    store = reopen(shm_dir)
+    fill(store, 120)
+    store.close()
+    index = Path(events_dir(shm_dir)) / es_index.INDEX_DIR
+    if damage == "run":
+        next(index.glob("*.run")).unlink()
+    elif damage == "manifest":
+        newest = max(index.glob("*.manifest"))
+        newest.write_bytes(newest.read_bytes().replace(b"topic-1", b"topic-X"))
+    elif damage == "rows":
+        os.truncate(next(index.glob("*.rows")), 4096)
+    else:                           # the log's last entry replaced by another, as a user may
+        with pmemwal.open_log(events_dir(shm_dir), segment_size=1 << 20) as log:
+            payload = bytes(log.entry(log.last_index).payload)
+            log.truncate_after(log.last_index - 1)
+            log.append(payload.replace(b"119/0", b"999/0"), sync=True)
+    with pytest.warns(RecoveryWarning, match="index is not used"):
+        store = reopen(shm_dir)
+    assert store.replayed_from == 1
+    expected = answers(store)
+    if damage == "rewritten":
+        assert [n.state for n in expected[0][-3:]] == [b"999/0", b"119/1", b"119/2"]
+    drop(store)              # before a checkpoint: the void slot stands
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store = reopen(shm_dir)     # no warning: nothing stored is offered any more
+    assert store.replayed_from == 1
+    assert answers(store) == expected
+    store.close()
+    store = reopen(shm_dir)
+    assert store.replayed_from > 1 and answers(store) == expected
+    store.close()
+
+
+def test_a_failed_checkpoint_loses_nothing(shm_dir: Path, monkeypatch) -> None:
+    store = reopen(shm_dir)
+    fill(store, 60)
+    store.checkpoint()
+    fill(store, 30, 60)
+    real = es_index.write_run
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(es_index, "write_run", fail)
+    with pytest.raises(OperationalError, match="No space left"):
+        store.checkpoint()
+    fill(store, 30, 90)             # the frozen tail is still read, and grows a new one
+    expected = answers(store)
+    monkeypatch.setattr(es_index, "write_run", real)
+    store.checkpoint()
+    assert answers(store) == expected
+    drop(store)
+    store = reopen(shm_dir)
+    assert store.replayed_from == store._log.last_index + 1
+    assert answers(store) == expected
+    store.close()
+
+
+def test_checkpoints_keep_only_the_files_the_slots_name(shm_dir: Path) -> None:
+    store = reopen(shm_dir)
+    for k in range(40):
+        fill(store, 5, 5 * k)
+        store.checkpoint()
+    runs = len(store._index.runs)
+    store.close()
+    assert runs <= 3, runs          # merged as they grow: a key takes a few searches
+    index = Path(events_dir(shm_dir)) / es_index.INDEX_DIR
+    states = es_index.IndexStore(events_dir(shm_dir), store._log.wal.wal_id, es_index.ORIGINATORS,
+                                 pes.originator_bytes)
+    newest = states.read_state()
+    named = {f"{seq:016X}.manifest" for seq in (newest.seq - 1, newest.seq)}
+    for seq in (newest.seq - 1, newest.seq):
+        manifest = (index / f"{seq:016X}.manifest").read_text()
+        named |= {f"{ident:016X}.run" for ident, _ in __import__("json").loads(manifest)["runs"]}
+    on_disk = {p.name for p in index.iterdir() if not p.name.endswith(".rows")}
+    assert on_disk == named | {"STATE"}
+
+
+def test_dcb_reopen_reads_the_index(shm_dir: Path) -> None:
+    path = str(shm_dir / "dcb")
+    store = pes.open_dcb_datastore(path, segment_size=1 << 20)
+    for k in range(200):
+        store.append([DCBEvent(type=f"type-{k % 3}", data=b"%d" % k,
+                               tags=[f"course-{k % 7}", f"student-{k % 11}"])])
+        if k == 150:
+            store.checkpoint()
+    query = DCBQuery(items=[DCBQueryItem(types=["type-1"], tags=["course-3"]),
+                            DCBQueryItem(tags=["student-4", "course-2"])])
+    expected = store.read(query), store.read(query, after=100, limit=3), store.read()
+    store.close()
+    store = pes.open_dcb_datastore(path, segment_size=1 << 20)
+    assert store.replayed_from == 201
+    assert (store.read(query), store.read(query, after=100, limit=3), store.read()) == expected
+    store.close()
