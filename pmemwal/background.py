@@ -93,6 +93,10 @@ class BackgroundWriter:
                 except Exception as exc:  # e.g. no space for a new segment: try again next
                     self.error = exc      # round; an appender that needs it gets the error itself
 
+    def is_current(self) -> bool:
+        """Whether the caller runs on this writer's thread (a listener it called)."""
+        return threading.current_thread() is self._thread
+
     def wake(self) -> None:
         """Have the thread run a round now; nothing once it is stopped (any thread may
         call this, racing stop())."""

@@ -94,15 +94,13 @@ class ChunkedColumn:
     def write(self, start: int, items: np.ndarray) -> None:
         """Items [start, start + len(items)), written and synced."""
         data = memoryview(np.ascontiguousarray(items, self.dtype).view(np.uint8))
-        size, entered = self.dtype.itemsize, False
+        size, entered = self.dtype.itemsize, []
         with storage_errors(f"writing {self.path}"):
             make_directories(self.path)
             done = 0
             while done < len(items):
                 chunk, off = divmod(start + done, CHUNK)
                 n = min(len(items) - done, CHUNK - off)
-                entered |= chunk not in self._entered  # (made now, or by a run cut short)
-                self._entered.add(chunk)
                 fd = os.open(self.file(chunk), os.O_RDWR | os.O_CREAT, 0o600)
                 try:
                     if os.fstat(fd).st_size != self.file_size:
@@ -111,9 +109,12 @@ class ChunkedColumn:
                     os.fdatasync(fd)
                 finally:
                     os.close(fd)
+                if chunk not in self._entered:  # (made now, or by a run cut short)
+                    entered.append(chunk)
                 done += n
             if entered:
                 sync_directory(self.path)
+                self._entered.update(entered)
 
     def remove_below(self, first: int) -> None:
         """Delete the chunk files wholly below item ``first`` (a durable state says so)."""

@@ -99,5 +99,8 @@ def make_directories(path: str) -> None:
         missing.append(path)
         path = os.path.dirname(path)
     for made in reversed(missing):
-        os.mkdir(made)
+        try:
+            os.mkdir(made)
+        except FileExistsError:
+            pass    # another thread made it: its entry is synced below all the same
         sync_directory(os.path.dirname(made))

@@ -552,6 +552,12 @@ class WAL:
             self._verdict_full = True
         return self._verdict
 
+    def on_writer_thread(self) -> bool:
+        """Whether the caller runs on this WAL's background writer (in a checkpoint
+        listener), where ``close`` must not be called: it waits for that thread to end."""
+        background = getattr(self, "_background", None)
+        return background is not None and background.is_current()
+
     def add_checkpoint_listener(self, listener) -> None:
         """Call ``listener(end_lsn)`` from the background writer's thread after each
         checkpoint it writes: a layer with an index of its own (pmemwal.Log) stores it at

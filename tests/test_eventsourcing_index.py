@@ -16,9 +16,13 @@ in-memory recorders across checkpoints and colliding key hashes.
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 import tracemalloc
 import uuid
 import warnings
+import weakref
 from pathlib import Path
 
 import pytest
@@ -26,7 +30,8 @@ import pytest
 pytest.importorskip("eventsourcing")
 
 from eventsourcing.dcb.api import DCBEvent, DCBQuery, DCBQueryItem  # noqa: E402
-from eventsourcing.persistence import OperationalError, StoredEvent, Tracking  # noqa: E402
+from eventsourcing.persistence import (DatabaseError, InterfaceError,  # noqa: E402
+                                       OperationalError, StoredEvent, Tracking)
 
 import pmemwal  # noqa: E402
 from pmemwal.integrations import es_index  # noqa: E402
@@ -215,4 +220,168 @@ def test_dcb_reopen_reads_the_index(shm_dir: Path) -> None:
     store = pes.open_dcb_datastore(path, segment_size=1 << 20)
     assert store.replayed_from == 201
     assert (store.read(query), store.read(query, after=100, limit=3), store.read()) == expected
+    store.close()
+
+
+# ---- found by an independent read (each failed before its fix) -------------------------
+
+def test_a_datastore_dropped_during_a_background_checkpoint_is_closed(shm_dir: Path,
+                                                                      monkeypatch) -> None:
+    """Its last reference may be the WAL writer's checkpoint listener: the finalizer then
+    runs on that thread, which cannot close the WAL it runs (closing joins it)."""
+    store = pes.open_datastore(events_dir(shm_dir), segment_size=1 << 20,
+                               checkpoint_interval=0.02)
+    started, real = threading.Event(), es_index.IndexStore.write
+
+    def slow(self, *args, **kwargs):
+        started.set()
+        time.sleep(0.3)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(es_index.IndexStore, "write", slow)
+    failures: list = []             # what a finalizer raised (joining its own thread)
+    monkeypatch.setattr(sys, "unraisablehook", failures.append)
+    store.insert([StoredEvent(originator_id=OIDS[0], originator_version=1, topic="t",
+                              state=b"s")])
+    assert started.wait(5), "no background checkpoint came"
+    alive = weakref.ref(store)
+    del store                       # the listener's call holds the only reference now
+    deadline = time.monotonic() + 5
+    while alive() is not None:
+        assert time.monotonic() < deadline, "the datastore outlived its listener's call"
+        time.sleep(0.05)
+    while True:                     # closed by another thread, once the listener returned
+        try:
+            store = reopen(shm_dir)
+            break
+        except OperationalError:
+            assert time.monotonic() < deadline, "the log stayed locked"
+            time.sleep(0.05)
+    assert store.max_notification_id() == 1
+    store.close()
+    assert not failures, failures[0].exc_value
+
+
+def test_a_read_racing_close_gets_interface_error(shm_dir: Path, monkeypatch) -> None:
+    """A read that begins while close is closing the log finds the datastore closed,
+    never an index already unmapped (an empty answer)."""
+    store = reopen(shm_dir)
+    for v in range(1, 30):
+        store.insert([StoredEvent(originator_id=OIDS[0], originator_version=v, topic="t",
+                                  state=b"s")])
+    store.checkpoint()
+    closing, go_on = threading.Event(), threading.Event()
+    real_close = pmemwal.Log.close
+
+    def slow_close(self):
+        closing.set()
+        go_on.wait(5)
+        real_close(self)
+
+    monkeypatch.setattr(pmemwal.Log, "close", slow_close)
+    got: list = []
+
+    def reader() -> None:
+        try:
+            got.append(len(store.select_events(OIDS[0])))
+        except Exception as exc:
+            got.append(type(exc).__name__)
+
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    assert closing.wait(5)
+    r = threading.Thread(target=reader)
+    r.start()
+    time.sleep(0.2)                 # the reader is in, or waits for close to finish
+    go_on.set()
+    r.join()
+    closer.join()
+    assert got == ["InterfaceError"]
+
+
+def test_background_checkpoints_keep_up_with_steady_inserts(shm_dir: Path) -> None:
+    """An insert holds the lock through its sync; the writer's checkpoint waits for it
+    (it used to give up, and the index was hardly ever stored under load)."""
+    store = pes.open_datastore(events_dir(shm_dir), segment_size=1 << 20,
+                               checkpoint_interval=0.02)
+    stop = threading.Event()
+
+    def insert(thread: int) -> None:
+        k = 0
+        while not stop.is_set():
+            k += 1
+            store.insert([StoredEvent(originator_id=uuid.UUID(int=(thread << 32) + k),
+                                      originator_version=1, topic="t", state=b"s")])
+
+    threads = [threading.Thread(target=insert, args=(t,)) for t in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    stop.set()
+    for t in threads:
+        t.join()
+    stored = store._store.last_seq
+    assert store.index_error is None
+    drop(store)
+    assert stored >= 5, f"{stored} index checkpoints in 1.5 s of inserts"
+    store = reopen(shm_dir)
+    assert store.replayed_from > 1
+    store.close()
+
+
+def test_close_closes_every_log_though_the_last_checkpoint_fails(shm_dir: Path,
+                                                                monkeypatch) -> None:
+    factory = pes.PmemwalFactory({"PMEMWAL_PATH": str(shm_dir)})
+    recorders = [factory.aggregate_recorder("a"), factory.aggregate_recorder("b")]
+    for recorder in recorders:
+        recorder.insert_events([StoredEvent(originator_id=OIDS[0], originator_version=1,
+                                            topic="t", state=b"s")])
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(es_index, "write_run", full)
+    with pytest.warns(RuntimeWarning, match="index was not stored at close"):
+        factory.close()
+    assert [r.datastore.closed for r in recorders] == [True, True]
+    monkeypatch.undo()
+    factory = pes.PmemwalFactory({"PMEMWAL_PATH": str(shm_dir)})
+    recorder = factory.aggregate_recorder("a")
+    assert recorder.datastore.replayed_from == 1      # nothing stored: all replayed
+    assert len(recorder.select_events(OIDS[0])) == 1
+    factory.close()
+
+
+def test_limit_zero_selects_nothing_whether_or_not_stored(shm_dir: Path) -> None:
+    store = reopen(shm_dir)
+    for v in (1, 2, 3):
+        store.insert([StoredEvent(originator_id=OIDS[0], originator_version=v, topic="t",
+                                  state=b"s")])
+    assert store.select_events(OIDS[0], limit=0) == []
+    store.checkpoint()
+    assert store.select_events(OIDS[0], limit=0) == []
+    assert len(store.select_events(OIDS[0], desc=True, limit=2)) == 2
+    store.close()
+
+
+def test_closed_runs_are_unmapped(shm_dir: Path) -> None:
+    store = reopen(shm_dir)
+    fill(store, 20)
+    store.checkpoint()
+    run = store._index.runs[0]
+    store.close()
+    assert run._map.closed
+
+
+def test_an_index_row_that_names_no_event_is_database_error(shm_dir: Path) -> None:
+    store = reopen(shm_dir)
+    fill(store, 20)
+    store.close()
+    rows = next((Path(events_dir(shm_dir)) / es_index.INDEX_DIR).glob("*.rows"))
+    with open(rows, "r+b") as f:    # row 1's offset points into the middle of its event
+        f.seek(8)
+        f.write((11).to_bytes(4, "little"))
+    store = reopen(shm_dir)
+    with pytest.raises(DatabaseError, match="where no event is"):
+        store.select_notifications(None, 10)
     store.close()

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pmemwal import _core
-from pmemwal.chunked import ChunkedColumn, unmap
+from pmemwal.chunked import ChunkedColumn
 from pmemwal.segments import storage_errors
 from pmemwal.slots import SlotPair, make_directories, sync_directory
 
@@ -154,12 +154,11 @@ class Run:
         return self.a[lo:hi].copy(), self.b[lo:hi].copy()
 
     def close(self) -> None:
-        arrays = [getattr(self, n) for n in ("hash", "a", "b") if hasattr(self, n)]
-        self.hash = self.a = self.b = _NONE
-        for array in arrays:
-            unmap(self._map, array)
-        if not arrays:
+        self.hash = self.a = self.b = _NONE     # (lookups copy what they take)
+        try:
             self._map.close()
+        except BufferError:
+            pass    # a view still handed out keeps it mapped until that dies
 
 
 _NONE = np.empty(0, np.int64)
@@ -468,12 +467,18 @@ class IndexStore:
 
     # ---- writing ----
 
-    def void(self, wal_cuts: int) -> int:
-        """A state that names nothing, above every one there is (before a rebuild).
-        Returns a run number above every run file there is, for the rebuilt index's runs
-        (the files an older state names are left as they are)."""
+    def void(self, wal_cuts: int) -> None:
+        """A state that names nothing, above every one there is (before a rebuild)."""
         self._write_state(IndexState(self.last_seq + 1, self.flavor, wal_cuts=wal_cuts))
-        idents = [int(m.group(1), 16) for name in os.listdir(self.path)
+
+    def next_free_run(self) -> int:
+        """A run number above every run file there is: a rebuilt index's runs leave the
+        files an older state names as they are."""
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return 1
+        idents = [int(m.group(1), 16) for name in names
                   if (m := _FILE_NAME.match(name)) and m.group(2) == "run"]
         return max(idents, default=0) + 1
 

@@ -118,6 +118,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -140,7 +141,9 @@ from eventsourcing.utils import Environment, EnvType, resolve_topic, strtobool
 
 import pmemwal
 from pmemwal import _core
-from pmemwal.errors import ClosedError, CorruptionError, FormatError, RecordTooLargeError, WALError
+from pmemwal.errors import (ClosedError, CorruptionError, FormatError, LogIndexError,
+                            RecordTooLargeError, WALError)
+from pmemwal.integrations import es_index
 from pmemwal.integrations.es_index import ORIGINATORS, TAGS, IndexStore, StoredIndex, Written
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.wal import _weak
@@ -495,6 +498,10 @@ def dcb_matches(event: DCBEvent, query: DCBQuery) -> bool:
 
 # ---- datastores: one log directory each -----------------------------------------------
 
+_T = TypeVar("_T")
+_WRITER_WAIT = 0.5   # seconds the WAL writer's index checkpoint waits for the datastore's lock
+
+
 class _LogStore:
     """One log directory and its index, shared by the recorders that use it in this
     process.  Get one with ``open_datastore`` (or ``open_dcb_datastore``); each call is
@@ -543,8 +550,9 @@ class _LogStore:
         """Take the stored index when it fits the log; returns the entry to replay from."""
         with _translated():
             state = self._store.read_state()
-        if state is None or not state.manifest_size:
-            return self._log.first_index    # none yet, or one made void
+        if state is None or not state.manifest_size:   # none yet, or one made void
+            self._index.next_run = self._store.next_free_run()
+            return self._log.first_index
         try:
             why = self._unusable(state)
             manifest, runs = ({}, []) if why else self._store.load(state)
@@ -554,7 +562,8 @@ class _LogStore:
             warnings.warn(f"{self.path}: the eventsourcing index is not used ({why}); every "
                           "log entry is read instead", RecoveryWarning, stacklevel=4)
             with _translated():
-                self._index.next_run = self._store.void(self._log.wal.cuts)  # before appends
+                self._store.void(self._log.wal.cuts)    # before anything is appended
+                self._index.next_run = self._store.next_free_run()
             return self._log.first_index
         self._index.load(state, manifest, runs)
         return state.next_entry
@@ -622,7 +631,7 @@ class _LogStore:
         if not self._checkpoint_lock.acquire(blocking=False):
             return
         try:
-            if not self._lock.acquire(blocking=False):
+            if not self._lock_for_writer():
                 return
             try:
                 if self._closing or self._log.closed:
@@ -633,7 +642,7 @@ class _LogStore:
             if captured is None:
                 return
             written = self._store.write(captured, self._log.wal.cuts)
-            if self._lock.acquire(blocking=False):
+            if self._lock_for_writer():
                 try:
                     self._install(written)
                 finally:
@@ -642,10 +651,20 @@ class _LogStore:
                 self._uninstalled = written     # the next capture installs it
             self._store.collect(written.runs)
             self.index_error = None
-        except (WALError, OSError) as exc:
-            self.index_error = exc  # the next checkpoint tries again; the open replays more
+        except (WALError, OSError) as exc:  # the next one tries again; the open replays more
+            self.index_error = exc.with_traceback(None)
         finally:
             self._checkpoint_lock.release()
+
+    def _lock_for_writer(self) -> bool:
+        """Take the lock in the WAL writer's thread: an insert holds it through its sync, so
+        it is waited for, but never past _WRITER_WAIT (should an insert ever wait for that
+        thread) nor once close has begun."""
+        deadline = time.monotonic() + _WRITER_WAIT
+        while not self._lock.acquire(timeout=0.005):
+            if self._closing or time.monotonic() > deadline:
+                return False
+        return True
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -658,15 +677,24 @@ class _LogStore:
         """Append one entry, durable on return (the caller holds the lock)."""
         return self._log.append(payload, sync=True)
 
-    def _payloads(self, places: list[tuple[int, int]]) -> Iterator[tuple[memoryview, int]]:
-        """(payload, offset) of each (entry, offset) place.  Outside the lock: an entry never
-        changes once written, and the log serializes its own reads."""
+    def _decoded(self, places: list[tuple[int, int]], decode: Callable[[memoryview, int], _T]
+                 ) -> Iterator[_T]:
+        """``decode(payload, offset)`` of each (entry, offset) place, read as asked for.
+        Outside the lock: an entry never changes once written, and the log serializes its
+        own reads.  A place where no event is (a damaged index) is DatabaseError."""
         payloads: dict[int, memoryview] = {}     # a batch's events share one read
-        with _translated():
-            for entry, offset in places:
+        for entry, offset in places:
+            try:
                 if entry not in payloads:
                     payloads[entry] = self._log.entry(entry).payload
-                yield payloads[entry], offset
+                yield decode(payloads[entry], offset)
+            except (LogIndexError, ValueError, struct.error) as exc:
+                raise DatabaseError(f"pmemwal: {self.path}: the index names offset {offset} of "
+                                    f"entry {entry}, where no event is ({exc}); removing "
+                                    f"{es_index.INDEX_DIR}/ there rebuilds it") from exc
+            except WALError as exc:
+                with _translated():
+                    raise exc
 
     # ---- subscriptions: events set after each insert ----
 
@@ -699,12 +727,16 @@ class _LogStore:
                 del _datastores[self.path]
             try:
                 self._last_checkpoint()
+            except PersistenceError as exc:     # nothing is lost: the next open replays more
+                self.index_error = exc.with_traceback(None)
+                warnings.warn(f"{self.path}: the index was not stored at close ({exc}); the "
+                              "next open replays the entries since its last checkpoint",
+                              RuntimeWarning, stacklevel=2)
+            try:
+                with self._lock, _translated():  # (a reader holding it finds the log closed)
+                    self._close_log()
             finally:
-                try:
-                    with _translated():
-                        self._close_log()
-                finally:
-                    held = self._release_held()
+                held = self._release_held()
         for store in held:
             store.close()
 
@@ -746,9 +778,8 @@ class PmemwalDatastore(_LogStore):
 
     def _originator_of(self, notification_id: int) -> Key:
         """The originator key of a stored event, read back (the caller holds the lock)."""
-        (place,) = self._index.places([notification_id])
-        (payload, offset), = self._payloads([place])
-        kind, ident = _event_parts(payload, offset)[:2]
+        (kind, ident), = self._decoded(self._index.places([notification_id]),
+                                       lambda payload, at: _event_parts(payload, at)[:2])
         return bytes(ident) if kind == ID_UUID else str_key(str(ident, "utf-8"))
 
     def _release_held(self) -> list[_LogStore]:
@@ -789,15 +820,22 @@ class PmemwalDatastore(_LogStore):
                       limit: int | None = None) -> list[StoredEvent]:
         key = originator_key(originator_id)[1]
         with self._locked():
+            if limit is not None and limit <= 0:
+                return []
             ids, sure = self._index.event_ids(key, gt, lte, desc, limit)
-            places = self._index.places(ids)
-        events = []
-        for fields in self._read(places):
-            if sure or originator_key(fields[0])[1] == key:  # (a run finds keys by hash)
-                events.append(StoredEvent(*fields))
-                if len(events) == limit:
-                    break
-        return events
+            places = self._index.places(ids if limit is None else ids[:limit])
+        events, done = [], 0
+        while True:     # (ids a run found by hash are read until ``limit`` are the key's)
+            for fields in self._decoded(places, decode_event):
+                if sure or originator_key(fields[0])[1] == key:
+                    events.append(StoredEvent(*fields))
+                    if len(events) == limit:
+                        return events
+            done += len(places)
+            if done >= len(ids):
+                return events
+            with self._locked():
+                places = self._index.places(ids[done:done + max(limit - len(events), 16)])
 
     def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
                              topics: Sequence[str] = (), *,
@@ -806,12 +844,8 @@ class PmemwalDatastore(_LogStore):
         with self._locked():
             ids = self._index.notification_ids(max(first, 1), stop, topics, limit)
             places = self._index.places(ids)
-        return [Notification(*fields, id=i) for i, fields in zip(ids, self._read(places))]
-
-    def _read(self, places: list[tuple[int, int]]
-              ) -> Iterator[tuple[UUID | str, int, str, bytes]]:
-        """The events at these (entry, offset) places, read as they are asked for."""
-        return (decode_event(payload, offset) for payload, offset in self._payloads(places))
+        return [Notification(*fields, id=i)
+                for i, fields in zip(ids, self._decoded(places, decode_event))]
 
     def max_notification_id(self) -> int | None:
         with self._locked():
@@ -881,8 +915,7 @@ class PmemwalDCBDatastore(_LogStore):
         """The events at these positions, up to ``limit``, each checked against ``query``
         where the index found it by a tag's hash (not ``sure``)."""
         events = []
-        for position, (payload, offset) in zip(positions, self._payloads(places)):
-            event = decode_dcb_event(payload, offset)[0]
+        for position, (event, _) in zip(positions, self._decoded(places, decode_dcb_event)):
             if sure or dcb_matches(event, query):
                 events.append(DCBSequencedEvent(event=event, position=position))
                 if len(events) == limit:
@@ -934,7 +967,14 @@ class _LockedInOrder:
 
 
 def _close_all(log: pmemwal.Log, index: StoredIndex, store: IndexStore) -> None:
-    """Close a datastore's log and unmap its index (no checkpoint: close writes that)."""
+    """Close a datastore's log and unmap its index (no checkpoint: close writes that).  A
+    datastore nobody closed may die in the WAL writer's own thread (its last reference
+    was the index checkpoint listener's): another thread closes it, as closing the WAL
+    waits for that one to end."""
+    if log.wal.on_writer_thread():
+        threading.Thread(target=_close_all, args=(log, index, store), daemon=True,
+                         name=f"pmemwal-close {log.wal.path}").start()
+        return
     try:
         log.close()
     finally:
@@ -1201,8 +1241,14 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder],
         """Release the datastores this factory opened (the last user of each closes its log)."""
         with self._lock:
             datastores, self._datastores = list(self._datastores.values()), {}
-        for datastore in datastores:
-            datastore.close()
+        errors = []
+        for datastore in datastores:    # each, whatever another raised
+            try:
+                datastore.close()
+            except PersistenceError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def _prefix(self, default: str) -> str:
         return self.env.name.lower() or default
