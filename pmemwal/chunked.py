@@ -126,22 +126,20 @@ class ChunkedColumn:
             if match and (int(match.group(1), 16) + 1) * CHUNK <= first:
                 chunk = int(match.group(1), 16)
                 if chunk in self._maps:
-                    unmap(*self._maps.pop(chunk))
+                    close_map(self._maps.pop(chunk)[0])  # (its array goes with the pair)
                 os.unlink(os.path.join(self.path, name))
                 gone = True
         if gone:
             sync_directory(self.path)
 
     def close(self) -> None:
-        maps, self._maps = list(self._maps.values()), {}
-        for mapping, items in maps:
-            unmap(mapping, items)
+        for chunk in list(self._maps):
+            close_map(self._maps.pop(chunk)[0])
 
 
-def unmap(mapping: mmap.mmap, items: np.ndarray) -> None:
-    """Unmap once the array is let go; a view of it still handed out keeps it mapped
+def close_map(mapping: mmap.mmap) -> None:
+    """Unmap, the arrays over it let go; a view of it still handed out keeps it mapped
     until that dies."""
-    del items
     try:
         mapping.close()
     except BufferError:

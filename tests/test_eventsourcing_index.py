@@ -385,3 +385,49 @@ def test_an_index_row_that_names_no_event_is_database_error(shm_dir: Path) -> No
     with pytest.raises(DatabaseError, match="where no event is"):
         store.select_notifications(None, 10)
     store.close()
+
+
+def test_close_closes_the_log_whatever_its_checkpoint_raised(shm_dir: Path,
+                                                             monkeypatch) -> None:
+    store = reopen(shm_dir)
+    fill(store, 10)
+
+    def broken(*args, **kwargs):
+        raise ValueError("not a storage error")
+
+    monkeypatch.setattr(es_index.IndexStore, "write", broken)
+    with pytest.raises(ValueError):
+        store.close()
+    assert store.closed
+    monkeypatch.undo()
+    store = reopen(shm_dir)         # not locked: the log was closed
+    assert store.max_notification_id() is not None
+    store.close()
+
+
+def test_close_called_on_the_wal_writers_thread(shm_dir: Path) -> None:
+    """As when a collection of an application's reference cycle runs there, inside the
+    index checkpoint that holds the datastore's locks: another thread closes it."""
+    store = pes.open_datastore(events_dir(shm_dir), segment_size=1 << 20,
+                               checkpoint_interval=0.02)
+    fill(store, 5)
+    store._log.wal.add_checkpoint_listener(lambda _end: store.close())
+    fill(store, 5, 5)               # the next WAL checkpoint calls it
+    deadline = time.monotonic() + 5
+    while not store.closed:
+        assert time.monotonic() < deadline, "close hung on the writer's thread"
+        time.sleep(0.02)
+    store = reopen(shm_dir)
+    assert store.replayed_from == store._log.last_index + 1     # its last checkpoint stored
+    store.close()
+
+
+def test_closing_unmaps_the_rows(shm_dir: Path) -> None:
+    store = reopen(shm_dir)
+    fill(store, 10)
+    store.checkpoint()
+    store.select_notifications(None, 5)
+    maps = [mapping for mapping, _ in store._store.rows._maps.values()]
+    assert maps
+    store.close()
+    assert all(mapping.closed for mapping in maps)

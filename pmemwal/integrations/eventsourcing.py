@@ -716,7 +716,13 @@ class _LogStore:
             self._users += 1
 
     def close(self) -> None:
-        """Release this user's hold; the last one closes the log."""
+        """Release this user's hold; the last one closes the log.  Called on the WAL
+        writer's thread (a collection of an application's reference cycle may run there,
+        inside the index checkpoint it holds the locks of), another thread closes."""
+        if self._log.wal.on_writer_thread():
+            threading.Thread(target=self.close, daemon=True,
+                             name=f"pmemwal-close {self.path}").start()
+            return
         with _registry_lock:    # held while the log closes: a new open must find it closed
             if self._users == 0:
                 return
@@ -732,11 +738,12 @@ class _LogStore:
                 warnings.warn(f"{self.path}: the index was not stored at close ({exc}); the "
                               "next open replays the entries since its last checkpoint",
                               RuntimeWarning, stacklevel=2)
-            try:
-                with self._lock, _translated():  # (a reader holding it finds the log closed)
-                    self._close_log()
-            finally:
-                held = self._release_held()
+            finally:                            # (whatever else it raised)
+                try:
+                    with self._lock, _translated():  # (a reader holding it finds it closed)
+                        self._close_log()
+                finally:
+                    held = self._release_held()
         for store in held:
             store.close()
 
