@@ -629,13 +629,14 @@ static PyObject *Core_stats(CoreObject *self, PyObject *unused)
     Py_BEGIN_ALLOW_THREADS
     wal_get_stats(self->core, &s);
     Py_END_ALLOW_THREADS
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsK}", "records", s.records, "bytes", s.bytes,
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsKsK}", "records", s.records, "bytes", s.bytes,
                          "processes", s.processes, "processes_reaped", s.reaped,
                          "payload_bytes", s.payload_bytes,
                          "slot_wait_ns", s.slot_wait_ns, "insert_wait_ns", s.insert_wait_ns,
                          "background_wait_ns", s.background_wait_ns,
                          "flushes", s.flushes, "flush_requests", s.flush_requests,
-                         "coalesced", s.coalesced, "writes", s.writes);
+                         "coalesced", s.coalesced, "writes", s.writes,
+                         "stream_fences", s.stream_fences);
 }
 
 /* position() -> (insert_lsn, last record's LSN or 0), read together (wal_position) */

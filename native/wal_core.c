@@ -603,6 +603,26 @@ static int page_base(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u
     return 0;
 }
 
+/* drain -- make the insertion's cache flushes and streaming stores durable.  pmem_drain
+ * is libpmem's fence for its own flushes: where the flush instruction orders itself
+ * (CLFLUSH: a CPU with neither CLWB nor CLFLUSHOPT, or PMEM_NO_CLWB=1 PMEM_NO_CLFLUSHOPT=1)
+ * libpmem makes it an empty function, and fences its own streaming copies itself.  Our
+ * movnt stores would then have none: an sfence follows them, whatever pmem_drain does
+ * (where it fenced already, a second one with nothing pending costs a few cycles). */
+static inline void drain(wal_core *c, wal_slot *slot, int streamed)
+{
+    c->pmem_drain();
+#if defined(__x86_64__)
+    if (streamed) {
+        __builtin_ia32_sfence();
+        slot->stream_fences++;
+    }
+#else
+    (void)slot;
+    (void)streamed;
+#endif
+}
+
 /* written -- in pmem mode, flush what was just stored through the cache. */
 static inline void written(wal_core *c, const wal_slot *slot, const void *p, size_t n)
 {
@@ -914,8 +934,8 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
             atomic_store(&slot->owner, WAL_SLOT_ABANDONED);
         return rc == -WAL_ECLOSED ? rc : fail(c, rc, "inserting a record failed");
     }
-    if (c->persist == WAL_PERSIST_PMEM)
-        c->pmem_drain(); /* our flushes and streaming stores are durable past here */
+    if (c->persist == WAL_PERSIST_PMEM) /* our flushes and streaming stores: durable past here */
+        drain(c, slot, c->stream_min != WAL_NT_NEVER && !slot->defer_flush);
     slot->records += n;
     slot->bytes += total;
     slot->payload_bytes += payload;
@@ -983,7 +1003,7 @@ static int void_slot(wal_core *c, const wal_env *env, wal_slot *slot)
     if (!rc)
         rc = void_record(c, env, slot, slot->res_last, slot->res_end, prev);
     if (!rc && c->persist == WAL_PERSIST_PMEM && !(rc = flush_range(c, env, start, slot->res_end)))
-        c->pmem_drain();
+        drain(c, slot, c->stream_min != WAL_NT_NEVER);
     return rc;
 }
 
@@ -1317,6 +1337,7 @@ void wal_get_stats(wal_core *c, wal_stats *s)
         s->bytes += c->sh->slots[i].bytes;
         s->payload_bytes += c->sh->slots[i].payload_bytes;
         s->slot_wait_ns += c->sh->slots[i].acquire_wait_ns;
+        s->stream_fences += c->sh->slots[i].stream_fences;
     }
     s->reaped = atomic_load(&c->sh->reaped);
     for (uint32_t i = 0; i < WAL_MAX_PROCS; i++) {

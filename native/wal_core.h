@@ -80,11 +80,12 @@ typedef struct wal_slot {
     _Atomic uint64_t progress; /* everything below is copied */
     uint64_t res_end, res_prev, res_last; /* reserved [start, res_end); prev_u; last record */
     uint64_t records, bytes, payload_bytes, acquire_wait_ns;
+    uint64_t stream_fences;    /* sfences after streaming stores (drain in wal_core.c) */
     int defer_flush;           /* pmem: flush the insertion's range once, at its end */
 } __attribute__((aligned(64))) wal_slot;
 
 typedef struct wal_stats {
-    uint64_t records, bytes, payload_bytes, slot_wait_ns; /* summed over slots */
+    uint64_t records, bytes, payload_bytes, slot_wait_ns, stream_fences; /* summed over slots */
     uint64_t flushes, flush_requests, coalesced, insert_wait_ns, writes, background_wait_ns;
     uint64_t processes, reaped; /* shared: processes attached now; dead ones whose ranges were closed */
 } wal_stats;

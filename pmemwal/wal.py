@@ -1199,6 +1199,8 @@ class WAL:
         msync calls); ``segments_created``, ``_recycled``, ``_removed`` and
         ``_prefaulted`` (made ready ahead by the background writer);
         ``checkpoints`` written (``wal.recovery`` says where this open started reading);
+        ``stream_fences``: insertions that streamed past the cache (direct mode on pmem) and
+        were fenced after it;
         ``segment_make_ns``, the time threads spent making the created ones (allocated,
         written, mapped and pre-faulted: bytes created over it is the pace at which this
         machine grows the WAL).  A shared WAL's counters count across its processes;
