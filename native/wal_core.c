@@ -527,20 +527,32 @@ static int msync_range(wal_core *c, uint8_t *p, size_t len)
 }
 
 /* persist_range -- direct, msync: make usable range [from, to) durable where it lies. */
+/* truncated_by_peer -- a shared WAL: whether another process truncated segment segno.
+ * Truncation removes only what a flush made durable, and this process may read the
+ * flushed position before that other process moved it: what lies there needs no msync
+ * (and the segment may be gone, or unmapped under the call by _drop_truncated). */
+static inline int truncated_by_peer(wal_core *c, uint64_t segno)
+{
+    return c->shared && segno < atomic_load(&c->sh->oldest_segno);
+}
+
 static int persist_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t to)
 {
     const wal_geom *g = &c->geom;
     uint64_t a = phys_from(g, from), b = wal_lsn_end(g, to);
     while (a < b) {
-        uint64_t seg_end = (a / g->seg_size + 1) * g->seg_size;
+        uint64_t segno = a / g->seg_size, seg_end = (segno + 1) * g->seg_size;
         uint64_t end = b < seg_end ? b : seg_end;
-        wal_seg_entry *e;
-        int rc = seg_get(c, env, a / g->seg_size, &e);
-        if (rc)
-            return fail(c, rc, "attaching a segment failed");
-        if ((rc = msync_range(c, e->base + a % g->seg_size, end - a)))
-            return fail(c, rc, "msync failed");
-        atomic_fetch_add_explicit(&c->me->writes, 1, memory_order_relaxed);
+        if (!truncated_by_peer(c, segno)) {
+            wal_seg_entry *e;
+            int rc = seg_get(c, env, segno, &e);
+            if (rc && !truncated_by_peer(c, segno)) /* (it may be, since the check) */
+                return fail(c, rc, "attaching a segment failed");
+            if (!rc && (rc = msync_range(c, e->base + a % g->seg_size, end - a)) &&
+                !truncated_by_peer(c, segno))
+                return fail(c, rc, "msync failed");
+            atomic_fetch_add_explicit(&c->me->writes, 1, memory_order_relaxed);
+        }
         a = end;
     }
     return 0;

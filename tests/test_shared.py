@@ -150,6 +150,31 @@ def _stalled_child(path: str, hook: str, batch: int = 3) -> tuple[subprocess.Pop
     return child, lsn
 
 
+def test_a_flush_behind_another_process_truncation_keeps_its_writer(wal_dir):
+    """Issue 27, item 3: B's flush starts from the flushed position it read; A moves it on
+    and truncates the segment there (inside B's segment callback, to fix the order).  What
+    a truncation removed was durable: B's msync skips it instead of stopping B's writer."""
+    opts = dict(persist="msync", background=False)
+    a, b = open_shared(wal_dir, **opts), open_shared(wal_dir, **opts)
+    for _ in range(25):                     # about 2.5 segments, none flushed
+        a.append(bytes(100_000))
+    real, fired = b._ensure_segment, []
+
+    def truncating_first(segno):
+        if not fired:
+            fired.append(segno)
+            a.truncate(a.flush())
+        return real(segno)
+
+    b._ensure_segment = truncating_first
+    b.flush()
+    assert fired, "B never asked for the truncated segment: the test proved nothing"
+    lsn = b.append(b"after", flush=True)
+    assert bytes(a.record(lsn).payload) == b"after"
+    a.close()
+    b.close()
+
+
 @pytest.mark.parametrize("hook", ["stall", "stall_locked"])
 def test_dead_writer_never_blocks_the_others(wal_dir, hook):
     """A process SIGKILLed holding an insertion (its space reserved, nothing copied), or
