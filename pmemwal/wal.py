@@ -855,6 +855,12 @@ class WAL:
         while True:
             with self._seg_lock:
                 lower = [event for n, event in self._arriving.items() if n < segno]
+                below = segno - 1
+                if not lower and self._segnos and self._segnos[0] <= below \
+                        and below not in self._segnos:  # its making failed: no gap either
+                    raise StorageError(errno.ENOENT, f"segment {below:016X} could not be made, "
+                                       f"so {segno:016X} is not made after it",
+                                       self._dir.file(below))
             if not lower:
                 return
             lower[0].wait()

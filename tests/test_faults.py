@@ -364,3 +364,50 @@ def test_clock_jumps_do_not_stall_background_flushes(wal_dir, mode, monkeypatch)
 if __name__ == "__main__":  # a child: run one scenario (see _run)
     name, path, case, kw = sys.argv[1:]
     globals()[name](path, case, **json.loads(kw))
+
+
+def test_a_failed_create_leaves_no_gap_for_a_higher_one(shm_dir):
+    """Issue 27, item 6: an appender's create(1) fails (no space) while the background
+    writer has claimed segment 2 behind it.  Segment 2 must not be made without 1: a crash
+    would leave 0 and 2, which an open takes for a deleted segment."""
+    path = str(shm_dir / "wal")
+    wal = pmemwal.open(path, mode="buffered", segment_size=SEG, background=False)
+    acked = [wal.append(b"before", flush=True)]
+    real, failed = wal._dir.create, threading.Event()
+
+    def no_space_for_one(segno, *args, **kwargs):
+        if segno == 1 and not failed.is_set():
+            deadline = time.monotonic() + 5
+            while 2 not in wal._arriving and time.monotonic() < deadline:
+                time.sleep(0.001)               # the claim of 2 waits behind this one
+            failed.set()
+            raise pmemwal.StorageError(errno.ENOSPC, "No space left on device")
+        return real(segno, *args, **kwargs)
+
+    wal._dir.create = no_space_for_one
+    errors = []
+
+    def claim(segno):
+        try:
+            wal._ensure_segment(segno)
+        except pmemwal.StorageError as exc:
+            errors.append((segno, exc.errno))
+
+    first = threading.Thread(target=claim, args=(1,))
+    first.start()
+    while 1 not in wal._arriving and first.is_alive():
+        time.sleep(0.001)
+    second = threading.Thread(target=claim, args=(2,))
+    second.start()
+    first.join()
+    second.join()
+    assert failed.is_set() and sorted(errors) == [(1, errno.ENOSPC), (2, errno.ENOENT)]
+    files = sorted(n for n in os.listdir(path) if n.endswith(".wal"))
+    assert files == ["0000000000000000.wal"], files
+    wal._ensure_segment(2)                      # space again: made in order this time
+    assert sorted(n for n in os.listdir(path) if n.endswith(".wal"))[:3] == \
+        [f"{n:016X}.wal" for n in range(3)]
+    acked.append(wal.append(bytes(SEG), flush=True))   # into segment 1 and on
+    wal.close()
+    with pmemwal.open(path) as wal:
+        assert [r.lsn for r in wal.records()] == acked
