@@ -341,19 +341,26 @@ def test_truncate_with_a_missing_vouched_segment_cuts_there(wal_dir, mode):
         assert bytes(list(wal.records())[-1].payload) == b"after"
 
 
-def test_truncate_to_a_segment_boundary_keeps_the_newest_segment(wal_dir, mode):
+@pytest.mark.parametrize("recycle", [0, 2])
+def test_truncate_to_a_segment_boundary_keeps_the_newest_segment(wal_dir, mode, recycle):
     """The WAL ends exactly where segment 1 begins, which is not made yet: truncating up to
-    the flushed LSN keeps segment 0 (the newest), and appending goes on."""
+    the flushed LSN keeps segment 0 (the newest), and appending goes on, in the same WAL
+    and at LSNs past every one handed out (issue 27, item 7: with no segment recycled the
+    files all went, and a reopen made a new WAL whose LSNs started again)."""
     seg = 1 << 20
     usable = (seg // 8192 - 1) * 8168
-    with pmemwal.open(wal_dir, mode=mode, segment_size=seg, background=False,
-                      prepare_segments=0, max_record_size=2 * seg) as wal:
+    with pmemwal.open(wal_dir, mode=mode, segment_size=seg, background=False, prefault=False,
+                      prepare_segments=0, recycle_segments=recycle,
+                      max_record_size=2 * seg) as wal:
         wal.append(b"z" * (usable - 24), flush=True)
-        assert wal.flushed_lsn == seg + 8216 and not seg_file(wal_dir, 1).exists()
-        wal.truncate(wal.flushed_lsn)
-        wal.append(b"after", flush=True)
+        boundary, wal_id = wal.flushed_lsn, wal.wal_id
+        assert boundary == seg + 8216 and not seg_file(wal_dir, 1).exists()
+        wal.truncate(boundary)
+        after = wal.append(b"after", flush=True)
+        assert after >= boundary
     with pmemwal.open(wal_dir, mode=mode) as wal:
-        assert bytes(list(wal.records())[-1].payload) == b"after"
+        assert wal.wal_id == wal_id
+        assert [(r.lsn, bytes(r.payload)) for r in wal.records()][-1] == (after, b"after")
 
 
 def test_open_syncs_what_it_read_before_a_checkpoint_names_it(wal_dir, mode, monkeypatch):
