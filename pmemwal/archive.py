@@ -49,7 +49,7 @@ import time
 from pmemwal import _core
 from pmemwal.errors import ArchiveError, ConfigError
 from pmemwal.format import parse_segment_name, segment_name
-from pmemwal.segments import ARCHIVE_STATUS_NAME
+from pmemwal.segments import ARCHIVE_STATUS_NAME, make_directories
 
 STATUS_DIR = ARCHIVE_STATUS_NAME
 _CHUNK = 4 << 20
@@ -130,7 +130,10 @@ class FsspecArchive:
                                    f"segment: {size} "
                                    f"bytes, CRC {crc:08x}): refusing to overwrite it")
             if not self._made_root:
-                self.fs.makedirs(self.root, exist_ok=True)
+                if self._local:     # (its entry durable before a segment is archived there)
+                    make_directories(self.root)
+                else:
+                    self.fs.makedirs(self.root, exist_ok=True)
                 self._made_root = True
             if self._atomic:
                 self.fs.put_file(path, target)
@@ -265,7 +268,7 @@ class ArchiveStatus:
     def __init__(self, wal_dir: str, create: bool = True) -> None:
         self.path = os.path.join(wal_dir, STATUS_DIR)
         if create:
-            os.makedirs(self.path, exist_ok=True)
+            make_directories(self.path)
 
     def _file(self, segno: int, kind: str) -> str:
         return os.path.join(self.path, f"{segment_name(segno)}.{kind}")

@@ -18,8 +18,7 @@ import re
 
 import numpy as np
 
-from pmemwal.segments import storage_errors
-from pmemwal.slots import make_directories, sync_directory
+from pmemwal.segments import make_directories, storage_errors, sync_directory
 
 CHUNK_BITS = 20
 CHUNK = 1 << CHUNK_BITS

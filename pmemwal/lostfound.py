@@ -32,8 +32,7 @@ from typing import Callable, Iterator
 from pmemwal import _core
 from pmemwal.errors import CorruptionError, FormatError, format_lsn
 from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, segment_name
-from pmemwal.segments import LOST_FOUND_NAME, storage_errors
-from pmemwal.slots import sync_directory
+from pmemwal.segments import LOST_FOUND_NAME, storage_errors, sync_directory
 
 MANIFEST = "MANIFEST.json"
 _REM_LEN = struct.Struct("<I")  # a page header's rem_len, at offset 4

@@ -55,6 +55,31 @@ WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".t
 _ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
 
 
+def sync_directory(path: str) -> None:
+    """Make the renames, creations and removals in directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_directories(path: str, mode: int = 0o777) -> None:
+    """Make directory ``path`` and any missing parents, each entry durable (the parent of
+    every directory made is synced): a lost entry would leave an open(create=True) to
+    build a new WAL over nothing."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for made in reversed(missing):
+        try:
+            os.mkdir(made, mode)
+        except FileExistsError:
+            pass    # another thread made it: its entry is synced below all the same
+        sync_directory(os.path.dirname(made))
+
+
 @contextmanager
 def storage_errors(what: str) -> Iterator[None]:
     """Turn an OSError from the file system into a StorageError naming ``what``."""
@@ -91,7 +116,7 @@ class WalDirectory:
             if not create:
                 raise NotFoundError(errno.ENOENT, "no WAL directory (create=False)", self.path)
             with storage_errors(f"creating {self.path}"):
-                os.makedirs(self.path, mode=0o700, exist_ok=True)
+                make_directories(self.path, mode=0o700)
         self.list_segments(tidy=False)  # refuse a foreign directory before leaving a LOCK in it
         with storage_errors(f"opening {self.path}"):
             self.dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)

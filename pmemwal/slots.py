@@ -16,7 +16,7 @@ import os
 import struct
 
 from pmemwal import _core
-from pmemwal.segments import storage_errors
+from pmemwal.segments import storage_errors, sync_directory
 
 SLOT_SIZE = 512
 SLOT_STRIDE = 4096
@@ -81,26 +81,3 @@ class SlotPair:
         os.rename(tmp, self.path)
         sync_directory(os.path.dirname(self.path))
 
-
-def sync_directory(path: str) -> None:
-    """Make the renames, creations and removals in directory ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def make_directories(path: str) -> None:
-    """Make directory ``path`` and any missing parents, each entry durable (the parent of
-    every directory made is synced)."""
-    missing = []
-    while not os.path.isdir(path):
-        missing.append(path)
-        path = os.path.dirname(path)
-    for made in reversed(missing):
-        try:
-            os.mkdir(made)
-        except FileExistsError:
-            pass    # another thread made it: its entry is synced below all the same
-        sync_directory(os.path.dirname(made))

@@ -411,3 +411,29 @@ def test_a_failed_create_leaves_no_gap_for_a_higher_one(shm_dir):
     wal.close()
     with pmemwal.open(path) as wal:
         assert [r.lsn for r in wal.records()] == acked
+
+
+def test_new_directories_are_durable_in_their_parents(shm_dir, monkeypatch):
+    """Issue 27, item 8: a WAL directory (and its parents), archive_status/ and a local
+    archive root made by pmemwal each have their entry synced in their parent: a lost
+    entry would let open(create=True) build a new WAL over nothing."""
+    from pmemwal import _core, archive, segments
+    synced = []
+    real = segments.sync_directory
+    monkeypatch.setattr(segments, "sync_directory",
+                        lambda path: (synced.append(os.path.realpath(path)), real(path))[1])
+    wal_dir = shm_dir / "a" / "b" / "wal"
+    with pmemwal.open(str(wal_dir), segment_size=SEG) as wal:
+        wal.append(b"x", flush=True)
+    plain = shm_dir / "plain"
+    plain.mkdir()
+    archive.ArchiveStatus(str(plain))           # the archiver's, in the WAL's process
+    root = shm_dir / "archive" / "x"            # the archiver process's, done here
+    data = (wal_dir / "0000000000000000.wal").read_bytes()
+    archive.FsspecArchive(f"file://{root}").store(str(wal_dir / "0000000000000000.wal"),
+                                                  "0000000000000000.wal",
+                                                  _core.crc32c(data), len(data))
+    assert (root / "0000000000000000.wal").read_bytes() == data
+    for made in (wal_dir, wal_dir.parent, wal_dir.parent.parent, plain / "archive_status",
+                 root, root.parent):
+        assert os.path.realpath(made.parent) in synced, f"{made}'s entry was not synced"

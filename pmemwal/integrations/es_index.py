@@ -70,8 +70,8 @@ import numpy as np
 
 from pmemwal import _core
 from pmemwal.chunked import ChunkedColumn
-from pmemwal.segments import storage_errors
-from pmemwal.slots import SlotPair, make_directories, sync_directory
+from pmemwal.segments import make_directories, storage_errors, sync_directory
+from pmemwal.slots import SlotPair
 
 INDEX_DIR = os.path.join("index", "es")
 STATE_NAME = "STATE"

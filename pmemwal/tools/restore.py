@@ -29,6 +29,7 @@ from pmemwal.archive import (DEFAULT_COMMAND_TIMEOUT, ArchiveStatus, CommandArch
                              fsync_path)
 from pmemwal.errors import ArchiveError, ConfigError, FormatError, format_lsn
 from pmemwal.format import HEADER_SIZE, SegmentHeader, segment_name
+from pmemwal.segments import make_directories
 from pmemwal.tools.inspect import WalView, verify
 
 _END = (1 << 64) - 1
@@ -82,7 +83,7 @@ def restore(dest: str | os.PathLike[str], source: str | None = None, *,
     dest = os.path.abspath(os.fspath(dest))
     if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
         raise ConfigError(f"{dest} exists and is not an empty directory: restore makes a new WAL")
-    os.makedirs(dest, exist_ok=True)
+    make_directories(dest, mode=0o700)
     archive = (FsspecArchive(source, storage_options) if source is not None
                else CommandArchive(None, restore_command, timeout))
     report = RestoreReport(archive.description, dest)
