@@ -290,6 +290,12 @@ class ArchiveStatus:
         self._remove(segno, "error")
         self.sync()
 
+    def drop_ready(self, segno: int) -> None:
+        """``segno`` is gone unarchived (a truncation removed it): its status goes, durably."""
+        self._remove(segno, "ready")
+        self._remove(segno, "error")
+        self.sync()
+
     def mark_done(self, segno: int) -> None:
         """``segno`` came from the archive (restore); call ``sync`` after the last."""
         with open(self._file(segno, "done"), "wb"):

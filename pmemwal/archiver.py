@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 from pmemwal.archive import ArchiveStatus, file_crc, open_archive, running_commands
 from pmemwal.errors import ArchiveError
@@ -68,7 +69,7 @@ class Archiver:
         self._pending_output = b""
         self.last_error: str | None = None
         self.counters = {"archive_segments": 0, "archive_found": 0, "archive_bytes": 0,
-                         "archive_ns": 0, "archive_failures": 0, "archiver_starts": 0,
+                         "archive_ns": 0, "archive_failures": 0, "archive_gone": 0, "archiver_starts": 0,
                          "truncate_kept_unarchived": 0}
 
     # ---- the background writer's round ---------------------------------------
@@ -89,10 +90,16 @@ class Archiver:
                 self._wake()  # (starting an archiver where the last one died)
 
     def _refresh(self) -> int:
-        """Move the archived mark past the segments that became ``.done`` (lock held)."""
+        """Move the archived mark past the segments that became ``.done`` (lock held).
+        The archiver renames .ready to .done and then syncs: this process may see the
+        rename first, so it syncs the directory itself before a truncation acts on it (a
+        crash in between would leave a .ready for a segment that is gone)."""
+        before = self._archived_below
         while (self._archived_below < self._marked_below
                and self.status.is_done(self._archived_below)):
             self._archived_below += 1
+        if self._archived_below > before:
+            self.status.sync()
         return self._archived_below
 
     def archived_below(self, oldest: int) -> int:
@@ -172,6 +179,9 @@ class Archiver:
                 self.counters["archive_segments" if report["uploaded"] else "archive_found"] += 1
                 self.counters["archive_bytes"] += report["bytes"] if report["uploaded"] else 0
                 self.counters["archive_ns"] += report["ns"]
+            elif report.get("gone"):
+                self.counters["archive_gone"] += 1
+                warnings.warn(f"pmemwal archiving: {report['error']}", RuntimeWarning)
             else:
                 self.counters["archive_failures"] += 1
                 self.last_error = report["error"]
@@ -249,6 +259,15 @@ def archive_ready(status: ArchiveStatus, archive, wal_dir: str, attempts: dict[i
     for segno in status.entries()["ready"]:
         name = segment_name(segno)
         started = time.monotonic_ns()
+        if not os.path.exists(os.path.join(wal_dir, name)):
+            # Truncated after a .done that a crash then lost, or marked ready just as a
+            # truncation removed it: nothing is left to ship, and retrying it forever
+            # would stop every later segment (shipped oldest first) from being archived.
+            status.drop_ready(segno)
+            report({"segno": segno, "ok": False, "gone": True,
+                    "error": f"{name} has a .ready status but is gone from {wal_dir} (a "
+                             "truncation removed it): its status is dropped"})
+            continue
         try:
             crc, size = file_crc(os.path.join(wal_dir, name))
             uploaded = archive.store(os.path.join(wal_dir, name), name, crc, size)

@@ -483,3 +483,48 @@ def test_stats_command_shows_archive_status(archived, shm_tmp):
 def _cli(*args: str):
     from click.testing import CliRunner
     return CliRunner().invoke(cli, list(args))
+
+
+def test_a_ready_status_for_a_segment_gone_is_dropped_and_later_ones_archived(shm_tmp):
+    """Issue 27, item 9: a .ready survives for a segment a truncation removed (its .done
+    lost in a crash, or marked ready as the truncation removed it).  Shipped oldest first,
+    it used to fail forever with ENOENT, and nothing after it was archived."""
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    arch.mkdir()
+    with pmemwal.open(wal_dir, segment_size=SEG, archive=f"file://{arch}") as wal:
+        append_segments(wal, 2.2, "before")
+        assert wal.wait_archived(20)
+        wal.truncate(wal.flushed_lsn)
+    assert not seg_file(wal_dir, 0).exists()
+    status_dir = wal_dir / "archive_status"
+    (status_dir / f"{segment_name(0)}.ready").write_bytes(b"")   # what the crash left
+    with pytest.warns(RuntimeWarning, match="is gone"):
+        with pmemwal.open(wal_dir, archive=f"file://{arch}") as wal:
+            append_segments(wal, 2, "after")
+            assert wal.wait_archived(20), wal.archive_status()
+            stats = wal.stats()
+    assert stats["archive_gone"] == 1 and stats["archive_failures"] == 0
+    assert not (status_dir / f"{segment_name(0)}.ready").exists()
+
+
+def test_the_writer_syncs_a_done_before_truncating_on_it(shm_tmp, monkeypatch):
+    """The archiver renames .ready to .done and then syncs; the writer may see the rename
+    first, so it syncs archive_status/ itself before a truncation removes the segment."""
+    from pmemwal.archive import ArchiveStatus
+    events = []
+    real_sync = ArchiveStatus.sync
+    monkeypatch.setattr(ArchiveStatus, "sync", lambda self: (events.append("sync"),
+                                                             real_sync(self))[1])
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    arch.mkdir()
+    with pmemwal.open(wal_dir, segment_size=SEG, archive=f"file://{arch}") as wal:
+        append_segments(wal, 2.2, "sync")
+        assert wal.wait_archived(20)
+        real_forget = wal._archiver.forget
+        monkeypatch.setattr(wal._archiver, "forget",
+                            lambda segno: (events.append(f"removed {segno}"), real_forget(segno)))
+        events.clear()
+        wal._archiver._archived_below = 0       # as if the .done were new to this process
+        wal.truncate(wal.flushed_lsn)
+    removed = [i for i, e in enumerate(events) if e.startswith("removed")]
+    assert removed and "sync" in events[:removed[0]], events
