@@ -389,3 +389,41 @@ def _wait_until_converged(nodes: list[NodeProcess], acked: dict[str, int]) -> No
     tails = "\n".join(node.stderr_tail() for node in nodes)
     pytest.fail("the nodes did not converge on every acknowledged write:\n" + "\n".join(report)
                 + "\n" + tails)
+
+
+def test_slices_read_as_a_lists_do(shm_dir: Path) -> None:
+    """Issue 27, item 11: with the last entries kept in memory, a slice whose stop lies
+    before its start gave items (journal[7:5] two, journal[8:5] one) where a list gives []."""
+    journal = PmemwalJournal(shm_dir / "j", keep_recent=3, segment_size=1 << 20)
+    items = []
+    for i in range(1, 11):
+        journal.add(b"c%d" % i, i, 1)
+        items.append((b"c%d" % i, i, 1))
+    for start in range(-12, 13):
+        for stop in [None, *range(-12, 13)]:
+            for step in (None, 1, 2, -1, -3):
+                assert journal[start:stop:step] == items[start:stop:step], (start, stop, step)
+    journal._destroy()
+
+
+def test_a_failed_compaction_leaves_no_stale_first_entry(shm_dir: Path, monkeypatch) -> None:
+    """Issue 27, item 12: compact raised inside WAL.truncate after the log had moved its
+    first entry; journal[0] then still gave the dropped entry (pysyncobj's index
+    arithmetic starts from journal[0][1])."""
+    journal = PmemwalJournal(shm_dir / "j", keep_recent=2, segment_size=1 << 20)
+    for i in range(1, 11):
+        journal.add(b"c%d" % i, i, 1)
+    assert journal[0][1] == 1       # read once: kept
+    from pmemwal.errors import StorageError
+
+    def no_space(*args, **kwargs):
+        raise StorageError(28, "No space left on device")
+
+    monkeypatch.setattr(journal.log.wal, "truncate", no_space)
+    with pytest.raises(StorageError):
+        journal.deleteEntriesTo(4)
+    first = journal.log.first_index
+    assert journal[0][1] == first and len(journal) == 11 - first
+    assert [item[1] for item in journal[0:len(journal)]] == list(range(first, 11))
+    monkeypatch.undo()
+    journal._destroy()

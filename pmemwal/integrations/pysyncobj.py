@@ -116,8 +116,8 @@ class PmemwalJournal(_journal.Journal):
         if isinstance(item, slice):
             start, stop, step = item.indices(n)
             base = n - len(self._recent)        # position of _recent[0]
-            if step == 1 and start >= base:
-                return self._recent[start - base:stop - base]
+            if step == 1 and start >= base:     # (stop may lie before start: then none)
+                return self._recent[start - base:max(stop, start) - base]
             return [self._at(p, n) for p in range(start, stop, step)]
         position = operator.index(item)
         if position < 0:
@@ -132,22 +132,33 @@ class PmemwalJournal(_journal.Journal):
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         """Drop the items from position ``entryFrom`` on (``del items[entryFrom:]``)."""
         start = slice(entryFrom, None).indices(len(self))[0]
-        dropped = len(self) - start
-        self.log.truncate_after(self.log.first_index + start - 1)
-        del self._recent[max(0, len(self._recent) - dropped):]
-        self._head = None
+        try:
+            self.log.truncate_after(self.log.first_index + start - 1)
+        finally:                # (what is kept in memory follows the log, whatever it raised)
+            self._forget_beyond_log()
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         """Drop the items before position ``entryTo`` (``items = items[entryTo:]``)."""
         start = slice(entryTo, None).indices(len(self))[0]
-        self.log.compact(self.log.first_index + start)
-        del self._recent[:max(0, len(self._recent) - len(self))]
-        self._head = None
+        try:
+            self.log.compact(self.log.first_index + start)
+        finally:                # (it may raise after the log moved its first entry)
+            self._forget_beyond_log()
 
     def clear(self) -> None:
-        self.log.reset(self.log.last_index, 0)
-        self._recent.clear()
+        try:
+            self.log.reset(self.log.last_index, 0)
+        finally:
+            self._forget_beyond_log()
+
+    def _forget_beyond_log(self) -> None:
+        """Keep in memory only items the log still holds: after a change to the log,
+        whether it completed or raised part way (a compaction moves the first entry
+        before it truncates the WAL, which may fail)."""
         self._head = None
+        log = self.log
+        self._recent = [item for item in self._recent
+                        if log.first_index <= item[1] <= log.last_index]
 
     def _at(self, position: int, n: int) -> Item:
         """Item ``position`` of the ``n`` (0 <= position < n)."""
