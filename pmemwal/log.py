@@ -476,19 +476,34 @@ class Log:
         # One pass over the WAL from the first entry, stepping over the records in between
         # that are not these entries (voided ones, rewinds, markers, states).
         want = 0
-        self._record(lsns[0])  # the first must read: a start that does not is damage
-        for record in self.wal.records(lsns[0]):
-            if record.lsn > lsns[want]:
-                break  # the chain passed the LSN the index names: no record starts there
-            if record.lsn == lsns[want]:
-                yield _entry(start + want, record, self.wal.segment_size)
-                want += 1
-                if want == len(lsns):
-                    return
+        try:
+            self._record(lsns[0])  # the first must read: a start that does not is damage
+            for record in self.wal.records(lsns[0]):
+                if record.lsn > lsns[want]:
+                    break  # the chain passed the LSN the index names: no record starts there
+                if record.lsn == lsns[want]:
+                    yield _entry(start + want, record, self.wal.segment_size)
+                    want += 1
+                    if want == len(lsns):
+                        return
+        except CorruptionError:
+            self._check_not_compacted(start + want)
+            raise
+        self._check_not_compacted(start + want)
         lsn = lsns[want]
         raise CorruptionError(lsn, lsn // self.wal.segment_size, f"the log's index names "
                               f"{format_lsn(lsn)} for entry {start + want}, and no record of "
                               "the WAL's chain starts there")
+
+    def _check_not_compacted(self, index: int) -> None:
+        """LogIndexError if entry ``index``, which an iteration was reading, went in a
+        compaction, rewind or reset made since it began: not damage, but no entry there."""
+        with self._lock:
+            gone = index < self._index.first or index >= self._index.next
+        if gone:
+            raise LogIndexError(f"entry {index} went while entries() was reading it (a "
+                                f"compaction, rewind or reset meanwhile): entries are now "
+                                f"{_span(self._index)}")
 
     def __iter__(self) -> Iterator[Entry]:
         return self.entries()

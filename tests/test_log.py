@@ -355,3 +355,19 @@ def test_reading_an_entry_does_not_flush_in_direct_mode(wal_dir: Path) -> None:
             index = log.append(b"not yet", term=1)
             assert bytes(log[index].payload) == b"not yet"
             assert (log.wal.flushed_lsn == flushed) == (mode == "direct")
+
+
+def test_entries_meeting_a_compaction_raise_log_index_error(tmp_path):
+    """Issue 27, item 13: an iteration open while compact() removes the segments ahead of
+    it raised CorruptionError (segment missing): a harmless race reported as damage."""
+    with pmemwal.open_log(tmp_path / "log", segment_size=1 << 20) as log:
+        for i in range(1, 401):
+            log.append(bytes(10_000), term=1)
+        log.sync()
+        it = log.entries()
+        assert next(it).index == 1
+        log.compact(300)
+        with pytest.raises(pmemwal.LogIndexError, match="went while entries"):
+            for entry in it:
+                assert entry.index < 300
+        assert [e.index for e in log.entries()][:2] == [300, 301]
