@@ -431,3 +431,22 @@ def test_closing_unmaps_the_rows(shm_dir: Path) -> None:
     assert maps
     store.close()
     assert all(mapping.closed for mapping in maps)
+
+
+def test_a_page_of_notifications_by_topic_reads_about_its_page(shm_dir: Path,
+                                                               monkeypatch) -> None:
+    """Issue 27, item 14: select_notifications with topics scanned every notification from
+    ``start`` to the end on every call, so reading a backlog page by page was O(N^2)."""
+    store = reopen(shm_dir)
+    for k in range(200):
+        store.insert([StoredEvent(originator_id=uuid.UUID(int=k * 100 + j + 1),
+                                  originator_version=1, topic=f"topic-{j % 2}", state=b"s")
+                      for j in range(100)])
+    read: list[int] = []
+    real = es_index.StoredIndex.row_names
+    monkeypatch.setattr(es_index.StoredIndex, "row_names",
+                        lambda self, a, b: (read.append(b - a + 1), real(self, a, b))[1])
+    page = store.select_notifications(1, 10, topics=("topic-1",))
+    assert [n.id for n in page] == list(range(2, 21, 2))
+    assert sum(read) <= 4096, read
+    store.close()

@@ -348,8 +348,14 @@ class _Index(StoredIndex):
         if not topics:
             return list(range(first, min(last, first + limit - 1) + 1))
         wanted = [self.name_ids[t] for t in topics if t in self.name_ids]
-        hits = np.flatnonzero(np.isin(self.row_names(first, last), wanted))[:limit]
-        return (hits + first).tolist()
+        found: list[int] = []
+        window = max(4 * limit, 4096)   # a page costs what it reads, not the rest of the log
+        while wanted and first <= last and len(found) < limit:
+            stop = min(last, first + window - 1)
+            hits = np.flatnonzero(np.isin(self.row_names(first, stop), wanted))
+            found += (hits[:limit - len(found)] + first).tolist()
+            first, window = stop + 1, 2 * window
+        return found
 
     def places(self, ids: list[int]) -> list[tuple[int, int]]:
         """(entry, offset) of each notification ID."""
