@@ -353,9 +353,11 @@ class Log:
             if index is not None and index >= ix.next:
                 raise LogIndexError(f"sync({index}): the last entry is {ix.next - 1}")
             if index is None:
-                self.wal.flush()
-            elif index >= ix.first:  # below it: compacted, made durable by compact()
-                self.wal.flush(ix.lsn_at(index))
+                index = ix.next - 1
+            if index < ix.first:
+                return  # compacted (made durable by compact()), or nothing appended
+            lsn = ix.lsn_at(index)
+        self.wal.flush(lsn)  # outside the lock, as append's: threads syncing at once share it
 
     def truncate_after(self, index: int) -> None:
         """Void every entry above ``index``; the next append gets ``index + 1``.  Durable on return.

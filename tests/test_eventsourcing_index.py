@@ -30,7 +30,7 @@ import pytest
 pytest.importorskip("eventsourcing")
 
 from eventsourcing.dcb.api import DCBEvent, DCBQuery, DCBQueryItem  # noqa: E402
-from eventsourcing.persistence import (DatabaseError, InterfaceError,  # noqa: E402
+from eventsourcing.persistence import (DatabaseError, IntegrityError, InterfaceError,  # noqa: E402
                                        OperationalError, StoredEvent, Tracking)
 
 import pmemwal  # noqa: E402
@@ -449,4 +449,42 @@ def test_a_page_of_notifications_by_topic_reads_about_its_page(shm_dir: Path,
     page = store.select_notifications(1, 10, topics=("topic-1",))
     assert [n.id for n in page] == list(range(2, 21, 2))
     assert sum(read) <= 4096, read
+    store.close()
+
+
+def test_inserts_share_flushes_and_are_seen_once_durable(shm_dir: Path, monkeypatch) -> None:
+    """Issue 27, item 14: the datastore's lock was held through each insert's sync, so
+    threads inserting at once got a flush each.  Now the sync waits outside the lock (a
+    flush covers every insert before it), and readers see an insert once it is durable."""
+    store = reopen(shm_dir)
+    real_sync, in_sync, go_on = store._log.sync, threading.Event(), threading.Event()
+
+    def first_sync_waits(index=None):
+        if not in_sync.is_set():
+            in_sync.set()
+            assert go_on.wait(10)
+        return real_sync(index)
+
+    monkeypatch.setattr(store._log, "sync", first_sync_waits)
+
+    def event(oid) -> StoredEvent:
+        return StoredEvent(originator_id=oid, originator_version=1, topic="t", state=b"s")
+
+    a = threading.Thread(target=store.insert, args=([event(OIDS[0])],))
+    a.start()
+    assert in_sync.wait(10)
+    # A's entry is appended, not yet durable: not seen, though it conflicts already
+    assert store.max_notification_id() is None and store.select_events(OIDS[0]) == []
+    assert store.select_notifications(None, 10) == []
+    with pytest.raises(IntegrityError):
+        store.insert([event(OIDS[0])])
+    b = threading.Thread(target=store.insert, args=([event(OIDS[1])],))
+    b.start()
+    b.join(10)
+    assert not b.is_alive(), "B waited for A's sync: the lock is held through it"
+    # B's flush covered A's entry (appended before): both durable, both seen
+    assert store.max_notification_id() == 2
+    assert [n.originator_id for n in store.select_notifications(None, 10)] == OIDS[:2]
+    go_on.set()
+    a.join(10)
     store.close()

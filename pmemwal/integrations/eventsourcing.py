@@ -50,9 +50,13 @@ across factories and applications (``open_datastore``); a log takes one writer p
 second one gets OperationalError (pmemwal's LockedError).
 
 Entries.  ``insert_events`` (with its tracking record, for a process recorder) and
-``insert_tracking`` each append ONE log entry with ``sync=True``: one WAL record, so after a
-crash the batch is there whole or not at all, and it is durable when the call returns.  Nothing
-is written for a batch that conflicts.  The entry's payload, little-endian (struct formats):
+``insert_tracking`` each append ONE log entry: one WAL record, so after a crash the batch is
+there whole or not at all, and it is durable when the call returns.  It is checked and
+appended under the datastore's lock, and synced after the lock is let go, so threads inserting
+at once share a flush (group commit); readers see it once it is durable (conflict checks at
+once).  Nothing is written for a batch that conflicts.  An insert that raised after its entry
+was appended (a failed sync) is indeterminate, as a commit that failed in any database: after
+a reopen the batch may be there.  The entry's payload, little-endian (struct formats):
 
     batch header, 6 bytes (BATCH "<BBI"):
       0  u8   format version, 1
@@ -121,6 +125,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from threading import Event
@@ -327,11 +332,13 @@ class _Index(StoredIndex):
         return ids
 
     def event_ids(self, key: Key, gt: int | None, lte: int | None, desc: bool,
-                  limit: int | None) -> tuple[list[int], bool]:
-        """Notification IDs of an originator's events with gt < version <= lte, in order,
-        and whether they are the key's for certain: when not, every ID in the range is
-        given (no limit), and the caller drops the events of another key."""
+                  limit: int | None, upto: int) -> tuple[list[int], bool]:
+        """Notification IDs up to ``upto`` of an originator's events with gt < version <=
+        lte, in order, and whether they are the key's for certain: when not, every ID in the
+        range is given (no limit), and the caller drops the events of another key."""
         versions, ids, unsure = self.pairs(key)
+        if len(ids) and ids.max() > upto:       # (inserts not durable yet: not seen)
+            versions, ids = versions[ids <= upto], ids[ids <= upto]
         lo = 0 if gt is None else int(np.searchsorted(versions, gt, "right"))
         hi = len(versions) if lte is None else int(np.searchsorted(versions, lte, "right"))
         chosen = ids[lo:hi][::-1] if desc else ids[lo:hi]
@@ -340,9 +347,10 @@ class _Index(StoredIndex):
         return chosen.tolist(), not unsure
 
     def notification_ids(self, first: int, stop: int | None, topics: Sequence[str],
-                         limit: int) -> list[int]:
-        """Up to ``limit`` notification IDs from ``first`` to ``stop``, of ``topics`` (if any)."""
-        last = self.count if stop is None else min(stop, self.count)
+                         limit: int, upto: int) -> list[int]:
+        """Up to ``limit`` notification IDs from ``first`` to ``stop`` (and ``upto``), of
+        ``topics`` (if any)."""
+        last = upto if stop is None else min(stop, upto)
         if first > last or limit <= 0:
             return []
         if not topics:
@@ -445,14 +453,15 @@ class _DCBIndex(StoredIndex):
                       [self.name_id(row.type) for row in rows])
         return self.count
 
-    def match(self, query: DCBQuery | None, after: int | None, limit: int | None
+    def match(self, query: DCBQuery | None, after: int | None, limit: int | None, upto: int
               ) -> tuple[list[int], bool]:
-        """Positions after ``after`` of the events that match an item of ``query`` (every
-        event when it has none), ascending, at most ``limit``, and whether they match for
-        certain: when not (a tag's positions came by its hash), the limit is not applied
-        and the caller checks each event (``dcb_matches``).  An event matches an item when
-        its type is one of the item's types (or the item has none) and it has all its tags."""
-        first, last = max(after or 0, 0) + 1, self.count
+        """Positions after ``after`` and up to ``upto`` of the events that match an item of
+        ``query`` (every event when it has none), ascending, at most ``limit``, and whether
+        they match for certain: when not (a tag's positions came by its hash), the limit is
+        not applied and the caller checks each event (``dcb_matches``).  An event matches an
+        item when its type is one of the item's types (or the item has none) and it has all
+        its tags."""
+        first, last = max(after or 0, 0) + 1, upto
         if first > last or (limit is not None and limit <= 0):
             return [], True
         items = query.items if query is not None else []
@@ -527,6 +536,10 @@ class _LogStore:
         self._users = 1
         self._closing = False
         self._uninstalled: Written | None = None    # written, not installed yet (busy lock)
+        # appended, not durable yet: (entry, rows before it, its tracking record)
+        self._pending: deque[tuple[int, int, Tracking | None]] = deque()
+        self._visible = 0                   # rows readers see: those of durable entries
+        self._durable_tracking: dict[str, int] = {}  # tracking positions readers see
         self.replayed_from = 1              # the first log entry the open replayed
         self.index_error: Exception | None = None   # the last background checkpoint's
         with _translated():
@@ -597,6 +610,8 @@ class _LogStore:
                     raise DatabaseError(f"{self.path}: log entry {entry.index} is not a batch of "
                                         f"{self._what} ({exc})") from exc
         self._index.seal_guard()
+        self._visible = self._index.count   # (recovery made what it read durable)
+        self._durable_tracking = dict(self._index.tracking)
 
     _what = "events"
 
@@ -612,6 +627,7 @@ class _LogStore:
             captured = self._capture()
         if captured is not None:
             with _translated():
+                self._log.wal.flush()   # what it names is durable (inserts sync after it)
                 written = self._store.write(captured, self._log.wal.cuts)
             with self._lock:
                 self._install(written)
@@ -647,6 +663,7 @@ class _LogStore:
                 self._lock.release()
             if captured is None:
                 return
+            self._log.wal.flush()       # what it names is durable (inserts sync after it)
             written = self._store.write(captured, self._log.wal.cuts)
             if self._lock_for_writer():
                 try:
@@ -679,9 +696,30 @@ class _LogStore:
                 raise InterfaceError(f"pmemwal: the datastore {self.path} is closed")
             yield
 
-    def _append(self, payload: bytes) -> int:
-        """Append one entry, durable on return (the caller holds the lock)."""
-        return self._log.append(payload, sync=True)
+    def _append(self, payload: bytes, tracking: Tracking | None = None) -> int:
+        """Append one entry (the caller holds the lock, then adds it to the index and
+        calls ``_commit`` once it has let the lock go)."""
+        entry = self._log.append(payload)
+        self._pending.append((entry, self._index.count, tracking))
+        return entry
+
+    def _commit(self, entry: int) -> None:
+        """Outside the lock: make ``entry`` durable, then visible.  Threads inserting at
+        once share one flush (group commit); an insert is seen by readers only once it is
+        durable, as a commit in SQL is, though checked against (conflicts) at once.  What
+        a flush covers is every entry before it too: they all become visible."""
+        with _translated():
+            self._log.sync(entry)
+        with self._lock:
+            self._made_visible(entry)
+
+    def _made_visible(self, entry: int) -> None:
+        """Under the lock: the entries up to ``entry`` are durable (in the order appended)."""
+        while self._pending and self._pending[0][0] <= entry:
+            _, _, tracking = self._pending.popleft()
+            if tracking is not None:
+                self._durable_tracking[tracking.application_name] = tracking.notification_id
+        self._visible = self._pending[0][1] if self._pending else self._index.count
 
     def _decoded(self, places: list[tuple[int, int]], decode: Callable[[memoryview, int], _T]
                  ) -> Iterator[_T]:
@@ -819,9 +857,10 @@ class PmemwalDatastore(_LogStore):
             if tracked:
                 for other in tracked_also:
                     other._index.check_tracking(tracking)
-            entry = self._append(payload)
+            entry = self._append(payload, tracking)
             ids = self._index.add(entry, payload, rows, tracking)
             listeners = tuple(self._listeners)
+        self._commit(entry)
         for listener in listeners:
             listener.set()
         return ids
@@ -835,7 +874,7 @@ class PmemwalDatastore(_LogStore):
         with self._locked():
             if limit is not None and limit <= 0:
                 return []
-            ids, sure = self._index.event_ids(key, gt, lte, desc, limit)
+            ids, sure = self._index.event_ids(key, gt, lte, desc, limit, self._visible)
             places = self._index.places(ids if limit is None else ids[:limit])
         events, done = [], 0
         while True:     # (ids a run found by hash are read until ``limit`` are the key's)
@@ -855,21 +894,22 @@ class PmemwalDatastore(_LogStore):
                              inclusive_of_start: bool = True) -> list[Notification]:
         first = 1 if start is None else start + (0 if inclusive_of_start else 1)
         with self._locked():
-            ids = self._index.notification_ids(max(first, 1), stop, topics, limit)
+            ids = self._index.notification_ids(max(first, 1), stop, topics, limit,
+                                               self._visible)
             places = self._index.places(ids)
         return [Notification(*fields, id=i)
                 for i, fields in zip(ids, self._decoded(places, decode_event))]
 
     def max_notification_id(self) -> int | None:
         with self._locked():
-            return self._index.count or None
+            return self._visible or None
 
     def max_tracking_id(self, application_name: str, *,
                         tracked_also: Sequence[PmemwalDatastore] = ()) -> int | None:
         """The last notification ID tracked for ``application_name``, here and in the
         datastores ``tracked_also``."""
         with _all_locked(self, *tracked_also):
-            found = [store._index.tracking.get(application_name)
+            found = [store._durable_tracking.get(application_name)
                      for store in (self, *tracked_also)]
         return max((i for i in found if i is not None), default=None)
 
@@ -895,12 +935,14 @@ class PmemwalDCBDatastore(_LogStore):
             payload, rows = encode_dcb_batch(events)
         except struct.error as exc:
             raise DataError(f"pmemwal: a value does not fit the entry format: {exc}") from exc
-        with self._locked():
-            if condition is not None and self._checked(
-                    *self._candidates(condition.fail_if_events_match, condition.after, 1), 1):
+        with self._locked():    # (checked against every event appended, durable or not yet)
+            if condition is not None and self._checked(*self._candidates(
+                    condition.fail_if_events_match, condition.after, 1, self._index.count), 1):
                 raise IntegrityError(condition)
-            position = self._index.add(self._append(payload), payload, rows)
+            entry = self._append(payload)
+            position = self._index.add(entry, payload, rows)
             listeners = tuple(self._listeners)
+        self._commit(entry)
         for listener in listeners:
             listener.set()
         return position
@@ -910,16 +952,17 @@ class PmemwalDCBDatastore(_LogStore):
         """The matching events, and the head: without a limit the last position stored, with
         one the last position returned (None for none), as eventsourcing's DCB recorders."""
         with self._locked():
-            candidates = self._candidates(query, after, limit)
-            count = self._index.count
+            candidates = self._candidates(query, after, limit, self._visible)
+            count = self._visible
         events = self._checked(*candidates, limit)
         head = (count or None) if limit is None else (events[-1].position if events else None)
         return events, head
 
-    def _candidates(self, query: DCBQuery | None, after: int | None, limit: int | None
-                    ) -> tuple[DCBQuery | None, list[int], list[tuple[int, int]], bool]:
-        """Under the lock: the index's matches, their places, and whether they are sure."""
-        positions, sure = self._index.match(query, after, limit)
+    def _candidates(self, query: DCBQuery | None, after: int | None, limit: int | None,
+                    upto: int) -> tuple[DCBQuery | None, list[int], list[tuple[int, int]], bool]:
+        """Under the lock: the index's matches up to ``upto``, their places, and whether
+        they are sure."""
+        positions, sure = self._index.match(query, after, limit, upto)
         return query, positions, self._index.places(positions), sure
 
     def _checked(self, query: DCBQuery | None, positions: list[int],
