@@ -371,3 +371,33 @@ def test_entries_meeting_a_compaction_raise_log_index_error(tmp_path):
             for entry in it:
                 assert entry.index < 300
         assert [e.index for e in log.entries()][:2] == [300, 301]
+
+
+@pytest.mark.parametrize("mode", ["buffered", "direct"])
+def test_a_sync_fault_in_truncate_after_leaves_a_log_that_reopens(tmp_path, mode):
+    """Issue 27, item 15 (suspect): truncate_after appends its rewind with a flush before it
+    updates the index.  The flush fails (EIO) after the rewind's bytes were written: the
+    writer stops; a reopen must give the log as the WAL holds it (the rewind applied or not,
+    never a gap), and appending goes on from there."""
+    import errno
+    path = tmp_path / "log"
+    options = {"persist": "msync"} if mode == "direct" else {}
+    with pmemwal.open_log(path, mode=mode, segment_size=1 << 20, background=False,
+                          **options) as log:
+        for i in range(1, 11):
+            log.append(b"e%d" % i, term=1)
+        log.sync()
+        log.wal._core.inject_fault("msync" if mode == "direct" else "sync", errno.EIO)
+        with pytest.raises(pmemwal.StorageError):
+            log.truncate_after(5)
+        with pytest.raises(pmemwal.WALError):
+            log.append(b"after", term=1)        # the writer stopped
+    with pmemwal.open_log(path, mode=mode) as log:
+        assert log.last_index in (5, 10)        # the rewind was written (bytes kept) or not
+        kept = [bytes(e.payload) for e in log]
+        assert kept == [b"e%d" % i for i in range(1, log.last_index + 1)]
+        index = log.append(b"after", term=1, sync=True)
+        assert index == log.last_index and bytes(log[index].payload) == b"after"
+    with pmemwal.open_log(path, mode=mode) as log:
+        assert [bytes(e.payload) for e in log][-1] == b"after"
+        assert [e.index for e in log] == list(range(1, log.last_index + 1))
