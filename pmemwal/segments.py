@@ -308,6 +308,7 @@ class Segment:
         self.size = size
         self.writable = writable
         self.map: mmap.mmap | None = None
+        self.map_sync = False  # whether the mapping is MAP_SYNC (DAX: cache flushes persist)
 
     def mapping(self, *, populate: bool = False, sync: bool = False,
                 populate_from: int = 0) -> mmap.mmap:
@@ -338,8 +339,9 @@ class Segment:
                 if sync:
                     try:
                         self.map = mmap.mmap(self.fd, self.size, flags | MAP_SHARED_VALIDATE | MAP_SYNC, prot)
+                        self.map_sync = True
                     except OSError:
-                        pass  # not DAX after all: an ordinary shared mapping
+                        pass  # not DAX (this file): an ordinary mapping; map_sync says so
                 if self.map is None:
                     self.map = mmap.mmap(self.fd, self.size, flags, prot)
         return self.map

@@ -407,9 +407,8 @@ class WAL:
             return
         self._ensure_segment(segno)
         lib = libpmem.load()
-        seg_map = self._segments[segno].map
-        pmem = self._persist != "msync" and lib is not None and (
-            self._map_sync or lib.is_pmem(libpmem.buffer_address(seg_map), len(seg_map)))
+        pmem = self._persist != "msync" and lib is not None and \
+            self._flushes_persist(self._segments[segno])
         if self._persist == "pmem" and not pmem:
             why = ("libpmem is not installed" if lib is None else
                    "libpmem does not take this mapping for persistent memory (no DAX)")
@@ -425,6 +424,14 @@ class WAL:
         else:
             self.persist_method = "msync"
             self._core.set_persist(_core.PERSIST_MSYNC)
+
+    def _flushes_persist(self, seg: Segment) -> bool:
+        """Whether cache flushes make stores to segment ``seg``'s mapping durable: it is
+        MAP_SYNC (the probe's scratch file may be DAX where this file is not: XFS and ext4
+        set DAX per inode), or libpmem takes it for persistent memory."""
+        lib = libpmem.load()
+        return lib is not None and (seg.map_sync or lib.is_pmem(
+            libpmem.buffer_address(seg.map), len(seg.map)))
 
     def _agree_persist(self, pmem: bool) -> bool:
         """A shared WAL: every process persists the same way, as the first one chose.  One
@@ -734,6 +741,14 @@ class WAL:
                     seg.mapping(populate=self._prefault, sync=self._map_sync,
                                 populate_from=insert - segno * self.segment_size
                                 if insert // self.segment_size == segno else 0)
+                    if getattr(self, "persist_method", None) == "pmem" and \
+                            not self._flushes_persist(seg):
+                        seg.close()  # cache flushes to it would not be durable: loudly
+                        raise StorageError(errno.EOPNOTSUPP, f"segment {segno:016X} maps "
+                                           "through the page cache (no MAP_SYNC: not DAX, "
+                                           "unlike the WAL's first segment), where this WAL "
+                                           "persists by cache flush: reopen it (or use "
+                                           "persist='msync')", self._dir.file(segno))
             except BaseException:
                 with self._seg_lock:  # the rest were never made: nobody may wait for them
                     for n, created in todo[i:]:

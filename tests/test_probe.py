@@ -6,6 +6,7 @@ it (or on hiding libpmem) run in a fresh interpreter.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -302,3 +303,55 @@ def test_a_calibration_never_overrides_persistent_memory(shm_dir: Path, tmp_path
     pmemwal.device.store_calibration(shm_dir, {"mode": "buffered"})
     monkeypatch.setattr(pmemwal.device, "_recommend", lambda *a: ("direct", "pmem", "DAX"))
     assert pmemwal.device.resolve_mode("auto", shm_dir)[0] == "direct"
+
+
+# ---- MAP_SYNC is a segment's, not the probe's (issue 27, item 17) --------------------------
+
+_MAP_SYNC_CHILD = r"""
+import dataclasses, errno, json, sys
+import pmemwal
+from pmemwal import device, segments, wal as wal_module
+# The probe's scratch file is DAX (MAP_SYNC worked there), as on XFS or ext4 with dax=inode
+# when the directory got the flag after the WAL was made: its segment files are not DAX.
+real_resolve = wal_module.resolve_mode
+def dax_probe(mode, path):
+    mode, probe = real_resolve(mode, path)
+    return "direct", dataclasses.replace(probe or device.probe(path), map_sync=True)
+wal_module.resolve_mode = dax_probe
+pretend = set(json.loads(sys.argv[2]))   # segments whose mapping MAP_SYNC "took" (a hook)
+real_map = segments.Segment._map
+def map_(self, *, populate, sync):
+    out = real_map(self, populate=populate, sync=sync)
+    self.map_sync = self.map_sync or (sync and self.segno in pretend)
+    return out
+segments.Segment._map = map_
+wal = pmemwal.open(sys.argv[1], mode="auto", segment_size=1 << 20, background=False,
+                   prefault=False)
+result = {"persist": wal.persist_method}
+try:
+    for _ in range(30):
+        wal.append(bytes(100_000), flush=True)   # into segment 1 and on
+    result["segment_1"] = "appended"
+except pmemwal.StorageError as exc:
+    result["segment_1"] = errno.errorcode.get(exc.errno, exc.errno)
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize("pretend, expected", [
+    ([], {"persist": "msync", "segment_1": "appended"}),       # none DAX: msync, not flushes
+    ([0], {"persist": "pmem", "segment_1": errno.errorcode[errno.EOPNOTSUPP]}),  # loudly
+])
+def test_cache_flushes_persist_only_segments_mapped_with_map_sync(tmp_path, pretend, expected):
+    """The probe tested MAP_SYNC on a scratch file, and direct mode chose cache flushes from
+    that alone; a segment that refused MAP_SYNC was mapped through the page cache without a
+    word, and flush=True then flushed CPU caches over dirty page-cache pages."""
+    if libpmem.load() is None:
+        pytest.skip("needs libpmem")
+    env = {k: v for k, v in os.environ.items() if k not in ("PMEM_IS_PMEM_FORCE", "PMEMWAL_MODE")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    out = subprocess.run([sys.executable, "-c", _MAP_SYNC_CHILD, str(tmp_path / "wal"),
+                          json.dumps(pretend)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == expected
