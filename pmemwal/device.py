@@ -132,7 +132,13 @@ def probe(path: str | os.PathLike[str], *, brief: bool = False) -> ProbeResult:
     except OSError as error:
         map_sync = is_pmem = None
         write_error = error
+    ignored = is_pmem and force_ignored(fs_type, map_sync)
+    if ignored:
+        is_pmem = False
     mode, method, reason = _recommend(lib, is_pmem, map_sync, probed_dir, write_error)
+    if ignored:
+        reason += (f"; {FORCE_ENV_VAR}=1 is ignored on {fs_type} (not DAX): cache flushes "
+                   "would leave records in the page cache, not on the disk")
     if fs_type == "tmpfs":
         reason += ("; tmpfs is volatile (its files die with the machine): durability there "
                    "is a benchmark setting")
@@ -159,6 +165,17 @@ def probe(path: str | os.PathLike[str], *, brief: bool = False) -> ProbeResult:
         reason=reason,
         calibration=stored_calibration(probed_dir, mount),
     )
+
+
+VOLATILE_FS = ("tmpfs", "ramfs")
+
+
+def force_ignored(fs: str | None, map_sync: bool | None) -> bool:
+    """Whether ``PMEM_IS_PMEM_FORCE=1`` is set where it would lose data: libpmem then takes
+    every mapping for pmem, and on a file system that keeps files on a disk (not tmpfs)
+    without MAP_SYNC a cache flush leaves the record in the page cache.  pmemwal honours
+    the variable only where memory is the storage anyway (emulation, benchmarks)."""
+    return os.environ.get(FORCE_ENV_VAR) == "1" and fs not in VOLATILE_FS and not map_sync
 
 
 def fs_type(path: str | os.PathLike[str]) -> str | None:

@@ -19,6 +19,7 @@ import mmap
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections import OrderedDict
 from contextlib import nullcontext
@@ -33,7 +34,8 @@ from pmemwal.archiver import Archiver
 from pmemwal.background import BackgroundWriter
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.control import ControlFile
-from pmemwal.device import ProbeResult, probe, resolve_mode, stream_min
+from pmemwal.device import (FORCE_ENV_VAR, ProbeResult, force_ignored, fs_type, probe,
+                            resolve_mode, stream_min)
 from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, NotFoundError,
                             StorageError, format_lsn)
 from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,
@@ -430,8 +432,17 @@ class WAL:
         MAP_SYNC (the probe's scratch file may be DAX where this file is not: XFS and ext4
         set DAX per inode), or libpmem takes it for persistent memory."""
         lib = libpmem.load()
-        return lib is not None and (seg.map_sync or lib.is_pmem(
-            libpmem.buffer_address(seg.map), len(seg.map)))
+        if lib is None or seg.map_sync:
+            return lib is not None
+        if not lib.is_pmem(libpmem.buffer_address(seg.map), len(seg.map)):
+            return False
+        if force_ignored(fs_type(self._dir.path), False):
+            warnings.warn(f"{FORCE_ENV_VAR}=1 is set, but {self._dir.path} is on "
+                          f"{fs_type(self._dir.path)}, not DAX: cache flushes would leave "
+                          "records in the page cache, so this WAL persists by msync",
+                          RuntimeWarning, stacklevel=2)
+            return False
+        return True
 
     def _agree_persist(self, pmem: bool) -> bool:
         """A shared WAL: every process persists the same way, as the first one chose.  One

@@ -355,3 +355,60 @@ def test_cache_flushes_persist_only_segments_mapped_with_map_sync(tmp_path, pret
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == expected
+
+
+_FORCE_CHILD = r"""
+import json, sys, warnings
+import pmemwal
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    wal = pmemwal.open(sys.argv[1], mode="direct", segment_size=1 << 20)
+    method = wal.persist_method
+    wal.close()
+probe = pmemwal.probe(sys.argv[1])
+print(json.dumps({"persist": method, "warned": [str(w.message) for w in caught],
+                  "probe": [probe.recommended_mode, probe.persist_method, probe.reason]}))
+"""
+
+
+def _disk_dir(tmp_path: Path) -> Path | None:
+    """A directory on a file system that keeps files on a disk (not tmpfs), or None."""
+    from pmemwal.device import VOLATILE_FS, fs_type
+    for base in (tmp_path, REPO_ROOT):
+        if fs_type(base) not in VOLATILE_FS:
+            return base
+    return None
+
+
+def test_pmem_is_pmem_force_is_honoured_only_where_memory_is_the_storage(tmp_path, shm_dir):
+    """Issue 27, item 18: with PMEM_IS_PMEM_FORCE=1 exported (as benchmark recipes do),
+    every WAL the process opened persisted by cache flush, on ext4 over an SSD too, where
+    nothing was then durable.  Off tmpfs (and without MAP_SYNC) it is ignored, saying so."""
+    if libpmem.load() is None:
+        pytest.skip("needs libpmem")
+    disk = _disk_dir(tmp_path)
+    if disk is None:
+        pytest.skip("no directory off tmpfs to try")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PMEMWAL_")}
+    env.update(PMEM_IS_PMEM_FORCE="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH"))
+                                          if p))
+    import shutil
+    import tempfile
+    on_disk = tempfile.mkdtemp(dir=disk, prefix=".pmemwal-force-")
+    try:
+        out = subprocess.run([sys.executable, "-c", _FORCE_CHILD, os.path.join(on_disk, "w")],
+                             env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(on_disk, ignore_errors=True)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["persist"] == "msync"
+    assert any("PMEM_IS_PMEM_FORCE=1 is set" in w for w in got["warned"]), got
+    assert got["probe"][:2] == ["buffered", "fdatasync"] and "is ignored on" in got["probe"][2]
+    out = subprocess.run([sys.executable, "-c", _FORCE_CHILD, str(shm_dir / "w")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)             # tmpfs: emulation, as asked
+    assert got["persist"] == "pmem" and got["probe"][:2] == ["direct", "pmem"] and \
+        not got["warned"]
