@@ -692,3 +692,18 @@ def test_params_grid_is_the_cartesian_product() -> None:
     assert harness.params_grid({}) == [{}]
     assert harness.params_grid({"a": [1, 2], "b": ["x", "y"]}) == [
         {"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 2, "b": "x"}, {"a": 2, "b": "y"}]
+
+
+@pytest.mark.skipif(not _in_git_checkout(), reason="pmemwal is not run from a git checkout")
+def test_against_refuses_an_option_the_other_build_is_not_given(targets, shm_dir: Path,
+                                                                  tmp_path, monkeypatch) -> None:
+    """Issue 27, item 20: REV's side kept only five flags and dropped the rest without a
+    word: buffered sync_method=fsync ran against REV's fdatasync, labelled an A/B."""
+    monkeypatch.setenv("PMEMWAL_BUILD_CACHE", str(tmp_path / "builds"))
+    db = shm_dir / "r.db"
+    bad = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--param",
+                 "sync_method=fsync", "--against", "HEAD", "--clients", "1", "--sizes", "64",
+                 "--duration", "0.1", "--runs", "1", "--db", db)
+    assert bad.exit_code == 1, bad.output
+    assert "buffered@HEAD: sync_method cannot be passed to the build at HEAD" in bad.stderr
+    assert not db.exists() or not sqlite3.connect(db).execute("SELECT * FROM runs").fetchall()

@@ -83,8 +83,13 @@ class OtherBuildTarget:
     def __init__(self, mode: str, rev: str, commit: str, tree: str) -> None:
         self.name, self.mode, self.rev = f"{mode}@{rev}", mode, rev
         self.commit, self.tree = commit, tree
-        from pmemwal.tools.targets.pmemwal_modes import DirectTarget
-        self.params = DirectTarget().params  # the knobs it may be given, as this build's
+        from pmemwal.tools.targets import pmemwal_modes
+        # This build's target of the same mode: the same params apply to both sides of an
+        # A/B, so that none is dropped from REV's side alone (check() refuses, before any
+        # run, one that REV's bench cannot be given).
+        self._same = {"buffered": pmemwal_modes.BufferedTarget,
+                      "direct": pmemwal_modes.DirectTarget}[mode]()
+        self.params = self._same.params
 
     def available(self) -> str | None:
         return None
@@ -93,7 +98,16 @@ class OtherBuildTarget:
         return f"pmemwal at {self.commit[:7]}"
 
     def applies(self, param: str) -> bool:
-        return param in self._FLAGS or param == "prefault"
+        return self._same.applies(param)
+
+    def check(self, params: dict) -> None:
+        """ConfigError, before any run, for a param REV's bench is not given: an A/B must
+        differ in the build alone (it used to run REV without it, unsaid)."""
+        missing = sorted(name for name in params if name != "prefault" and name not in self._FLAGS)
+        if missing:
+            raise ConfigError(f"{self.name}: {', '.join(missing)} cannot be passed to the build "
+                              f"at {self.rev} (it takes {', '.join(sorted(self._FLAGS))}, "
+                              "prefault): drop it or compare without --against")
 
     def run(self, workload: Workload) -> RunResult:
         _prepare_dir(workload.path)
