@@ -707,3 +707,16 @@ def test_against_refuses_an_option_the_other_build_is_not_given(targets, shm_dir
     assert bad.exit_code == 1, bad.output
     assert "buffered@HEAD: sync_method cannot be passed to the build at HEAD" in bad.stderr
     assert not db.exists() or not sqlite3.connect(db).execute("SELECT * FROM runs").fetchall()
+
+
+@pytest.mark.skipif(not _in_git_checkout(), reason="pmemwal is not run from a git checkout")
+def test_a_presets_baseline_is_its_series_at_the_other_build(targets, shm_dir: Path, tmp_path,
+                                                              monkeypatch) -> None:
+    """Issue 27, item 21: the presets' baseline ("buffered") kept the A/B default from
+    applying, so --against's ratios read REV over this build, the inverse of its promise."""
+    monkeypatch.setenv("PMEMWAL_BUILD_CACHE", str(tmp_path / "builds"))
+    result = invoke("compare", shm_dir / "cmp", "--preset", "nvwal", "--against", "HEAD",
+                    "--targets", "buffered", "--clients", "1", "--sizes", "64",
+                    "--duration", "0.05", "--runs", "1", "--db", shm_dir / "r.db")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "buffered: ratio to buffered@HEAD" in result.output, result.output

@@ -460,7 +460,7 @@ def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int
     if full and not preset:
         raise click.UsageError("--full needs --preset")
     if preset:
-        options = _with_preset(ctx, _presets.get_preset(preset), full, path, options)
+        options = _with_preset(ctx, _presets.get_preset(preset), full, path, options, against)
     config = _harness.CompareConfig(path=path, db=db, plot=plot_path, against=against, **options)
     if against:
         click.echo(f"building pmemwal at {against} (once per commit; cached)", err=True)
@@ -540,10 +540,12 @@ def report(db: str, groups: tuple[str, ...], list_groups: bool, baseline: str | 
 
 
 def _with_preset(ctx: click.Context, preset: _presets.Preset, full: bool, path: str,
-                 options: dict) -> dict:
+                 options: dict, against: str | None = None) -> dict:
     """``options`` with the preset's values where the command line left the default
     (its --param values merged under those given); on tmpfs, a preset with direct mode
-    emulates persistent memory unless PMEM_IS_PMEM_FORCE says otherwise."""
+    emulates persistent memory unless PMEM_IS_PMEM_FORCE says otherwise.  With
+    ``--against``, the preset's baseline is its series at the other build, so that ratios
+    read this build over REV, as --against promises."""
     import os
 
     given = {name for name in options
@@ -551,6 +553,10 @@ def _with_preset(ctx: click.Context, preset: _presets.Preset, full: bool, path: 
     values = preset.config(full)
     merged = {**options, **{k: v for k, v in values.items() if k not in given and k != "params"}}
     merged["params"] = {**values.get("params", {}), **options["params"]}
+    if against and "baseline" not in given and merged.get("baseline"):
+        target, *rest = merged["baseline"].split()
+        if target in _harness.AB_MODES:
+            merged["baseline"] = " ".join([f"{target}@{against}", *rest])
     click.echo(f"preset {preset.name}{' (full scale)' if full else ''}: seed {preset.seed}: "
                f"{preset.measures}")
     if preset.emulate_pmem and not os.environ.get("PMEM_IS_PMEM_FORCE") \

@@ -71,7 +71,7 @@ from pmemwal.tools._extras import require
 from pmemwal.tools.bench import parse_flush, parse_size
 
 PMEMWAL_TARGETS = ("auto", "buffered", "direct", "direct-procs")  # the targets that take the params grid
-_AB_MODES = ("buffered", "direct")  # the targets --against runs at the other revision too
+AB_MODES = ("buffered", "direct")  # the targets --against runs at the other revision too
 # The WAL's counters (pmemwal.WAL.stats), which the pmemwal targets store per run in
 # extra["stats"] and ``--columns`` tables and draws per second of the run: a ``_ns``
 # counter as milliseconds of it per second (summed over clients: 2 clients each waiting
@@ -260,7 +260,7 @@ class CompareConfig:
             raise ConfigError(f"duration={self.duration!r}: more than 0 seconds")
         if self.baseline is None:  # A/B: the other build is the baseline ("master")
             first = self.targets[0]
-            self.baseline = f"{first}@{self.against}" if self.against and first in _AB_MODES \
+            self.baseline = f"{first}@{self.against}" if self.against and first in AB_MODES \
                 else first
         elif not self.baseline.split() or \
                 self.baseline.split()[0].split("@")[0].lower() not in self.targets:
@@ -387,7 +387,7 @@ def _other_builds(config: CompareConfig) -> dict:
     commit = other_build.resolve(config.against)
     tree = other_build.build(commit)
     return {f"{m}@{config.against}": other_build.OtherBuildTarget(m, config.against, commit, tree)
-            for m in config.targets if m in _AB_MODES}
+            for m in config.targets if m in AB_MODES}
 
 
 def pick_baseline(baseline: str, series: list[str], where: str) -> str:
