@@ -7,6 +7,7 @@ targets that return made-up results at once.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import sqlite3
@@ -514,7 +515,8 @@ def test_report_lists_reprints_and_joins_stored_groups(fakes, shm_dir: Path) -> 
            .splitlines()[3:5]]
     assert row == [["3.00"], ["3.00"]]                 # the fakes: direct 3000, buffered 1000
     lines = csv_path.read_text().splitlines()
-    assert lines[0].startswith("run_group,series,target,params,clients,size,runs,records_per_s")
+    assert lines[0].startswith("run_group,series,target,params,flush,clients,size,runs,"
+                               "records_per_s")
     assert len(lines) == 1 + 4 * 2 and lines[1].startswith(f"{groups[0]},buffered,")
     assert png.read_bytes().startswith(PNG_SIGNATURE)
     assert invoke("report", shm_dir / "none.db").exit_code == 2
@@ -720,3 +722,34 @@ def test_a_presets_baseline_is_its_series_at_the_other_build(targets, shm_dir: P
                     "--duration", "0.05", "--runs", "1", "--db", shm_dir / "r.db")
     assert result.exit_code == 0, result.output + result.stderr
     assert "buffered: ratio to buffered@HEAD" in result.output, result.output
+
+
+def test_a_join_of_groups_with_other_flush_policies_says_each(fakes, shm_dir: Path) -> None:
+    """Issue 27, item 22: the joined report took the flush note from the first group (an
+    'each' group joined with an 'end' one titled both 'flush each'), the CSV had no flush
+    column, and a ratio across groups did not say so."""
+    db = shm_dir / "r.db"
+    groups = [harness.run_compare(harness.CompareConfig(
+        shm_dir / "cmp", targets=["buffered", "direct"], clients=[1], sizes=[64],
+        duration=0.1, runs=1, db=db, flush=flush)).group for flush in ("each", "end")]
+    csv_path = shm_dir / "j.csv"
+    joined = invoke("report", db, "--group", groups[0], "--group", groups[1], "--baseline",
+                    "buffered flush=each", "--csv", csv_path)
+    assert joined.exit_code == 0, joined.output + joined.stderr
+    out = joined.output
+    assert "direct flush=end: ratio to buffered flush=each (across run groups" in out
+    assert "direct flush=each: ratio to buffered flush=each:" in out or \
+        "direct flush=each: ratio to buffered flush=each\n" in out
+    rows = list(csv.DictReader(csv_path.open()))
+    assert {(r["series"], r["flush"]) for r in rows} == {
+        ("buffered flush=each", "each"), ("direct flush=each", "each"),
+        ("buffered flush=end", "end"), ("direct flush=end", "end")}
+
+
+def test_a_baseline_named_by_its_target_is_never_another_builds() -> None:
+    """Issue 27, item 22: '--baseline direct' in a joined A/B report resolved to the other
+    build's series, the second matching pass stripping the '@...' suffix."""
+    assert harness.pick_baseline("direct", ["direct@HEAD", "direct"], "r") == "direct"
+    assert harness.pick_baseline("DIRECT", ["direct@HEAD", "direct x=1"], "r") == "direct x=1"
+    with pytest.raises(harness.ConfigError, match="no such series"):
+        harness.pick_baseline("direct", ["direct@HEAD", "buffered"], "r")

@@ -398,9 +398,8 @@ def pick_baseline(baseline: str, series: list[str], where: str) -> str:
     if wanted in series:
         return wanted
     if len(wanted.split()) == 1:  # a target alone: its first series (of the first group joined)
-        for name in (lambda label: label.split()[0],
-                     lambda label: label.split()[0].split("@")[0].lower()):
-            for label in series:
+        for name in (lambda label: label.split()[0], lambda label: label.split()[0].lower()):
+            for label in series:     # (never another build's or group's: "direct@..." differs)
                 if name(label) in (wanted, wanted.lower()):
                     return label
     raise ConfigError(f"baseline {baseline!r}: no such series in {where} (valid: "
@@ -907,7 +906,11 @@ class Summary:
             def value(c, s, label=label):
                 p, b = self.point(label, c, s), self.point(base, c, s)
                 return p.records_per_s / b.records_per_s if p and b and b.records_per_s else None
-            tables.append(self._table(f"{label}: ratio to {base}", value, lambda r: f"{r:.2f}"))
+            title = f"{label}: ratio to {base}"
+            groups = {p.group for p in self.points if p.label in (label, base)}
+            if len(groups) > 1:         # a join: say that the ratio crosses run groups
+                title += f" (across run groups {' and '.join(sorted(groups))})"
+            tables.append(self._table(title, value, lambda r: f"{r:.2f}"))
         return tables
 
     def columns(self) -> list[str]:
@@ -1061,6 +1064,11 @@ def join(summaries: list[Summary]) -> Summary:
     settings lead, the columns of all are kept."""
     if len(summaries) == 1:
         return summaries[0]
+    # Groups run under different flush policies: each point says its own (in its params,
+    # so its label and the CSV do), and no title speaks for all from the first group's.
+    flushes = {s.flush for s in summaries}
+    mixed = len(flushes) > 1
+    summaries = [_with_flush_param(s) for s in summaries] if mixed else summaries
     counts: dict[str, int] = {}
     for summary in summaries:
         for label in summary.series():
@@ -1073,9 +1081,21 @@ def join(summaries: list[Summary]) -> Summary:
         machine += summary.machine
         columns += [c for c in summary.columns() if c not in columns]
     first = summaries[0].environment
-    environment = {**first, "config": {**(first.get("config") or {}), "columns": columns}}
+    config = {**(first.get("config") or {}), "columns": columns}
+    if mixed:
+        config["params"] = {**(config.get("params") or {}), "flush": sorted(flushes)}
+    environment = {**first, "config": config}
     return Summary(group=" + ".join(s.group for s in summaries), environment=environment,
                    points=points, machine=machine)
+
+
+def _with_flush_param(summary: Summary) -> Summary:
+    """``summary`` with its group's flush policy in every point's params."""
+    if "flush" in (summary.config.get("params") or {}):
+        return summary      # (a grid dimension there: its points carry it)
+    flush = summary.flush
+    return dataclasses.replace(summary, points=[
+        dataclasses.replace(p, params={**p.params, "flush": flush}) for p in summary.points])
 
 
 def write_csv(summary: Summary, path: str) -> str:
@@ -1085,13 +1105,14 @@ def write_csv(summary: Summary, path: str) -> str:
     counters = [c for c in COUNTERS if any(c in p.counters for p in summary.points)]
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(["run_group", "series", "target", "params", "clients", "size", "runs",
-                      "records_per_s", "min", "max", "stddev", "mb_per_s"]
+        out.writerow(["run_group", "series", "target", "params", "flush", "clients", "size",
+                      "runs", "records_per_s", "min", "max", "stddev", "mb_per_s"]
                      + [column_title(c).replace(" ", "_") for c in counters])
         for p in summary.points:
             out.writerow([p.group, p.label, p.target, json.dumps(p.params, sort_keys=True),
-                          p.clients, p.size, p.runs, p.records_per_s, p.min, p.max, p.stddev,
-                          p.mb_per_s] + [p.counters.get(c, "") for c in counters])
+                          p.params.get("flush", summary.flush), p.clients, p.size, p.runs,
+                          p.records_per_s, p.min, p.max, p.stddev, p.mb_per_s]
+                         + [p.counters.get(c, "") for c in counters])
     return path
 
 
