@@ -738,6 +738,12 @@ class WAL:
                     started = time.perf_counter_ns()
                     create = self._create_segment(segno)
                 dsync = not self._direct and self._sync_method == "open_datasync"
+                if not create and self._control is not None:
+                    # Made by another process, which may have renamed it into place and not
+                    # yet synced the directory: the entry must be durable before records in
+                    # the segment are acknowledged here (it syncs under the files lock, which
+                    # this thread cannot wait for under the segment lock: a sync of its own).
+                    self._dir.sync()
                 seg = None if create else self._recycled_here(segno)
                 try:
                     seg = seg or Segment(self._dir.file(segno), segno, self.segment_size,

@@ -175,6 +175,26 @@ def test_a_flush_behind_another_process_truncation_keeps_its_writer(wal_dir):
     b.close()
 
 
+def test_a_segment_another_process_made_is_synced_in_the_directory_before_use(wal_dir):
+    """Issue 27, item 5 (a suspect, found real by reading): a process attached a segment a
+    peer made as soon as the file was there, without the files lock, so it could acknowledge
+    records in it between the peer's rename and its directory fsync: a power cut then lost
+    the entry, and those records.  It syncs the directory itself before attaching."""
+    a, b = open_shared(wal_dir, background=False), open_shared(wal_dir, background=False)
+    while a.insert_lsn < SEG + 8192:
+        a.append(bytes(50_000), flush=True)     # A made segment 1
+    events = []
+    real_sync, real_arrived = b._dir.sync, b._arrived
+    b._dir.sync = lambda: (events.append("dir synced"), real_sync())[1]
+    b._arrived = lambda segno, *args, **kw: (events.append(f"attached {segno}"),
+                                             real_arrived(segno, *args, **kw))[1]
+    b.append(b"in segment 1", flush=True)
+    assert "attached 1" in events, events
+    assert "dir synced" in events[:events.index("attached 1")], events
+    a.close()
+    b.close()
+
+
 @pytest.mark.parametrize("hook", ["stall", "stall_locked"])
 def test_dead_writer_never_blocks_the_others(wal_dir, hook):
     """A process SIGKILLed holding an insertion (its space reserved, nothing copied), or
