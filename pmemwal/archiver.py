@@ -94,12 +94,12 @@ class Archiver:
         The archiver renames .ready to .done and then syncs: this process may see the
         rename first, so it syncs the directory itself before a truncation acts on it (a
         crash in between would leave a .ready for a segment that is gone)."""
-        before = self._archived_below
-        while (self._archived_below < self._marked_below
-               and self.status.is_done(self._archived_below)):
-            self._archived_below += 1
-        if self._archived_below > before:
-            self.status.sync()
+        below = self._archived_below
+        while below < self._marked_below and self.status.is_done(below):
+            below += 1
+        if below > self._archived_below:
+            self.status.sync()  # first: should it fail, the mark stays where it was
+            self._archived_below = below
         return self._archived_below
 
     def archived_below(self, oldest: int) -> int:

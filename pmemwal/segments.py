@@ -65,16 +65,17 @@ def sync_directory(path: str) -> None:
 
 
 def make_directories(path: str, mode: int = 0o777) -> None:
-    """Make directory ``path`` and any missing parents, each entry durable (the parent of
-    every directory made is synced): a lost entry would leave an open(create=True) to
-    build a new WAL over nothing."""
+    """Make directory ``path`` (with ``mode``) and any missing parents (as os.makedirs
+    makes them), each entry durable (the parent of every directory made is synced): a
+    lost entry would leave an open(create=True) to build a new WAL over nothing."""
+    path = os.path.abspath(path)
     missing = []
     while not os.path.isdir(path):
         missing.append(path)
         path = os.path.dirname(path)
     for made in reversed(missing):
         try:
-            os.mkdir(made, mode)
+            os.mkdir(made, mode if made == missing[0] else 0o777)
         except FileExistsError:
             pass    # another thread made it: its entry is synced below all the same
         sync_directory(os.path.dirname(made))
@@ -328,7 +329,7 @@ class Segment:
                                                    self.size - start, MADV_POPULATE_WRITE) == 0:
                 return self.map
             self.map.close()  # no MADV_POPULATE_WRITE here (EINVAL before Linux 5.14)
-            self.map = None
+            self.map, self.map_sync = None, False
         return self._map(populate=populate, sync=sync)
 
     def _map(self, *, populate: bool, sync: bool) -> mmap.mmap:

@@ -528,3 +528,28 @@ def test_the_writer_syncs_a_done_before_truncating_on_it(shm_tmp, monkeypatch):
         wal.truncate(wal.flushed_lsn)
     removed = [i for i, e in enumerate(events) if e.startswith("removed")]
     assert removed and "sync" in events[:removed[0]], events
+
+
+def test_a_failed_sync_of_the_status_keeps_the_archived_mark(shm_tmp, monkeypatch):
+    """From a read of the fix above: the mark moved first and the sync came after, so a
+    failed sync left the mark moved and the next truncation acted on unsynced .done files."""
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    arch.mkdir()
+    with pmemwal.open(wal_dir, segment_size=SEG, archive=f"file://{arch}") as wal:
+        append_segments(wal, 2.2, "mark")
+        assert wal.wait_archived(20)
+        archiver = wal._archiver
+        with archiver._lock:
+            archiver._archived_below = 0        # as if the .done were new to this process
+        calls = []
+
+        def failing_sync():
+            calls.append("sync")
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(archiver.status, "sync", failing_sync)
+        with pytest.raises(OSError):
+            archiver.archived_below(0)
+        assert archiver._archived_below == 0
+        monkeypatch.undo()
+        assert archiver.archived_below(0) == 2

@@ -488,3 +488,70 @@ def test_inserts_share_flushes_and_are_seen_once_durable(shm_dir: Path, monkeypa
     go_on.set()
     a.join(10)
     store.close()
+
+
+def test_a_dcb_read_by_tag_sees_no_append_before_it_is_durable(shm_dir: Path,
+                                                              monkeypatch) -> None:
+    """From a read of the group commit: a tag query's positions were cut at ``after`` only,
+    so a read found an append whose sync had not returned (beyond the head it gave)."""
+    store = pes.open_dcb_datastore(str(shm_dir / "dcb"), segment_size=1 << 20)
+    store.append([DCBEvent(type="t", data=b"0", tags=["x"])])
+    real_sync, in_sync, go_on = store._log.sync, threading.Event(), threading.Event()
+
+    def held(index=None):
+        in_sync.set()
+        assert go_on.wait(10)
+        return real_sync(index)
+
+    monkeypatch.setattr(store._log, "sync", held)
+    a = threading.Thread(target=store.append, args=([DCBEvent(type="t", data=b"1", tags=["x"])],))
+    a.start()
+    assert in_sync.wait(10)
+    query = DCBQuery(items=[DCBQueryItem(tags=["x"])])
+    for got in (store.read(query), store.read(query, limit=5), store.read(None),
+                store.read(DCBQuery(items=[DCBQueryItem(types=["t"])]))):
+        assert [e.position for e in got[0]] == [1] and got[1] == 1
+    go_on.set()
+    a.join(10)
+    assert [e.position for e in store.read(query)[0]] == [1, 2]
+    store.close()
+
+
+def test_close_waits_for_the_inserts_it_overtook(shm_dir: Path, monkeypatch) -> None:
+    """From a read of the group commit: an insert appended, close flushed and closed the
+    log, and the insert's own sync then raised InterfaceError for a batch that was stored."""
+    store = reopen(shm_dir)
+    real_sync, in_sync, go_on = store._log.sync, threading.Event(), threading.Event()
+
+    def held(index=None):
+        in_sync.set()
+        assert go_on.wait(10)
+        return real_sync(index)
+
+    monkeypatch.setattr(store._log, "sync", held)
+    got: list = []
+
+    def insert() -> None:
+        try:
+            got.append(store.insert([StoredEvent(originator_id=OIDS[0], originator_version=1,
+                                                 topic="t", state=b"s")]))
+        except Exception as exc:
+            got.append(type(exc).__name__)
+
+    a = threading.Thread(target=insert)
+    a.start()
+    assert in_sync.wait(10)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    time.sleep(0.2)                 # close waits for the insert it overtook
+    assert closer.is_alive()
+    with pytest.raises(InterfaceError):     # no insert starts once close has begun
+        store.insert([StoredEvent(originator_id=OIDS[1], originator_version=1, topic="t",
+                                  state=b"s")])
+    go_on.set()
+    a.join(10)
+    closer.join(10)
+    assert got == [[1]]
+    store = reopen(shm_dir)
+    assert store.max_notification_id() == 1
+    store.close()

@@ -481,7 +481,8 @@ class _DCBIndex(StoredIndex):
             for tag in set(item.tags):
                 positions, _, unsure = self.pairs(tag)
                 sure &= not unsure
-                lists.append(positions[np.searchsorted(positions, first):])
+                lists.append(positions[np.searchsorted(positions, first):
+                                       np.searchsorted(positions, last, "right")])
             lists.sort(key=len)     # the rarest tag's positions, in every other tag's
             found = lists[0]
             for other in lists[1:]:
@@ -539,6 +540,8 @@ class _LogStore:
         # appended, not durable yet: (entry, rows before it, its tracking record)
         self._pending: deque[tuple[int, int, Tracking | None]] = deque()
         self._visible = 0                   # rows readers see: those of durable entries
+        self._committing = 0                # inserts appended, not through _commit yet
+        self._committed = threading.Condition(self._lock)   # one of them is through
         self._durable_tracking: dict[str, int] = {}  # tracking positions readers see
         self.replayed_from = 1              # the first log entry the open replayed
         self.index_error: Exception | None = None   # the last background checkpoint's
@@ -699,8 +702,11 @@ class _LogStore:
     def _append(self, payload: bytes, tracking: Tracking | None = None) -> int:
         """Append one entry (the caller holds the lock, then adds it to the index and
         calls ``_commit`` once it has let the lock go)."""
+        if self._closing:   # (close waits for the commits in flight, not for new ones)
+            raise InterfaceError(f"pmemwal: the datastore {self.path} is closing")
         entry = self._log.append(payload)
         self._pending.append((entry, self._index.count, tracking))
+        self._committing += 1
         return entry
 
     def _commit(self, entry: int) -> None:
@@ -708,10 +714,15 @@ class _LogStore:
         once share one flush (group commit); an insert is seen by readers only once it is
         durable, as a commit in SQL is, though checked against (conflicts) at once.  What
         a flush covers is every entry before it too: they all become visible."""
-        with _translated():
-            self._log.sync(entry)
-        with self._lock:
-            self._made_visible(entry)
+        try:
+            with _translated():
+                self._log.sync(entry)
+            with self._lock:
+                self._made_visible(entry)
+        finally:
+            with self._lock:
+                self._committing -= 1
+                self._committed.notify_all()
 
     def _made_visible(self, entry: int) -> None:
         """Under the lock: the entries up to ``entry`` are durable (in the order appended)."""
@@ -795,7 +806,9 @@ class _LogStore:
         """Store the index before the log closes (no background one starts after this)."""
         with self._checkpoint_lock:
             with self._lock:
-                self._closing = True
+                self._closing = True    # no insert starts; those appended finish first, so
+                while self._committing:     # that none reports a failure for a stored batch
+                    self._committed.wait()
             if not self._log.closed:
                 self._write_checkpoint()
 
@@ -852,15 +865,19 @@ class PmemwalDatastore(_LogStore):
         except struct.error as exc:
             raise DataError(f"pmemwal: a value does not fit the entry format: {exc}") from exc
         tracked = tracking is not None and tracked_also
-        with _all_locked(self, *tracked_also) if tracked else self._locked():
-            self._index.check(rows, tracking, self._originator_of)
-            if tracked:
-                for other in tracked_also:
-                    other._index.check_tracking(tracking)
-            entry = self._append(payload, tracking)
-            ids = self._index.add(entry, payload, rows, tracking)
-            listeners = tuple(self._listeners)
-        self._commit(entry)
+        entry = None
+        try:
+            with _all_locked(self, *tracked_also) if tracked else self._locked():
+                self._index.check(rows, tracking, self._originator_of)
+                if tracked:
+                    for other in tracked_also:
+                        other._index.check_tracking(tracking)
+                entry = self._append(payload, tracking)
+                ids = self._index.add(entry, payload, rows, tracking)
+                listeners = tuple(self._listeners)
+        finally:
+            if entry is not None:   # appended: committed, whatever came after
+                self._commit(entry)
         for listener in listeners:
             listener.set()
         return ids
@@ -935,14 +952,19 @@ class PmemwalDCBDatastore(_LogStore):
             payload, rows = encode_dcb_batch(events)
         except struct.error as exc:
             raise DataError(f"pmemwal: a value does not fit the entry format: {exc}") from exc
-        with self._locked():    # (checked against every event appended, durable or not yet)
-            if condition is not None and self._checked(*self._candidates(
-                    condition.fail_if_events_match, condition.after, 1, self._index.count), 1):
-                raise IntegrityError(condition)
-            entry = self._append(payload)
-            position = self._index.add(entry, payload, rows)
-            listeners = tuple(self._listeners)
-        self._commit(entry)
+        entry = None
+        try:
+            with self._locked():    # (checked against every event appended, durable or not)
+                if condition is not None and self._checked(*self._candidates(
+                        condition.fail_if_events_match, condition.after, 1, self._index.count),
+                        1):
+                    raise IntegrityError(condition)
+                entry = self._append(payload)
+                position = self._index.add(entry, payload, rows)
+                listeners = tuple(self._listeners)
+        finally:
+            if entry is not None:   # appended: committed, whatever came after
+                self._commit(entry)
         for listener in listeners:
             listener.set()
         return position
