@@ -195,6 +195,56 @@ def test_a_segment_another_process_made_is_synced_in_the_directory_before_use(wa
     b.close()
 
 
+_CLOSE_UNDER_A_WAITER = r"""
+import json, sys, threading, time, pmemwal
+from pmemwal.errors import WALError
+spec = json.loads(sys.argv[1])
+wal = pmemwal.open(spec["path"], shared=True, segment_size=spec["seg"])
+got = []
+def flush():
+    try:
+        got.append(wal.flush())     # waits for the stalled child's insertion
+    except WALError as exc:
+        got.append(type(exc).__name__)
+t = threading.Thread(target=flush)
+t.start()
+time.sleep(0.3)
+print("closing", flush=True)        # the parent kills the stalled child meanwhile
+wal.close()                         # waits with t in wait_insertions; one of them reaps
+t.join(30)
+print(json.dumps({"alive": t.is_alive(), "got": got}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("hook", ["stall", "stall_locked"])
+def test_close_while_another_thread_waits_in_the_core(wal_dir, hook):
+    """Issue 27, item 4 (a suspect): close() while another thread of the process waits in
+    wait_insertions, and then reaps the dead process it waited for.  close unmapped CONTROL
+    before the background writer stopped and waited only for its own slots: a SIGSEGV, or
+    a liveness lock released mid-reap.  The thread must end with an answer, the process
+    alive, and the WAL whole."""
+    child, child_lsn = _stalled_child(wal_dir, hook)
+    waiter = subprocess.Popen([sys.executable, "-c", _CLOSE_UNDER_A_WAITER,
+                               json.dumps({"path": wal_dir, "seg": SEG})],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert waiter.stdout.readline().strip() == "closing"
+        time.sleep(0.3)                 # close and the flush both wait for the child
+        child.kill()
+        child.wait()
+        line = waiter.stdout.readline()
+        assert waiter.wait(60) == 0, f"the waiting process died: {waiter.returncode}"
+        result = json.loads(line)
+        assert not result["alive"] and len(result["got"]) == 1, result
+    finally:
+        for proc in (child, waiter):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    with pmemwal.open(wal_dir, shared=True, segment_size=SEG) as wal:
+        assert b"before the death" in [bytes(r.payload) for r in wal.records()]
+
+
 @pytest.mark.parametrize("hook", ["stall", "stall_locked"])
 def test_dead_writer_never_blocks_the_others(wal_dir, hook):
     """A process SIGKILLed holding an insertion (its space reserved, nothing copied), or
