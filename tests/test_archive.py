@@ -553,3 +553,31 @@ def test_a_failed_sync_of_the_status_keeps_the_archived_mark(shm_tmp, monkeypatc
         assert archiver._archived_below == 0
         monkeypatch.undo()
         assert archiver.archived_below(0) == 2
+
+
+def test_a_restore_cut_short_leaves_no_wal_and_a_rerun_starts_over(archived, shm_tmp):
+    """Issue 27, item 10 (a suspect, found real by reading): restore renamed segments into
+    the destination as it fetched them and synced at the end, so a crash left a WAL there
+    that opened (with records past --until, or a part of the archive), a rerun was refused
+    (not empty), and nothing said the restore was unfinished."""
+    arch, expected = archived
+    dest = shm_tmp / "restored"
+    slow = (f"if [ %f = {segment_name(2)} ]; then sleep 60; fi; cp {arch}/%f %p")
+    code = ("import sys; from pmemwal.tools.restore import restore; "
+            "restore(sys.argv[1], restore_command=sys.argv[2])")
+    child = subprocess.Popen([sys.executable, "-c", code, str(dest), slow],
+                             start_new_session=True)
+    try:
+        building = Path(str(dest) + ".restoring")
+        wait_for(lambda: (building / segment_name(1)).exists(), what="two segments fetched")
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)    # the restore and its sleeping command
+        child.wait()
+    assert not dest.exists()
+    with pytest.raises(pmemwal.NotFoundError):
+        pmemwal.open(dest, create=False)
+    report = restore(dest, restore_command=f"cp {arch}/%f %p")
+    assert report.segments == [0, 1, 2, 3, 4] and not building.exists()
+    with pmemwal.open(dest) as wal:
+        assert [(r.lsn, bytes(r.payload)) for r in wal.records()][:len(expected)] == \
+            expected[:len(list(wal.records()))]

@@ -13,6 +13,8 @@ exactly the records before that point.  A record that runs into a segment the
 archive lacks is a torn tail, which open cuts.  Every file and the directory are
 synced before restore returns, and the segments restored whole get ``.done``
 archive status: opened with the same archive, the WAL does not ship them again.
+All of it happens in ``<dest>.restoring``, renamed to ``dest`` once verified: a restore
+cut short leaves nothing at ``dest``, and a rerun removes what it left and starts over.
 
 A WAL restored with ``until`` (or cut at damage) goes on from the cut with new
 records: archive it to a new place, since its segment at the cut will differ
@@ -23,16 +25,18 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 
 from pmemwal.archive import (DEFAULT_COMMAND_TIMEOUT, ArchiveStatus, CommandArchive, FsspecArchive,
                              fsync_path)
 from pmemwal.errors import ArchiveError, ConfigError, FormatError, format_lsn
 from pmemwal.format import HEADER_SIZE, SegmentHeader, segment_name
-from pmemwal.segments import make_directories
+from pmemwal.segments import make_directories, sync_directory
 from pmemwal.tools.inspect import WalView, verify
 
 _END = (1 << 64) - 1
+RESTORING_SUFFIX = ".restoring"   # the directory a restore builds, beside its destination
 
 
 @dataclass
@@ -80,13 +84,32 @@ def restore(dest: str | os.PathLike[str], source: str | None = None, *,
         raise ConfigError("restore from a source URL or with a restore_command (one of them)")
     if until is not None and until < 0:
         raise ConfigError(f"until={until}: an LSN, 0 or more")
-    dest = os.path.abspath(os.fspath(dest))
-    if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
-        raise ConfigError(f"{dest} exists and is not an empty directory: restore makes a new WAL")
+    final = os.path.abspath(os.fspath(dest))
+    if os.path.exists(final) and (not os.path.isdir(final) or os.listdir(final)):
+        raise ConfigError(f"{final} exists and is not an empty directory: restore makes a new "
+                          "WAL")
+    # Built beside it and renamed into place whole: a restore cut short (a crash) leaves no
+    # WAL at ``dest`` that would open with records at or past ``until``, and a rerun starts
+    # over, dropping what the last one left.
+    dest = final + RESTORING_SUFFIX
+    if os.path.exists(dest):
+        shutil.rmtree(dest)
     make_directories(dest, mode=0o700)
     archive = (FsspecArchive(source, storage_options) if source is not None
                else CommandArchive(None, restore_command, timeout))
-    report = RestoreReport(archive.description, dest)
+    report = RestoreReport(archive.description, final)
+    try:
+        _restore_into(dest, archive, report, until, start_segment)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    os.rename(dest, final)    # (over an empty directory too)
+    sync_directory(os.path.dirname(final))
+    return report
+
+
+def _restore_into(dest: str, archive, report: RestoreReport, until: int | None,
+                  start_segment: int | None) -> None:
     fetcher = _Fetcher(archive, dest, report, start_segment)
     while fetcher.next(until):
         pass
@@ -106,7 +129,6 @@ def restore(dest: str | os.PathLike[str], source: str | None = None, *,
             where = end.describe(fetcher.header.segment_size)
             report.stopped = f"damage in the archived segments: {where}"
     _finish(dest, report, fetcher.header.segment_size)
-    return report
 
 
 class _Fetcher:
