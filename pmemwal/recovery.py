@@ -22,12 +22,12 @@ open (CorruptionError) has written nothing.
 
 from __future__ import annotations
 
+import mmap
 import os
 import warnings
 from dataclasses import dataclass
 from typing import Callable
 
-import mmap
 import numpy as np
 
 from pmemwal import _core, lostfound
@@ -89,6 +89,8 @@ class Recovery:
         if cp is not None and self._check_vouched_segments(cp, on_corruption):
             full_scan = full_scan or "segments the checkpoint vouches for are missing"
             oldest = self._segnos[0]  # the cut below lands at the first one missing
+        if not (cp is not None and cp.clean and full_scan is None):
+            self._read_from_disk(cp.end_lsn if cp is not None and full_scan is None else 0)
         if full_scan is None:
             start, prev = cp.end_lsn, cp.last_lsn
             status, x, last, _, _, bad = self._reader.scan(start, prev or -1, _END)
@@ -121,6 +123,27 @@ class Recovery:
         self._wipe_beyond(x, pages)
         return Recovered(x, last, None if full_scan else start, start, full_scan, aside, oldest,
                          cuts)
+
+    def _read_from_disk(self, start: int) -> None:
+        """After an unclean end: drop the page cache's clean pages of the segments from
+        ``start`` on, so that the scan reads what the disk holds.  After a failed writeback
+        (EIO) Linux marks the pages clean though the disk never got them (fsyncgate); the
+        writer stopped on that error, but an open in the same boot would read the records
+        from those pages, take them for durable, and append after a hole the disk has.
+        Dirty pages (a SIGKILLed writer's unflushed records) stay: the open syncs them
+        (wal.py, _persist_recovered).  Nothing to drop on tmpfs or DAX."""
+        for segno in self._segnos:
+            if (segno + 1) * self._size <= start:
+                continue
+            offset = max(start - segno * self._size, 0)
+            try:
+                fd = os.open(self._dir.file(segno), os.O_RDONLY)
+            except FileNotFoundError:
+                continue    # (a missing segment is the scan's to report)
+            try:
+                os.posix_fadvise(fd, offset - offset % mmap.PAGESIZE, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
     def _full_scan_reason(self, cp: Checkpoint | None, verify: str) -> str | None:
         if verify == "all":

@@ -554,3 +554,39 @@ def test_closing_a_shared_wal_keeps_the_files_lock_of_a_segment_being_made(wal_d
     wal.close()
     thread.join()
     assert not seen, seen
+
+
+def test_an_unclean_open_reads_past_the_checkpoint_from_the_disk(wal_dir, mode, monkeypatch):
+    """Issue 27, item 19 (fsyncgate's second half): after a failed writeback Linux marks the
+    pages clean though the disk never got them; an open in the same boot read the records
+    from those pages, took them for durable, and appended after a hole on the disk.  An
+    open after an unclean end drops the clean cached pages past the checkpoint first (dirty
+    ones, a killed writer's, stay and are synced); after a clean close it reads nothing."""
+    code = f"""
+import sys, pmemwal
+wal = pmemwal.open({str(wal_dir)!r}, mode={mode!r}, segment_size=1 << 20, background=False)
+wal.append(b"x" * 4000, flush=True)
+wal.checkpoint()
+for i in range(600):
+    wal.append(b"y" * 4000, flush=True)     # past the checkpoint: segments 0..2
+print("ready", flush=True)
+sys.stdin.read()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=child_env(), text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGKILL)                # an unclean end
+    proc.wait()
+    dropped = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, advice: (
+        dropped.append((os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), off, advice)),
+        real(fd, off, n, advice))[1])
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert len(list(wal.records())) >= 601
+    names = {name for name, _, advice in dropped if advice == os.POSIX_FADV_DONTNEED}
+    assert {"0000000000000000.wal", "0000000000000001.wal", "0000000000000002.wal"} <= names
+    dropped.clear()
+    with pmemwal.open(wal_dir, mode=mode):                  # closed cleanly just now
+        pass
+    assert not dropped
