@@ -128,7 +128,8 @@ def main() -> None:
                 os.rename(index, index + ".moved")
                 rebuilt = open_once(env, aggregate(1))
                 shutil.rmtree(index + ".moved")     # (that open's close stored it again)
-                rows.append(["pmemwal, index removed (replay)", f"{rebuilt['seconds'] * 1e3:.1f} ms",
+                rows.append(["pmemwal, index removed (replay)",
+                             f"{rebuilt['seconds'] * 1e3:.1f} ms",
                              rebuilt["events"],
                              f"{(rebuilt['rss'] - empty['rss']) / (1 << 20):+.1f} MiB",
                              rebuilt["replayed"]])

@@ -69,8 +69,8 @@ class Archiver:
         self._pending_output = b""
         self.last_error: str | None = None
         self.counters = {"archive_segments": 0, "archive_found": 0, "archive_bytes": 0,
-                         "archive_ns": 0, "archive_failures": 0, "archive_gone": 0, "archiver_starts": 0,
-                         "truncate_kept_unarchived": 0}
+                         "archive_ns": 0, "archive_failures": 0, "archive_gone": 0,
+                         "archiver_starts": 0, "truncate_kept_unarchived": 0}
 
     # ---- the background writer's round ---------------------------------------
 

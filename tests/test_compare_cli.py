@@ -753,3 +753,26 @@ def test_a_baseline_named_by_its_target_is_never_another_builds() -> None:
     assert harness.pick_baseline("DIRECT", ["direct@HEAD", "direct x=1"], "r") == "direct x=1"
     with pytest.raises(harness.ConfigError, match="no such series"):
         harness.pick_baseline("direct", ["direct@HEAD", "buffered"], "r")
+
+
+def test_peers_measured_on_other_terms_are_marked(targets, shm_dir: Path) -> None:
+    """Issue 27, item 23: cells measured on other terms than pmemwal's were unmarked: the
+    fdatasync loop's N clients write N files, libpmemlog persists every record whatever the
+    policy, SQLite starts on a fresh database.  The report marks each such series and says
+    how, and where (the points it holds for)."""
+    from pmemwal.tools.targets import get_target
+    peers = ["fdatasync", "sqlite"] + (["libpmemlog"] if get_target("libpmemlog").available()
+                                       is None else [])
+    result = invoke("compare", shm_dir / "cmp", "--targets", ",".join(["buffered", *peers]),
+                    "--clients", "1,2", "--sizes", "64", "--duration", "0.1", "--runs", "1",
+                    "--flush", "end", "--db", shm_dir / "r.db")
+    assert result.exit_code == 0, result.output + result.stderr
+    out = result.output
+    assert "buffered: records/s" in out and "fdatasync [other terms, see below]: records/s" in out
+    notes = out[out.index("measured on other terms than pmemwal:"):]
+    assert "fdatasync: 2 clients write 2 files: no shared log, no order among them " \
+           "(at 2 clients, 64 B)" in notes
+    assert "sqlite: starts on a fresh database" in notes
+    if "libpmemlog" in peers:
+        assert "libpmemlog: persists every record (libpmemlog cannot batch): stronger than " \
+               "flush end" in notes

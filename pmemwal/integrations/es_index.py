@@ -380,7 +380,8 @@ class StoredIndex:
                     into[1].insert(at, b)
         self.tail = {}
         self.seal_guard()
-        return Captured(self.next_entry, self._guard[1] if self._guard else 0, self.durable_rows + 1,
+        guard = self._guard[1] if self._guard else 0
+        return Captured(self.next_entry, guard, self.durable_rows + 1,
                         self._heap[:self._heap_count].copy(), self.frozen, list(self.runs),
                         list(self.names), dict(self.tracking), self.next_run)
 

@@ -780,6 +780,7 @@ class PointSummary:
     mb_per_s: float  # trimmed mean
     counters: dict = field(default_factory=dict)  # COUNTERS per second of the run, trimmed means
     group: str = ""  # the run group it comes from
+    terms: tuple[str, ...] = ()  # how its runs' terms differ from pmemwal's (target's "terms")
 
     @property
     def label(self) -> str:
@@ -881,9 +882,27 @@ class Summary:
             def value(c, s, label=label):
                 p = self.point(label, c, s)
                 return p.records_per_s if p else None
-            tables.append(self._table(f"{label}: records/s ({self._runs_note()})",
-                                      value, _rate_text))
+            tables.append(self._table(f"{label}{self._mark(label)}: records/s "
+                                      f"({self._runs_note()})", value, _rate_text))
         return tables
+
+    def terms(self) -> dict[str, list[str]]:
+        """Per series whose runs were measured on other terms than pmemwal's (a peer that
+        persists every record whatever the policy, one that starts on fresh files...):
+        the notes its target gave, with the points they hold for."""
+        notes: dict[str, dict[str, list[str]]] = {}
+        for p in self.points:
+            for note in p.terms:
+                notes.setdefault(p.label, {}).setdefault(note, []).append(
+                    f"{p.clients} clients, {size_text(p.size)} B")
+        every = len(self.clients()) * len(self.sizes())
+        return {label: [note if len(where) == every else f"{note} (at {', '.join(where)})"
+                        for note, where in found.items()] for label, found in notes.items()}
+
+    def _mark(self, label: str) -> str:
+        """A mark after a series' title when its terms differ (the report says how)."""
+        return " [other terms, see below]" if any(p.terms for p in self.points
+                                                  if p.label == label) else ""
 
     def baseline_series(self, baseline: str | None = None) -> str:
         """The series the ratios divide by: ``baseline`` as a series label, else the first
@@ -906,7 +925,7 @@ class Summary:
             def value(c, s, label=label):
                 p, b = self.point(label, c, s), self.point(base, c, s)
                 return p.records_per_s / b.records_per_s if p and b and b.records_per_s else None
-            title = f"{label}: ratio to {base}"
+            title = f"{label}{self._mark(label)}: ratio to {base}{self._mark(base)}"
             groups = {p.group for p in self.points if p.label in (label, base)}
             if len(groups) > 1:         # a join: say that the ratio crosses run groups
                 title += f" (across run groups {' and '.join(sorted(groups))})"
@@ -991,6 +1010,10 @@ class Summary:
         if self.columns():
             parts += [render(t) for t in self.series_tables()]
         parts += [line for line in [self.machine_line()] if line] + self.machine_warnings()
+        terms = self.terms()
+        if terms:
+            parts.append("measured on other terms than pmemwal:\n" + "\n".join(
+                f"  {label}: {'; '.join(notes)}" for label, notes in terms.items()))
         unstable = self.unstable_points()
         if unstable:
             parts.append("unstable (stddev over {:.0%} of the mean): ".format(UNSTABLE) + "; ".join(
@@ -1018,6 +1041,7 @@ def summarize(db: str | sqlite3.Connection, group: str | None = None) -> Summary
         for key in _JSON_COLUMNS:
             environment[key] = json.loads(environment[key]) if environment[key] else None
         runs: dict[tuple, list] = {}
+        terms: dict[tuple, set] = {}
         machine = []
         for r in conn.execute("SELECT target, params, clients, size, records_per_s, mb_per_s, "
                               "elapsed, extra FROM runs WHERE run_group = ? ORDER BY id", (group,)):
@@ -1025,6 +1049,8 @@ def summarize(db: str | sqlite3.Connection, group: str | None = None) -> Summary
             extra = _json_object(r["extra"])
             runs.setdefault(key, []).append((r["records_per_s"], r["mb_per_s"],
                                              _per_second(extra.get("stats"), r["elapsed"])))
+            if extra.get("terms"):
+                terms.setdefault(key, set()).add(str(extra["terms"]))
             machine.append(extra.get("machine"))
     finally:
         if conn is not db:
@@ -1038,7 +1064,8 @@ def summarize(db: str | sqlite3.Connection, group: str | None = None) -> Summary
             target=target, params=json.loads(params), clients=clients, size=size,
             runs=len(rates), records_per_s=trimmed_mean(rates), min=min(rates), max=max(rates),
             stddev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
-            mb_per_s=trimmed_mean(v[1] for v in values), counters=counters, group=group))
+            mb_per_s=trimmed_mean(v[1] for v in values), counters=counters, group=group,
+            terms=tuple(sorted(terms.get((target, params, clients, size), ())))))
     return Summary(group=group, environment=environment, points=points, machine=machine)
 
 

@@ -130,6 +130,10 @@ class _Clients:
         return n
 
 
+FRESH_START = ("starts on a fresh database, whose files grow during the run (pmemwal's bench "
+               "makes its segments in a warm-up first)")
+
+
 def _thread_result(target: Target, workload: Workload, measured: _Measured, **extra) -> RunResult:
     lat = measured.latency
     return RunResult(

@@ -76,4 +76,7 @@ class FdatasyncTarget:
         finally:
             _empty_dir(workload.path)
         return _thread_result(self, workload, measured, file_size=file_size,
-                              durability=_policy_text(workload, "fdatasync"))
+                              durability=_policy_text(workload, "fdatasync"),
+                              terms=None if workload.clients == 1 else
+                              f"{workload.clients} clients write {workload.clients} files: "
+                              "no shared log, no order among them")

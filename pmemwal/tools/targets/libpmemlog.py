@@ -125,7 +125,10 @@ class LibpmemlogTarget:
                 self, workload, measured, pool_size=pool_size, pool_usable=usable,
                 rewinds=rewinds[0], warm=bool(params["warm"]), library=_mapped_file("libpmemlog"),
                 pmem_is_pmem_force=os.environ.get("PMEM_IS_PMEM_FORCE"),
-                durability="pmemlog_append persists before returning: every policy is 'each'")
+                durability="pmemlog_append persists before returning: every policy is 'each'",
+                terms=None if workload.flush == "each" else
+                f"persists every record (libpmemlog cannot batch): stronger than flush "
+                f"{workload.flush}, so slower for it")
         finally:
             if pool:
                 lib.pmemlog_close(pool)

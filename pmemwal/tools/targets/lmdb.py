@@ -6,8 +6,8 @@ import os
 
 from pmemwal.errors import ConfigError
 from pmemwal.tools.targets import _KEY, END_COMMIT_EVERY, RunResult, TargetError, Workload
-from pmemwal.tools.targets.common import (_available_or_raise, _check_params, _Clients,
-                                          _count_param, _empty_dir, _missing, _Nothing,
+from pmemwal.tools.targets.common import (FRESH_START, _available_or_raise, _check_params,
+                                          _Clients, _count_param, _empty_dir, _missing, _Nothing,
                                           _prepare_dir, _size_param, _thread_result)
 
 
@@ -131,4 +131,5 @@ class LmdbTarget:
                               records_per_transaction=every,
                               durability=f"a write transaction of {every} put(s), "
                                          + ("sync=False, env.sync(True) at the end"
-                                            if workload.flush == "end" else "sync=True"))
+                                            if workload.flush == "end" else "sync=True"),
+                              terms=FRESH_START)

@@ -21,7 +21,7 @@ from pmemwal.errors import ConfigError
 from pmemwal.tools import bench
 from pmemwal.tools.bench import Latency
 from pmemwal.tools.targets import RunResult, Target, TargetError, Workload
-from pmemwal.tools.targets.common import _check_params, _empty_dir, _prepare_dir
+from pmemwal.tools.targets.common import FRESH_START, _check_params, _empty_dir, _prepare_dir
 
 
 _PG_PROGRAMS = ("initdb", "pg_ctl", "postgres", "pgbench", "psql")
@@ -44,7 +44,8 @@ class PostgresTarget:
     rounded up; ``elapsed`` is pgbench's own (transactions / tps, initial
     connections excluded).  ``end``: commits are asynchronous (the WAL
     writer flushes every 200 ms); one synchronous commit after pgbench makes
-    everything durable, untimed, its time in ``extra['final_flush_s']``.
+    everything durable, timed as part of the run (its time also in
+    ``extra['final_flush_s']``).
     ``latency_us`` is per transaction from pgbench's log (``-l``), so per
     record except for ``group``, where it is {} and the transaction
     latency is in ``extra``.  The cluster is stopped (``-m immediate``) and
@@ -157,7 +158,9 @@ class PostgresTarget:
             if lat else {}
         return RunResult(
             target=self.name, records=records, bytes=records * workload.size,
-            elapsed=transactions / tps if tps > 0 else float(seconds),
+            # (flush end: the final synchronous commit is part of the run, as every
+            # other target times its final flush)
+            elapsed=(transactions / tps if tps > 0 else float(seconds)) + (final_flush or 0.0),
             latency_us={} if workload.flush_every > 1 else lat_dict,
             extra={"version": self.version(), "transactions": transactions, "tps": tps,
                    "records_per_transaction": every, "pgbench_seconds": seconds,
@@ -165,6 +168,7 @@ class PostgresTarget:
                    "failed_transactions": report.get("failed", 0),
                    "transaction_latency_us": lat_dict,
                    "synchronous_commit": each_sync, "final_flush_s": final_flush,
+                   "terms": FRESH_START,
                    "settings": {k: str(v) for k, v in conf.items()}})
 
 

@@ -7,8 +7,8 @@ import os
 import re
 
 from pmemwal.tools.targets import _KEY, RunResult, Workload
-from pmemwal.tools.targets.common import (_available_or_raise, _check_params, _Clients,
-                                          _dist_version, _empty_dir, _missing, _Nothing,
+from pmemwal.tools.targets.common import (FRESH_START, _available_or_raise, _check_params,
+                                          _Clients, _dist_version, _empty_dir, _missing, _Nothing,
                                           _policy_text, _prepare_dir, _thread_result)
 
 
@@ -77,7 +77,8 @@ class RocksdbTarget:
                 engine = _rocksdb_engine_version(path)
             _empty_dir(workload.path)
         return _thread_result(self, workload, measured, rocksdb_version=engine,
-                              durability=_policy_text(workload, "a synced write"))
+                              durability=_policy_text(workload, "a synced write"),
+                              terms=FRESH_START)
 
 
 def _rocksdb_engine_version(path: str) -> str | None:

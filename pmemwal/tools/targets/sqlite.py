@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from pmemwal.tools.targets import END_COMMIT_EVERY, RunResult, Workload
-from pmemwal.tools.targets.common import (_check_params, _Clients, _count_param, _empty_dir,
-                                          _Nothing, _prepare_dir, _thread_result)
+from pmemwal.tools.targets.common import (FRESH_START, _check_params, _Clients, _count_param,
+                                          _empty_dir, _Nothing, _prepare_dir, _thread_result)
 
 
 class SqliteTarget:
@@ -87,4 +87,4 @@ class SqliteTarget:
         return _thread_result(self, workload, measured, journal_mode=mode, synchronous="FULL",
                               records_per_transaction=every,
                               durability=f"a transaction of {every} insert(s), committed "
-                                         "with synchronous=FULL")
+                                         "with synchronous=FULL", terms=FRESH_START)
