@@ -89,7 +89,7 @@ class Recovery:
         if cp is not None and self._check_vouched_segments(cp, on_corruption):
             full_scan = full_scan or "segments the checkpoint vouches for are missing"
             oldest = self._segnos[0]  # the cut below lands at the first one missing
-        if not (cp is not None and cp.clean and full_scan is None):
+        if cp is None or not cp.clean:
             self._read_from_disk(cp.end_lsn if cp is not None and full_scan is None else 0)
         if full_scan is None:
             start, prev = cp.end_lsn, cp.last_lsn
@@ -135,13 +135,12 @@ class Recovery:
         for segno in self._segnos:
             if (segno + 1) * self._size <= start:
                 continue
-            offset = max(start - segno * self._size, 0)
             try:
                 fd = os.open(self._dir.file(segno), os.O_RDONLY)
             except FileNotFoundError:
                 continue    # (a missing segment is the scan's to report)
-            try:
-                os.posix_fadvise(fd, offset - offset % mmap.PAGESIZE, 0, os.POSIX_FADV_DONTNEED)
+            try:    # the whole segment: a large folio holding start is dropped whole or not
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # (below start: synced)
             finally:
                 os.close(fd)
 

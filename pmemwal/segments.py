@@ -42,6 +42,7 @@ from pmemwal.libpmem import buffer_address
 LOCK_NAME = "LOCK"
 CONTROL_NAME = "CONTROL"  # a shared WAL's control file (pmemwal/control.py)
 CHECKPOINT_NAME = "CHECKPOINT"  # where recovery starts (pmemwal/checkpoint.py)
+RESTORING_NAME = "RESTORING"  # a restore is building this WAL (pmemwal/tools/restore.py)
 LOST_FOUND_NAME = "lost+found"  # what a cut set aside (pmemwal/lostfound.py)
 MAP_SHARED_VALIDATE = 0x03
 MAP_SYNC = 0x80000
@@ -198,6 +199,9 @@ class WalDirectory:
                         os.unlink(os.path.join(self.path, name))
                     except FileNotFoundError:
                         pass  # gone already: renamed by a writer the lock did not exclude
+            elif name == RESTORING_NAME:
+                raise FormatError(f"{self.path} is a restore cut short ({name} is there): run "
+                                  "the restore again, which starts over")
             elif name not in WAL_OWN_NAMES:
                 raise FormatError(f"{self.path} holds {name!r}, which is not part of a pmemwal WAL")
         return sorted(segnos)

@@ -323,6 +323,8 @@ class WAL:
         self.recovery: dict | None = None
         insert_lsn = prev_lsn = 0
         if first:
+            with storage_errors(f"syncing {self._dir.path}"):
+                self._dir.sync()  # what a killed writer renamed into place, before it is used
             recovered = Recovery(self._dir, self._segnos, self.segment_size, self.wal_id,
                                  self._reader, self._segment_buffer, self._checkpoints)
             result = recovered.run(on_corruption, verify)
@@ -743,7 +745,8 @@ class WAL:
                     # yet synced the directory: the entry must be durable before records in
                     # the segment are acknowledged here (it syncs under the files lock, which
                     # this thread cannot wait for under the segment lock: a sync of its own).
-                    self._dir.sync()
+                    with storage_errors(f"syncing {self._dir.path}"):
+                        self._dir.sync()
                 seg = None if create else self._recycled_here(segno)
                 try:
                     seg = seg or Segment(self._dir.file(segno), segno, self.segment_size,

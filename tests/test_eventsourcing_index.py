@@ -555,3 +555,35 @@ def test_close_waits_for_the_inserts_it_overtook(shm_dir: Path, monkeypatch) -> 
     store = reopen(shm_dir)
     assert store.max_notification_id() == 1
     store.close()
+
+
+def test_close_from_inside_an_inserts_commit_does_not_hang(shm_dir: Path, monkeypatch) -> None:
+    """From a read of the close/commit handshake: a collection running inside an insert's
+    commit (eventsourcing's Application.__del__ closes its factory) closed the store whose
+    commit its own thread was in, and waited for that commit forever, holding the registry
+    lock that every open and close takes."""
+    store = reopen(shm_dir)
+    real_sync, closed = store._log.sync, []
+
+    def collected_here(index=None):
+        if not closed:
+            closed.append(True)
+            store.close()               # as a finalizer on this thread would
+        return real_sync(index)
+
+    monkeypatch.setattr(store._log, "sync", collected_here)
+    done = threading.Event()
+
+    def insert() -> None:
+        try:
+            store.insert([StoredEvent(originator_id=OIDS[0], originator_version=1, topic="t",
+                                      state=b"s")])
+        except Exception:
+            pass                        # (its log closed under it: indeterminate)
+        done.set()
+
+    threading.Thread(target=insert, daemon=True).start()
+    assert done.wait(10), "close waited for a commit of its own thread"
+    store = reopen(shm_dir)             # the registry lock is free: opens go on
+    assert store.max_notification_id() == 1
+    store.close()

@@ -437,3 +437,25 @@ def test_new_directories_are_durable_in_their_parents(shm_dir, monkeypatch):
     for made in (wal_dir, wal_dir.parent, wal_dir.parent.parent, plain / "archive_status",
                  root, root.parent):
         assert os.path.realpath(made.parent) in synced, f"{made}'s entry was not synced"
+
+
+def test_a_recovering_open_syncs_the_directory_first(shm_dir, monkeypatch):
+    """From a read of item 5's fix: a one-process WAL never synced the directory for a
+    segment a killed writer had renamed into place without its directory fsync, and used
+    it.  The open that recovers syncs the directory before anything else."""
+    from pmemwal.segments import WalDirectory
+    path = str(shm_dir / "wal")
+    with pmemwal.open(path, segment_size=SEG):
+        pass
+    events = []
+    real_sync = WalDirectory.sync
+    monkeypatch.setattr(WalDirectory, "sync", lambda self: (events.append("sync"),
+                                                            real_sync(self))[1])
+    from pmemwal import recovery
+    real_run = recovery.Recovery.run
+    monkeypatch.setattr(recovery.Recovery, "run",
+                        lambda self, *a, **k: (events.append("recovery"),
+                                               real_run(self, *a, **k))[1])
+    with pmemwal.open(path):
+        pass
+    assert events[:2] == ["sync", "recovery"], events

@@ -515,6 +515,7 @@ def dcb_matches(event: DCBEvent, query: DCBQuery) -> bool:
 # ---- datastores: one log directory each -----------------------------------------------
 
 _T = TypeVar("_T")
+_CLOSE_WAIT = 5.0    # seconds close waits for inserts it overtook to finish their commit
 _WRITER_WAIT = 0.5   # seconds the WAL writer's index checkpoint waits for the datastore's lock
 
 
@@ -541,6 +542,7 @@ class _LogStore:
         self._pending: deque[tuple[int, int, Tracking | None]] = deque()
         self._visible = 0                   # rows readers see: those of durable entries
         self._committing = 0                # inserts appended, not through _commit yet
+        self._committers: set[int] = set()  # the threads of those inserts
         self._committed = threading.Condition(self._lock)   # one of them is through
         self._durable_tracking: dict[str, int] = {}  # tracking positions readers see
         self.replayed_from = 1              # the first log entry the open replayed
@@ -707,6 +709,7 @@ class _LogStore:
         entry = self._log.append(payload)
         self._pending.append((entry, self._index.count, tracking))
         self._committing += 1
+        self._committers.add(threading.get_ident())
         return entry
 
     def _commit(self, entry: int) -> None:
@@ -722,6 +725,7 @@ class _LogStore:
         finally:
             with self._lock:
                 self._committing -= 1
+                self._committers.discard(threading.get_ident())
                 self._committed.notify_all()
 
     def _made_visible(self, entry: int) -> None:
@@ -807,8 +811,13 @@ class _LogStore:
         with self._checkpoint_lock:
             with self._lock:
                 self._closing = True    # no insert starts; those appended finish first, so
-                while self._committing:     # that none reports a failure for a stored batch
-                    self._committed.wait()
+                # that none reports a failure for a stored batch: unless this thread is one
+                # of them (a collection in its commit closing the store), and for at most
+                # _CLOSE_WAIT (its sync may wait long, and close holds the registry lock)
+                deadline = time.monotonic() + _CLOSE_WAIT
+                while self._committing and threading.get_ident() not in self._committers:
+                    if not self._committed.wait(max(deadline - time.monotonic(), 0)):
+                        break
             if not self._log.closed:
                 self._write_checkpoint()
 

@@ -53,7 +53,7 @@ from pmemwal.archive import ArchiveStatus
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
 from pmemwal.log import describe as describe_log_record
-from pmemwal.segments import CHECKPOINT_NAME, WAL_OWN_NAMES
+from pmemwal.segments import CHECKPOINT_NAME, RESTORING_NAME, WAL_OWN_NAMES
 from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader, first_lsn,
                             parse_segment_name, segment_name)
 
@@ -63,7 +63,7 @@ __all__ = ["WalView", "RecordInfo", "Records", "End", "Problem", "VerifyReport",
 _END = (1 << 64) - 1
 _LSN_LIMIT = 1 << 63          # the reader takes a prev-link as a signed 64-bit number
 _LIVE_RETRIES = 8             # re-reads of an end that looked like damage (a writer at work)
-_IGNORED = WAL_OWN_NAMES
+_IGNORED = WAL_OWN_NAMES | {RESTORING_NAME}  # (verify reads a restore's result before)
 _NO_SEGMENT = 1               # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
 _LSN_TEXT = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
 

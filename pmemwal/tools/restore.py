@@ -13,8 +13,9 @@ exactly the records before that point.  A record that runs into a segment the
 archive lacks is a torn tail, which open cuts.  Every file and the directory are
 synced before restore returns, and the segments restored whole get ``.done``
 archive status: opened with the same archive, the WAL does not ship them again.
-All of it happens in ``<dest>.restoring``, renamed to ``dest`` once verified: a restore
-cut short leaves nothing at ``dest``, and a rerun removes what it left and starts over.
+All of it happens under a ``RESTORING`` marker file in ``dest``, which open refuses, removed
+(and the directory synced) once the result verifies: a restore cut short leaves a directory
+that does not open, and a rerun clears it and starts over.
 
 A WAL restored with ``until`` (or cut at damage) goes on from the cut with new
 records: archive it to a new place, since its segment at the cut will differ
@@ -32,11 +33,11 @@ from pmemwal.archive import (DEFAULT_COMMAND_TIMEOUT, ArchiveStatus, CommandArch
                              fsync_path)
 from pmemwal.errors import ArchiveError, ConfigError, FormatError, format_lsn
 from pmemwal.format import HEADER_SIZE, SegmentHeader, segment_name
-from pmemwal.segments import make_directories, sync_directory
+from pmemwal.segments import RESTORING_NAME, make_directories, sync_directory
 from pmemwal.tools.inspect import WalView, verify
 
 _END = (1 << 64) - 1
-RESTORING_SUFFIX = ".restoring"   # the directory a restore builds, beside its destination
+
 
 
 @dataclass
@@ -84,28 +85,39 @@ def restore(dest: str | os.PathLike[str], source: str | None = None, *,
         raise ConfigError("restore from a source URL or with a restore_command (one of them)")
     if until is not None and until < 0:
         raise ConfigError(f"until={until}: an LSN, 0 or more")
-    final = os.path.abspath(os.fspath(dest))
-    if os.path.exists(final) and (not os.path.isdir(final) or os.listdir(final)):
-        raise ConfigError(f"{final} exists and is not an empty directory: restore makes a new "
-                          "WAL")
-    # Built beside it and renamed into place whole: a restore cut short (a crash) leaves no
-    # WAL at ``dest`` that would open with records at or past ``until``, and a rerun starts
-    # over, dropping what the last one left.
-    dest = final + RESTORING_SUFFIX
-    if os.path.exists(dest):
-        shutil.rmtree(dest)
+    dest = os.path.abspath(os.fspath(dest))
+    names = os.listdir(dest) if os.path.isdir(dest) else []
+    if os.path.exists(dest) and (not os.path.isdir(dest) or
+                                 (names and RESTORING_NAME not in names)):
+        raise ConfigError(f"{dest} exists and is not an empty directory: restore makes a new WAL")
+    # Built in place under a RESTORING marker, which open refuses, removed once the result
+    # verifies: a restore cut short (a crash) leaves no WAL that opens (with records at or
+    # past ``until``, or part of the archive), and a rerun clears it and starts over.
+    if RESTORING_NAME in names:
+        _clear(dest)
     make_directories(dest, mode=0o700)
+    marker = os.path.join(dest, RESTORING_NAME)
+    with open(marker, "wb") as f:
+        os.fsync(f.fileno())
+    sync_directory(dest)
     archive = (FsspecArchive(source, storage_options) if source is not None
                else CommandArchive(None, restore_command, timeout))
-    report = RestoreReport(archive.description, final)
-    try:
-        _restore_into(dest, archive, report, until, start_segment)
-    except BaseException:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise
-    os.rename(dest, final)    # (over an empty directory too)
-    sync_directory(os.path.dirname(final))
+    report = RestoreReport(archive.description, dest)
+    _restore_into(dest, archive, report, until, start_segment)
+    os.unlink(marker)       # the commit point: from here on it is a WAL
+    sync_directory(dest)
     return report
+
+
+def _clear(dest: str) -> None:
+    """Empty ``dest``: what a restore cut short left (its marker last)."""
+    for name in sorted(os.listdir(dest), key=lambda n: n == RESTORING_NAME):
+        path = os.path.join(dest, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    sync_directory(dest)
 
 
 def _restore_into(dest: str, archive, report: RestoreReport, until: int | None,
