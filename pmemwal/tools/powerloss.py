@@ -387,6 +387,20 @@ class Workload:
         self.lsn_of: dict[int, int] = {}  # record index -> LSN, once its append returned
         self.checkpointed = 0             # segments the checkpointer thread truncated
         self._indexes = itertools.count()
+        # What the calls returned, not the WAL's own claim (flushed_lsn): records below
+        # acked_below were acknowledged, and nothing at or above truncated_to was truncated.
+        self._promises = threading.Lock()
+        self.acked_below = 0
+        self.truncated_to = 0
+
+    def _acknowledged(self, below: int) -> None:
+        with self._promises:
+            self.acked_below = max(self.acked_below, below)
+
+    def _truncate(self, wal: pmemwal.WAL, lsn: int) -> int:
+        with self._promises:
+            self.truncated_to = max(self.truncated_to, lsn)
+        return wal.truncate(lsn)
 
     def step(self, rng: random.Random, thread: int = 0) -> bool:
         """One operation; True when it ended with a flush."""
@@ -400,7 +414,7 @@ class Workload:
         elif roll < 0.85:
             self._append(wal, rng, rng.randrange(2, 20), flush=True)
         else:
-            wal.flush()
+            self._acknowledged(wal.flush())
         return True
 
     def writer(self, thread: int) -> pmemwal.WAL:
@@ -412,11 +426,13 @@ class Workload:
         datas = [payload(self.seed, i, _length(rng)) for i in indexes]
         if n == 1:
             lsns = [wal.append(datas[0], flush=flush)]
+            flushed = lsns[0] + 1 if flush else 0     # it, and every record before it
         else:
             lsns = wal.append_many(datas).tolist()
-            if flush:
-                wal.flush()
+            flushed = wal.flush() if flush else 0
         self.lsn_of.update(zip(indexes, lsns))
+        if flushed:
+            self._acknowledged(flushed)
 
     def run_threads(self, threads: int, steps: int, seed: int, checkpointer: bool = False) -> None:
         """``steps`` operations in each of ``threads`` threads at once; with
@@ -434,7 +450,7 @@ class Workload:
         def checkpoint(done: threading.Event) -> None:
             redo = self.wal.flushed_lsn
             while not done.wait(CHECKPOINT_INTERVAL):
-                self.checkpointed += self.wal.truncate(redo)
+                self.checkpointed += self._truncate(self.wal, redo)
                 redo = self.wal.flushed_lsn
 
         pool = [threading.Thread(target=work, args=(random.Random(seed * 1000 + t), t))
@@ -455,11 +471,11 @@ class Workload:
         """Keep the WAL at a few segments: truncation, then recycling, under the writer.
         True when what it wrote was made durable (nothing here: truncation syncs itself)."""
         if len(self.wal._segnos) > MAX_SEGMENTS:
-            self.wal.truncate(self.wal.flushed_lsn)
+            self._truncate(self.wal, self.wal.flushed_lsn)
         return False
 
     def acked(self) -> int:
-        return self.wal.flushed_lsn
+        return self.acked_below
 
     def horizon(self, acked: int) -> int:
         return acked
@@ -529,7 +545,7 @@ class SharedWorkload(Workload):
 
     def retain(self) -> bool:
         if len(self.wal._dir.list_segments(tidy=False)) > MAX_SEGMENTS:  # any handle made them
-            self.wal.truncate(self.wal.flushed_lsn)
+            self._truncate(self.wal, self.wal.flushed_lsn)
         return False
 
     def close(self) -> None:
@@ -618,8 +634,10 @@ def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str,
     """Recover one crash image; ("ok"|"beyond"|"lost"|"bad"|"error", detail).
 
     Every record returned must carry content its index regenerates, at the LSN
-    its append returned (a stale record of an earlier cycle has another), and
-    recovery must end at or past the LSN acknowledged when the power went.
+    its append returned (a stale record of an earlier cycle has another), once
+    and in LSN order; every record acknowledged when the power went (by what the
+    calls returned) must come back, but those in segments a truncation asked for
+    removed; and recovery must end at or past the acknowledged LSN.
     """
     _write_image(image, directory)
     try:
@@ -628,15 +646,22 @@ def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str,
             end = wal.insert_lsn
     except WALError as exc:
         return "error", f"recovery raised {type(exc).__name__}: {exc}"
-    seen = set()
+    seen, last = set(), -1
     for lsn, data in recovered:
         index = struct.unpack_from("<Q", data)[0] if len(data) >= 8 else -1
         if (index in seen or data != payload(workload.seed, index, len(data))
-                or workload.lsn_of.get(index, lsn) != lsn):
+                or workload.lsn_of.get(index, lsn) != lsn or lsn <= last):
             return "bad", f"the record at LSN {lsn:#x} is not one written there"
         seen.add(index)
+        last = lsn
     if end < image.acked:
         return "lost", f"recovery ends at {end:#x}, {image.acked:#x} had been acknowledged"
+    kept_from = workload.truncated_to - workload.truncated_to % workload.wal.segment_size
+    lost = sorted((lsn, index) for index, lsn in list(workload.lsn_of.items())
+                  if kept_from <= lsn < image.acked and index not in seen)
+    if lost:
+        return "lost", (f"{len(lost)} acknowledged record(s) did not come back, the first at "
+                        f"LSN {lost[0][0]:#x}")
     return ("beyond" if end > image.acked else "ok"), ""
 
 
