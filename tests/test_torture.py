@@ -60,6 +60,47 @@ def test_short_torture_loses_nothing(shm_tmp):
     assert os.listdir(shm_tmp) == []  # nothing left behind
 
 
+def test_a_recovery_that_skips_records_fails_the_torture_check(shm_tmp, monkeypatch):
+    """Issue 28, item 4: the WAL torture checked that LSNs increase, never that they are
+    contiguous: each record must link to the one read before it.  Recovery patched to skip
+    every 7th record must fail it (the ledger may not know the skipped ones: unacknowledged)."""
+    real = pmemwal.wal.WAL.records
+
+    def skipping(self, start=None):
+        """Every record but the last of each thread's run that is followed by another
+        record: no sequence check sees it go (its run just ends earlier), and an
+        unacknowledged one is no loss either."""
+        records = list(real(self, start))
+        last_of = {}
+        for i, record in enumerate(records):
+            ident = parse_record(bytes(record.payload))
+            if ident:
+                last_of[ident[:2]] = i
+        dropped = {i for i in last_of.values() if i < len(records) - 1}
+        return (r for i, r in enumerate(records) if i not in dropped)
+
+    monkeypatch.setattr(pmemwal.wal.WAL, "records", skipping)
+    config = torture.TortureConfig(path=str(shm_tmp), rounds=2, threads=2, rounds_per_dir=2,
+                                   delay_ms=(30, 60))
+    report = torture.run(config)
+    assert not report.ok and report.order_violations > 0
+
+
+def test_a_record_a_recovery_discarded_must_not_come_back(shm_tmp):
+    """Issue 28, item 4: the WAL torture had no resurrection check.  After the recovery that
+    followed round 1 ended thread 0's run at seq 5, a later recovery returning its seq 5
+    is a record come back from the dead."""
+    ledger = Ledger(path=str(shm_tmp), segment_size=1 << 20)
+    ledger.rounds.update({1, 2})
+    ledger.ended[(1, 0)] = 5
+    reading = torture._Reading(ledger)
+    reading.add(0x2018, make_record(1, 0, 4, 40))
+    assert reading.resurrected == 0
+    reading.add(0x2060, make_record(1, 0, 5, 40), 0x2018)
+    assert reading.resurrected == 1 and "resurrected: round 1 thread 0 seq 5" in \
+        reading.problems[-1]
+
+
 def test_torture_amid_a_checkpointer_loses_nothing(shm_tmp):
     """A thread truncating every 5 ms beside four writers: kills land while segments are
     removed, recycled and made outside the segment lock (issue 15); nothing is lost."""

@@ -185,6 +185,9 @@ class Ledger(TortureDir):
 
     known: dict[Key, np.ndarray] = field(default_factory=dict)
     cut: int = 0
+    # (round, thread) -> one past the last seq the first recovery after that round returned:
+    # anything past it was discarded then, and must never come back (resurrection)
+    ended: dict[Key, int] = field(default_factory=dict)
 
     def reader(self, rnd: int) -> WalPipe:
         return WalPipe(self, rnd)
@@ -205,9 +208,14 @@ class Ledger(TortureDir):
         self._merge(key, 0, np.asarray(lsns, np.uint64))
 
     def absorb(self, check: Check) -> None:
-        """What a recovery returned is durable from now on; forget what truncation took."""
+        """What a recovery returned is durable from now on; forget what truncation took.
+        A round's runs end where this first recovery after it ended them."""
         for key, (first, lsns) in check.runs.items():
             self._merge(key, first, np.asarray(lsns, np.uint64))
+        newest = max(self.rounds, default=None)
+        for key in set(self.known) | set(check.runs):
+            if key[0] == newest and key not in self.ended:
+                self.ended[key] = check.seen_end(key)
         gone = [k for k, v in self.known.items()
                 if k not in check.runs and not (v >= self.keep_from).any()]
         for key in gone:
@@ -386,7 +394,8 @@ class Check:
     error: str | None                           # open or reading raised
     runs: dict[Key, tuple[int, list[int]]]      # (round, thread) -> (first seq, LSNs)
     problems: list[str]
-    resurrected: int = 0    # the log workload: entries back that a done rewind or reset voided
+    resurrected: int = 0    # back from the dead: a record an earlier recovery discarded, or
+    #                         (the log workload) an entry a done rewind or reset voided
     state_errors: int = 0   # the log workload: first index or hard state not as acknowledged
     checked: int = 0        # the log workload: entries that had to be back, looked for
 
@@ -415,13 +424,13 @@ def check(ledger: Ledger, mode: str) -> Check:
         with wal:
             try:
                 for rec in wal.records():
-                    reading.add(rec.lsn, bytes(rec.payload))
+                    reading.add(rec.lsn, bytes(rec.payload), rec.prev_lsn)
             except Exception as e:
                 error = f"read: {type(e).__name__}: {e}"
     problems = reading.problems + ([error] if error else [])
     lost = ledger.missing(reading.runs, problems)
     return Check(recovery_s, reading.scanned, lost, reading.garbage, reading.order, error,
-                 reading.runs, problems)
+                 reading.runs, problems, resurrected=reading.resurrected)
 
 
 class _Reading:
@@ -430,15 +439,19 @@ class _Reading:
     def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
         self.runs: dict[Key, tuple[int, list[int]]] = {}
-        self.scanned = self.garbage = self.order = 0
+        self.scanned = self.garbage = self.order = self.resurrected = 0
         self.problems: list[str] = []
         self._last_lsn, self._last_round = -1, -1
 
-    def add(self, lsn: int, data: bytes) -> None:
+    def add(self, lsn: int, data: bytes, prev_lsn: int | None = None) -> None:
         self.scanned += 1
         where = pmemwal.format_lsn(lsn)
         if lsn <= self._last_lsn:
             self._violation(f"LSN {where} after {pmemwal.format_lsn(self._last_lsn)}")
+        elif self._last_lsn >= 0 and prev_lsn is not None and prev_lsn != self._last_lsn:
+            self._violation(f"the record at {where} follows {pmemwal.format_lsn(prev_lsn)}, "
+                            f"but the record read before is at "
+                            f"{pmemwal.format_lsn(self._last_lsn)}: a record was skipped")
         self._last_lsn = lsn
         ident = parse_record(data)
         if ident is None or ident[0] not in self._ledger.rounds:
@@ -447,6 +460,12 @@ class _Reading:
                                  f"({'round ' + str(ident[0]) if ident else 'bad content'})")
             return
         rnd, thread, seq = ident
+        ended = self._ledger.ended.get((rnd, thread))
+        if ended is not None and seq >= ended:
+            self.resurrected += 1
+            self.problems.append(f"resurrected: round {rnd} thread {thread} seq {seq} at "
+                                 f"{where}, which the recovery after round {rnd} had "
+                                 f"discarded (it ended the run at {ended})")
         if rnd < self._last_round:
             self._violation(f"round {rnd} at {where} after round {self._last_round}")
         self._last_round = max(self._last_round, rnd)
@@ -602,7 +621,7 @@ class TortureReport:
             *([f"entries checked:      {self.checked} (acknowledged or recovered before: "
                "each must be back at its index)"] if log else []),
             f"{noun} lost:         {self.lost}",
-            *([f"entries resurrected:  {self.resurrected}"] if log else []),
+            f"{noun} resurrected:  {self.resurrected}",
             f"garbage {noun}:      {self.garbage}",
             f"order violations:     {self.order_violations}",
             *([f"state errors:         {self.state_errors} (first index, hard state)"]
