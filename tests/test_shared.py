@@ -304,6 +304,27 @@ def test_sigkill_torture_short():
     assert report.found >= report.acknowledged
 
 
+def test_the_shared_torture_catches_a_truncation_nobody_announced(monkeypatch):
+    """Issue 28, item 4: the shared torture skipped every acknowledged record below the
+    recovered first LSN, so over-truncation or a lost first segment passed; the truncation
+    points the writers announce were collected and never used.  Now only what an announced
+    truncation may remove may be gone; and the report carries its seed."""
+    real = shared_torture._check
+
+    def over_truncated(wal_path, writers, report):
+        with pmemwal.open(wal_path, shared=True) as wal:    # what no writer announced
+            wal.truncate(wal.flushed_lsn)
+        real(wal_path, writers, report)
+
+    monkeypatch.setattr(shared_torture, "_check", over_truncated)
+    config = shared_torture.SharedTortureConfig(processes=2, threads=2, seconds=1,
+                                                kill_interval=0.3, stall_bound=10, min_kills=1,
+                                                segment_size=SEG)
+    report = shared_torture.run(config)
+    assert not report.ok and report.lost, report.to_dict()
+    assert report.seed and f"seed {report.seed}" in report.summary()
+
+
 # ---- bad input, locks, fork ----------------------------------------------------------
 
 

@@ -84,6 +84,7 @@ class SharedTortureReport:
     voids: int = 0  # ranges closed after a writer died mid-insert (void records)
     seconds: float = 0.0
     path: str = ""
+    seed: int = 0   # what reproduces the run (printed: also when chosen at random)
 
     @property
     def ok(self) -> bool:
@@ -96,14 +97,14 @@ class SharedTortureReport:
                 f"{self.voids} ranges closed after a death; "
                 f"{len(self.lost)} lost, {len(self.garbage)} garbage, {len(self.order)} out of "
                 f"order; survivors' longest wait after a kill {worst * 1000:.0f} ms "
-                f"({len(self.blocked)} over the bound); {self.seconds:.1f} s")
+                f"({len(self.blocked)} over the bound); {self.seconds:.1f} s; seed {self.seed}")
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "kills": self.kills, "incarnations": self.incarnations,
                 "acknowledged": self.acknowledged, "found": self.found, "voids": self.voids, "lost": self.lost[:20],
                 "garbage": self.garbage[:20], "order": self.order[:20], "blocked": self.blocked,
                 "max_stall_s": max(self.stalls, default=0.0), "seconds": self.seconds,
-                "path": self.path}
+                "path": self.path, "seed": self.seed}
 
 
 class _Writer:
@@ -158,7 +159,7 @@ def run(config: SharedTortureConfig,
     path = config.path or tempfile.mkdtemp(prefix="pmemwal-shared-torture-",
                                            dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     wal_path = os.path.join(path, "wal")
-    report = SharedTortureReport(path=wal_path)
+    report = SharedTortureReport(path=wal_path, seed=seed)
     started = time.monotonic()
     writers: list[_Writer] = []
     finished: list[_Writer] = []
@@ -233,8 +234,11 @@ def _check(wal_path: str, writers: list[_Writer], report: SharedTortureReport) -
     report.acknowledged = len(expected)
     seen: dict[tuple[int, int, int], int] = {}
     last_seq: dict[tuple[int, int], int] = {}
+    announced = max((lsn for w in writers for lsn in w.truncations), default=0)
     with pmemwal.open(wal_path, shared=True) as wal:
         first = wal.first_lsn
+        # what the announced truncations may have removed: whole segments below the highest
+        kept_from = announced - announced % wal.segment_size
         prev = -1
         for record in wal.records():
             if record.lsn <= prev:
@@ -253,8 +257,8 @@ def _check(wal_path: str, writers: list[_Writer], report: SharedTortureReport) -
         report.found = len(seen)
         report.voids = _count_voids(wal)
         for key, lsn in expected.items():
-            if lsn < first:
-                continue  # truncated away by a checkpoint
+            if lsn < min(first, kept_from):
+                continue  # truncated away by a checkpoint that announced it
             if seen.get(key) != lsn:
                 report.lost.append(f"{key} acknowledged at LSN {lsn}, found at {seen.get(key)}")
 
