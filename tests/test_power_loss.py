@@ -223,3 +223,20 @@ def test_a_checkpointer_runs_in_pmem_mode_with_the_wal_workload_only() -> None:
         run_power_loss("msync", 1, checkpointer=True)
     with pytest.raises(ValueError, match="checkpointer"):
         run_power_loss("pmem", 1, checkpointer=True, workload="log")
+
+
+def test_a_failing_image_prints_how_to_reproduce_it(monkeypatch) -> None:
+    """Issue 28, item 4: every failure prints the seed (and setup) that reproduces it."""
+    real = pmemwal.wal.WAL.records
+
+    def dropping(self, start=None):
+        for i, record in enumerate(real(self, start)):
+            if i % 5 != 4:
+                yield record
+
+    monkeypatch.setattr(pmemwal.wal.WAL, "records", dropping)
+    result = cli_runner().invoke(main, ["powerloss", "--images", "20", "--setups", "buffered",
+                                        "--seed", "5", "--quiet"])
+    assert result.exit_code == 1
+    assert "(reproduce: pmemwal powerloss --images 20 --setups buffered --workload wal " \
+           "--seed 5)" in result.output

@@ -741,8 +741,10 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
         _dump({"reports": [r.to_dict() for r in reports]})
     else:
         click.echo(_powerloss.table(reports))
-        for failure in (f for r in reports for f in r.failures[:5]):
-            click.echo(f"FAILED {failure}")
+        for setup, report in zip(setups, reports):
+            for failure in report.failures[:5]:
+                click.echo(f"FAILED {failure} (reproduce: pmemwal powerloss --images {images} "
+                           f"--setups {setup} --workload {workload} --seed {seed})")
     if not all(r.ok for r in reports):
         raise click.exceptions.Exit(1)
 

@@ -127,6 +127,7 @@ class PowerLossReport:
     wrong_state: int = 0          # the log workload: first index or hard state not as acknowledged
     recovered_beyond_ack: int = 0 # images that kept unacknowledged records too (allowed)
     segments_recycled: int = 0    # so images met stale pages of an earlier cycle
+    seed: int = 0                 # what reproduces the run (with its setup and image count)
     crash_points: dict[str, int] = field(default_factory=dict)
     grains: dict[int, int] = field(default_factory=dict)
     recovery_ms_mean: float = 0.0
@@ -695,7 +696,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         raise ValueError("checkpointer=True: pmem mode and the wal workload only")
     if shared and (mode != "pmem" or workload != "wal" or threads < 4):
         raise ValueError("shared=True: pmem mode, the wal workload and 4 threads or more")
-    report = PowerLossReport(mode, threads, workload, checkpointer, shared=shared)
+    report = PowerLossReport(mode, threads, workload, checkpointer, shared=shared, seed=seed)
     rng = np.random.default_rng(seed)
     root = Path(tempfile.mkdtemp(prefix="pmemwal-powerloss-", dir=directory or _default_dir()))
     queue: list[Image] = []
