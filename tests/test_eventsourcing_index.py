@@ -452,11 +452,9 @@ def test_a_page_of_notifications_by_topic_reads_about_its_page(shm_dir: Path,
     store.close()
 
 
-def test_inserts_share_flushes_and_are_seen_once_durable(shm_dir: Path, monkeypatch) -> None:
-    """Issue 27, item 14: the datastore's lock was held through each insert's sync, so
-    threads inserting at once got a flush each.  Now the sync waits outside the lock (a
-    flush covers every insert before it), and readers see an insert once it is durable."""
-    store = reopen(shm_dir)
+def hold_first_sync(store, monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """The store's first log sync waits (once ``in_sync`` is set) until ``go_on`` is set;
+    later ones go through: an insert caught between its append and its durability."""
     real_sync, in_sync, go_on = store._log.sync, threading.Event(), threading.Event()
 
     def first_sync_waits(index=None):
@@ -466,6 +464,15 @@ def test_inserts_share_flushes_and_are_seen_once_durable(shm_dir: Path, monkeypa
         return real_sync(index)
 
     monkeypatch.setattr(store._log, "sync", first_sync_waits)
+    return in_sync, go_on
+
+
+def test_inserts_share_flushes_and_are_seen_once_durable(shm_dir: Path, monkeypatch) -> None:
+    """Issue 27, item 14: the datastore's lock was held through each insert's sync, so
+    threads inserting at once got a flush each.  Now the sync waits outside the lock (a
+    flush covers every insert before it), and readers see an insert once it is durable."""
+    store = reopen(shm_dir)
+    in_sync, go_on = hold_first_sync(store, monkeypatch)
 
     def event(oid) -> StoredEvent:
         return StoredEvent(originator_id=oid, originator_version=1, topic="t", state=b"s")
@@ -496,14 +503,7 @@ def test_a_dcb_read_by_tag_sees_no_append_before_it_is_durable(shm_dir: Path,
     so a read found an append whose sync had not returned (beyond the head it gave)."""
     store = pes.open_dcb_datastore(str(shm_dir / "dcb"), segment_size=1 << 20)
     store.append([DCBEvent(type="t", data=b"0", tags=["x"])])
-    real_sync, in_sync, go_on = store._log.sync, threading.Event(), threading.Event()
-
-    def held(index=None):
-        in_sync.set()
-        assert go_on.wait(10)
-        return real_sync(index)
-
-    monkeypatch.setattr(store._log, "sync", held)
+    in_sync, go_on = hold_first_sync(store, monkeypatch)
     a = threading.Thread(target=store.append, args=([DCBEvent(type="t", data=b"1", tags=["x"])],))
     a.start()
     assert in_sync.wait(10)
@@ -521,14 +521,7 @@ def test_close_waits_for_the_inserts_it_overtook(shm_dir: Path, monkeypatch) -> 
     """From a read of the group commit: an insert appended, close flushed and closed the
     log, and the insert's own sync then raised InterfaceError for a batch that was stored."""
     store = reopen(shm_dir)
-    real_sync, in_sync, go_on = store._log.sync, threading.Event(), threading.Event()
-
-    def held(index=None):
-        in_sync.set()
-        assert go_on.wait(10)
-        return real_sync(index)
-
-    monkeypatch.setattr(store._log, "sync", held)
+    in_sync, go_on = hold_first_sync(store, monkeypatch)
     got: list = []
 
     def insert() -> None:

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pmemwal import _core
-from pmemwal.chunked import ChunkedColumn
+from pmemwal.chunked import ChunkedColumn, close_map
 from pmemwal.segments import make_directories, storage_errors, sync_directory
 from pmemwal.slots import SlotPair
 
@@ -81,7 +81,7 @@ VERSION = 1
 ORIGINATORS, TAGS = 1, 2                    # flavors
 FANOUT = 8                                  # runs merge while the newer is >= 1/FANOUT of the older
 ROW = np.dtype([("entry", "<i8"), ("offset", "<u4"), ("name", "<i4")])
-_BODY = struct.Struct("<8sII Q16sQQIIQQ".replace(" ", ""))
+_BODY = struct.Struct("<8sIIQ16sQQIIQQ")
 _RUN_HEADER = struct.Struct("<8sQ16x")
 _FILE_NAME = re.compile(r"^([0-9A-F]{16})\.(run|manifest)$")
 HASH_MASK = (1 << 64) - 1                   # tests narrow it to make keys share hashes
@@ -155,10 +155,7 @@ class Run:
 
     def close(self) -> None:
         self.hash = self.a = self.b = _NONE     # (lookups copy what they take)
-        try:
-            self._map.close()
-        except BufferError:
-            pass    # a view still handed out keeps it mapped until that dies
+        close_map(self._map)
 
 
 _NONE = np.empty(0, np.int64)
@@ -217,7 +214,6 @@ class Written:
 
     captured: Captured
     runs: list[Run]
-    state: IndexState
     next_run: int
 
 
@@ -515,7 +511,7 @@ class IndexStore:
                            captured.rows_start - 1 + len(captured.rows), captured.guard_crc,
                            _core.crc32c(manifest), len(manifest), wal_cuts)
         self._write_state(state)
-        return Written(captured, runs, state, next_run)
+        return Written(captured, runs, next_run)
 
     def _frozen_run(self, pairs: dict[Hashable, Pairs], ident: int) -> Run | None:
         if not pairs:
