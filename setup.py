@@ -5,6 +5,10 @@ core with AddressSanitizer/UBSan instead of optimised: ``-O1 -g``, frame pointer
 undefined behaviour fatal.  Such a build needs the sanitizer runtime loaded first
 (``LD_PRELOAD=$(gcc -print-file-name=libasan.so)``); ``.ci/sanitize`` builds one in a scratch
 copy of the tree and runs the fuzzers and crash tests against it.
+
+``pmemwal._core_traced`` is the same core built with ``PMEMWAL_TRACE``: native/trace.h's hooks
+report every streaming store, fence and sync to the power-loss simulator, which loads it in
+place of ``pmemwal._core`` under ``PMEMWAL_TRACED_CORE=1``.
 """
 
 import os
@@ -21,18 +25,24 @@ if sanitize:
     compile_args = ["-O1", "-g", *WARNINGS, *flags]
     link_args = flags
 
+SOURCES = ["native/module.c", "native/wal_core.c", "native/wal_reader.c", "native/crc32c.c",
+           "native/trace.c"]
+
+
+def core(name: str, *macros: tuple[str, str]) -> Extension:
+    return Extension(
+        name, sources=SOURCES, include_dirs=["native"],
+        extra_compile_args=compile_args, extra_link_args=link_args,
+        # recorded with every comparison (pmemwal.tools.harness), so A/B runs say
+        # what each side was built with
+        define_macros=[("PMEMWAL_BUILD_FLAGS", '"' + " ".join(compile_args) + '"'), *macros])
+
+
 setup(
     ext_modules=[
-        Extension(
-            "pmemwal._core",
-            sources=["native/module.c", "native/wal_core.c", "native/wal_reader.c",
-                     "native/crc32c.c"],
-            include_dirs=["native"],
-            extra_compile_args=compile_args,
-            extra_link_args=link_args,
-            # recorded with every comparison (pmemwal.tools.harness), so A/B runs say
-            # what each side was built with
-            define_macros=[("PMEMWAL_BUILD_FLAGS", '"' + " ".join(compile_args) + '"')],
-        )
+        core("pmemwal._core"),
+        # the same core with native/trace.h's hooks compiled in, for the power-loss
+        # simulator only (PMEMWAL_TRACED_CORE=1 loads it in place of pmemwal._core)
+        core("pmemwal._core_traced", ("PMEMWAL_TRACE", "1")),
     ],
 )

@@ -31,6 +31,7 @@
  * without VPCLMULQDQ the default, and the fallback, is sse4.2.
  */
 #include "crc32c.h"
+#include "trace.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -158,9 +159,10 @@ PCL_TARGET INLINE uint32_t fold_finish(__m128i l0, __m128i l1, __m128i l2, __m12
 PCL_TARGET INLINE __m128i load16(unsigned char *dst, const unsigned char *p, int nt)
 {
     __m128i v = _mm_loadu_si128((const __m128i *)p);
-    if (dst && nt)
+    if (dst && nt) {
         _mm_stream_si128((__m128i *)dst, v); /* dst is 64-byte aligned */
-    else if (dst)
+        trace_stream(dst, 16);
+    } else if (dst)
         _mm_storeu_si128((__m128i *)dst, v);
     return v;
 }
@@ -209,9 +211,10 @@ AVX2_TARGET INLINE __m256i fold256(__m256i x, __m256i k)
 AVX2_TARGET INLINE __m256i load32(unsigned char *dst, const unsigned char *p, int nt)
 {
     __m256i v = _mm256_loadu_si256((const __m256i *)p);
-    if (dst && nt)
+    if (dst && nt) {
         _mm256_stream_si256((__m256i *)dst, v); /* dst is 64-byte aligned */
-    else if (dst)
+        trace_stream(dst, 32);
+    } else if (dst)
         _mm256_storeu_si256((__m256i *)dst, v);
     return v;
 }
@@ -258,9 +261,10 @@ FOLD_TARGET INLINE __m512i fold512(__m512i x, __m512i k)
 FOLD_TARGET INLINE __m512i load64(unsigned char *dst, const unsigned char *p, int nt)
 {
     __m512i v = _mm512_loadu_si512(p);
-    if (dst && nt)
+    if (dst && nt) {
         _mm512_stream_si512((void *)dst, v); /* dst is 64-byte aligned */
-    else if (dst)
+        trace_stream(dst, 64);
+    } else if (dst)
         _mm512_storeu_si512(dst, v);
     return v;
 }
@@ -410,6 +414,7 @@ nt_three(uint32_t crc, unsigned char **dp, const unsigned char **sp, size_t *len
             p += 8;
             d++;
         } while (p < end);
+        trace_stream(d - SHORT_BLOCK / 8, 3 * SHORT_BLOCK); /* the three chains' blocks */
         crc = crc32c_shift(short_shift, (uint32_t)c0) ^ (uint32_t)c1;
         crc = crc32c_shift(short_shift, crc) ^ (uint32_t)c2;
         p += 2 * SHORT_BLOCK;
@@ -420,7 +425,8 @@ nt_three(uint32_t crc, unsigned char **dp, const unsigned char **sp, size_t *len
         uint64_t w;
         memcpy(&w, p, 8);
         crc = (uint32_t)__builtin_ia32_crc32di(crc, w);
-        __builtin_ia32_movnti64(d++, (long long)w);
+        __builtin_ia32_movnti64(d, (long long)w);
+        trace_stream(d++, 8);
         p += 8;
         len -= 8;
     }
@@ -549,6 +555,7 @@ uint32_t crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len, in
             uint64_t w;
             memcpy(&w, tail, 8);
             __builtin_ia32_movnti64((long long *)d, (long long)w);
+            trace_stream(d, 8);
         } else {
             memcpy(d, tail, len);
         }

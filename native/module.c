@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "crc32c.h"
+#include "trace.h"
 #include "wal_core.h"
 #include "wal_reader.h"
 
@@ -1055,11 +1056,42 @@ static PyObject *mod_status_text(PyObject *mod, PyObject *arg)
     return PyUnicode_FromString(wal_status_text((int)st));
 }
 
+#ifdef PMEMWAL_TRACE
+/* _trace(stream, fence, sync, mutations=0) -- the traced build's hooks (trace.h): addresses
+ * of C-callable functions (ctypes callbacks), 0 for none; mutations: TRACE_* bits. */
+static PyObject *mod_trace(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long stream, fence, sync;
+    int mutations = 0;
+    if (!PyArg_ParseTuple(args, "KKK|i", &stream, &fence, &sync, &mutations))
+        return NULL;
+    trace_set((trace_stream_fn)(uintptr_t)stream, (trace_fence_fn)(uintptr_t)fence,
+              (trace_sync_fn)(uintptr_t)sync, mutations);
+    Py_RETURN_NONE;
+}
+
+/* _trace_forget() -- drop the calling thread's streaming stores not handed over yet. */
+static PyObject *mod_trace_forget(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    trace_forget();
+    Py_RETURN_NONE;
+}
+#endif
+
 static PyMethodDef module_methods[] = {
     {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, crc=0) -> int"},
     {"status_text", mod_status_text, METH_O, "status_text(status) -> str"},
     {"_crc32c_copy", mod_crc32c_copy, METH_VARARGS,
      "_crc32c_copy(dst, src, crc=0, how=1, repeat=1) -> int: how 0 CRC only, 1 copy, 2 streaming copy"},
+#ifdef PMEMWAL_TRACE
+    {"_trace", mod_trace, METH_VARARGS,
+     "_trace(stream, fence, sync, mutations=0) -- the power-loss simulator's hooks (trace.h)"},
+    {"_trace_forget", mod_trace_forget, METH_NOARGS,
+     "_trace_forget() -- drop this thread's streaming stores not handed over yet"},
+#endif
     {NULL, NULL, 0, NULL},
 };
 
@@ -1100,5 +1132,14 @@ PyMODINIT_FUNC PyInit__core(void)
     PyModule_AddStringConstant(m, "BUILD_FLAGS", PMEMWAL_BUILD_FLAGS); /* setup.py's cflags */
     PyModule_AddObject(m, "STREAM_MIN", PyLong_FromUnsignedLongLong(WAL_NT_MIN));
     PyModule_AddObject(m, "STREAM_NEVER", PyLong_FromUnsignedLongLong(WAL_NT_NEVER));
+#ifdef PMEMWAL_TRACE
+    PyModule_AddIntConstant(m, "TRACED", 1); /* the extension pmemwal._core_traced */
+#else
+    PyModule_AddIntConstant(m, "TRACED", 0);
+#endif
+    PyModule_AddIntConstant(m, "TRACE_SKIP_STREAM_FENCE", TRACE_SKIP_STREAM_FENCE);
+    PyModule_AddIntConstant(m, "TRACE_SKIP_DRAIN", TRACE_SKIP_DRAIN);
+    PyModule_AddIntConstant(m, "TRACE_SKIP_SYNC", TRACE_SKIP_SYNC);
+    PyModule_AddIntConstant(m, "TRACE_SHORT_MSYNC", TRACE_SHORT_MSYNC);
     return m;
 }

@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include "wal_core.h"
+#include "trace.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -450,6 +451,7 @@ static int pwrite_all(wal_core *c, int fd, const uint8_t *buf, size_t len, uint6
     int rc = injected(c, WAL_OP_WRITE);
     if (rc)
         return rc;
+    const uint64_t from = off;
     while (len) {
         ssize_t n = pwrite(fd, buf, len, (off_t)off);
         if (n < 0) {
@@ -463,6 +465,8 @@ static int pwrite_all(wal_core *c, int fd, const uint8_t *buf, size_t len, uint6
         len -= (size_t)n;
         off += (uint64_t)n;
     }
+    if (c->persist == WAL_PERSIST_DSYNC) /* O_DSYNC: durable as the write returns */
+        trace_sync(TRACE_DSYNC_WRITE, fd, from, off - from);
     return 0;
 }
 
@@ -495,7 +499,12 @@ static int sync_fd(wal_core *c, int fd)
     int rc = injected(c, WAL_OP_SYNC);
     if (rc)
         return rc;
-    return (c->persist == WAL_PERSIST_FSYNC ? fsync(fd) : fdatasync(fd)) ? -errno : 0;
+    if (trace_mutated(TRACE_SKIP_SYNC))
+        return 0;
+    if (c->persist == WAL_PERSIST_FSYNC ? fsync(fd) : fdatasync(fd))
+        return -errno;
+    trace_sync(TRACE_FDATASYNC, fd, 0, 0);
+    return 0;
 }
 
 /* sync_segments -- buffered: make what was written to segments [s0, s1] durable. */
@@ -522,8 +531,15 @@ static int msync_range(wal_core *c, uint8_t *p, size_t len)
     int rc = injected(c, WAL_OP_MSYNC);
     if (rc)
         return rc;
-    uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(4096 - 1);
-    return msync((void *)lo, (uintptr_t)p + len - lo, MS_SYNC) ? -errno : 0;
+    uintptr_t lo = (uintptr_t)p & ~(uintptr_t)(4096 - 1), hi = (uintptr_t)p + len;
+    if (trace_mutated(TRACE_SKIP_SYNC))
+        return 0;
+    if (trace_mutated(TRACE_SHORT_MSYNC)) /* the range's last page left out */
+        hi = hi - lo > 4096 ? (hi - 1) & ~(uintptr_t)(4096 - 1) : lo;
+    if (hi > lo && msync((void *)lo, hi - lo, MS_SYNC))
+        return -errno;
+    trace_sync(TRACE_MSYNC, -1, lo, hi - lo);
+    return 0;
 }
 
 /* persist_range -- direct, msync: make usable range [from, to) durable where it lies. */
@@ -623,10 +639,13 @@ static int page_base(wal_core *c, const wal_env *env, wal_slot *slot, uint64_t u
  * (where it fenced already, a second one with nothing pending costs a few cycles). */
 static inline void drain(wal_core *c, wal_slot *slot, int streamed)
 {
+    if (trace_mutated(TRACE_SKIP_DRAIN))
+        return;
     c->pmem_drain();
 #if defined(__x86_64__)
-    if (streamed) {
+    if (streamed && !trace_mutated(TRACE_SKIP_STREAM_FENCE)) {
         __builtin_ia32_sfence();
+        trace_fence();
         slot->stream_fences++;
     }
 #else
@@ -654,6 +673,7 @@ static void store_header(wal_core *c, const wal_slot *slot, uint8_t *dst, const 
             memcpy(&w, (const uint8_t *)src + i, 8);
             __builtin_ia32_movnti64((long long *)(dst + i), w);
         }
+        trace_stream(dst, n);
         return;
     }
 #endif

@@ -8,6 +8,12 @@
             print(rec.lsn, bytes(rec.payload))
 """
 
+import os as _os
+
+if _os.environ.get("PMEMWAL_TRACED_CORE") == "1":  # the power-loss simulator's build (setup.py)
+    from pmemwal._traced import use_traced_core
+    use_traced_core()
+
 from pmemwal.device import ProbeResult, probe
 from pmemwal.errors import (ArchiveError, ClosedError, ConfigError, CorruptionError, FormatError, LockedError,
                             LogIndexError, NotFoundError, RecordTooLargeError, StorageError, TermError,
