@@ -58,16 +58,18 @@ import threading
 import time
 import traceback
 from bisect import bisect_right
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 import pmemwal
 from pmemwal import _core
 from pmemwal.errors import ClosedError, WALError
-from pmemwal.format import segment_name
+from pmemwal.slots import SlotPair
+from pmemwal.format import parse_segment_name, segment_name
 from pmemwal.tools.log_workload import LogModel, Shared, Worker
 from pmemwal.tools.torture import WORKLOADS
 
@@ -80,13 +82,35 @@ MODES = ("pmem", "msync", "buffered")
 SETUPS = {"pmem": ("pmem", 1, False, False), "pmem-threads": ("pmem", 4, False, False),
           "pmem-checkpointer": ("pmem", 4, True, False), "pmem-shared": ("pmem", 4, False, True),
           "msync": ("msync", 1, False, False), "buffered": ("buffered", 1, False, False)}
+ROUND_STEPS = 20                       # pmem: operations per thread between checks of the images
+KILL_RATE = 0.1                        # kills: chance that a round ends in a SIGKILL and a reopen
+RECOVERY_CRASH_RATE = 0.5              # kills: chance of a crash at each sync of the reopen's recovery
 DEATH_RATE = 0.05                      # pmem-shared: chance that an operation of the mortal writer dies
 CHECKPOINT_INTERVAL = 0.002            # the checkpointer thread truncates this often (seconds)
 MAX_SEGMENTS = 3                       # truncate beyond this: keeps images small, recycles segments
 RETAIN_ENTRIES = 20                    # the log workload compacts to this many entries beyond it
 
+FLUSH_INSTRUCTIONS = ("clwb", "clflushopt", "clflush")
+
 _FLUSH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t)
 _DRAIN_FN = ctypes.CFUNCTYPE(None)
+# the traced core's hooks (native/trace.h): a run of streaming stores, a fence, a sync
+_STREAM_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.c_size_t)
+_FENCE_FN = ctypes.CFUNCTYPE(None)
+_SYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t)
+_SYNC_FILE, _SYNC_RANGE, _SYNC_WRITE = 0, 1, 2  # trace.h's trace_sync_kind
+
+
+def libpmem_flush_instruction() -> str:
+    """The flush instruction libpmem takes here by its own switches (``PMEM_NO_CLWB=1``,
+    ``PMEM_NO_CLFLUSHOPT=1``), on a CPU that has CLWB; the tracer models that one."""
+    if os.environ.get("PMEM_NO_CLWB") == "1":
+        return "clflush" if os.environ.get("PMEM_NO_CLFLUSHOPT") == "1" else "clflushopt"
+    return "clwb"
+
+
+def _address(callback) -> int:
+    return ctypes.cast(callback, ctypes.c_void_p).value or 0
 
 
 def payload(seed: int, index: int, length: int) -> bytes:
@@ -117,6 +141,10 @@ class PowerLossReport:
     checkpointed: int = 0         # ... this many segments
     shared: bool = False          # writers through three handles of a shared WAL ...
     deaths: int = 0               # ... one of which died mid-insert this many times
+    kills: int = 0                # the writer was killed and the WAL reopened this many times
+    streaming: bool = False       # records streamed past the cache (the traced core) ...
+    crc32c_path: str = ""         # ... by this CPU path's stores
+    flush_instruction: str = ""   # pmem: the libpmem the tracer stood for
     images: int = 0
     records_written: int = 0      # the log workload: entries
     flushed_bytes: int = 0
@@ -144,12 +172,25 @@ class PowerLossReport:
 
 
 class DurableShadow:
-    """Per segment, the bytes that would survive a power cut now."""
+    """Per segment, the bytes that would survive a power cut now.
 
-    def __init__(self, wal: pmemwal.WAL, rng: np.random.Generator, grains: tuple[int, ...]) -> None:
+    On the traced core (``trace_syncs``), the page-cache model takes a write for durable
+    only when the WAL's own sync covered it: an fdatasync of its file, an msync of its
+    range, a write to an O_DSYNC file; a crash point falls in each sync, before it.
+    Otherwise everything counts as durable once a flush returned (``settle``).
+    """
+
+    def __init__(self, wal: pmemwal.WAL, rng: np.random.Generator, grains: tuple[int, ...],
+                 crash_rate: float = 0.0, on_crash: Callable[[str], None] | None = None,
+                 persist: int | None = None) -> None:
         self.wal = wal
         self.rng = rng
         self.grains = grains
+        self.crash_rate = crash_rate
+        self.on_crash = on_crash
+        self.persist = persist  # the core's persist method, set on every handle (None: as opened)
+        self.handles: list[pmemwal.WAL] = []
+        self.syncs_traced = False
         self.segments: dict[int, np.ndarray] = {
             segno: self.current(segno).copy() for segno in wal._segnos}
         # One power cut at a time, and none in the middle of a write-back: the
@@ -160,8 +201,19 @@ class DurableShadow:
         self._taken: Image | None = None
         self.files: dict[str, bytes] = {}  # durable small files, by name in the WAL directory
         self._written: dict[str, bytes] = {}  # written since the last settle
+        self.attach(wal)
+
+    def attach(self, wal: pmemwal.WAL) -> None:
+        """A handle writing the WAL (another of a shared WAL's writers, or the one that
+        reopened it): its persists are traced and its file operations followed too."""
+        self.handles.append(wal)
+        if self.persist is not None:
+            self._persist_through(wal)
         self._follow(wal._dir)
         self._follow_checkpoints(wal)
+
+    def _persist_through(self, wal: pmemwal.WAL) -> None:
+        wal._core.set_persist(self.persist)
 
     def _follow_checkpoints(self, wal: pmemwal.WAL) -> None:
         """Keep CHECKPOINT as its slot writes leave it: each pwrite and fdatasync of a slot
@@ -218,6 +270,46 @@ class DurableShadow:
 
         directory.create, directory.recycle, directory.remove = created, recycled, removed
 
+    def _guarded(self, callback: Callable) -> Callable:
+        def call(*args) -> None:
+            try:
+                callback(*args)
+            except BaseException:
+                self.errors.append(traceback.format_exc())
+        return call
+
+    def _maybe_crash(self, where: str) -> None:
+        if self.on_crash is not None and self.rng.random() < self.crash_rate:
+            self.on_crash(where)
+
+    def _locate(self, addr: int) -> tuple[int, int]:
+        """(segno, offset) of a mapped address, in any handle's mappings."""
+        segments = [item for wal in list(self.handles) if not wal.closed
+                    for item in list(wal._segments.items())]  # one step: writers may add one
+        bases = sorted((pmemwal.libpmem.buffer_address(seg.map), segno)
+                       for segno, seg in segments if seg.map is not None)
+        i = bisect_right(bases, (addr, float("inf"))) - 1
+        base, segno = bases[i]
+        if not 0 <= addr - base < self.wal.segment_size:
+            raise AssertionError(f"an address {addr:#x} outside every segment")
+        return segno, addr - base
+
+    def trace_syncs(self, mutations: int = 0) -> None:
+        """Durable only what the WAL's syncs cover (the traced core reports each one)."""
+        self.syncs_traced = True
+        self._sync = _SYNC_FN(self._guarded(self._on_sync))  # alive as long as the core uses it
+        _core._trace(0, 0, _address(self._sync), mutations)
+
+    def _on_sync(self, kind: int, fd: int, where: int, length: int) -> None:
+        self._maybe_crash("in sync")  # before it: none, some or all of its pages are written
+        with self.lock:
+            if kind == _SYNC_RANGE:
+                segno, off = self._locate(where)
+            else:
+                segno = parse_segment_name(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+                off, length = (0, self.wal.segment_size) if kind == _SYNC_FILE else (where, length)
+            self.segments[segno][off:off + length] = self.current(segno)[off:off + length]
+
     def arm(self, take: Callable[[], Image]) -> None:
         """A crash is due in the operation about to run: should a segment go in it, the
         image is taken (``take()``) just before.  Segments go after a flush has returned
@@ -247,8 +339,9 @@ class DurableShadow:
         return np.frombuffer(data, dtype=np.uint8)
 
     def settle(self) -> None:
-        """Everything written so far is durable (a flush returned)."""
-        for segno in self.segments:
+        """Everything written so far is durable (a flush returned); with traced syncs,
+        only the small files written in the step (the syncs made the rest durable)."""
+        for segno in self.segments if not self.syncs_traced else ():
             self.segments[segno] = self.current(segno).copy()
         self.files.update(self._written)
         self._written.clear()
@@ -271,51 +364,51 @@ class DurableShadow:
 
 
 class PmemTracer(DurableShadow):
-    """Stands in for libpmem: records each thread's flushes, makes them durable at its drain."""
+    """Stands in for libpmem: records each thread's flushes, makes them durable at its drain.
+
+    ``flush_instruction`` is the one libpmem would use (``libpmem_flush_instruction``):
+    with CLWB or CLFLUSHOPT a flush is pending until a fence, and ``pmem_drain`` is that
+    fence (an sfence); with CLFLUSH, which orders itself, a flush is durable as it returns
+    and libpmem's ``pmem_drain`` is empty.  ``streaming`` (the traced core only) lets the
+    core stream records from ``_core.STREAM_MIN`` bytes on: each run of streaming stores is
+    pending until that thread's next sfence, the core's own (``fence``) or an sfence
+    ``pmem_drain`` stands for, as pmemcheck holds them.  ``mutations`` (trace.h's
+    ``TRACE_*`` bits) put persistence bugs back into the traced core.
+    """
 
     def __init__(self, wal: pmemwal.WAL, rng: np.random.Generator, crash_rate: float,
-                 on_crash: Callable[[str], None]) -> None:
-        super().__init__(wal, rng, (PMEM_GRAIN,))
-        self.crash_rate = crash_rate
-        self.on_crash = on_crash
-        self.pending: dict[int, list[tuple[int, int, bytes, int]]] = {}  # per thread: a fence is per CPU
-        self.versions: dict[int, np.ndarray] = {}  # per segment and line: the write-back it holds
-        self._order = itertools.count(1)
+                 on_crash: Callable[[str], None], *, flush_instruction: str | None = None,
+                 streaming: bool = False, mutations: int = 0) -> None:
+        self.stream_min = _core.STREAM_MIN if streaming else _core.STREAM_NEVER
         self._flush = _FLUSH_FN(self._guarded(self._on_flush))  # alive as long as the core uses them
         self._drain = _DRAIN_FN(self._guarded(self._on_drain))
-        self.handles = [wal]
-        address = ctypes.cast
-        wal._core.set_persist(_core.PERSIST_PMEM, address(self._flush, ctypes.c_void_p).value,
-                              address(self._drain, ctypes.c_void_p).value, _core.STREAM_NEVER)
+        super().__init__(wal, rng, (PMEM_GRAIN,), crash_rate, on_crash, _core.PERSIST_PMEM)
+        instruction = flush_instruction or libpmem_flush_instruction()
+        if instruction not in FLUSH_INSTRUCTIONS:
+            raise ValueError(f"flush_instruction={instruction!r}: one of {FLUSH_INSTRUCTIONS}")
+        self.ordered_flush = instruction == "clflush"
+        self.pending: dict[int, list[tuple[int, int, bytes, int]]] = {}  # per thread: a fence is per CPU
+        self.versions: dict[int, np.ndarray] = {}  # per segment and word: the write-back it holds
+        self._order = itertools.count(1)
+        if streaming or mutations:
+            if not _core.TRACED:
+                raise ValueError("streaming stores and mutations are traced by the traced core "
+                                 "only: run with PMEMWAL_TRACED_CORE=1")
+            self._stream = _STREAM_FN(self._guarded(self._on_stream))
+            self._fence = _FENCE_FN(self._guarded(self._on_fence))
+            _core._trace(_address(self._stream), _address(self._fence), 0, mutations)
 
-    def _guarded(self, callback: Callable) -> Callable:
-        def call(*args) -> None:
-            try:
-                callback(*args)
-            except BaseException:
-                self.errors.append(traceback.format_exc())
-        return call
+    def _persist_through(self, wal: pmemwal.WAL) -> None:
+        wal._core.set_persist(_core.PERSIST_PMEM, _address(self._flush), _address(self._drain),
+                              self.stream_min)
 
-    def add_handle(self, wal: pmemwal.WAL) -> None:
-        """Another handle of the same shared WAL (another writer to it): its persists are
-        traced and its file operations followed too."""
-        self.handles.append(wal)
-        wal._core.set_persist(_core.PERSIST_PMEM, ctypes.cast(self._flush, ctypes.c_void_p).value,
-                              ctypes.cast(self._drain, ctypes.c_void_p).value, _core.STREAM_NEVER)
-        self._follow(wal._dir)
-        self._follow_checkpoints(wal)
-
-    def _locate(self, addr: int) -> tuple[int, int]:
-        """(segno, offset) of a mapped address, in any handle's mappings."""
-        segments = [item for wal in list(self.handles) if not wal.closed
-                    for item in list(wal._segments.items())]  # one step: writers may add one
-        bases = sorted((pmemwal.libpmem.buffer_address(seg.map), segno)
-                       for segno, seg in segments if seg.map is not None)
-        i = bisect_right(bases, (addr, float("inf"))) - 1
-        base, segno = bases[i]
-        if not 0 <= addr - base < self.wal.segment_size:
-            raise AssertionError(f"flush of {addr:#x} outside every segment")
-        return segno, addr - base
+    def forget_thread(self) -> None:
+        """This thread's process died: its unfenced flushes and stores stay unfenced (a
+        later fence by the thread, long after, must not apply them)."""
+        with self.lock:
+            self.pending.pop(threading.get_ident(), None)
+        if _core.TRACED:
+            _core._trace_forget()
 
     def _on_flush(self, addr: int, length: int) -> None:
         lo = addr - addr % CACHE_LINE
@@ -329,36 +422,57 @@ class PmemTracer(DurableShadow):
         with self.lock:
             lines = self._read(lo, hi - lo)
             order = next(self._order)
-        self.pending.setdefault(threading.get_ident(), []).append((segno, off, lines, order))
+            if self.ordered_flush:  # CLFLUSH: written back as it returns
+                self._write_back(segno, off, lines, order)
+        if not self.ordered_flush:
+            self.pending.setdefault(threading.get_ident(), []).append((segno, off, lines, order))
         self._maybe_crash("flush")
 
     _read = staticmethod(ctypes.string_at)  # a test slows it down to widen the window above
 
     def _on_drain(self) -> None:
         self._maybe_crash("before drain")
+        if not self.ordered_flush:  # an sfence; with CLFLUSH libpmem's drain is empty
+            self._fenced()
+
+    def _on_stream(self, addr: int, length: int) -> None:
+        """A run of streaming stores (the traced core): pending until this thread's fence."""
+        segno, off = self._locate(addr)
+        with self.lock:
+            data = self._read(addr, length)
+            order = next(self._order)
+        self.pending.setdefault(threading.get_ident(), []).append((segno, off, data, order))
+        self._maybe_crash("streamed")
+
+    def _on_fence(self) -> None:
+        """The core's own sfence after streaming stores (the traced core)."""
+        self._maybe_crash("before fence")
+        self._fenced()
+
+    def _fenced(self) -> None:
         with self.lock:
             for segno, off, data, order in self.pending.pop(threading.get_ident(), []):
                 self._write_back(segno, off, data, order)
 
     def _write_back(self, segno: int, off: int, data: bytes, order: int) -> None:
-        """Lines reach the media in the order they were written back: a line that
-        another thread wrote back later (with newer bytes) and fenced first keeps them."""
-        first, count = off // CACHE_LINE, len(data) // CACHE_LINE
+        """Words reach the media in the order they were written back (or streamed): a
+        word that another thread wrote back later, with newer bytes, and fenced first
+        keeps them.  By 8-byte word, the unit a power cut leaves whole: flushes take
+        whole lines, and a run of streaming stores may start or end inside one."""
+        if off % PMEM_GRAIN or len(data) % PMEM_GRAIN:
+            raise AssertionError(f"a write-back of {len(data)} bytes at {off:#x}: not in words")
+        first, count = off // PMEM_GRAIN, len(data) // PMEM_GRAIN
         versions = self.versions.setdefault(
-            segno, np.zeros(self.wal.segment_size // CACHE_LINE, dtype=np.int64))[first:first + count]
+            segno, np.zeros(self.wal.segment_size // PMEM_GRAIN, dtype=np.int64))[first:first + count]
         newer = versions < order
-        durable = self.segments[segno].reshape(-1, CACHE_LINE)[first:first + count]
-        durable[newer] = np.frombuffer(data, dtype=np.uint8).reshape(-1, CACHE_LINE)[newer]
+        durable = self.segments[segno].view(np.uint64)[first:first + count]
+        durable[newer] = np.frombuffer(data, dtype=np.uint64)[newer]
         versions[newer] = order
 
     def forget(self, segno: int) -> None:
         with self.lock:
             super().forget(segno)
             self.versions.pop(segno, None)
-
-    def _maybe_crash(self, where: str) -> None:
-        if self.rng.random() < self.crash_rate:
-            self.on_crash(where)
 
     def track(self, segno: int) -> None:
         with self.lock:
@@ -468,6 +582,17 @@ class Workload:
         if errors:
             raise errors[0]
 
+    def reopen(self) -> pmemwal.WAL:
+        """The workload's WAL opened again, with its options (``_open_workload`` sets it)."""
+        raise NotImplementedError
+
+    def reopened(self, wal: pmemwal.WAL) -> None:
+        """The writer was killed and ``wal`` reopened its WAL: records past the end its
+        recovery found were never there for the new writer, and leave the ledger."""
+        end = wal.insert_lsn
+        self.wal = wal
+        self.lsn_of = {index: lsn for index, lsn in self.lsn_of.items() if lsn < end}
+
     def retain(self) -> bool:
         """Keep the WAL at a few segments: truncation, then recycling, under the writer.
         True when what it wrote was made durable (nothing here: truncation syncs itself)."""
@@ -514,7 +639,7 @@ class SharedWorkload(Workload):
     def trace(self, shadow: PmemTracer) -> None:
         self.shadow = shadow
         for wal in self.handles[1:]:
-            shadow.add_handle(wal)
+            shadow.attach(wal)
 
     def writer(self, thread: int) -> pmemwal.WAL:
         return self.handles[(0, 1, 0, 2)[thread % 4]]
@@ -537,12 +662,11 @@ class SharedWorkload(Workload):
         mortal._forsake()  # its liveness lock goes with its control-file descriptor
         # The flushes its insertion made were never fenced: a process that dies there may or
         # may not have had those lines written back (the images flip its unpersisted bytes
-        # either way); a later fence by this thread, long after, must not apply them.
-        with self.shadow.lock:
-            self.shadow.pending.pop(threading.get_ident(), None)
+        # either way).
+        self.shadow.forget_thread()
         self.deaths += 1
         self.handles[2] = pmemwal.open(self._path, **self._options)
-        self.shadow.add_handle(self.handles[2])
+        self.shadow.attach(self.handles[2])
 
     def retain(self) -> bool:
         if len(self.wal._dir.list_segments(tidy=False)) > MAX_SEGMENTS:  # any handle made them
@@ -671,7 +795,8 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                    keep_failures: str | None = None,
                    progress: Callable[[int], None] | None = None,
                    workload: str = "wal", checkpointer: bool = False,
-                   shared: bool = False) -> PowerLossReport:
+                   shared: bool = False, kills: bool = False, streaming: bool = False,
+                   flush_instruction: str | None = None, mutations: int = 0) -> PowerLossReport:
     """Crash ``images`` times at random moments of a workload in ``mode`` and check each.
 
     ``mode`` is ``"pmem"`` (direct, traced flush/drain), ``"msync"`` (direct)
@@ -684,7 +809,17 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     ``checkpointer`` (pmem, wal workload) adds a thread that truncates while the
     writers run, so crashes land amid recycling.  ``shared`` (pmem, wal workload, 4
     threads or more) writes a shared WAL through three handles, one of which dies
-    mid-insert now and then (``SharedWorkload``).
+    mid-insert now and then (``SharedWorkload``).  ``kills`` (wal workload, one handle)
+    kills the writer now and then and reopens the WAL, whose recovery must make
+    durable what it takes (``_kill_and_reopen``): a crash, a reopen with more appends,
+    then a power cut, in one run; crash points fall inside those recoveries too.
+
+    On the traced core (``PMEMWAL_TRACED_CORE=1``): ``streaming`` (pmem) streams records
+    past the cache as pmem mode does on real pmem, every streaming store traced;
+    ``flush_instruction`` picks the libpmem the tracer stands for (default: by
+    ``PMEM_NO_CLWB``/``PMEM_NO_CLFLUSHOPT``, as libpmem); the page-cache modes count
+    only what the WAL's syncs covered; ``mutations`` (``_core.TRACE_*`` bits) put a
+    persistence bug back into the core, for the tests that show each one caught.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: one of {', '.join(MODES)}")
@@ -696,23 +831,32 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         raise ValueError("checkpointer=True: pmem mode and the wal workload only")
     if shared and (mode != "pmem" or workload != "wal" or threads < 4):
         raise ValueError("shared=True: pmem mode, the wal workload and 4 threads or more")
-    report = PowerLossReport(mode, threads, workload, checkpointer, shared=shared, seed=seed)
+    if kills and (workload != "wal" or shared):
+        raise ValueError("kills=True: the wal workload, on one handle")
+    if streaming and mode != "pmem":
+        raise ValueError("streaming=True: pmem mode only")
+    report = PowerLossReport(mode, threads, workload, checkpointer, shared=shared, seed=seed,
+                             streaming=streaming,
+                             flush_instruction=(flush_instruction or libpmem_flush_instruction()
+                                                if mode == "pmem" else ""),
+                             crc32c_path=_core.CRC32C_IMPL if streaming else "")
     rng = np.random.default_rng(seed)
     root = Path(tempfile.mkdtemp(prefix="pmemwal-powerloss-", dir=directory or _default_dir()))
     queue: list[Image] = []
     t0 = time.perf_counter()
     try:
-        work = _open_workload(workload, root / "wal", mode, seed, threads, shared)
+        work = _open_workload(workload, root / "wal", mode, seed, threads, shared, kills)
         wal = work.wal
         shadow = _shadow_for(mode, wal, rng, crash_rate, lambda where: queue.append(
-            shadow.image(work.horizon(work.acked()), where)))
+            shadow.image(work.horizon(work.acked()), where)), flush_instruction=flush_instruction,
+            streaming=streaming, mutations=mutations)
         if shared:
             work.trace(shadow)
         step_rng = random.Random(seed)
         rounds = 0
         while report.images < images:
             if mode == "pmem":  # crash points come from the tracer, inside the operations
-                work.run_threads(threads, 20, seed + rounds, checkpointer)
+                work.run_threads(threads, ROUND_STEPS, seed + rounds, checkpointer)
             else:
                 acked = work.acked()
                 crash = rng.random() < crash_rate  # drawn first: the step may take it (arm)
@@ -725,6 +869,9 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                     queue.append(shadow.disarm() or take("mid-flush" if flushed else "between"))
                 if flushed:
                     shadow.settle()
+            if kills and rng.random() < KILL_RATE / (1 if mode == "pmem" else ROUND_STEPS):
+                _kill_and_reopen(work, shadow)
+                report.kills += 1
             rounds += 1
             if shadow.errors:
                 raise RuntimeError(f"the persist tracer failed:\n{shadow.errors[0]}")
@@ -734,8 +881,8 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                          keep_failures, progress)
             queue.clear()
         report.records_written = work.written
-        report.flushed_bytes = wal.flushed_lsn
-        report.segments_recycled = wal.stats()["segments_recycled"]
+        report.flushed_bytes = work.wal.flushed_lsn  # (the last handle: kills reopen it)
+        report.segments_recycled = work.wal.stats()["segments_recycled"]
         report.checkpointed = work.checkpointed
         report.deaths = getattr(work, "deaths", 0)
         work.close()
@@ -746,16 +893,21 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
 
 
 def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int,
-                   shared: bool = False) -> Workload:
-    """A fresh WAL (or Log) at ``path`` for ``mode``, with the workload that writes it."""
+                   shared: bool = False, kills: bool = False) -> Workload:
+    """A fresh WAL (or Log) at ``path`` for ``mode``, with the workload that writes it.
+    With ``kills``, no segment is recycled: a reopen then finds zeros past the records it
+    recovers, so nothing but its own syncs can make them durable (in a recycled segment,
+    wiping the stale bytes past the end syncs the file as a side effect)."""
     options = {"mode": "buffered" if mode == "buffered" else "direct",
-               "segment_size": SEGMENT_SIZE, "background": False, "recycle_segments": 1,
-               "prepare_segments": 0}
+               "segment_size": SEGMENT_SIZE, "background": False,
+               "recycle_segments": 0 if kills else 1, "prepare_segments": 0}
     if workload == "log":
         return LogWorkload(pmemwal.open_log(path, **options), seed, threads)
     if shared:
         return SharedWorkload(path, options, seed)
-    return Workload(pmemwal.open(path, **options), seed)
+    work = Workload(pmemwal.open(path, **options), seed)
+    work.reopen = lambda: pmemwal.open(path, **options)  # type: ignore[method-assign]
+    return work
 
 
 def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLossReport,
@@ -801,13 +953,78 @@ def table(reports: list[PowerLossReport]) -> str:
 
 
 def _shadow_for(mode: str, wal: pmemwal.WAL, rng: np.random.Generator, crash_rate: float,
-                on_crash: Callable[[str], None]) -> DurableShadow:
+                on_crash: Callable[[str], None], *, flush_instruction: str | None = None,
+                streaming: bool = False, mutations: int = 0) -> DurableShadow:
     if mode == "pmem":
         # a crash point per flush and drain call: far more of them than of operations
-        return PmemTracer(wal, rng, crash_rate / 10, on_crash)
-    if mode == "msync":
-        wal._core.set_persist(_core.PERSIST_MSYNC)  # even where libpmem would say pmem
-    return DurableShadow(wal, rng, PAGE_CACHE_GRAINS)
+        return PmemTracer(wal, rng, crash_rate / 10, on_crash, flush_instruction=flush_instruction,
+                          streaming=streaming, mutations=mutations)
+    # msync even where libpmem would say pmem
+    shadow = DurableShadow(wal, rng, PAGE_CACHE_GRAINS, crash_rate / 4, on_crash,
+                           _core.PERSIST_MSYNC if mode == "msync" else None)
+    if _core.TRACED:
+        shadow.trace_syncs(mutations)
+    elif mutations:
+        raise ValueError("mutations are put into the traced core only: PMEMWAL_TRACED_CORE=1")
+    return shadow
+
+
+def _kill_and_reopen(work: Workload, shadow: DurableShadow) -> None:
+    """A SIGKILL of the writer, then an open of its WAL that goes on appending.
+
+    The killed process never fences again: its pending flushes stay unpersisted, while
+    its files keep every store (CPU caches and the page cache outlive a process).  The
+    open's recovery reads those records; only the syncs it makes (each file it
+    fdatasyncs, each CHECKPOINT slot it writes) put them into the durable shadow, and a
+    crash point falls before each: a crash inside recovery, its image recovered in turn.
+    Records past where recovery ended were never there for the new writer; they leave
+    the ledger, and the acknowledgements made before the kill stay promised.
+    """
+    old = work.wal
+    old._forsake()
+    old._dir.close()  # the kernel drops a dead process's locks
+    with shadow.lock:
+        if isinstance(shadow, PmemTracer):
+            shadow.pending.clear()
+    shadow.handles = []
+    with _recovery_traced(shadow):
+        wal = work.reopen()
+    shadow.wal = wal
+    shadow.attach(wal)
+    with shadow.lock:
+        for segno in wal._segnos:
+            if segno not in shadow.segments:  # made by the open (synced as it made it)
+                shadow.track(segno)
+    work.reopened(wal)
+
+
+@contextmanager
+def _recovery_traced(shadow: DurableShadow) -> Iterator[None]:
+    """While a WAL opens: a segment file it fdatasyncs (or fsyncs) is durable as it
+    is, a CHECKPOINT slot it writes (pwrite and fdatasync) is durable once written."""
+    fdatasync, fsync, write = os.fdatasync, os.fsync, SlotPair.write
+
+    def synced(sync: Callable[[int], None]) -> Callable[[int], None]:
+        def call(fd: int) -> None:
+            if shadow.rng.random() < RECOVERY_CRASH_RATE:
+                shadow.on_crash("in recovery")
+            sync(fd)
+            segno = parse_segment_name(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+            if segno is not None and segno in shadow.segments:
+                shadow.track(segno)
+        return call
+
+    def slot_written(slots: SlotPair, which: int, body: bytes) -> None:
+        if shadow.rng.random() < RECOVERY_CRASH_RATE:
+            shadow.on_crash("in recovery")
+        write(slots, which, body)
+        shadow.files[os.path.basename(slots.path)] = Path(slots.path).read_bytes()
+
+    os.fdatasync, os.fsync, SlotPair.write = synced(fdatasync), synced(fsync), slot_written
+    try:
+        yield
+    finally:
+        os.fdatasync, os.fsync, SlotPair.write = fdatasync, fsync, write
 
 
 _FAILURE_COUNTERS = {"lost": "lost", "bad": "bad", "error": "recovery_errors",

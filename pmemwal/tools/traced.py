@@ -1,0 +1,116 @@
+"""Power-loss runs on the traced core, and the mutations that show the simulator failing.
+
+The traced core (``pmemwal._core_traced``: native/trace.h's hooks compiled in) tells the
+simulator (pmemwal.tools.powerloss) of every streaming store, fence and sync, so that
+pmem mode is checked with records streamed past the cache, as it runs on real pmem, and
+the page-cache modes count only what the WAL's own syncs covered.  A process loads one
+core or the other before anything imports it, and picks its CRC32C + copy path
+(``PMEMWAL_CPU``) once: each run here is therefore a child process (``python -m
+pmemwal.tools.traced``), one per CPU path.
+
+``MUTATIONS`` put known persistence bugs back, each caught by a run that should fail:
+a checker that cannot fail proves nothing (tests/test_traced_power_loss.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from dataclasses import fields
+
+from pmemwal.tools.powerloss import PowerLossReport
+
+# PMEMWAL_CPU names of the CRC32C + copy paths that stream (the table path copies through
+# the cache), and the CPU flags each needs
+STREAMING_PATHS = {"sse42": {"sse4_2"}, "pclmul": {"sse4_2", "pclmulqdq"},
+                   "avx2": {"sse4_2", "pclmulqdq", "avx2", "vpclmulqdq"},
+                   "avx512": {"sse4_2", "pclmulqdq", "avx512f", "avx512bw", "vpclmulqdq"}}
+
+MUTATIONS = {
+    "skip-stream-fence": "no sfence after streaming stores (issue 27's first hole: caught "
+                         "where pmem_drain is empty, flush_instruction='clflush')",
+    "skip-drain": "neither pmem_drain nor the sfence after an insertion",
+    "skip-sync": "no fdatasync or msync of a segment",
+    "short-msync": "each msync leaves out its range's last page",
+    "no-recovery-sync": "an open does not sync the records it recovered (issue 27's second "
+                        "hole: caught with kills in msync mode)",
+    "recycle-keeps-header": "a recycled segment keeps its old header",
+}
+_CORE_BITS = {"skip-stream-fence": "TRACE_SKIP_STREAM_FENCE", "skip-drain": "TRACE_SKIP_DRAIN",
+              "skip-sync": "TRACE_SKIP_SYNC", "short-msync": "TRACE_SHORT_MSYNC"}
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def streaming_paths() -> list[str]:
+    """The streaming paths this CPU has."""
+    flags = cpu_flags()
+    return [path for path, needs in STREAMING_PATHS.items() if needs <= flags]
+
+
+def run_traced(mode: str, images: int, *, cpu: str | None = None, mutation: str | None = None,
+               timeout: float = 900, **options) -> PowerLossReport:
+    """``run_power_loss(mode, images, **options)`` in a child on the traced core, on CPU
+    path ``cpu`` (the best one when None), with ``mutation`` (one of MUTATIONS) put in."""
+    if mutation is not None and mutation not in MUTATIONS:
+        raise ValueError(f"mutation={mutation!r}: one of {', '.join(MUTATIONS)}")
+    env = {**os.environ, "PMEMWAL_TRACED_CORE": "1"}
+    if cpu is not None:
+        env["PMEMWAL_CPU"] = cpu
+    request = {"mode": mode, "images": images, "mutation": mutation, "options": options}
+    proc = subprocess.run([sys.executable, "-m", "pmemwal.tools.traced", json.dumps(request)],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode:
+        raise RuntimeError(f"the traced run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return _report(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _report(data: dict) -> PowerLossReport:
+    names = {f.name for f in fields(PowerLossReport)}
+    report = PowerLossReport(**{k: v for k, v in data.items() if k in names})
+    report.grains = {int(k): v for k, v in report.grains.items()}  # (JSON keys are strings)
+    return report
+
+
+def _mutate(mutation: str | None) -> int:
+    """Put ``mutation`` in: the core's TRACE_* bits, or a patch of the library."""
+    from pmemwal import _core, segments, wal
+    if mutation in _CORE_BITS:
+        return getattr(_core, _CORE_BITS[mutation])
+    if mutation == "no-recovery-sync":
+        wal.WAL._persist_recovered = lambda self, start, end: None
+    elif mutation == "recycle-keeps-header":
+        def recycle(self, old, new, segment_size, wal_id, fd=-1):
+            os.rename(self.file(old), self.file(new))
+            self.sync()
+        segments.WalDirectory.recycle = recycle
+    return 0
+
+
+def main(argv: list[str]) -> None:
+    from pmemwal import _core
+    from pmemwal.tools.powerloss import run_power_loss
+    if not _core.TRACED:
+        raise SystemExit("not the traced core: run with PMEMWAL_TRACED_CORE=1")
+    request = json.loads(argv[0])
+    warnings.simplefilter("ignore")  # the recoveries' RecoveryWarnings, thousands of them
+    bits = _mutate(request["mutation"])
+    report = run_power_loss(request["mode"], request["images"], mutations=bits,
+                            **request["options"])
+    print(json.dumps(report.to_dict()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

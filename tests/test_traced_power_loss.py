@@ -1,0 +1,97 @@
+"""Power loss on the traced core (pmemwal.tools.traced): streaming stores, fences and syncs.
+
+pmem mode is checked with records streamed past the cache on every CPU path this machine
+has, under the flush instruction libpmem would use (CLWB, or CLFLUSH where ``pmem_drain``
+is empty); the page-cache modes count only what the WAL's syncs covered; writers are
+killed, their WAL reopened and crashed again, inside and after its recovery.  Each
+mutation puts a persistence bug back and must make its run fail: the checkers can fail.
+Each run is a child process (the core is chosen at import).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pmemwal.tools.traced import STREAMING_PATHS, run_traced, streaming_paths
+
+IMAGES = 80
+IMPL = {"sse42": "sse4.2", "pclmul": "pclmul", "avx2": "avx2-vpclmulqdq",
+        "avx512": "avx512-vpclmulqdq"}  # _core.CRC32C_IMPL of each PMEMWAL_CPU path
+
+
+def _ok(report) -> None:
+    assert report.ok, "\n".join(report.failures[:5])
+    assert report.images == IMAGES and not report.failures
+
+
+@pytest.mark.parametrize("path", sorted(STREAMING_PATHS))
+def test_streaming_stores_of_every_cpu_path_persist_under_threads_and_a_checkpointer(path):
+    if path not in streaming_paths():
+        pytest.skip(f"this CPU has no {path} path")
+    report = run_traced("pmem", IMAGES, cpu=path, seed=11, streaming=True, threads=4,
+                        checkpointer=True)
+    _ok(report)
+    assert report.streaming and report.crc32c_path == IMPL[path]
+    assert report.crash_points.get("streamed") and report.crash_points.get("before fence")
+
+
+def test_streaming_with_clflush_where_pmem_drain_is_empty(monkeypatch):
+    """libpmem's CLFLUSH configuration (PMEM_NO_CLWB=1 PMEM_NO_CLFLUSHOPT=1), with kills."""
+    monkeypatch.setenv("PMEM_NO_CLWB", "1")
+    monkeypatch.setenv("PMEM_NO_CLFLUSHOPT", "1")
+    report = run_traced("pmem", IMAGES, seed=12, streaming=True, kills=True)
+    _ok(report)
+    assert report.flush_instruction == "clflush" and report.kills
+
+
+def test_streaming_writers_of_a_shared_wal():
+    _ok(run_traced("pmem", IMAGES, seed=13, streaming=True, threads=4, shared=True))
+
+
+@pytest.mark.parametrize("mode", ["msync", "buffered"])
+def test_page_cache_modes_durable_by_their_syncs_through_kills_and_reopens(mode):
+    report = run_traced(mode, IMAGES, seed=14, kills=True)
+    _ok(report)
+    assert report.kills and report.crash_points.get("in sync")
+
+
+def test_log_workload_durable_by_its_syncs():
+    _ok(run_traced("buffered", IMAGES, seed=15, workload="log"))
+
+
+# ---- mutations: each bug put back fails its run --------------------------------------
+
+def _caught(report) -> None:
+    assert not report.ok and report.lost + report.recovery_errors > 0, report.to_dict()
+    assert report.failures
+
+
+def test_a_deleted_stream_fence_fails_where_pmem_drain_is_empty(monkeypatch):
+    """Issue 27's first hole: without the core's own sfence, streamed records are never
+    fenced where libpmem's pmem_drain is empty."""
+    monkeypatch.setenv("PMEM_NO_CLWB", "1")
+    monkeypatch.setenv("PMEM_NO_CLFLUSHOPT", "1")
+    _caught(run_traced("pmem", 200, seed=1, streaming=True, mutation="skip-stream-fence"))
+
+
+def test_a_skipped_drain_fails():
+    _caught(run_traced("pmem", 200, seed=1, mutation="skip-drain"))
+
+
+def test_a_skipped_fdatasync_fails():
+    _caught(run_traced("buffered", 100, seed=1, mutation="skip-sync"))
+
+
+def test_a_short_msync_fails():
+    _caught(run_traced("msync", 200, seed=1, mutation="short-msync"))
+
+
+def test_an_open_that_does_not_sync_what_it_recovered_fails():
+    """Issue 27's second hole: a reopen after a kill took page-cache records for durable;
+    the new writer's msync covers only its own records, and a power cut loses the rest."""
+    _caught(run_traced("msync", 300, seed=1, kills=True, mutation="no-recovery-sync"))
+
+
+def test_a_recycle_that_keeps_the_old_header_fails():
+    report = run_traced("pmem", 100, seed=1, mutation="recycle-keeps-header")
+    assert report.recovery_errors and "header says segment" in report.failures[0]
