@@ -325,6 +325,40 @@ def test_the_shared_torture_catches_a_truncation_nobody_announced(monkeypatch):
     assert report.seed and f"seed {report.seed}" in report.summary()
 
 
+_FAILING_CHILD = """
+import json, sys, time
+from pmemwal.tools import _shared_torture_child as child
+real = child.make_record
+def make_record(incarnation, thread, seq, size):
+    if thread == 1 and seq == 20:
+        if {how!r} == "fail":
+            raise RuntimeError("thread 1 fails")
+        time.sleep(3600)   # stops, while thread 0 goes on acknowledging
+    return real(incarnation, thread, seq, size)
+child.make_record = make_record
+child.main(json.loads(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("how", ["fail", "stop"])
+def test_the_shared_torture_watches_every_writer_thread(monkeypatch, tmp_path, how):
+    """Issue 28, item 4: a writer thread that died or stopped while its sibling kept
+    acknowledging went unnoticed; now one that fails ends its process, and each survivor
+    must acknowledge from every thread after each kill and at the end."""
+    (tmp_path / "failing_child.py").write_text(_FAILING_CHILD.format(how=how))
+    monkeypatch.setattr(shared_torture, "_CHILD", "failing_child")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    config = shared_torture.SharedTortureConfig(processes=2, threads=2, seconds=1.5,
+                                                kill_interval=0.5, stall_bound=2, min_kills=1,
+                                                segment_size=SEG, max_size=2000,
+                                                env={"PYTHONPATH": path})
+    report = shared_torture.run(config)
+    assert not report.ok and report.blocked, report.to_dict()
+    words = "exited (70)" if how == "fail" else "thread(s) 1 acknowledged nothing"
+    assert any(words in line for line in report.blocked), report.blocked
+    assert not report.lost and not report.garbage
+
+
 # ---- bad input, locks, fork ----------------------------------------------------------
 
 

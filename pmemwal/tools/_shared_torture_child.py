@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import os
 import random
 import signal
 import sys
 import threading
+import traceback
 
 import pmemwal
 from pmemwal.tools.torture import make_record
@@ -57,9 +59,19 @@ def main(spec: dict) -> None:
                     say(f"T {before}")
                     wal.truncate(before)
 
+    def guarded(thread: int) -> None:
+        """A thread that fails ends the process (exit 70): its siblings must not go on
+        acknowledging as if it were writing."""
+        try:
+            appender(thread)
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(70)
+
     for signum, hook in ((signal.SIGUSR1, "stall"), (signal.SIGUSR2, "stall_locked")):
         signal.signal(signum, lambda *_, hook=hook: wal._core.inject_fault(hook, 0))
-    threads = [threading.Thread(target=appender, args=(t,), daemon=True)
+    threads = [threading.Thread(target=guarded, args=(t,), daemon=True)
                for t in range(spec["threads"])]
     for t in threads:
         t.start()

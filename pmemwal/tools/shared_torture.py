@@ -11,9 +11,12 @@ with ``flush=True`` from several threads, printing each acknowledgement.  The dr
    in three first arm a test hook in the victim (SIGUSR1/SIGUSR2) that stops its next
    insertion once its space is reserved, or inside the reservation lock, so that the
    kill certainly finds it mid-insert; the others land wherever the victim is;
-2. after each kill, measures how long until every survivor acknowledges a record that
-   it appended after the kill (its stall): a dead writer's unfinished insertion must
-   not block the others' flushes (the first to wait for it closes its range);
+2. after each kill, measures how long until every thread of every survivor acknowledges
+   a record that it appended after the kill (its stall): a dead writer's unfinished
+   insertion must not block the others' flushes (the first to wait for it closes its
+   range).  A writer that exits on its own (a thread that fails ends its process), or
+   a thread that stops acknowledging while its siblings go on, is reported, at a kill
+   and at the end;
 3. at the end kills them all, opens the WAL in one process (recovery), reads every
    record and checks: every acknowledged record is present at its LSN with every byte
    regenerating (none lost), LSNs increase, each thread's records come in sequence
@@ -119,7 +122,9 @@ class _Writer:
         self.incarnation = incarnation
         self.acks: dict[tuple[int, int], int] = {}  # (thread, seq) -> lsn
         self.truncations: list[int] = []
-        self.last_ack = 0.0
+        self.threads = config.threads
+        self.last_ack: dict[int, float] = {}  # per thread: when it last acknowledged
+        self.exited: int | None = None        # its exit status, had it ended before its kill
         self.ready = threading.Event()
         self.proc = subprocess.Popen([sys.executable, "-m", _CHILD, json.dumps(spec)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
@@ -133,15 +138,21 @@ class _Writer:
                 continue
             if parts[0] == b"A" and len(parts) == 4:
                 self.acks[(int(parts[1]), int(parts[2]))] = int(parts[3])
-                self.last_ack = time.monotonic()
+                self.last_ack[int(parts[1])] = time.monotonic()
             elif parts[0] == b"T" and len(parts) == 2:
                 self.truncations.append(int(parts[1]))
             elif parts[0] == b"R":
                 self.ready.set()
 
+    def acknowledged_since(self, moment: float) -> bool:
+        """Whether every one of its threads acknowledged a record after ``moment``."""
+        return all(self.last_ack.get(t, 0.0) > moment for t in range(self.threads))
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
+        else:
+            self.exited = self.proc.returncode
         self.proc.wait()
         self._reader.join(timeout=10)
 
@@ -186,14 +197,17 @@ def run(config: SharedTortureConfig,
                 time.sleep(0.05)  # its next insertion reserves and stops
             killed_at = time.monotonic()
             victim.kill()
+            _exited_on_its_own(victim, report)
             report.kills += 1
             finished.append(victim)
             _survivors_go_on(writers, killed_at, config.stall_bound, report)
             writers.append(spawn())
             if progress:
                 progress(report)
+        _survivors_go_on(writers, time.monotonic(), config.stall_bound, report)
         for writer in writers:
             writer.kill()
+            _exited_on_its_own(writer, report)
         finished.extend(writers)
         writers = []
         report.incarnations = incarnation
@@ -209,23 +223,32 @@ def run(config: SharedTortureConfig,
 
 def _survivors_go_on(writers: list[_Writer], killed_at: float, bound: float,
                      report: SharedTortureReport) -> None:
-    """Wait until every survivor has acknowledged a record after the kill; record how long
-    each took (a blocked one: over ``bound``)."""
+    """Wait until every thread of every survivor has acknowledged a record after the kill
+    (or, at the end, after ``killed_at`` = now); record how long each writer took (a
+    blocked one, or one with a thread that stopped: over ``bound``)."""
     waiting = {id(w): w for w in writers}
     while waiting:
         now = time.monotonic()
         for key, writer in list(waiting.items()):
-            if writer.last_ack > killed_at:
-                report.stalls.append(writer.last_ack - killed_at)
+            if writer.acknowledged_since(killed_at):
+                report.stalls.append(max(writer.last_ack.values()) - killed_at)
                 del waiting[key]
             elif writer.proc.poll() is not None:
-                report.blocked.append(f"writer {writer.incarnation} exited: {writer.error()}")
-                del waiting[key]
+                del waiting[key]  # (reported when it is killed: _exited_on_its_own)
             elif now - killed_at > bound:
-                report.blocked.append(f"writer {writer.incarnation} acknowledged nothing for "
-                                      f"{bound} s after a peer was killed")
+                silent = [t for t in range(writer.threads)
+                          if writer.last_ack.get(t, 0.0) <= killed_at]
+                report.blocked.append(f"writer {writer.incarnation}: thread(s) "
+                                      f"{', '.join(map(str, silent))} acknowledged nothing for "
+                                      f"{bound} s (after a peer was killed, or at the end)")
                 del waiting[key]
         time.sleep(0.002)
+
+
+def _exited_on_its_own(writer: _Writer, report: SharedTortureReport) -> None:
+    if writer.exited is not None:
+        report.blocked.append(f"writer {writer.incarnation} exited ({writer.exited}) before it "
+                              f"was killed: {writer.error()}")
 
 
 def _check(wal_path: str, writers: list[_Writer], report: SharedTortureReport) -> None:
