@@ -21,7 +21,7 @@ void trace_set(trace_stream_fn stream, trace_fence_fn fence, trace_sync_fn sync,
     atomic_store(&mutated, mutations);
 }
 
-static void hand_over(void)
+void trace_hand_over(void)
 {
     if (run_hi > run_lo && on_stream)
         on_stream(run_lo, run_hi - run_lo);
@@ -32,7 +32,7 @@ void trace_stream(const void *dst, size_t len)
 {
     uintptr_t a = (uintptr_t)dst;
     if (a != run_hi || run_hi == run_lo) {
-        hand_over();
+        trace_hand_over();
         run_lo = a;
     }
     run_hi = a + len;
@@ -40,7 +40,7 @@ void trace_stream(const void *dst, size_t len)
 
 void trace_fence(void)
 {
-    hand_over();
+    trace_hand_over();
     if (on_fence)
         on_fence();
 }

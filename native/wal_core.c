@@ -641,6 +641,7 @@ static inline void drain(wal_core *c, wal_slot *slot, int streamed)
 {
     if (trace_mutated(TRACE_SKIP_DRAIN))
         return;
+    trace_hand_over(); /* the streamed run, pending before pmem_drain (an sfence where it is one) */
     c->pmem_drain();
 #if defined(__x86_64__)
     if (streamed && !trace_mutated(TRACE_SKIP_STREAM_FENCE)) {
@@ -657,8 +658,10 @@ static inline void drain(wal_core *c, wal_slot *slot, int streamed)
 /* written -- in pmem mode, flush what was just stored through the cache. */
 static inline void written(wal_core *c, const wal_slot *slot, const void *p, size_t n)
 {
-    if (c->persist == WAL_PERSIST_PMEM && !slot->defer_flush)
+    if (c->persist == WAL_PERSIST_PMEM && !slot->defer_flush) {
+        trace_hand_over(); /* the simulator must know what this thread streamed before */
         c->pmem_flush(p, n);
+    }
 }
 
 /* store_header -- a header's 8-aligned bytes: streamed past the cache where the
@@ -817,6 +820,7 @@ static int flush_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t 
         int rc = seg_get(c, env, a / g->seg_size, &e);
         if (rc)
             return rc;
+        trace_hand_over();
         c->pmem_flush(e->base + a % g->seg_size, end - a);
         a = end;
     }

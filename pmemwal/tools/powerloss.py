@@ -17,16 +17,31 @@ to enumerate thousands of such outcomes without a power switch:
 
 - **Direct mode, pmem persist.**  A tracer takes libpmem's place: the core's
   ``pmem_flush(addr, len)`` and ``pmem_drain()`` calls land here (ctypes
-  callbacks; non-temporal stores are turned off so that every store passes
-  through a flush).  A flush snapshots the cache lines it covers; a drain
-  makes the snapshots durable, in order.  Crash points fall inside those
-  calls, i.e. in the middle of insertions, not only between them.
+  callbacks).  A flush snapshots the cache lines it covers; a fence makes
+  that thread's snapshots durable, in write-back order.  ``pmem_drain`` is
+  modelled as libpmem implements it for its flush instruction: an sfence
+  with CLWB or CLFLUSHOPT; empty with CLFLUSH, whose flushes are durable as
+  they return.  On the regular core non-temporal stores are turned off, so
+  that every store passes through a flush.  On the traced core
+  (pmemwal.tools.traced) records stream as on real pmem, and each run of
+  streaming stores is pending until its thread's next sfence, the core's own
+  or one ``pmem_drain`` stands for.  Crash points fall inside those calls,
+  i.e. in the middle of insertions, not only between them.
 
-- **Buffered mode and direct mode with msync.**  What a flush has returned
-  for is durable; in between, the page cache can have written back any part
-  of the rest.  Crash points fall between operations, and after a flush but
-  before its acknowledgement (every byte that flush wrote may or may not
-  have reached the disk).
+- **Buffered mode and direct mode with msync.**  On the regular core, what a
+  flush has returned for is durable; in between, the page cache can have
+  written back any part of the rest.  On the traced core, only what the
+  WAL's own syncs covered is durable (an fdatasync its file, an msync its
+  range), and a crash point falls inside each sync.  Crash points fall
+  between operations too, and after a flush but before its acknowledgement
+  (every byte that flush wrote may or may not have reached the disk).
+
+- **Kills** (``kills=True``: msync or buffered mode, on the traced core).  Now
+  and then the writer dies (SIGKILL: the WAL abandoned, its files as the page
+  cache holds them), and the WAL is reopened and written on.  What the reopen
+  recovered is checked like an image; only its own syncs make that durable;
+  crash points fall inside that recovery too, and each such image is
+  recovered again.
 
 A crash image is the shadow with each unit of not-yet-durable change (an
 8-byte word, as pmreorder does for pmem; 8 B, 512 B or 4 KiB at random for
@@ -78,10 +93,14 @@ CACHE_LINE = 64
 PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem (8-byte atomicity)
 PAGE_CACHE_GRAINS = (8, 512, 4096)     # torn word, torn sector, whole page written back or not
 MODES = ("pmem", "msync", "buffered")
-# name: (mode, writer threads, checkpointer thread, shared WAL: writers through three handles)
-SETUPS = {"pmem": ("pmem", 1, False, False), "pmem-threads": ("pmem", 4, False, False),
-          "pmem-checkpointer": ("pmem", 4, True, False), "pmem-shared": ("pmem", 4, False, True),
-          "msync": ("msync", 1, False, False), "buffered": ("buffered", 1, False, False)}
+# name: run_power_loss's options (those beyond mode and threads need the wal workload)
+SETUPS: dict[str, dict[str, Any]] = {
+    "pmem": {"mode": "pmem"}, "pmem-threads": {"mode": "pmem", "threads": 4},
+    "pmem-checkpointer": {"mode": "pmem", "threads": 4, "checkpointer": True},
+    "pmem-shared": {"mode": "pmem", "threads": 4, "shared": True},
+    "msync": {"mode": "msync"},
+    "msync-kill": {"mode": "msync", "kills": True}, "buffered": {"mode": "buffered"},
+    "buffered-kill": {"mode": "buffered", "kills": True}}
 ROUND_STEPS = 20                       # pmem: operations per thread between checks of the images
 KILL_RATE = 0.1                        # kills: chance that a round ends in a SIGKILL and a reopen
 RECOVERY_CRASH_RATE = 0.5              # kills: chance of a crash at each sync of the reopen's recovery
@@ -101,12 +120,27 @@ _SYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_size_t, c
 _SYNC_FILE, _SYNC_RANGE, _SYNC_WRITE = 0, 1, 2  # trace.h's trace_sync_kind
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def libpmem_flush_instruction() -> str:
-    """The flush instruction libpmem takes here by its own switches (``PMEM_NO_CLWB=1``,
-    ``PMEM_NO_CLFLUSHOPT=1``), on a CPU that has CLWB; the tracer models that one."""
-    if os.environ.get("PMEM_NO_CLWB") == "1":
-        return "clflush" if os.environ.get("PMEM_NO_CLFLUSHOPT") == "1" else "clflushopt"
-    return "clwb"
+    """The flush instruction libpmem takes here: the best the CPU has, less what its own
+    switches (``PMEM_NO_CLWB=1``, ``PMEM_NO_CLFLUSHOPT=1``) turn off; the tracer models it."""
+    flags = cpu_flags()
+    if "clwb" in flags and os.environ.get("PMEM_NO_CLWB") != "1":
+        return "clwb"
+    if "clflushopt" in flags and os.environ.get("PMEM_NO_CLFLUSHOPT") != "1":
+        return "clflushopt"
+    return "clflush"
 
 
 def _address(callback) -> int:
@@ -295,7 +329,8 @@ class DurableShadow:
         return segno, addr - base
 
     def trace_syncs(self, mutations: int = 0) -> None:
-        """Durable only what the WAL's syncs cover (the traced core reports each one)."""
+        """Durable only what the WAL's syncs cover (the traced core reports each one; every
+        run sets the hooks, so none of an earlier run's stays)."""
         self.syncs_traced = True
         self._sync = _SYNC_FN(self._guarded(self._on_sync))  # alive as long as the core uses it
         _core._trace(0, 0, _address(self._sync), mutations)
@@ -390,10 +425,10 @@ class PmemTracer(DurableShadow):
         self.pending: dict[int, list[tuple[int, int, bytes, int]]] = {}  # per thread: a fence is per CPU
         self.versions: dict[int, np.ndarray] = {}  # per segment and word: the write-back it holds
         self._order = itertools.count(1)
-        if streaming or mutations:
-            if not _core.TRACED:
-                raise ValueError("streaming stores and mutations are traced by the traced core "
-                                 "only: run with PMEMWAL_TRACED_CORE=1")
+        if (streaming or mutations) and not _core.TRACED:
+            raise ValueError("streaming stores and mutations are traced by the traced core "
+                             "only: run with PMEMWAL_TRACED_CORE=1")
+        if _core.TRACED:  # (every run sets the hooks: none of an earlier run's stays)
             self._stream = _STREAM_FN(self._guarded(self._on_stream))
             self._fence = _FENCE_FN(self._guarded(self._on_fence))
             _core._trace(_address(self._stream), _address(self._fence), 0, mutations)
@@ -423,7 +458,7 @@ class PmemTracer(DurableShadow):
             lines = self._read(lo, hi - lo)
             order = next(self._order)
             if self.ordered_flush:  # CLFLUSH: written back as it returns
-                self._write_back(segno, off, lines, order)
+                self._write_back_cached(segno, off, lines, order)
         if not self.ordered_flush:
             self.pending.setdefault(threading.get_ident(), []).append((segno, off, lines, order))
         self._maybe_crash("flush")
@@ -453,6 +488,23 @@ class PmemTracer(DurableShadow):
         with self.lock:
             for segno, off, data, order in self.pending.pop(threading.get_ident(), []):
                 self._write_back(segno, off, data, order)
+
+    def _write_back_cached(self, segno: int, off: int, data: bytes, order: int) -> None:
+        """A flush's write-back, less the words this thread streamed and has not fenced:
+        streaming stores bypass the cache, so a flush of their line does not carry them."""
+        end = off + len(data)
+        durable, versions = self.segments[segno], self.versions.get(segno)
+        held = [(max(o, off), min(o + len(d), end))
+                for s, o, d, _ in self.pending.get(threading.get_ident(), [])
+                if s == segno and o < end and off < o + len(d)]
+        saved = [(a, b, durable[a:b].copy(),
+                  None if versions is None else versions[a // PMEM_GRAIN:b // PMEM_GRAIN].copy())
+                 for a, b in held]
+        self._write_back(segno, off, data, order)
+        versions = self.versions[segno]
+        for a, b, bytes_, words in saved:
+            durable[a:b] = bytes_
+            versions[a // PMEM_GRAIN:b // PMEM_GRAIN] = 0 if words is None else words
 
     def _write_back(self, segno: int, off: int, data: bytes, order: int) -> None:
         """Words reach the media in the order they were written back (or streamed): a
@@ -586,12 +638,21 @@ class Workload:
         """The workload's WAL opened again, with its options (``_open_workload`` sets it)."""
         raise NotImplementedError
 
-    def reopened(self, wal: pmemwal.WAL) -> None:
-        """The writer was killed and ``wal`` reopened its WAL: records past the end its
-        recovery found were never there for the new writer, and leave the ledger."""
-        end = wal.insert_lsn
+    def reopened(self, wal: pmemwal.WAL) -> str | None:
+        """The writer was killed and ``wal`` reopened its WAL: what its recovery returned is
+        held against the ledger like an image's (a problem is returned), then records past
+        its end, never acknowledged, leave the ledger (the new writer reuses their LSNs)."""
         self.wal = wal
-        self.lsn_of = {index: lsn for index, lsn in self.lsn_of.items() if lsn < end}
+        end = wal.insert_lsn
+        try:
+            recovered = [(r.lsn, bytes(r.payload)) for r in wal.records()]
+        except WALError as exc:
+            verdict, detail = "error", f"reading it raised {type(exc).__name__}: {exc}"
+        else:
+            verdict, detail = held_against(recovered, end, self.acked_below, self)
+        self.lsn_of = {index: lsn for index, lsn in self.lsn_of.items()
+                       if lsn < max(end, self.acked_below)}
+        return None if verdict in ("ok", "beyond") else f"{verdict}: {detail}"
 
     def retain(self) -> bool:
         """Keep the WAL at a few segments: truncation, then recycling, under the writer.
@@ -771,6 +832,13 @@ def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str,
             end = wal.insert_lsn
     except WALError as exc:
         return "error", f"recovery raised {type(exc).__name__}: {exc}"
+    return held_against(recovered, end, image.acked, workload)
+
+
+def held_against(recovered: list[tuple[int, bytes]], end: int, acked: int,
+                 workload: Workload) -> tuple[str, str]:
+    """check_image's verdict on what a recovery returned (``(lsn, payload)`` pairs, and
+    where it ended), ``acked`` being the LSN acknowledged when the power went."""
     seen, last = set(), -1
     for lsn, data in recovered:
         index = struct.unpack_from("<Q", data)[0] if len(data) >= 8 else -1
@@ -779,15 +847,15 @@ def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str,
             return "bad", f"the record at LSN {lsn:#x} is not one written there"
         seen.add(index)
         last = lsn
-    if end < image.acked:
-        return "lost", f"recovery ends at {end:#x}, {image.acked:#x} had been acknowledged"
+    if end < acked:
+        return "lost", f"recovery ends at {end:#x}, {acked:#x} had been acknowledged"
     kept_from = workload.truncated_to - workload.truncated_to % workload.wal.segment_size
     lost = sorted((lsn, index) for index, lsn in list(workload.lsn_of.items())
-                  if kept_from <= lsn < image.acked and index not in seen)
+                  if kept_from <= lsn < acked and index not in seen)
     if lost:
         return "lost", (f"{len(lost)} acknowledged record(s) did not come back, the first at "
                         f"LSN {lost[0][0]:#x}")
-    return ("beyond" if end > image.acked else "ok"), ""
+    return ("beyond" if end > acked else "ok"), ""
 
 
 def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
@@ -809,10 +877,11 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     ``checkpointer`` (pmem, wal workload) adds a thread that truncates while the
     writers run, so crashes land amid recycling.  ``shared`` (pmem, wal workload, 4
     threads or more) writes a shared WAL through three handles, one of which dies
-    mid-insert now and then (``SharedWorkload``).  ``kills`` (wal workload, one handle)
-    kills the writer now and then and reopens the WAL, whose recovery must make
-    durable what it takes (``_kill_and_reopen``): a crash, a reopen with more appends,
-    then a power cut, in one run; crash points fall inside those recoveries too.
+    mid-insert now and then (``SharedWorkload``).  ``kills`` (wal workload, one handle,
+    msync or buffered mode, traced core) kills the writer now and then and reopens the
+    WAL, whose recovery must make durable what it takes (``_kill_and_reopen``): a
+    crash, a reopen with more appends, then a power cut, in one run; crash points fall
+    inside those recoveries too.
 
     On the traced core (``PMEMWAL_TRACED_CORE=1``): ``streaming`` (pmem) streams records
     past the cache as pmem mode does on real pmem, every streaming store traced;
@@ -831,8 +900,12 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         raise ValueError("checkpointer=True: pmem mode and the wal workload only")
     if shared and (mode != "pmem" or workload != "wal" or threads < 4):
         raise ValueError("shared=True: pmem mode, the wal workload and 4 threads or more")
-    if kills and (workload != "wal" or shared):
-        raise ValueError("kills=True: the wal workload, on one handle")
+    if kills and (workload != "wal" or shared or mode == "pmem" or not _core.TRACED):
+        # pmem: a kill between operations finds every insertion drained, nothing for the
+        # reopen to sync; the regular core's page-cache model counts everything a flush
+        # returned for durable, the killed writer's unsynced pages too
+        raise ValueError("kills=True: the wal workload on one handle, in msync or buffered "
+                         "mode, on the traced core (PMEMWAL_TRACED_CORE=1)")
     if streaming and mode != "pmem":
         raise ValueError("streaming=True: pmem mode only")
     report = PowerLossReport(mode, threads, workload, checkpointer, shared=shared, seed=seed,
@@ -869,9 +942,12 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                     queue.append(shadow.disarm() or take("mid-flush" if flushed else "between"))
                 if flushed:
                     shadow.settle()
-            if kills and rng.random() < KILL_RATE / (1 if mode == "pmem" else ROUND_STEPS):
-                _kill_and_reopen(work, shadow)
+            if kills and rng.random() < KILL_RATE / ROUND_STEPS:  # (page-cache modes: a step)
                 report.kills += 1
+                problem = _kill_and_reopen(work, shadow)
+                if problem:
+                    report.lost += 1
+                    report.failures.append(f"the reopen after kill {report.kills}: {problem}")
             rounds += 1
             if shadow.errors:
                 raise RuntimeError(f"the persist tracer failed:\n{shadow.errors[0]}")
@@ -920,6 +996,11 @@ def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLo
         _count(report, image, verdict, detail, path, keep_failures)
         if progress:
             progress(1)
+def wal_workload_only(setup: str) -> bool:
+    """Whether ``setup`` runs the wal workload only (a checkpointer, a shared WAL, kills)."""
+    return bool(set(SETUPS[setup]) - {"mode", "threads"})
+
+
 def parse_setups(text: str) -> tuple[str, ...]:
     """"pmem,msync" -> ("pmem", "msync"); ValueError naming the valid setups."""
     names = tuple(t.strip() for t in text.split(",") if t.strip())
@@ -935,7 +1016,9 @@ def table(reports: list[PowerLossReport]) -> str:
     log = any(r.workload == "log" for r in reports)
     columns = [("setup", lambda r: (r.mode if r.threads == 1 else f"{r.mode} x{r.threads} writers")
                 + (" + checkpointer" if r.checkpointer else "")
-                + (f", shared by 3 handles, {r.deaths} died mid-insert" if r.shared else "")),
+                + (f", shared by 3 handles, {r.deaths} died mid-insert" if r.shared else "")
+                + (f", {r.kills} kills and reopens" if r.kills else "")
+                + (f", streaming ({r.crc32c_path}, {r.flush_instruction})" if r.streaming else "")),
                ("images", lambda r: f"{r.images:,}"),
                (f"{'entries' if log else 'records'} written", lambda r: f"{r.records_written:,}"),
                ("lost", lambda r: r.lost),
@@ -969,7 +1052,7 @@ def _shadow_for(mode: str, wal: pmemwal.WAL, rng: np.random.Generator, crash_rat
     return shadow
 
 
-def _kill_and_reopen(work: Workload, shadow: DurableShadow) -> None:
+def _kill_and_reopen(work: Workload, shadow: DurableShadow) -> str | None:
     """A SIGKILL of the writer, then an open of its WAL that goes on appending.
 
     The killed process never fences again: its pending flushes stay unpersisted, while
@@ -978,14 +1061,12 @@ def _kill_and_reopen(work: Workload, shadow: DurableShadow) -> None:
     fdatasyncs, each CHECKPOINT slot it writes) put them into the durable shadow, and a
     crash point falls before each: a crash inside recovery, its image recovered in turn.
     Records past where recovery ended were never there for the new writer; they leave
-    the ledger, and the acknowledgements made before the kill stay promised.
+    the ledger, and the acknowledgements made before the kill stay promised.  What the
+    reopen recovered is checked like an image (its problem is returned).
     """
     old = work.wal
     old._forsake()
     old._dir.close()  # the kernel drops a dead process's locks
-    with shadow.lock:
-        if isinstance(shadow, PmemTracer):
-            shadow.pending.clear()
     shadow.handles = []
     with _recovery_traced(shadow):
         wal = work.reopen()
@@ -995,7 +1076,7 @@ def _kill_and_reopen(work: Workload, shadow: DurableShadow) -> None:
         for segno in wal._segnos:
             if segno not in shadow.segments:  # made by the open (synced as it made it)
                 shadow.track(segno)
-    work.reopened(wal)
+    return work.reopened(wal)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ import sys
 import warnings
 from dataclasses import fields
 
-from pmemwal.tools.powerloss import PowerLossReport
+from pmemwal.tools.powerloss import PowerLossReport, cpu_flags
 
 # PMEMWAL_CPU names of the CRC32C + copy paths that stream (the table path copies through
 # the cache), and the CPU flags each needs
@@ -38,20 +38,11 @@ MUTATIONS = {
     "no-recovery-sync": "an open does not sync the records it recovered (issue 27's second "
                         "hole: caught with kills in msync mode)",
     "recycle-keeps-header": "a recycled segment keeps its old header",
+    "reopen-loses-last-record": "an open after a kill destroys the last record it recovered "
+                                "(its header zeroed): caught by the check of each reopen",
 }
 _CORE_BITS = {"skip-stream-fence": "TRACE_SKIP_STREAM_FENCE", "skip-drain": "TRACE_SKIP_DRAIN",
               "skip-sync": "TRACE_SKIP_SYNC", "short-msync": "TRACE_SHORT_MSYNC"}
-
-
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def streaming_paths() -> list[str]:
@@ -91,6 +82,18 @@ def _mutate(mutation: str | None) -> int:
         return getattr(_core, _CORE_BITS[mutation])
     if mutation == "no-recovery-sync":
         wal.WAL._persist_recovered = lambda self, start, end: None
+    elif mutation == "reopen-loses-last-record":
+        persist_recovered = wal.WAL._persist_recovered
+
+        def losing(self, start: int, end: int) -> None:
+            _, last = self._core.position()
+            fd = os.open(self._dir.file(last // self.segment_size), os.O_RDWR)
+            try:
+                os.pwrite(fd, bytes(8), last % self.segment_size)
+            finally:
+                os.close(fd)
+            persist_recovered(self, start, end)
+        wal.WAL._persist_recovered = losing
     elif mutation == "recycle-keeps-header":
         def recycle(self, old, new, segment_size, wal_id, fd=-1):
             os.rename(self.file(old), self.file(new))
