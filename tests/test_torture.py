@@ -43,7 +43,7 @@ def test_records_regenerate_and_any_changed_byte_is_caught():
 
 def test_short_torture_loses_nothing(shm_tmp):
     config = torture.TortureConfig(path=str(shm_tmp), rounds=24, threads=4, rounds_per_dir=8,
-                                   delay_ms=(30, 250))
+                                   delay_ms=(30, 250), recovery_kill_odds=0)  # (every setup acks)
     report = torture.run(config)
     summary = json.dumps(report.to_dict(), indent=1)
     assert report.ok, summary
@@ -58,6 +58,17 @@ def test_short_torture_loses_nothing(shm_tmp):
         assert cfg["acknowledged"] > 0 and cfg["lost"] == 0, (key, summary)
         assert cfg["persist_methods"] == [torture.PERSIST[key.split("/")[0]][1]], (key, summary)
     assert os.listdir(shm_tmp) == []  # nothing left behind
+
+
+def test_kills_inside_recovery_lose_nothing(shm_tmp):
+    """Issue 28, item 4: a kill after the child began to open lands in its recovery now
+    and then; the check's recovery is then a second one over what the first left."""
+    config = torture.TortureConfig(path=str(shm_tmp), rounds=30, threads=1, rounds_per_dir=30,
+                                   delay_ms=(5, 60), recovery_kill_odds=0.5, seed=5)
+    report = torture.run(config)
+    assert report.ok, json.dumps(report.to_dict(), indent=1)
+    assert report.recovery_kills >= 1 and report.acknowledged > 0  # (~15 tries, each ~40%)
+    assert report.to_dict()["recovery_kills"] == report.recovery_kills
 
 
 def test_a_recovery_that_skips_records_fails_the_torture_check(shm_tmp, monkeypatch):

@@ -139,8 +139,9 @@ def wal_options(spec: dict) -> dict:
 
 def main(argv: list[str]) -> None:
     spec = json.loads(argv[1])
-    wal = opened(lambda: pmemwal.open(spec["dir"], **wal_options(spec)))
     pipe = Pipe(sys.stdout.fileno())
+    pipe.say("O")  # opening: a kill from here on may land inside recovery
+    wal = opened(lambda: pmemwal.open(spec["dir"], **wal_options(spec)))
     pipe.say(f"R {wal.persist_method} {wal.insert_lsn}")
     writers = spec["threads"]
     run_threads(writers + bool(spec.get("checkpoint")),

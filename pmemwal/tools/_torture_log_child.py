@@ -21,8 +21,9 @@ from pmemwal.tools.torture import record_size
 
 def main(argv: list[str]) -> None:
     spec = json.loads(argv[1])
-    log = opened(lambda: pmemwal.open_log(spec["dir"], **wal_options(spec)))
     pipe = Pipe(sys.stdout.fileno())
+    pipe.say("O")  # opening: a kill from here on may land inside recovery
+    log = opened(lambda: pmemwal.open_log(spec["dir"], **wal_options(spec)))
     pipe.say(f"R {log.wal.persist_method} {log.first_index} {log.last_index}")
     shared = Shared(log, spec["round"], spec["term"],
                     lambda *event: pipe.say(" ".join(map(str, event))),

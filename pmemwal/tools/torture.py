@@ -27,6 +27,7 @@ the same rounds on a ``pmemwal.Log``, with its own child, ledger and checks.
 
 Pipe lines of the WAL workload, child to parent (one locked write each):
 
+    O                                   opening: recovery begins
     R <persist_method> <insert_lsn>     opened: recovery done, appending starts
     A <thread> <seq> <lsn> [<lsn> ...]  records seq, seq+1, ... of the thread are durable
     T <lsn>                             about to truncate before lsn
@@ -297,15 +298,19 @@ class ChildRun:
     delay_s: float
     returncode: int
     failure: str | None             # did not get ready, died by itself, broke the protocol
+    in_recovery: bool               # killed ``delay_s`` after it began to open, not once ready
     pipe: bytes
     stderr: bytes
 
 
 def crash_round(ledger: TortureDir, setup: Setup, rnd: int, seed: str, threads: int,
-                delay_s: float, timeout: float = 60.0, checkpoint: float = 0.0) -> ChildRun:
-    """Run a child on the ledger's WAL, SIGKILL it ``delay_s`` after it is ready, and
-    record what it acknowledged and announced in the ledger; with ``checkpoint``, a thread
-    of the child truncates every that many seconds besides the writers."""
+                delay_s: float, timeout: float = 60.0, checkpoint: float = 0.0,
+                in_recovery: bool = False) -> ChildRun:
+    """Run a child on the ledger's WAL, SIGKILL it ``delay_s`` after it is ready (with
+    ``in_recovery``, after it began to open: the kill may land inside its recovery, and
+    the check's recovery is then a second one), and record what it acknowledged and
+    announced in the ledger; with ``checkpoint``, a thread of the child truncates every
+    that many seconds besides the writers."""
     spec = {"dir": ledger.path, "mode": setup.mode, "segment_size": setup.segment_size,
             "slots": setup.slots, "threads": threads, "round": rnd, "seed": seed,
             "checkpoint": checkpoint, **ledger.begin(rnd)}
@@ -313,16 +318,17 @@ def crash_round(ledger: TortureDir, setup: Setup, rnd: int, seed: str, threads: 
         proc = subprocess.Popen([sys.executable, "-m", ledger.CHILD, json.dumps(spec)],
                                 stdout=subprocess.PIPE, stderr=err, env=child_env(setup.persist))
         pipe = _PipeReader(proc.stdout)
-        if pipe.ready.wait(timeout) and not pipe.eof:
+        if (pipe.opening if in_recovery else pipe.ready).wait(timeout) and not pipe.eof:
             time.sleep(delay_s)
         proc.send_signal(signal.SIGKILL)  # nothing happens if it has already exited
         proc.wait()
         pipe.join()
         err.seek(0)
         stderr = err.read()
-    run = _read_pipe(ledger.reader(rnd), pipe.data(), proc.returncode, stderr, delay_s)
+    run = _read_pipe(ledger.reader(rnd), pipe.data(), proc.returncode, stderr, delay_s,
+                     in_recovery)
     expected = PERSIST[setup.persist][1]
-    if run.failure is None and run.persist_method != expected:
+    if run.failure is None and run.persist_method not in (expected, None if in_recovery else expected):
         run.failure = f"persist method {run.persist_method}, expected {expected}"
     return run
 
@@ -333,16 +339,18 @@ class _PipeReader(threading.Thread):
     def __init__(self, stream) -> None:
         super().__init__(daemon=True)
         self._stream, self._chunks = stream, []
-        self.ready, self.eof = threading.Event(), False
+        self.opening, self.ready, self.eof = threading.Event(), threading.Event(), False
         self.start()
 
     def run(self) -> None:
         fd = self._stream.fileno()
         while chunk := os.read(fd, 1 << 16):
             self._chunks.append(chunk)
-            if b"\n" in chunk:
+            self.opening.set()  # (its first line is "O")
+            if not self.ready.is_set() and b"\nR " in b"\n" + self.data():
                 self.ready.set()
         self.eof = True
+        self.opening.set()
         self.ready.set()
         self._stream.close()
 
@@ -350,12 +358,15 @@ class _PipeReader(threading.Thread):
         return b"".join(self._chunks)
 
 
-def _read_pipe(reader, data: bytes, returncode: int, stderr: bytes, delay_s: float) -> ChildRun:
-    """Parse a child's pipe: the R line here, the workload's lines in its ``reader``."""
+def _read_pipe(reader, data: bytes, returncode: int, stderr: bytes, delay_s: float,
+               in_recovery: bool = False) -> ChildRun:
+    """Parse a child's pipe: the O and R lines here, the workload's lines in its ``reader``."""
     persist, failure = None, None
     for line in data.split(b"\n")[:-1]:  # the last piece is empty, or cut off by the kill
         tag, *fields = line.split() or [b""]
         try:
+            if tag == b"O" and persist is None:
+                continue
             if tag == b"R" and persist is None:
                 persist = fields[0].decode()
                 reader.opened([int(f) for f in fields[1:]])
@@ -372,12 +383,12 @@ def _read_pipe(reader, data: bytes, returncode: int, stderr: bytes, delay_s: flo
     if failure is None and (returncode != -signal.SIGKILL or b"Traceback" in stderr):
         # a writer that failed just before the kill has written its traceback
         failure = f"child exited with status {returncode}: {stderr.decode(errors='replace')[-2000:]}"
-    elif failure is None and persist is None:
+    elif failure is None and persist is None and not in_recovery:
         failure = "child never got ready"
     reader.finish()
     seqs = reader.acked_seqs
     return ChildRun(persist, sum(seqs.values()), seqs, reader.ops, delay_s, returncode, failure,
-                    data, stderr)
+                    in_recovery, data, stderr)
 
 
 # ---- the check --------------------------------------------------------------------
@@ -530,6 +541,7 @@ class TortureReport:
     child_failures: int = 0
     ops: dict[str, int] = field(default_factory=dict)   # announced, by kind
     silent_rounds: int = 0        # the child acknowledged nothing: a hang shows up here
+    recovery_kills: int = 0       # rounds killed before the child's open returned (in its recovery)
     wal_dirs: int = 0
     elapsed_s: float = 0.0
     recovery_ms: list[float] = field(default_factory=list)
@@ -559,8 +571,10 @@ class TortureReport:
         self.acknowledged += child.acknowledged
         for kind, n in child.ops.items():
             self.ops[kind] = self.ops.get(kind, 0) + n
-        self.silent_rounds += child.acknowledged == 0
-        self.delays_ms.append(child.delay_s * 1e3)
+        self.silent_rounds += child.acknowledged == 0 and not child.in_recovery
+        self.recovery_kills += child.in_recovery and child.persist_method is None
+        if not child.in_recovery:
+            self.delays_ms.append(child.delay_s * 1e3)
         self.child_failures += child.failure is not None
         problems = [f"child: {child.failure}"] if child.failure else []
         cfg = self.per_config.setdefault(result.setup.key, {
@@ -598,7 +612,7 @@ class TortureReport:
             "order_violations": self.order_violations, "resurrected": self.resurrected,
             "state_errors": self.state_errors, "recovery_errors": self.recovery_errors,
             "child_failures": self.child_failures, **self.ops,
-            "silent_rounds": self.silent_rounds,
+            "silent_rounds": self.silent_rounds, "recovery_kills": self.recovery_kills,
             "wal_dirs": self.wal_dirs, "elapsed_s": round(self.elapsed_s, 1),
             "recovery_ms": _stats(self.recovery_ms, "p50", "p99", "max"),
             "records_per_recovery": _stats(self.scanned, "p50", "mean", "max"),
@@ -630,6 +644,7 @@ class TortureReport:
             f"child failures:       {self.child_failures}",
             *(f"{kind.replace('_', ' ') + ':':<22}{n}" for kind, n in self.ops.items()),
             f"silent rounds:        {self.silent_rounds} (nothing acknowledged before the kill)",
+            f"kills in recovery:    {self.recovery_kills} (before the child's open returned)",
             f"recovery time:        p50 {rec['p50']:.2f} ms, p99 {rec['p99']:.2f} ms, "
             f"max {rec['max']:.2f} ms",
             f"{noun} per recovery: p50 {scan['p50']:.0f}, mean {scan['mean']:.0f}, "
@@ -669,6 +684,8 @@ class TortureConfig:
     rounds_per_dir: int = 50
     max_dir_bytes: int = 256 << 20
     delay_ms: tuple[float, float] = (5.0, 300.0)
+    recovery_kill_odds: float = 0.15        # a round's kill lands after the child began to open ...
+    recovery_kill_ms: tuple[float, float] = (0.0, 10.0)  # ... this long after, often in recovery
     keep: bool = False                      # leave the last WAL directory behind
     workload: str = "wal"                   # one of WORKLOADS
     checkpoint: float = 0.0                 # s between a checkpointer thread's truncations; 0: none
@@ -742,9 +759,10 @@ def run(config: TortureConfig, progress: Progress | None = None) -> TortureRepor
                 report.wal_dirs += 1
             persist, slots = next(setups)
             setup = Setup(persist, ledger.segment_size, slots)
-            delay = rng.uniform(*config.delay_ms) / 1e3
+            in_recovery = rng.random() < config.recovery_kill_odds
+            delay = rng.uniform(*(config.recovery_kill_ms if in_recovery else config.delay_ms)) / 1e3
             result = play_round(ledger, setup, rnd, f"{seed}/{rnd}", config.threads, delay,
-                                crash_image, config.checkpoint)
+                                crash_image, config.checkpoint, in_recovery)
             report.add(result)
             if not result.ok:
                 report.kept.append(_keep(ledger, result, crash_image, base))
@@ -772,9 +790,11 @@ def _setups(config: TortureConfig, rng: random.Random) -> Iterator[tuple[str, in
 
 
 def play_round(ledger: TortureDir, setup: Setup, rnd: int, seed: str, threads: int, delay_s: float,
-               crash_image: str | None = None, checkpoint: float = 0.0) -> RoundResult:
+               crash_image: str | None = None, checkpoint: float = 0.0,
+               in_recovery: bool = False) -> RoundResult:
     """One round: crash a child, copy the WAL as the kill left it, recover, check, absorb."""
-    child = crash_round(ledger, setup, rnd, seed, threads, delay_s, checkpoint=checkpoint)
+    child = crash_round(ledger, setup, rnd, seed, threads, delay_s, checkpoint=checkpoint,
+                        in_recovery=in_recovery)
     if child.failure and not any(n.endswith(".wal") for n in os.listdir(ledger.path)):
         return RoundResult(rnd, setup, child, None, 0)
     if crash_image:
