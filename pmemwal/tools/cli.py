@@ -16,9 +16,11 @@ import click
 import pmemwal
 from pmemwal import lostfound as _lostfound
 from pmemwal.tools import bench as _bench
+from pmemwal.tools import fs_crash as _fs_crash
 from pmemwal.tools import powerloss as _powerloss
 from pmemwal.tools import progress as _progress
 from pmemwal.tools import restore as _restore
+from pmemwal.tools import traced as _traced
 from pmemwal.tools import torture as _torture
 
 
@@ -387,6 +389,7 @@ def lost_found(path: str, dump_name: str | None, restore_name: str | None,
 from pmemwal import device as _device, libpmem as _libpmem  # noqa: E402
 from pmemwal.tools import harness as _harness  # noqa: E402  (kept beside the command that uses it)
 from pmemwal.tools import presets as _presets  # noqa: E402
+from pmemwal.tools.fs_model import FS_MODELS
 
 
 def _merge_params(ctx, param, value):
@@ -696,24 +699,37 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
 @main.command()
 @click.option("--images", type=click.IntRange(min=1), default=2000, show_default=True,
               help="Crash images to recover and check, per setup.")
-@click.option("--setups", type=_Parsed("setups", _powerloss.parse_setups),
-              default=",".join(_powerloss.SETUPS), show_default=True,
+@click.option("--setups", type=_Parsed("setups", _powerloss.parse_setups), default=None,
               help="pmem (traced flush/drain, 1 writer), pmem-threads (4 writers), pmem-checkpointer "
               "(4 writers and a thread truncating every 2 ms; wal workload), pmem-shared (4 writers "
               "through 3 handles of a shared WAL, one dying mid-insert now and then; wal "
-              "workload), msync, buffered.")
+              "workload), msync, buffered; msync-kill, buffered-kill: the writer killed now and "
+              "then and the WAL reopened, crashes inside its recovery too (wal workload, "
+              "--traced).  [default: all, those with kills only with --traced]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of workload and crashes.")
 @click.option("--keep-failures", type=click.Path(file_okay=False), default=None,
               help="Copy every image that fails its check into this directory.")
 @click.option("--workload", type=click.Choice(_powerloss.WORKLOADS), default="wal",
               show_default=True, help="wal: records appended and flushed; log: a pmemwal.Log's "
               "entries appended and synced, rewinds, compactions, resets, states.")
+@click.option("--fs-model", type=click.Choice(FS_MODELS), default=None,
+              help="Instead of the data setups: file-system metadata crash states (creates, "
+              "renames, unlinks, syncs; issue 28) of this file system's model, IMAGES distinct "
+              "states for each metadata workload (growth, truncate, recycle, shared, archive, "
+              "restore).")
+@click.option("--traced", is_flag=True,
+              help="Run each setup on the traced core (pmemwal._core_traced), a child process per "
+              "run: pmem setups stream records past the cache, once per CPU path this machine "
+              "has, pmem_drain as libpmem's flush instruction has it (PMEM_NO_CLWB=1 "
+              "PMEM_NO_CLFLUSHOPT=1: CLFLUSH, where it is empty); the page-cache setups count "
+              "only what the WAL's own syncs covered.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr (a terminal gets a bar, a "
               "file or pipe a line every 10 s).")
 @_library_errors
 def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: str | None,
-              workload: str, as_json: bool, quiet: bool) -> None:
+              workload: str, fs_model: str | None, traced: bool, as_json: bool,
+              quiet: bool) -> None:
     """Simulated power loss: crash a live WAL IMAGES times per setup, keeping only what
     was persisted (and a random part of the rest), and check each recovery.
 
@@ -722,21 +738,46 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
     and state must survive, and no removed entry come back.  Exits 1 when any
     image fails.
 
+    With --fs-model ext4|xfs, the crashes are of the file system's metadata
+    instead (docs/RELIABILITY.md, "File-system metadata crash states"): each
+    state a crash may leave of the pending creates, renames, unlinks and size
+    changes is recovered; nothing acknowledged may be lost, nothing stale
+    returned, and no WAL refuse to open.  --setups and --workload do not apply.
+
     Example: pmemwal powerloss --images 5000 --setups pmem,pmem-threads,msync,buffered
+
+    Example: pmemwal powerloss --fs-model ext4 --images 2000 --seed 1
+
+    Example: pmemwal powerloss --traced --images 500 --setups pmem-checkpointer,msync-kill
     """
+    if fs_model is not None:
+        _fs_powerloss(fs_model, images, seed, as_json, quiet)
+        return
     reports = []
     # the log workload compacts from its own workers (no checkpointer setup for it), and a
     # Log has one writer process (no shared setup)
-    setups = tuple(s for s in setups if workload == "wal" or not any(_powerloss.SETUPS[s][2:]))
-    with _progress.progress(images * len(setups), "image", "powerloss", "pmemwal powerloss",
+    if setups is None:
+        setups = tuple(s for s in _powerloss.SETUPS if traced or "kills" not in _powerloss.SETUPS[s])
+    elif not traced and any("kills" in _powerloss.SETUPS[s] for s in setups):
+        raise click.UsageError("the kill setups run on the traced core only: add --traced")
+    setups = tuple(s for s in setups if workload == "wal" or not _powerloss.wal_workload_only(s))
+    runs = [(setup, cpu) for setup in setups for cpu in
+            (_traced.streaming_paths() if traced and _powerloss.SETUPS[setup]["mode"] == "pmem"
+             else [None])]
+    with _progress.progress(images * len(runs), "image", "powerloss", "pmemwal powerloss",
                             quiet) as bar:
-        for setup in setups:
-            mode, threads, checkpointer, shared = _powerloss.SETUPS[setup]
-            bar.set_postfix_str(setup)
-            reports.append(_powerloss.run_power_loss(mode, images, threads=threads, seed=seed,
-                                                     keep_failures=keep_failures,
-                                                     progress=bar.update, workload=workload,
-                                                     checkpointer=checkpointer, shared=shared))
+        for setup, cpu in runs:
+            options = {**_powerloss.SETUPS[setup], "seed": seed, "workload": workload,
+                       "keep_failures": keep_failures}
+            bar.set_postfix_str(setup + (f" ({cpu})" if cpu else ""))
+            if traced:  # in a child: no progress until it ends
+                report = _traced.run_traced(images=images, cpu=cpu,
+                                            streaming=options["mode"] == "pmem", **options)
+                bar.update(images)
+            else:
+                report = _powerloss.run_power_loss(images=images, progress=bar.update, **options)
+            reports.append(report)
+        setups = tuple(setup for setup, _ in runs)
     if as_json:
         _dump({"reports": [r.to_dict() for r in reports]})
     else:
@@ -744,7 +785,30 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
         for setup, report in zip(setups, reports):
             for failure in report.failures[:5]:
                 click.echo(f"FAILED {failure} (reproduce: pmemwal powerloss --images {images} "
-                           f"--setups {setup} --workload {workload} --seed {seed})")
+                           f"--setups {setup} --workload {workload} --seed {seed}"
+                           f"{' --traced' if traced else ''})")
+    if not all(r.ok for r in reports):
+        raise click.exceptions.Exit(1)
+
+
+def _fs_powerloss(fs_model: str, states: int, seed: int, as_json: bool, quiet: bool) -> None:
+    """``powerloss --fs-model``: the metadata crash-state driver over its workloads."""
+    reports = []
+    workloads = _fs_crash.WORKLOADS
+    with _progress.progress(states * len(workloads), "state", "powerloss", "pmemwal powerloss",
+                            quiet) as bar:
+        for name in workloads:
+            bar.set_postfix_str(f"{fs_model} {name}")
+            reports.append(_fs_crash.run_fs_crash(fs_model, states, seed, workload=name,
+                                                  progress=bar.update))
+    if as_json:
+        _dump({"reports": [r.to_dict() for r in reports]})
+    else:
+        click.echo(_fs_crash.table(reports))
+        for report in reports:
+            for failure in report.failures[:5]:
+                click.echo(f"FAILED {failure} (reproduce: pmemwal powerloss --fs-model "
+                           f"{fs_model} --images {states} --seed {seed})")
     if not all(r.ok for r in reports):
         raise click.exceptions.Exit(1)
 

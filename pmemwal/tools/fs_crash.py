@@ -1,0 +1,542 @@
+"""File-system metadata crash states: what a power cut leaves of creates, renames and syncs.
+
+Concern: a model of the file system's *metadata* persistence and the driver that
+enumerates its crash states over live WAL workloads (issue 28, item 1).  The
+power-loss simulator (powerloss.py) takes every create, fallocate, rename, unlink,
+``CONTROL``, ``archive_status/`` marker and restore step for atomic and in order;
+this module does not.  It follows ALICE's abstract persistence model (Pillai et
+al., "All File Systems Are Not Created Equal: On the Complexity of Crafting
+Crash-Consistent Applications", OSDI 2014) and CrashMonkey's (Mohan et al.,
+"Finding Crash-Consistency Bugs with Bounded Black-Box Crash Testing", OSDI 2018):
+record the program's file-system calls, then build every state the file system
+may leave at each point and run recovery on it.
+
+- **Metadata model and recording**: pmemwal.tools.fs_model.
+- **Content model.**  A file's durable data is what it held at its last fsync or
+  fdatasync.  Segment data the native core writes (pwrite in buffered mode, stores
+  through the mapping in direct mode) and syncs is not seen by the wrappers: as in
+  powerloss.DurableShadow, every segment's current bytes become durable when a
+  workload step that flushed returns (workloads are single-threaded, background
+  writer off), and before a ``CHECKPOINT`` slot is synced (the WAL writes one only
+  once what it names is durable).  Each crash state takes, for all its files, the
+  durable data ("old") or the current data ("new"), cut or zero-extended to the size
+  the metadata prefix gives; under xfs the old data comes twice, with appended ranges
+  as written and as zeros.
+- **Checks.**  Each distinct state (hash of names and contents) is materialised and
+  recovered: ``pmemwal.open(..., create=False, mode="buffered", background=False)``
+  with powerloss.check_image's checks (every acknowledged record back, by content and
+  LSN order; nothing that was not written at its LSN); a shared WAL also through
+  ``shared=True`` (CONTROL rebuilt); the archive's segments must hold every acknowledged
+  record the WAL no longer has; a restore cut short must refuse to open
+  (``RESTORING``), and a finished one hold exactly what a reference restore holds.  A
+  typed refusal (a ``WALError``) where nothing was lost counts as a failure too: a
+  power cut must never leave a WAL that does not open.
+
+``run_fs_crash`` is the driver; ``pmemwal powerloss --fs-model ext4|xfs`` its command line.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import pmemwal
+from pmemwal.archive import ArchiveStatus, FsspecArchive
+from pmemwal.archiver import archive_ready
+from pmemwal.errors import NotFoundError, WALError
+from pmemwal.format import parse_segment_name
+from pmemwal.segments import RESTORING_NAME
+from pmemwal.tools import restore as _restore
+from pmemwal.tools.fs_model import CrashState, Killed, MetadataModel, Recorder
+from pmemwal.tools.powerloss import Image, Workload, _default_dir, _write_image, check_image
+
+WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore")
+METADATA_WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive")  # and restore
+SEGMENT_SIZE = 1 << 20            # the smallest allowed: many file operations per record
+MAX_SEGMENTS = 4                  # truncate beyond this
+ROUNDS_PER_WAL = 160              # workload steps before a fresh WAL (keeps states small)
+KILL_RATE = 0.3                   # shared: chance that a truncation's writers are killed mid-way
+
+
+# ---- checks ---------------------------------------------------------------------------------
+
+@dataclass
+class FsCrashReport:
+    """What a run checked, and what (must not have) failed."""
+
+    fs_model: str
+    workload: str
+    seed: int = 0
+    crash_points: int = 0
+    states_checked: int = 0       # recoveries run (a distinct state is checked again when
+    distinct_states: int = 0      # ... what had been acknowledged differs)
+    metadata_states: int = 0      # distinct states that lost some pending metadata operation
+    lost: int = 0
+    stale: int = 0
+    untyped: int = 0              # recovery raised something that is not a WALError
+    refused: int = 0              # a WALError where nothing was lost (a failure)
+    expected_refusals: int = 0    # a restore cut short: open refuses, as designed
+    kills: int = 0                # shared: writers killed mid-truncation, then reopened
+    operations: int = 0           # metadata operations recorded
+    records_written: int = 0
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.stale or self.untyped or self.refused)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _verdict_of_error(exc: BaseException, acked: int) -> tuple[str, str]:
+    if not isinstance(exc, WALError):
+        return "untyped", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+    if isinstance(exc, NotFoundError) and acked == 0:
+        return "ok", ""  # no WAL yet, and nothing promised
+    return "refused", f"{type(exc).__name__}: {exc}"
+
+
+def _wal_image(state: CrashState, prefix: str, acked: int, where: str,
+               others: bool = True) -> Image:
+    """The files of ``prefix``/ as a power-loss Image (segments by number, the rest by name,
+    unless not ``others``)."""
+    segments, files = {}, {}
+    for name, data in state.files.items():
+        head, _, base = name.rpartition("/")
+        if head != prefix:
+            continue
+        segno = parse_segment_name(base)
+        if segno is not None:
+            segments[segno] = data
+        elif others:
+            files[base] = data
+    return Image(segments, acked, 0, where, files)
+
+
+def check_wal_state(state: CrashState, work: Workload, directory: Path, where: str,
+                    shared: bool = False) -> tuple[str, str]:
+    """powerloss.check_image on the state's WAL; a shared WAL is opened shared too."""
+    acked = work.acked()
+    image = _wal_image(state, "wal", acked, where)
+    try:
+        verdict, detail = check_image(image, work, directory)
+    except BaseException as exc:  # (check_image catches WALError only)
+        return _verdict_of_error(exc, acked)
+    if verdict == "error":
+        return ("ok", "") if acked == 0 and "create=False" in detail else ("refused", detail)
+    if verdict == "bad":
+        verdict = "stale"
+    if verdict in ("ok", "beyond") and shared:
+        return _check_shared_open(image, directory, acked)
+    return ("ok" if verdict == "beyond" else verdict), detail
+
+
+def _check_shared_open(image: Image, directory: Path, acked: int) -> tuple[str, str]:
+    """Opened shared (the first process rebuilds CONTROL from what it finds)."""
+    _write_image(image, directory)
+    try:
+        with pmemwal.open(directory, create=False, shared=True, mode="direct",
+                          background=False) as wal:
+            end = wal.insert_lsn
+    except BaseException as exc:
+        return _verdict_of_error(exc, acked)
+    if end < acked:
+        return "lost", f"opened shared, it ends at {end:#x}; {acked:#x} had been acknowledged"
+    return "ok", ""
+
+
+def check_archive_state(state: CrashState, work: Workload, directory: Path,
+                        where: str) -> tuple[str, str]:
+    """Every acknowledged record the WAL's state no longer holds is in the archive's."""
+    present = [s for name in state.files if name.startswith("wal/")
+               and (s := parse_segment_name(name[4:])) is not None]
+    below = min(present) * work.wal.segment_size if present else 0
+    starts = [lsn for lsn in list(work.lsn_of.values()) if lsn < min(below, work.acked())]
+    if len(starts) < 2:
+        return "ok", ""
+    # the last record below may run into the WAL's first segment: not the archive's to hold
+    need = max(starts)
+    image = _wal_image(state, "archive", need, where, others=False)  # (not .partial)
+    proxy = SimpleNamespace(seed=work.seed, lsn_of=work.lsn_of, truncated_to=0, wal=work.wal)
+    verdict, detail = check_image(image, proxy, directory)
+    if verdict in ("ok", "beyond"):
+        return "ok", ""
+    return ("stale" if verdict == "bad" else "lost"), f"the archive: {detail}"
+
+
+# ---- workloads -------------------------------------------------------------------------------
+
+class FsWorkload:
+    """A WAL workload under the recorder: ``step`` runs one operation (crash points fall
+    inside it), ``check`` recovers one crash state."""
+
+    options: dict = {}
+
+    def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
+        self.root, self.seed, self.recorder = root, seed, recorder
+        self.kills = 0
+        self.work = Workload(self._open(), seed)
+
+    def _open(self) -> pmemwal.WAL:
+        return pmemwal.open(self.root / "wal", mode="buffered", segment_size=SEGMENT_SIZE,
+                            background=False, prepare_segments=0, **self.options)
+
+    def step(self, rng: random.Random) -> None:
+        flushed = self.work.step(rng)
+        if flushed:
+            self.recorder.settle_segments()
+        self.retain(rng)
+
+    def retain(self, rng: random.Random) -> None:
+        """Truncate as a checkpointer would (subclasses)."""
+
+    def check(self, state: CrashState, directory: Path, where: str) -> tuple[str, str]:
+        return check_wal_state(state, self.work, directory, where)
+
+    @property
+    def written(self) -> int:
+        return self.work.written
+
+    def close(self) -> None:
+        self.work.close()
+
+
+class GrowthWorkload(FsWorkload):
+    """Appends and flushes: new segments (zero-filled, renamed into place)."""
+
+    options = {"recycle_segments": 0}
+
+
+class TruncateWorkload(FsWorkload):
+    """Truncation that removes segments (no recycling)."""
+
+    options = {"recycle_segments": 0}
+
+    def retain(self, rng: random.Random) -> None:
+        wal = self.work.wal
+        if len(wal._segnos) > MAX_SEGMENTS or rng.random() < 0.05:
+            self.work._truncate(wal, wal.flushed_lsn)
+
+
+class RecycleWorkload(TruncateWorkload):
+    """Truncation that recycles segments into future ones."""
+
+    options = {"recycle_segments": 2}
+
+
+class SharedWorkload(TruncateWorkload):
+    """A shared WAL (CONTROL) through two handles, in direct mode; now and then both
+    writers are killed mid-truncation (a process crash: what they wrote stays in the page
+    cache, their unsynced operations stay pending) and the WAL is opened again, the first
+    handle rebuilding CONTROL from what it finds."""
+
+    options = {"recycle_segments": 2}
+
+    def _open(self) -> pmemwal.WAL:
+        return self._open_shared()
+
+    def _open_shared(self) -> pmemwal.WAL:
+        return pmemwal.open(self.root / "wal", mode="direct", segment_size=SEGMENT_SIZE,
+                            background=False, prepare_segments=0, prefault=False, shared=True,
+                            **self.options)
+
+    def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
+        super().__init__(root, seed, recorder)
+        self.handles = [self.work.wal, self._open_shared()]
+
+    def step(self, rng: random.Random) -> None:
+        self.work.wal = self.handles[rng.random() < 0.5]
+        super().step(rng)
+
+    def retain(self, rng: random.Random) -> None:
+        wal = self.work.wal
+        if not (len(wal._dir.list_segments(tidy=False)) > MAX_SEGMENTS or rng.random() < 0.05):
+            return
+        if rng.random() < KILL_RATE:
+            count = [rng.randrange(1, 4)]  # before the 1st, 2nd or 3rd directory sync
+
+            def kill(where: str) -> bool:
+                count[0] -= where.startswith("fsync in sync <")
+                return count[0] == 0
+
+            self.recorder.kill_at = kill
+        try:
+            self.work._truncate(wal, wal.flushed_lsn)
+        except Killed:
+            self._reopen()
+        finally:
+            self.recorder.kill_at = None
+
+    def _reopen(self) -> None:
+        """Both writers died: drop them as the kernel would, and open the WAL again."""
+        self.kills += 1
+        for wal in self.handles:
+            wal._forsake()
+            with wal._seg_lock:
+                for seg in list(wal._segments.values()) + list(wal._read_cache.values()):
+                    os.close(seg.fd) if seg.fd >= 0 else None
+                    seg.fd = -1
+            wal._dir.close()
+        self.handles = [self._open_shared(), self._open_shared()]
+        self.work.wal = self.handles[0]
+
+    def check(self, state: CrashState, directory: Path, where: str) -> tuple[str, str]:
+        return check_wal_state(state, self.work, directory, where, shared=True)
+
+    def close(self) -> None:
+        for wal in self.handles:
+            wal.close()
+
+
+class ArchiveWorkload(TruncateWorkload):
+    """Archiving to a local directory (file://, under the root: its files are modelled
+    too), run in this process: the writer's status files (``.ready``) and the archiver's
+    steps (upload, ``.partial`` renamed, ``.ready`` to ``.done``), then truncation, which
+    keeps every segment not archived."""
+
+    options = {"recycle_segments": 1}
+
+    def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
+        super().__init__(root, seed, recorder)
+        wal = self.work.wal
+        self.archive = FsspecArchive(f"file://{root / 'archive'}")
+        self.status = ArchiveStatus(str(root / "wal"))
+        # the WAL's own Archiver decides what truncation may take; its process is not started
+        from pmemwal.archiver import Archiver
+        wal._archiver = Archiver(str(root / "wal"), {"url": f"file://{root / 'archive'}"},
+                                 wal.segment_size, wal._segnos[0], 1 << 40, 1.0)
+        wal._archiver._wake = lambda: None
+
+    def retain(self, rng: random.Random) -> None:
+        wal = self.work.wal
+        wal._archiver.tick(wal._oldest_segment(), wal.flushed_lsn)
+        if rng.random() < 0.5:
+            archive_ready(self.status, self.archive, str(self.root / "wal"), {}, lambda e: None)
+        super().retain(rng)
+
+    def check(self, state: CrashState, directory: Path, where: str) -> tuple[str, str]:
+        verdict = super().check(state, directory, where)
+        if verdict[0] != "ok":
+            return verdict
+        return check_archive_state(state, self.work, directory, where)
+
+    def close(self) -> None:
+        self.work.wal._archiver = None
+        super().close()
+
+
+class RestoreWorkload:
+    """Restores from a file:// archive (made once, outside the root) into a new directory
+    under the root, each to a random ``until``; crash points fall all through them."""
+
+    def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
+        self.root, self.seed, self.recorder = root, seed, recorder
+        self.kills = 0
+        self.source = root.parent / "source"
+        self.lsn_of = _make_archive(self.source, seed)
+        self.n = 0
+        self.dest: Path | None = None
+        self.expected: list[tuple[int, bytes]] = []
+
+    def step(self, rng: random.Random) -> None:
+        lsns = sorted(self.lsn_of.values())
+        until = rng.choice([None, None, rng.choice(lsns[1:]) + 8 * rng.randrange(0, 3)])
+        with self.recorder.pause():
+            ref = self.root.parent / "reference"
+            shutil.rmtree(ref, ignore_errors=True)
+            _restore.restore(ref, f"file://{self.source / 'archive'}", until=until)
+            self.expected = _records(ref)
+        self.n += 1
+        self.dest = self.root / f"r{self.n}"
+        _restore.restore(self.dest, f"file://{self.source / 'archive'}", until=until)
+
+    def check(self, state: CrashState, directory: Path, where: str) -> tuple[str, str]:
+        if self.dest is None:
+            return "ok", ""
+        prefix = str(self.dest.relative_to(self.root))
+        if prefix not in state.dirs:
+            return "ok", ""   # nothing made yet, nothing promised
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        for name, data in state.files.items():
+            if name.startswith(prefix + "/"):
+                target = directory / name[len(prefix) + 1:]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        for d in state.dirs:
+            if d.startswith(prefix + "/"):
+                (directory / d[len(prefix) + 1:]).mkdir(parents=True, exist_ok=True)
+        cut_short = f"{prefix}/{RESTORING_NAME}" in state.files
+        try:
+            got = _records(directory)
+        except BaseException as exc:
+            if cut_short and isinstance(exc, WALError) and RESTORING_NAME in str(exc):
+                return "expected", ""
+            if isinstance(exc, NotFoundError) and not any(
+                    n.startswith(prefix + "/") for n in state.files):
+                return "expected", ""  # the restore had not begun: an empty directory
+            return _verdict_of_error(exc, 1)
+        if cut_short:
+            return "refused", "a restore cut short opened (RESTORING is there)"
+        if got != self.expected:
+            missing = len(set(self.expected) - set(got))
+            return ("lost" if missing else "stale"), (
+                f"the restored WAL holds {len(got)} records, the restore {len(self.expected)}")
+        return "ok", ""
+
+    @property
+    def written(self) -> int:
+        return len(self.lsn_of)
+
+    def close(self) -> None:
+        pass
+
+
+def _records(path: Path) -> list[tuple[int, bytes]]:
+    with pmemwal.open(path, create=False, mode="buffered", background=False) as wal:
+        return [(r.lsn, bytes(r.payload)) for r in wal.records()]
+
+
+def _make_archive(source: Path, seed: int) -> dict[int, int]:
+    """A file:// archive of a few complete segments; the records' LSNs by index."""
+    shutil.rmtree(source, ignore_errors=True)
+    wal = pmemwal.open(source / "wal", mode="buffered", segment_size=SEGMENT_SIZE,
+                       archive=f"file://{source / 'archive'}")
+    work = Workload(wal, seed)
+    rng = random.Random(seed)
+    while wal.insert_lsn < 3.5 * SEGMENT_SIZE:
+        work.step(rng)
+    wal.flush()
+    wal.wait_archived(60)
+    wal.close()
+    return dict(work.lsn_of)
+
+
+_WORKLOAD_CLASSES = {"growth": GrowthWorkload, "truncate": TruncateWorkload,
+                     "recycle": RecycleWorkload, "shared": SharedWorkload,
+                     "archive": ArchiveWorkload, "restore": RestoreWorkload}
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
+def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "growth",
+                 directory: str | None = None, crash_rate: float = 0.5,
+                 progress: Callable[[int], None] | None = None,
+                 max_seconds: float | None = None) -> FsCrashReport:
+    """Run ``workload`` under the recorder, crashing at random recorded operations (each with
+    chance ``crash_rate``) and after steps, until ``states`` distinct crash states of the
+    ``fs_model`` file system have been recovered and checked (or ``max_seconds`` passed)."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
+    model = MetadataModel(fs_model)
+    report = FsCrashReport(fs_model, workload, seed)
+    base = Path(tempfile.mkdtemp(prefix="pmemwal-fscrash-", dir=directory or _default_dir()))
+    rng, crash_rng = random.Random(seed), random.Random(seed ^ 0x5EED)
+    seen: set[bytes] = set()
+    checked: set[tuple] = set()
+    t0 = time.perf_counter()
+    try:
+        generation = 0
+        while report.distinct_states < states:
+            root = base / f"g{generation}"
+            root.mkdir()
+            model = MetadataModel(fs_model)
+            recorder = Recorder(model, str(root))
+            holder: dict = {}
+
+            def crash(where: str, force: bool = False) -> None:
+                if "work" in holder and (force or crash_rng.random() < crash_rate):
+                    _crash_point(holder["work"], recorder, where, base / "image", report,
+                                 seen, checked, progress)
+
+            recorder.on_point = crash
+            with recorder:
+                work = _WORKLOAD_CLASSES[workload](root, seed + generation, recorder)
+                holder["work"] = work
+                for _ in range(ROUNDS_PER_WAL if workload != "restore" else 4):
+                    work.step(rng)
+                    crash("after a step", force=crash_rng.random() < crash_rate)
+                    if report.distinct_states >= states or (
+                            max_seconds and time.perf_counter() - t0 > max_seconds):
+                        break
+                report.records_written += work.written
+                report.kills += work.kills
+                report.operations += model.recorded
+                with recorder.pause():
+                    work.close()
+            shutil.rmtree(root, ignore_errors=True)
+            generation += 1
+            if max_seconds and time.perf_counter() - t0 > max_seconds:
+                break
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _crash_point(work, recorder: Recorder, where: str, image_dir: Path, report: FsCrashReport,
+                 seen: set[bytes], checked: set[tuple],
+                 progress: Callable[[int], None] | None) -> None:
+    """Enumerate the states a crash here may leave; recover and check the new ones."""
+    report.crash_points += 1
+    acked = work.work.acked() if hasattr(work, "work") else len(getattr(work, "expected", ()))
+    truncated = getattr(getattr(work, "work", None), "truncated_to", 0)
+    for state in recorder.states():
+        digest = state.digest()
+        if digest not in seen:
+            seen.add(digest)
+            report.distinct_states += 1
+            if state.prefix < state.pending:
+                report.metadata_states += 1
+            if progress:
+                progress(1)
+        key = (digest, acked, truncated)
+        if key in checked:
+            continue
+        checked.add(key)
+        report.states_checked += 1
+        verdict, detail = work.check(state, image_dir, where)
+        _count(report, verdict, detail, where, state)
+
+
+_COUNTERS = {"lost": "lost", "stale": "stale", "untyped": "untyped", "refused": "refused"}
+
+
+def _count(report: FsCrashReport, verdict: str, detail: str, where: str,
+           state: CrashState) -> None:
+    if verdict == "expected":
+        report.expected_refusals += 1
+    elif verdict in _COUNTERS:
+        setattr(report, _COUNTERS[verdict], getattr(report, _COUNTERS[verdict]) + 1)
+        if len(report.failures) < 50:
+            report.failures.append(
+                f"{verdict} at a crash {where} ({state.prefix} of {state.pending} pending "
+                f"operations kept, {state.data} data; seed {report.seed}): {detail}")
+
+
+def table(reports: list[FsCrashReport]) -> str:
+    """The reports as a Markdown table, one row per file system and workload."""
+    columns = [("fs model", lambda r: r.fs_model), ("workload", lambda r: r.workload),
+               ("crash points", lambda r: f"{r.crash_points:,}"),
+               ("distinct states", lambda r: f"{r.distinct_states:,}"),
+               ("missing a pending metadata op", lambda r: f"{r.metadata_states:,}"),
+               ("recoveries", lambda r: f"{r.states_checked:,}"),
+               ("lost", lambda r: r.lost), ("stale", lambda r: r.stale),
+               ("untyped errors", lambda r: r.untyped), ("refused", lambda r: r.refused),
+               ("restores cut short, refused as designed", lambda r: r.expected_refusals),
+               ("kills", lambda r: r.kills),
+               ("records written", lambda r: f"{r.records_written:,}"),
+               ("seconds", lambda r: f"{r.seconds:.0f}")]
+    rows = ["| " + " | ".join(name for name, _ in columns) + " |", "|" + "---|" * len(columns)]
+    rows += ["| " + " | ".join(str(cell(r)) for _, cell in columns) + " |" for r in reports]
+    return "\n".join(rows)

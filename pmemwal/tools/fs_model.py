@@ -1,0 +1,544 @@
+"""The file-system metadata model of the crash states (pmemwal.tools.fs_crash), and its recorder.
+
+Concern: what a power cut may leave of a program's creates, renames, unlinks, size
+changes and syncs, after ALICE's abstract persistence model (Pillai et al., "All File
+Systems Are Not Created Equal: On the Complexity of Crafting Crash-Consistent
+Applications", OSDI 2014) and CrashMonkey's (Mohan et al., "Finding Crash-Consistency
+Bugs with Bounded Black-Box Crash Testing", OSDI 2018); docs/RELIABILITY.md, "File-system
+metadata crash states", states the rules.
+
+- **Recording.**  While a workload runs, ``Recorder`` wraps ``os.open`` (O_CREAT,
+  O_TRUNC), ``os.rename``, ``os.replace``, ``os.unlink``/``remove``, ``os.mkdir``,
+  ``os.rmdir``, ``os.posix_fallocate``, ``os.ftruncate``, ``os.pwrite``/``write``,
+  ``os.sendfile``, ``os.fsync``, ``os.fdatasync`` and ``builtins.open`` (archive status
+  files, fsspec's copies) for paths under one root.  Files are tracked by inode.  A
+  size change made where no wrapper sees it (a file object's write) is noticed at the
+  file's next sync, rename or unlink, and recorded there.
+- **Metadata model** (``MetadataModel``; docs/RELIABILITY.md, "File-system metadata
+  crash states").  Creates, mkdirs, renames, unlinks and size changes are *pending*
+  until a sync commits them; a rename is one step.  Both file systems journal metadata
+  in program order, so a crash keeps a *prefix* of the pending operations.  A commit
+  (an fsync of any file, an fdatasync of a file with a pending create or size change,
+  an fsync of a directory) makes every earlier operation durable, as ext4's journal
+  commit and xfs's log force do.  ``ext4`` (data=ordered): a size change persists with
+  the data written below it.  ``xfs``: a size increase may persist without that data:
+  the appended range then reads as zeros.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import os
+import stat
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable, Iterator
+
+from pmemwal.format import parse_segment_name
+from pmemwal.segments import CHECKPOINT_NAME
+
+FS_MODELS = ("ext4", "xfs")
+
+_real = SimpleNamespace(**{name: getattr(os, name) for name in (
+    "open", "rename", "replace", "unlink", "remove", "mkdir", "rmdir", "posix_fallocate",
+    "ftruncate", "pwrite", "write", "sendfile", "fsync", "fdatasync")}, builtin_open=builtins.open)
+
+
+# ---- the model ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MetaOp:
+    """One metadata operation: ``create`` (``path`` names new inode ``ino``), ``mkdir``,
+    ``rmdir``, ``rename`` (``path`` to ``dst``, one step), ``unlink``, or ``size`` (inode
+    ``ino`` becomes ``size`` bytes; ``data``: its bytes then, what ext4 writes first)."""
+
+    kind: str
+    path: str = ""
+    dst: str = ""
+    ino: int = 0
+    size: int = 0
+    data: bytes = b""
+    where: str = ""
+
+
+@dataclass
+class FsImage:
+    """What a disk holds: names (relative paths) to inodes, directories, and each inode's
+    bytes (their length is its size)."""
+
+    names: dict[str, int] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+    data: dict[int, bytes] = field(default_factory=dict)
+
+    def copy(self) -> FsImage:
+        return FsImage(dict(self.names), set(self.dirs), dict(self.data))
+
+    def apply(self, op: MetaOp, ordered: bool) -> None:
+        """Apply one operation; ``ordered``: a size increase brings the data written below
+        it (ext4 data=ordered), else zeros (xfs)."""
+        if op.kind == "create":
+            self.names[op.path] = op.ino
+            self.data[op.ino] = b""
+        elif op.kind == "mkdir":
+            self.dirs.add(op.path)
+        elif op.kind == "rmdir":
+            self.dirs.discard(op.path)
+        elif op.kind == "rename":
+            ino = self.names.pop(op.path, None)
+            if ino is not None:
+                self.names[op.dst] = ino  # the old target, if any, goes in the same step
+        elif op.kind == "unlink":
+            self.names.pop(op.path, None)
+        elif op.kind == "size":
+            old = self.data.get(op.ino, b"")
+            grown = op.data[len(old):op.size] if ordered else b""
+            self.data[op.ino] = fit(old + grown, op.size)
+
+
+def fit(data: bytes, size: int) -> bytes:
+    """``data`` cut or zero-extended to ``size`` bytes."""
+    return data[:size] if len(data) >= size else data + bytes(size - len(data))
+
+
+@dataclass
+class CrashState:
+    """One state a crash may leave: names to contents, and directories."""
+
+    files: dict[str, bytes]
+    dirs: set[str]
+    prefix: int          # pending operations it kept
+    pending: int         # of how many
+    data: str            # old | new | old+zeros
+
+    def digest(self) -> bytes:
+        h = hashlib.blake2b(digest_size=16)
+        for name in sorted(self.files):
+            h.update(name.encode() + b"\0" + _content_hash(self.files[name]))
+        for d in sorted(self.dirs):
+            h.update(b"d:" + d.encode() + b"\0")
+        return h.digest()
+
+
+_HASHES: dict[int, tuple[bytes, bytes]] = {}  # id(content) -> (content, its hash): one per object
+
+
+def _content_hash(data: bytes) -> bytes:
+    cached = _HASHES.get(id(data))
+    if cached is None or cached[0] is not data:
+        if len(_HASHES) > 4096:
+            _HASHES.clear()
+        cached = (data, hashlib.blake2b(data, digest_size=16).digest())
+        _HASHES[id(data)] = cached
+    return cached[1]
+
+
+class MetadataModel:
+    """The durable image, the operations pending since the last commit, and the rules of
+    one file system (``ext4`` or ``xfs``) for what a crash keeps of them."""
+
+    def __init__(self, fs: str) -> None:
+        if fs not in FS_MODELS:
+            raise ValueError(f"fs model {fs!r}: one of {', '.join(FS_MODELS)}")
+        self.fs = fs
+        self.durable = FsImage()
+        self.pending: list[MetaOp] = []
+        self._next_ino = 1
+        self.recorded = 0  # operations recorded, in all
+
+    @property
+    def ordered(self) -> bool:
+        return self.fs == "ext4"
+
+    def new_inode(self) -> int:
+        self._next_ino += 1
+        return self._next_ino
+
+    def record(self, op: MetaOp) -> None:
+        self.pending.append(op)
+        self.recorded += 1
+
+    def commit(self) -> None:
+        """A journal commit / log force: every pending operation is durable, in order."""
+        for op in self.pending:
+            self.durable.apply(op, self.ordered)
+        self.pending.clear()
+
+    def has_pending(self, ino: int) -> bool:
+        """Whether inode ``ino`` has a pending create or size change (an fdatasync of it then
+        commits: the size is data-sync metadata on both file systems)."""
+        return any(op.ino == ino and op.kind in ("create", "size") for op in self.pending)
+
+    def fsync(self, ino: int, current: bytes) -> None:
+        """fsync of a file: commit, then its data as it is now."""
+        self.commit()
+        self.durable.data[ino] = current
+
+    def fdatasync(self, ino: int, current: bytes) -> None:
+        """fdatasync: its data; a commit first only when its size or creation is pending."""
+        if self.has_pending(ino):
+            self.commit()
+        self.durable.data[ino] = fit(current, len(self.durable.data.get(ino, b"")))
+
+    def settle(self, ino: int, current: bytes) -> None:
+        """Data made durable where no wrapper saw it (the core's flush): data only."""
+        if ino in self.durable.data:
+            self.durable.data[ino] = fit(current, len(self.durable.data[ino]))
+
+    def states(self, current: Callable[[int], bytes]) -> Iterator[CrashState]:
+        """Every state a crash now may leave: each prefix of the pending operations, with
+        each data outcome (``current(ino)``: the inode's bytes now)."""
+        variants = [("old", True), ("new", True)] + ([("old+zeros", False)] if self.fs == "xfs"
+                                                     else [])
+        news: dict[tuple[int, int], bytes] = {}
+        for data, ordered in variants:
+            image = self.durable.copy()
+            for k in range(len(self.pending) + 1):
+                if k:
+                    image.apply(self.pending[k - 1], ordered)
+                files = {}
+                for name, ino in image.names.items():
+                    old = image.data.get(ino, b"")
+                    if data == "new":
+                        key = (ino, len(old))
+                        if key not in news:
+                            news[key] = fit(current(ino), len(old))
+                        files[name] = news[key]
+                    else:
+                        files[name] = old
+                yield CrashState(files, set(image.dirs), k, len(self.pending), data)
+
+
+# ---- recording -----------------------------------------------------------------------------
+
+class Killed(BaseException):
+    """A simulated process kill at a chosen operation (shared workload)."""
+
+
+class Recorder:
+    """Wraps the ``os`` calls (and ``builtins.open``) that change files under ``root`` while
+    active, feeding ``model``; ``on_point(where)`` runs before each, a crash point."""
+
+    def __init__(self, model: MetadataModel, root: str,
+                 on_point: Callable[[str], None] | None = None) -> None:
+        self.model = model
+        self.root = os.path.abspath(root)
+        self.on_point = on_point
+        self.paused = 0
+        self.inodes: dict[int, int] = {}   # st_ino -> model inode
+        self.paths: dict[int, str] = {}    # model inode -> its name now
+        self.gone: dict[int, bytes] = {}   # model inode -> its bytes when its last name went
+        self.sizes: dict[int, int] = {}    # model inode -> the size the model knows
+        self.segment_inodes: set[int] = set()
+        self.kill_at: Callable[[str], bool] | None = None  # raise Killed at the op it accepts
+        self.model.durable.dirs.add("")
+
+    # -- plumbing ------------------------------------------------------------------------
+    @contextmanager
+    def pause(self) -> Iterator[None]:
+        self.paused += 1
+        try:
+            yield
+        finally:
+            self.paused -= 1
+
+    def __enter__(self) -> Recorder:
+        wrapped = {"open": self._open, "rename": self._rename, "replace": self._replace,
+                   "unlink": self._unlink, "remove": self._unlink, "mkdir": self._mkdir,
+                   "rmdir": self._rmdir, "posix_fallocate": self._fallocate,
+                   "ftruncate": self._ftruncate, "pwrite": self._pwrite, "write": self._write,
+                   "sendfile": self._sendfile, "fsync": self._fsync, "fdatasync": self._fdatasync}
+        for name, fn in wrapped.items():
+            setattr(os, name, fn)
+        builtins.open = self._builtin_open
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in vars(_real):
+            if name != "builtin_open":
+                setattr(os, name, getattr(_real, name))
+        builtins.open = _real.builtin_open
+
+    def _rel(self, path, dir_fd: int | None = None) -> str | None:
+        if isinstance(path, int):
+            return None
+        path = os.fsdecode(path)
+        if dir_fd is not None and not os.path.isabs(path):
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+        path = os.path.normpath(os.path.abspath(path))
+        if path == self.root:
+            return ""
+        return os.path.relpath(path, self.root) if path.startswith(self.root + os.sep) else None
+
+    def _fd_rel(self, fd: int) -> str | None:
+        try:
+            return self._rel(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            return None
+
+    def _point(self, what: str) -> None:
+        where = f"{what} in {_caller()}"
+        if self.kill_at is not None and self.kill_at(where):
+            self.kill_at = None
+            raise Killed(where)
+        if self.on_point is not None:
+            with self.pause():
+                self.on_point(where)
+
+    def _active(self, rel: str | None) -> bool:
+        return rel is not None and not self.paused
+
+    def _inode(self, st: os.stat_result, rel: str) -> int:
+        """The model inode of a file found under ``rel`` (one made before recording began
+        is taken as durable as it is)."""
+        ino = self.inodes.get(st.st_ino)
+        if ino is None:
+            ino = self.model.new_inode()
+            self.inodes[st.st_ino] = ino
+            self.paths[ino] = rel
+            data = _read_path(os.path.join(self.root, rel))
+            self.model.durable.names[rel] = ino
+            self.model.durable.data[ino] = data
+            self.sizes[ino] = len(data)
+        return ino
+
+    def _fd_inode(self, fd: int) -> int | None:
+        rel = self._fd_rel(fd)
+        if rel is None:
+            return None
+        st = os.fstat(fd)
+        return None if stat.S_ISDIR(st.st_mode) else self._inode(st, rel)
+
+    def _created(self, rel: str, st: os.stat_result) -> int:
+        ino = self.model.new_inode()
+        self.inodes[st.st_ino] = ino
+        self.paths[ino] = rel
+        self.sizes[ino] = 0
+        if parse_segment_name(os.path.basename(rel.removesuffix(".tmp"))) is not None:
+            self.segment_inodes.add(ino)
+        self.model.record(MetaOp("create", rel, ino=ino, where=_caller()))
+        return ino
+
+    def current(self, ino: int) -> bytes:
+        """An inode's bytes now: its file, or what it held when its last name went."""
+        rel = self.paths.get(ino)
+        if rel is not None:
+            try:
+                return _read_path(os.path.join(self.root, rel))
+            except FileNotFoundError:
+                pass
+        return self.gone.get(ino, self.model.durable.data.get(ino, b""))
+
+    def _observe(self, ino: int) -> None:
+        """Record a size change the wrappers did not see (a file object's writes)."""
+        rel = self.paths.get(ino)
+        if rel is None:
+            return
+        try:
+            size = os.stat(os.path.join(self.root, rel)).st_size
+        except FileNotFoundError:
+            return
+        if size != self.sizes.get(ino, 0):
+            self.sizes[ino] = size
+            self.model.record(MetaOp("size", ino=ino, size=size, data=self.current(ino),
+                                     where=_caller()))
+
+    def _observe_fd(self, fd: int) -> int | None:
+        ino = self._fd_inode(fd)
+        if ino is not None:
+            size = os.fstat(fd).st_size
+            if size != self.sizes.get(ino, 0):
+                self.sizes[ino] = size
+                self.model.record(MetaOp("size", ino=ino, size=size, data=self.current(ino),
+                                         where=_caller()))
+        return ino
+
+    def _name_goes(self, rel: str) -> None:
+        """``rel`` is about to be unlinked or renamed over: keep its inode's bytes."""
+        st = _lstat(os.path.join(self.root, rel))
+        if st is None or stat.S_ISDIR(st.st_mode):
+            return
+        ino = self._inode(st, rel)
+        self._observe(ino)
+        self.gone[ino] = self.current(ino)
+        if self.paths.get(ino) == rel:
+            del self.paths[ino]
+
+    def settle_segments(self) -> None:
+        """The core made its segments' data durable (a flush returned)."""
+        with self.pause():
+            for ino in self.segment_inodes:
+                if ino in self.paths:
+                    self.model.settle(ino, self.current(ino))
+
+    # -- the wrappers ------------------------------------------------------------------------
+    def _open(self, path, flags, mode=0o777, *, dir_fd=None):
+        rel = self._rel(path, dir_fd)
+        writes = flags & (os.O_CREAT | os.O_TRUNC)
+        if not self._active(rel) or not writes:
+            return _real.open(path, flags, mode, dir_fd=dir_fd)
+        self._point("open")
+        before = _lstat(os.path.join(self.root, rel))
+        fd = _real.open(path, flags, mode, dir_fd=dir_fd)
+        self._opened(rel, before, fd, bool(flags & os.O_TRUNC))
+        return fd
+
+    def _opened(self, rel: str, before: os.stat_result | None, fd: int, trunc: bool) -> None:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            return
+        if before is None:
+            self._created(rel, st)
+        elif trunc and before.st_size:
+            ino = self._inode(before, rel)
+            self.sizes[ino] = 0
+            self.model.record(MetaOp("size", ino=ino, size=0, where=_caller()))
+
+    def _builtin_open(self, file, mode="r", *args, **kwargs):
+        rel = self._rel(file) if isinstance(file, (str, bytes, os.PathLike)) else None
+        if not self._active(rel) or not set(mode) & set("wax+"):
+            return _real.builtin_open(file, mode, *args, **kwargs)
+        self._point("open")
+        before = _lstat(os.path.join(self.root, rel))
+        f = _real.builtin_open(file, mode, *args, **kwargs)
+        self._opened(rel, before, f.fileno(), "w" in mode)
+        return f
+
+    def _rename_like(self, real, src, dst, src_dir_fd=None, dst_dir_fd=None):
+        rel_src, rel_dst = self._rel(src, src_dir_fd), self._rel(dst, dst_dir_fd)
+        if not (self._active(rel_src) and rel_dst is not None):
+            return real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        self._point(real.__name__)
+        st = _lstat(os.path.join(self.root, rel_src))
+        ino = None
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            ino = self._inode(st, rel_src)
+            self._observe(ino)
+        target = _lstat(os.path.join(self.root, rel_dst))
+        if target is not None and (st is None or target.st_ino != st.st_ino):
+            self._name_goes(rel_dst)
+        real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        if ino is not None:
+            self.paths[ino] = rel_dst
+        self.model.record(MetaOp("rename", rel_src, rel_dst, where=_caller()))
+
+    def _rename(self, src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        return self._rename_like(_real.rename, src, dst, src_dir_fd, dst_dir_fd)
+
+    def _replace(self, src, dst, *, src_dir_fd=None, dst_dir_fd=None):
+        return self._rename_like(_real.replace, src, dst, src_dir_fd, dst_dir_fd)
+
+    def _unlink(self, path, *, dir_fd=None):
+        rel = self._rel(path, dir_fd)
+        if not self._active(rel):
+            return _real.unlink(path, dir_fd=dir_fd)
+        self._point("unlink")
+        if _lstat(os.path.join(self.root, rel)) is not None:
+            self._name_goes(rel)
+        _real.unlink(path, dir_fd=dir_fd)  # (raises before anything is recorded if absent)
+        self.model.record(MetaOp("unlink", rel, where=_caller()))
+
+    def _mkdir(self, path, mode=0o777, *, dir_fd=None):
+        rel = self._rel(path, dir_fd)
+        if not self._active(rel):
+            return _real.mkdir(path, mode, dir_fd=dir_fd)
+        self._point("mkdir")
+        _real.mkdir(path, mode, dir_fd=dir_fd)
+        self.model.record(MetaOp("mkdir", rel, where=_caller()))
+
+    def _rmdir(self, path, *, dir_fd=None):
+        rel = self._rel(path, dir_fd)
+        if not self._active(rel):
+            return _real.rmdir(path, dir_fd=dir_fd)
+        self._point("rmdir")
+        _real.rmdir(path, dir_fd=dir_fd)
+        self.model.record(MetaOp("rmdir", rel, where=_caller()))
+
+    def _fd_op(self, what: str, real, fd: int, *args):
+        if self.paused or self._fd_rel(fd) is None:
+            return real(fd, *args)
+        self._point(what)
+        result = real(fd, *args)
+        self._observe_fd(fd)
+        return result
+
+    def _fallocate(self, fd, offset, length):
+        return self._fd_op("posix_fallocate", _real.posix_fallocate, fd, offset, length)
+
+    def _ftruncate(self, fd, length):
+        return self._fd_op("ftruncate", _real.ftruncate, fd, length)
+
+    def _pwrite(self, fd, data, offset):
+        return self._fd_op("pwrite", _real.pwrite, fd, data, offset)
+
+    def _write(self, fd, data):
+        return self._fd_op("write", _real.write, fd, data)
+
+    def _sendfile(self, out_fd, in_fd, offset, count, *args, **kwargs):
+        if self.paused or self._fd_rel(out_fd) is None:
+            return _real.sendfile(out_fd, in_fd, offset, count, *args, **kwargs)
+        self._point("sendfile")
+        result = _real.sendfile(out_fd, in_fd, offset, count, *args, **kwargs)
+        self._observe_fd(out_fd)
+        return result
+
+    def _sync(self, what: str, real, fd: int) -> None:
+        rel = self._fd_rel(fd)
+        if self.paused or rel is None:
+            return real(fd)
+        self._point(what)
+        real(fd)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            self.model.commit()  # a directory's fsync: every earlier operation (journal/log)
+            return
+        ino = self._observe_fd(fd)
+        if os.path.basename(rel) == CHECKPOINT_NAME:
+            self.settle_segments()  # a slot names only what the core had made durable
+        with self.pause():
+            current = self.current(ino)
+        (self.model.fsync if what == "fsync" else self.model.fdatasync)(ino, current)
+
+    def _fsync(self, fd):
+        return self._sync("fsync", _real.fsync, fd)
+
+    def _fdatasync(self, fd):
+        return self._sync("fdatasync", _real.fdatasync, fd)
+
+    def states(self) -> Iterator[CrashState]:
+        with self.pause():
+            yield from self.model.states(self.current)
+
+
+def _read_path(path: str) -> bytes:
+    fd = _real.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size, 0) if size else b""
+    finally:
+        os.close(fd)
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+_SKIP = {"_point", "_open", "_opened", "_builtin_open", "_rename_like", "_rename", "_replace",
+         "_unlink", "_mkdir", "_rmdir", "_fd_op", "_fallocate", "_ftruncate", "_pwrite",
+         "_write", "_sendfile", "_sync", "_fsync", "_fdatasync", "_created", "_observe",
+         "_observe_fd", "_name_goes", "_caller"}
+
+
+def _caller() -> str:
+    """The library functions making the call: ``recycle < _recycle_or_remove``."""
+    frame, names = sys._getframe(1), []
+    while frame is not None and len(names) < 2:
+        name = frame.f_code.co_name
+        if name not in _SKIP and "shutil" not in frame.f_code.co_filename:
+            names.append(name)
+        frame = frame.f_back
+    return " < ".join(names)

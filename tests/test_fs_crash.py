@@ -1,0 +1,186 @@
+"""The file-system metadata crash-state model (pmemwal/tools/fs_model.py and fs_crash.py, issue 28 item 1):
+the model's rules, small runs of every workload under ext4 and xfs, and three ordering bugs
+put into the library on purpose, each of which the model must catch."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from pmemwal import segments as _segments
+from pmemwal.format import SegmentHeader
+from pmemwal.segments import storage_errors
+from pmemwal.tools.fs_crash import WORKLOADS, run_fs_crash, table
+from pmemwal.tools.fs_model import FS_MODELS, MetadataModel, MetaOp, Recorder
+
+
+# ---- the model itself ---------------------------------------------------------------------
+
+def _names(model: MetadataModel, current=lambda ino: b"") -> list[dict[str, bytes]]:
+    return [state.files for state in model.states(current) if state.data == "old"]
+
+
+def test_a_crash_keeps_each_prefix_of_the_pending_operations_and_nothing_else():
+    model = MetadataModel("ext4")
+    a, b = model.new_inode(), model.new_inode()
+    model.record(MetaOp("create", "a", ino=a))
+    model.record(MetaOp("create", "b", ino=b))
+    model.record(MetaOp("unlink", "a"))
+    assert [sorted(files) for files in _names(model)] == [[], ["a"], ["a", "b"], ["b"]]
+
+
+def test_a_rename_is_atomic_and_replaces_its_target_in_one_step():
+    model = MetadataModel("ext4")
+    a, b = model.new_inode(), model.new_inode()
+    for op in (MetaOp("create", "x.tmp", ino=a), MetaOp("size", ino=a, size=3, data=b"new"),
+               MetaOp("create", "x", ino=b), MetaOp("size", ino=b, size=3, data=b"old")):
+        model.record(op)
+    model.commit()
+    model.record(MetaOp("rename", "x.tmp", "x"))
+    states = _names(model)
+    assert {files.get("x") for files in states} == {b"old", b"new"}
+    assert all(("x.tmp" in files) != (files["x"] == b"new") for files in states)  # never both,
+    assert all("x" in files for files in states)                                   # never neither
+
+
+def test_an_fsync_of_a_file_commits_its_size_and_every_earlier_operation():
+    model = MetadataModel("ext4")
+    a, b = model.new_inode(), model.new_inode()
+    model.record(MetaOp("create", "a", ino=a))
+    model.record(MetaOp("create", "b", ino=b))
+    model.record(MetaOp("size", ino=b, size=4, data=b"data"))
+    assert len(model.pending) == 3
+    model.fsync(b, b"data")
+    assert model.pending == []
+    assert _names(model) == [{"a": b"", "b": b"data"}]
+
+
+def test_an_fdatasync_commits_only_when_the_file_has_a_pending_size_or_create():
+    model = MetadataModel("ext4")
+    a, b = model.new_inode(), model.new_inode()
+    model.record(MetaOp("create", "a", ino=a))
+    model.commit()
+    model.record(MetaOp("create", "b", ino=b))
+    model.fdatasync(a, b"")      # a's own metadata is durable: b's create stays pending
+    assert len(model.pending) == 1
+    model.fdatasync(b, b"")
+    assert model.pending == []
+
+
+def test_ext4_keeps_appended_data_with_its_size_and_xfs_may_not():
+    appended = {}
+    for fs in FS_MODELS:
+        model = MetadataModel(fs)
+        ino = model.new_inode()
+        model.record(MetaOp("create", "f", ino=ino))
+        model.commit()
+        model.record(MetaOp("size", ino=ino, size=5, data=b"hello"))
+        appended[fs] = {state.files["f"] for state in model.states(lambda i: b"hello")}
+    assert appended["ext4"] == {b"", b"hello"}
+    assert appended["xfs"] == {b"", b"hello", b"\0" * 5}
+
+
+def test_the_recorder_sees_a_create_its_size_and_syncs(tmp_path):
+    model = MetadataModel("ext4")
+    with Recorder(model, str(tmp_path)):
+        fd = os.open(tmp_path / "f", os.O_CREAT | os.O_RDWR)
+        os.pwrite(fd, b"abc", 0)
+        assert [op.kind for op in model.pending] == ["create", "size"]
+        os.fdatasync(fd)
+        os.close(fd)
+        os.rename(tmp_path / "f", tmp_path / "g")
+    assert [op.kind for op in model.pending] == ["rename"]
+    assert model.durable.names == {"f": 2} and model.durable.data[2] == b"abc"
+
+
+# ---- small runs: every workload, both file systems ---------------------------------------------
+
+@pytest.mark.parametrize("fs", FS_MODELS)
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_every_crash_state_recovers(fs, workload):
+    report = run_fs_crash(fs, 100, seed=3, workload=workload)
+    assert report.ok, table([report]) + "\n" + "\n".join(report.failures[:5])
+    assert report.distinct_states >= 100 and report.states_checked >= 100
+
+
+def test_crash_states_with_metadata_not_yet_durable_are_many():
+    reports = [run_fs_crash("ext4", 100, seed=5, workload=w) for w in ("recycle", "archive")]
+    assert all(r.ok for r in reports), table(reports)
+    assert sum(r.metadata_states for r in reports) >= 10
+
+
+# ---- three ordering bugs, put in on purpose ------------------------------------------------------
+
+def _recycle_without_first_sync(self, old, new, segment_size, wal_id, fd=-1):
+    """Directory.recycle with the directory sync after its first rename left out."""
+    path = self.file(new)
+    tmp = path + ".tmp"
+    with storage_errors(f"recycling {self.file(old)}"):
+        os.rename(self.file(old), tmp)
+        own = fd < 0
+        if own:
+            fd = os.open(tmp, os.O_RDWR)
+        try:
+            os.pwrite(fd, SegmentHeader(new, segment_size, wal_id).pack(), 0)
+            os.fdatasync(fd)
+        finally:
+            if own:
+                os.close(fd)
+        os.rename(tmp, path)
+        self.sync()
+
+
+def _recycle_header_first(self, old, new, segment_size, wal_id, fd=-1):
+    """Directory.recycle writing (and syncing) the new header before its renames."""
+    own = fd < 0
+    if own:
+        fd = os.open(self.file(old), os.O_RDWR)
+    try:
+        os.pwrite(fd, SegmentHeader(new, segment_size, wal_id).pack(), 0)
+        os.fdatasync(fd)
+    finally:
+        if own:
+            os.close(fd)
+    os.rename(self.file(old), self.file(new) + ".tmp")
+    self.sync()
+    os.rename(self.file(new) + ".tmp", self.file(new))
+    self.sync()
+
+
+def _refusals(report) -> list[str]:
+    return [f for f in report.failures if f.startswith("refused")]
+
+
+def test_a_recycle_without_a_sync_after_its_first_rename_fails(monkeypatch):
+    monkeypatch.setattr(_segments.WalDirectory, "recycle", _recycle_without_first_sync)
+    report = run_fs_crash("ext4", 300, seed=1, workload="recycle")
+    assert not report.ok
+    # the old name survives over the new header: the WAL no longer opens
+    assert any("header says segment" in f for f in _refusals(report)), report.failures[:3]
+
+
+def test_a_recycle_writing_its_header_before_the_rename_is_durable_fails(monkeypatch):
+    monkeypatch.setattr(_segments.WalDirectory, "recycle", _recycle_header_first)
+    report = run_fs_crash("xfs", 300, seed=1, workload="recycle")
+    assert not report.ok
+    assert any("header says segment" in f for f in _refusals(report)), report.failures[:3]
+
+
+def test_control_rebuilt_from_a_half_renamed_segment_set_fails(monkeypatch):
+    """The first opener of a shared WAL rebuilds CONTROL from the segments it finds.  Left
+    without the directory syncs that make what it found durable first (WAL._open's, and the
+    one _make_segments makes before attaching a segment it did not create: either alone
+    suffices), it builds on a rename that writers killed mid-recycle never synced, and
+    acknowledges records in that segment that a power cut then takes away."""
+    sync = _segments.WalDirectory.sync
+
+    def sync_unless_opening(self):
+        if sys._getframe(1).f_code.co_name not in ("_open", "_make_segments"):
+            sync(self)
+
+    monkeypatch.setattr(_segments.WalDirectory, "sync", sync_unless_opening)
+    report = run_fs_crash("ext4", 1000, seed=2, workload="shared", crash_rate=0.1)
+    assert report.kills and report.lost, table([report])
+    assert any("had been acknowledged" in f for f in report.failures), report.failures[:3]
