@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
+from pmemwal import archive as _archive
 from pmemwal import segments as _segments
-from pmemwal.format import SegmentHeader
+from pmemwal.format import SegmentHeader, segment_name
 from pmemwal.segments import storage_errors
+from pmemwal.tools import fs_crash
 from pmemwal.tools.fs_crash import WORKLOADS, run_fs_crash, table
 from pmemwal.tools.fs_model import FS_MODELS, MetadataModel, MetaOp, Recorder
 
@@ -82,6 +84,21 @@ def test_ext4_keeps_appended_data_with_its_size_and_xfs_may_not():
     assert appended["xfs"] == {b"", b"hello", b"\0" * 5}
 
 
+def test_a_file_grown_by_writes_and_renamed_into_place_unsynced_may_be_empty():
+    """Delayed allocation (ext4's default) and xfs's size update at I/O completion: a
+    commit carries the rename, not the size the writes gave a file never synced."""
+    for fs in FS_MODELS:
+        model = MetadataModel(fs)
+        ino = model.new_inode()
+        model.record(MetaOp("create", "f.partial", ino=ino))
+        model.record(MetaOp("size", ino=ino, size=5, data=b"hello", written=True))
+        model.record(MetaOp("rename", "f.partial", dst="f"))
+        model.commit()
+        assert {s.files["f"] for s in model.states(lambda i: b"hello")} >= {b"", b"hello"}, fs
+        model.fsync(ino, b"hello")  # its own sync: the size is its data's now
+        assert {s.files["f"] for s in model.states(lambda i: b"hello")} == {b"hello"}, fs
+
+
 def test_the_recorder_sees_a_create_its_size_and_syncs(tmp_path):
     model = MetadataModel("ext4")
     with Recorder(model, str(tmp_path)):
@@ -103,6 +120,12 @@ def test_every_crash_state_recovers(fs, workload):
     report = run_fs_crash(fs, 100, seed=3, workload=workload)
     assert report.ok, table([report]) + "\n" + "\n".join(report.failures[:5])
     assert report.distinct_states >= 100 and report.states_checked >= 100
+
+
+def test_shared_writers_killed_mid_truncation_and_reopened_lose_nothing():
+    """The control of the CONTROL mutation below: kills, reopens, CONTROL rebuilt."""
+    report = run_fs_crash("ext4", 400, seed=2, workload="shared", crash_rate=0.1)
+    assert report.ok and report.kills, table([report])
 
 
 def test_crash_states_with_metadata_not_yet_durable_are_many():
@@ -184,3 +207,29 @@ def test_control_rebuilt_from_a_half_renamed_segment_set_fails(monkeypatch):
     report = run_fs_crash("ext4", 1000, seed=2, workload="shared", crash_rate=0.1)
     assert report.kills and report.lost, table([report])
     assert any("had been acknowledged" in f for f in report.failures), report.failures[:3]
+
+
+def test_an_archive_copy_renamed_into_place_unsynced_fails(monkeypatch):
+    """FsspecArchive.store without the fsync of its .partial copy: the rename into place
+    persists, the copy's data may not (ext4's delayed allocation)."""
+    fsync_path = _archive.fsync_path
+    monkeypatch.setattr(_archive, "fsync_path",
+                        lambda path: None if path.endswith(".partial") else fsync_path(path))
+    report = run_fs_crash("ext4", 200, seed=1, workload="archive")
+    assert not report.ok and report.lost, table([report])
+
+
+def test_a_done_status_before_the_upload_fails(monkeypatch):
+    """A durable .done lets a reopened writer truncate the segment: the archive must hold it."""
+    def done_before_upload(status, archive, wal_dir, attempts, report):
+        for segno in status.entries()["ready"]:
+            name = segment_name(segno)
+            status.set_done(segno)
+            crc, size = _archive.file_crc(os.path.join(wal_dir, name))
+            archive.store(os.path.join(wal_dir, name), name, crc, size)
+        return True
+
+    monkeypatch.setattr(fs_crash, "archive_ready", done_before_upload)
+    report = run_fs_crash("ext4", 300, seed=1, workload="archive")
+    assert not report.ok and any(".done is durable" in f for f in report.failures), \
+        report.failures[:3]

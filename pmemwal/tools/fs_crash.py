@@ -157,7 +157,16 @@ def _check_shared_open(image: Image, directory: Path, acked: int) -> tuple[str, 
 
 def check_archive_state(state: CrashState, work: Workload, directory: Path,
                         where: str) -> tuple[str, str]:
-    """Every acknowledged record the WAL's state no longer holds is in the archive's."""
+    """Every segment marked ``.done`` is in the archive's state, whole (a reopen would let
+    truncation take it), and every acknowledged record the WAL's state no longer holds is
+    in the archive's."""
+    status = "wal/archive_status/"
+    for name in state.files:
+        if name.startswith(status) and name.endswith(".done"):
+            copy = state.files.get("archive/" + name[len(status):-len(".done")])
+            if copy is None or len(copy) != work.wal.segment_size:
+                return "lost", (f"{name[len(status):]} is durable, but the archive holds "
+                                f"{'no copy' if copy is None else 'a short copy'} of its segment")
     present = [s for name in state.files if name.startswith("wal/")
                and (s := parse_segment_name(name[4:])) is not None]
     below = min(present) * work.wal.segment_size if present else 0
@@ -218,9 +227,10 @@ class GrowthWorkload(FsWorkload):
 
 
 class TruncateWorkload(FsWorkload):
-    """Truncation that removes segments (no recycling)."""
+    """Truncation that removes segments: no spare is kept (max_wal_size leaves no room
+    for any beside the retained ones, and recycle_segments asks for none)."""
 
-    options = {"recycle_segments": 0}
+    options = {"recycle_segments": 0, "max_wal_size": SEGMENT_SIZE}
 
     def retain(self, rng: random.Random) -> None:
         wal = self.work.wal
@@ -231,7 +241,7 @@ class TruncateWorkload(FsWorkload):
 class RecycleWorkload(TruncateWorkload):
     """Truncation that recycles segments into future ones."""
 
-    options = {"recycle_segments": 2}
+    options = {"recycle_segments": 2, "max_wal_size": 1 << 30}
 
 
 class SharedWorkload(TruncateWorkload):

@@ -62,6 +62,7 @@ class MetaOp:
     size: int = 0
     data: bytes = b""
     where: str = ""
+    written: bool = False  # a size change by writing past the end (delayed allocation's kind)
 
 
 @dataclass
@@ -76,9 +77,12 @@ class FsImage:
     def copy(self) -> FsImage:
         return FsImage(dict(self.names), set(self.dirs), dict(self.data))
 
-    def apply(self, op: MetaOp, ordered: bool) -> None:
+    def apply(self, op: MetaOp, ordered: bool, unsized: frozenset[int] = frozenset()) -> None:
         """Apply one operation; ``ordered``: a size increase brings the data written below
-        it (ext4 data=ordered), else zeros (xfs)."""
+        it (ext4 data=ordered), else zeros (xfs); a size change by writing, of an inode in
+        ``unsized``, does not persist at all (delayed allocation: no writeback yet)."""
+        if op.kind == "size" and op.written and op.ino in unsized:
+            return
         if op.kind == "create":
             self.names[op.path] = op.ino
             self.data[op.ino] = b""
@@ -147,6 +151,9 @@ class MetadataModel:
         self.pending: list[MetaOp] = []
         self._next_ino = 1
         self.recorded = 0  # operations recorded, in all
+        # per inode: its data at its own last fsync/fdatasync (the size writeback may leave
+        # it), for the inodes whose size grew by writing since (delayed allocation)
+        self.synced: dict[int, bytes] = {}
 
     @property
     def ordered(self) -> bool:
@@ -157,6 +164,8 @@ class MetadataModel:
         return self._next_ino
 
     def record(self, op: MetaOp) -> None:
+        if op.kind == "size" and op.written and op.ino not in self.synced:
+            self.synced[op.ino] = self.durable.data.get(op.ino, b"")
         self.pending.append(op)
         self.recorded += 1
 
@@ -175,12 +184,14 @@ class MetadataModel:
         """fsync of a file: commit, then its data as it is now."""
         self.commit()
         self.durable.data[ino] = current
+        self.synced.pop(ino, None)
 
     def fdatasync(self, ino: int, current: bytes) -> None:
         """fdatasync: its data; a commit first only when its size or creation is pending."""
         if self.has_pending(ino):
             self.commit()
         self.durable.data[ino] = fit(current, len(self.durable.data.get(ino, b"")))
+        self.synced.pop(ino, None)
 
     def settle(self, ino: int, current: bytes) -> None:
         """Data made durable where no wrapper saw it (the core's flush): data only."""
@@ -189,15 +200,22 @@ class MetadataModel:
 
     def states(self, current: Callable[[int], bytes]) -> Iterator[CrashState]:
         """Every state a crash now may leave: each prefix of the pending operations, with
-        each data outcome (``current(ino)``: the inode's bytes now)."""
-        variants = [("old", True), ("new", True)] + ([("old+zeros", False)] if self.fs == "xfs"
-                                                     else [])
+        each data outcome (``current(ino)``: the inode's bytes now).  "old+unsized" (both
+        file systems: delayed allocation, and xfs's size update at I/O completion): the
+        sizes that writes grew since the file's own last sync do not persist, though the
+        operations after them (a rename into place, a commit) do."""
+        variants = [("old", True), ("new", True), ("old+unsized", True)] + (
+            [("old+zeros", False)] if self.fs == "xfs" else [])
         news: dict[tuple[int, int], bytes] = {}
         for data, ordered in variants:
             image = self.durable.copy()
+            unsized = frozenset(self.synced) if data == "old+unsized" else frozenset()
+            for ino in unsized:
+                if ino in image.data:
+                    image.data[ino] = self.synced[ino]
             for k in range(len(self.pending) + 1):
                 if k:
-                    image.apply(self.pending[k - 1], ordered)
+                    image.apply(self.pending[k - 1], ordered, unsized)
                 files = {}
                 for name, ino in image.names.items():
                     old = image.data.get(ino, b"")
@@ -341,18 +359,20 @@ class Recorder:
         except FileNotFoundError:
             return
         if size != self.sizes.get(ino, 0):
+            grew = size > self.sizes.get(ino, 0)  # (by a file object's writes)
             self.sizes[ino] = size
             self.model.record(MetaOp("size", ino=ino, size=size, data=self.current(ino),
-                                     where=_caller()))
+                                     where=_caller(), written=grew))
 
-    def _observe_fd(self, fd: int) -> int | None:
+    def _observe_fd(self, fd: int, written: bool = False) -> int | None:
         ino = self._fd_inode(fd)
         if ino is not None:
             size = os.fstat(fd).st_size
             if size != self.sizes.get(ino, 0):
+                grew = size > self.sizes.get(ino, 0)
                 self.sizes[ino] = size
                 self.model.record(MetaOp("size", ino=ino, size=size, data=self.current(ino),
-                                         where=_caller()))
+                                         where=_caller(), written=written and grew))
         return ino
 
     def _name_goes(self, rel: str) -> None:
@@ -461,7 +481,7 @@ class Recorder:
             return real(fd, *args)
         self._point(what)
         result = real(fd, *args)
-        self._observe_fd(fd)
+        self._observe_fd(fd, written=what in ("pwrite", "write"))
         return result
 
     def _fallocate(self, fd, offset, length):
@@ -481,7 +501,7 @@ class Recorder:
             return _real.sendfile(out_fd, in_fd, offset, count, *args, **kwargs)
         self._point("sendfile")
         result = _real.sendfile(out_fd, in_fd, offset, count, *args, **kwargs)
-        self._observe_fd(out_fd)
+        self._observe_fd(out_fd, written=True)
         return result
 
     def _sync(self, what: str, real, fd: int) -> None:
@@ -493,7 +513,7 @@ class Recorder:
         if stat.S_ISDIR(os.fstat(fd).st_mode):
             self.model.commit()  # a directory's fsync: every earlier operation (journal/log)
             return
-        ino = self._observe_fd(fd)
+        ino = self._observe_fd(fd, written=True)  # (a file object's writes, if it grew)
         if os.path.basename(rel) == CHECKPOINT_NAME:
             self.settle_segments()  # a slot names only what the core had made durable
         with self.pause():
