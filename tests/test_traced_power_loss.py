@@ -14,7 +14,7 @@ import pytest
 
 from pmemwal.tools.traced import STREAMING_PATHS, run_traced, streaming_paths
 
-IMAGES = 80
+IMAGES = 60
 IMPL = {"sse42": "sse4.2", "pclmul": "pclmul", "avx2": "avx2-vpclmulqdq",
         "avx512": "avx512-vpclmulqdq"}  # _core.CRC32C_IMPL of each PMEMWAL_CPU path
 
@@ -82,7 +82,7 @@ def test_a_deleted_stream_fence_fails_where_pmem_drain_is_empty(monkeypatch):
     fenced where libpmem's pmem_drain is empty."""
     monkeypatch.setenv("PMEM_NO_CLWB", "1")
     monkeypatch.setenv("PMEM_NO_CLFLUSHOPT", "1")
-    _caught(run_traced("pmem", 200, seed=1, streaming=True, mutation="skip-stream-fence"))
+    _caught(run_traced("pmem", 60, seed=1, streaming=True, mutation="skip-stream-fence"))
 
 
 def test_a_deleted_stream_fence_is_covered_where_pmem_drain_is_an_sfence():
@@ -93,15 +93,15 @@ def test_a_deleted_stream_fence_is_covered_where_pmem_drain_is_an_sfence():
 
 
 def test_a_skipped_drain_fails():
-    _caught(run_traced("pmem", 200, seed=1, flush_instruction="clwb", mutation="skip-drain"))
+    _caught(run_traced("pmem", 60, seed=1, flush_instruction="clwb", mutation="skip-drain"))
 
 
 def test_a_skipped_fdatasync_fails():
-    _caught(run_traced("buffered", 100, seed=1, mutation="skip-sync"))
+    _caught(run_traced("buffered", 40, seed=1, mutation="skip-sync"))
 
 
 def test_a_short_msync_fails():
-    _caught(run_traced("msync", 200, seed=1, mutation="short-msync"))
+    _caught(run_traced("msync", 80, seed=1, mutation="short-msync"))
 
 
 def test_an_open_that_does_not_sync_what_it_recovered_fails():
