@@ -19,9 +19,10 @@ import pytest
 
 import pmemwal
 from conftest import cli_runner
-from pmemwal.tools import powerloss
+from pmemwal.tools import powerloss, shadow
 from pmemwal.tools.cli import main
-from pmemwal.tools.powerloss import DurableShadow, LogWorkload, PmemTracer, run_power_loss
+from pmemwal.tools.powerloss import LogWorkload, run_power_loss
+from pmemwal.tools.shadow import DurableShadow, PmemTracer
 
 IMAGES = 100
 LOG_IMAGES = 60
@@ -40,7 +41,7 @@ def test_crash_images_keep_every_acknowledged_record(mode: str, threads: int, sh
         assert set(report.crash_points) == {"flush", "before drain"}
     else:
         assert set(report.crash_points) == {"mid-flush", "between"}
-        assert set(report.grains) == set(powerloss.PAGE_CACHE_GRAINS)
+        assert set(report.grains) == set(shadow.PAGE_CACHE_GRAINS)
     assert report.recovered_beyond_ack > 0  # unacknowledged records can survive, intact
 
 

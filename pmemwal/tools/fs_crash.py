@@ -15,7 +15,7 @@ may leave at each point and run recovery on it.
 - **Content model.**  A file's durable data is what it held at its last fsync or
   fdatasync.  Segment data the native core writes (pwrite in buffered mode, stores
   through the mapping in direct mode) and syncs is not seen by the wrappers: as in
-  powerloss.DurableShadow, every segment's current bytes become durable when a
+  shadow.DurableShadow, every segment's current bytes become durable when a
   workload step that flushed returns (workloads are single-threaded, background
   writer off), and before a ``CHECKPOINT`` slot is synced (the WAL writes one only
   once what it names is durable).  Each crash state takes, for all its files, the
@@ -56,7 +56,8 @@ from pmemwal.format import parse_segment_name
 from pmemwal.segments import RESTORING_NAME
 from pmemwal.tools import restore as _restore
 from pmemwal.tools.fs_model import CrashState, Killed, MetadataModel, Recorder
-from pmemwal.tools.powerloss import Image, Workload, _default_dir, _write_image, check_image
+from pmemwal.tools.powerloss import Workload, _default_dir, _write_image, check_image
+from pmemwal.tools.shadow import Image
 
 WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore")
 METADATA_WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive")  # and restore

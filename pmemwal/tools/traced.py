@@ -21,7 +21,8 @@ import sys
 import warnings
 from dataclasses import fields
 
-from pmemwal.tools.powerloss import PowerLossReport, cpu_flags
+from pmemwal.tools.powerloss import PowerLossReport
+from pmemwal.tools.shadow import cpu_flags
 
 # PMEMWAL_CPU names of the CRC32C + copy paths that stream (the table path copies through
 # the cache), and the CPU flags each needs

@@ -1,0 +1,440 @@
+"""What a power cut would keep of a live WAL: the durable shadow, for the page cache and for pmem.
+
+The power-loss simulator (pmemwal.tools.powerloss) takes its crash images from here:
+
+- **Durable shadow** (``DurableShadow``).  Per segment, the bytes known to survive.  A
+  segment's shadow starts as its file when the WAL opens, creates or recycles it (those
+  steps sync the file and the directory themselves).  The WAL's ``CHECKPOINT`` is in it
+  too, as each write of a slot leaves it (a slot is written and synced as one step for
+  the images), so images are recovered from their checkpoint as a real open is; in the
+  page-cache modes a slot written in a step that a crash is due in counts once the step
+  is settled (the crash image of that step is of its flush, before the slot).  A torn
+  slot is tests/test_checkpoint.py's.  A Log's ``index/`` is not in it: its images
+  replay every log record.
+
+- **Buffered mode and direct mode with msync.**  On the regular core, what a flush has
+  returned for is durable (``settle``); in between, the page cache can have written
+  back any part of the rest.  On the traced core, only what the WAL's own syncs covered
+  is durable (an fdatasync its file, an msync its range), and a crash point falls
+  inside each sync.
+
+- **Direct mode, pmem persist** (``PmemTracer``).  A tracer takes libpmem's place: the
+  core's ``pmem_flush(addr, len)`` and ``pmem_drain()`` calls land here (ctypes
+  callbacks).  A flush snapshots the cache lines it covers; a fence makes that thread's
+  snapshots durable, in write-back order.  ``pmem_drain`` is modelled as libpmem
+  implements it for its flush instruction: an sfence with CLWB or CLFLUSHOPT; empty
+  with CLFLUSH, whose flushes are durable as they return.  On the regular core
+  non-temporal stores are turned off, so that every store passes through a flush.  On
+  the traced core (pmemwal.tools.traced) records stream as on real pmem, and each run
+  of streaming stores is pending until its thread's next sfence, the core's own or one
+  ``pmem_drain`` stands for.  Crash points fall inside those calls, i.e. in the middle
+  of insertions, not only between them.
+
+A crash image (``Image``) is the shadow with each unit of not-yet-durable change (an
+8-byte word, as pmreorder does for pmem; 8 B, 512 B or 4 KiB at random for the
+page-cache modes) taken old or new by coin flip.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import threading
+import traceback
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+import pmemwal
+from pmemwal import _core
+from pmemwal.format import parse_segment_name
+
+CACHE_LINE = 64
+PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem (8-byte atomicity)
+PAGE_CACHE_GRAINS = (8, 512, 4096)     # torn word, torn sector, whole page written back or not
+FLUSH_INSTRUCTIONS = ("clwb", "clflushopt", "clflush")
+
+_FLUSH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t)
+_DRAIN_FN = ctypes.CFUNCTYPE(None)
+# the traced core's hooks (native/trace.h): a run of streaming stores, a fence, a sync
+_STREAM_FN = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.c_size_t)
+_FENCE_FN = ctypes.CFUNCTYPE(None)
+_SYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t)
+_SYNC_FILE, _SYNC_RANGE, _SYNC_WRITE = 0, 1, 2  # trace.h's trace_sync_kind
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def libpmem_flush_instruction() -> str:
+    """The flush instruction libpmem takes here: the best the CPU has, less what its own
+    switches (``PMEM_NO_CLWB=1``, ``PMEM_NO_CLFLUSHOPT=1``) turn off; the tracer models it."""
+    flags = cpu_flags()
+    if "clwb" in flags and os.environ.get("PMEM_NO_CLWB") != "1":
+        return "clwb"
+    if "clflushopt" in flags and os.environ.get("PMEM_NO_CLFLUSHOPT") != "1":
+        return "clflushopt"
+    return "clflush"
+
+
+def _address(callback) -> int:
+    return ctypes.cast(callback, ctypes.c_void_p).value or 0
+
+
+@dataclass
+class Image:
+    """One crash outcome: segment contents, and what had been promised when the power went
+    (the workload's ``horizon``: an LSN, or a LogModel for the log workload)."""
+
+    segments: dict[int, bytes]
+    acked: Any
+    grain: int
+    where: str
+    files: dict[str, bytes] = field(default_factory=dict)  # other files of the WAL (CHECKPOINT)
+
+
+class DurableShadow:
+    """Per segment, the bytes that would survive a power cut now.
+
+    On the traced core (``trace_syncs``), the page-cache model takes a write for durable
+    only when the WAL's own sync covered it: an fdatasync of its file, an msync of its
+    range, a write to an O_DSYNC file; a crash point falls in each sync, before it.
+    Otherwise everything counts as durable once a flush returned (``settle``).
+    """
+
+    def __init__(self, wal: pmemwal.WAL, rng: np.random.Generator, grains: tuple[int, ...],
+                 crash_rate: float = 0.0, on_crash: Callable[[str], None] | None = None,
+                 persist: int | None = None) -> None:
+        self.wal = wal
+        self.rng = rng
+        self.grains = grains
+        self.crash_rate = crash_rate
+        self.on_crash = on_crash
+        self.persist = persist  # the core's persist method, set on every handle (None: as opened)
+        self.handles: list[pmemwal.WAL] = []
+        self.syncs_traced = False
+        self.segments: dict[int, np.ndarray] = {
+            segno: self.current(segno).copy() for segno in wal._segnos}
+        # One power cut at a time, and none in the middle of a write-back: the
+        # callbacks run in the writers' threads, and reading files yields the GIL.
+        self.lock = threading.RLock()
+        self.errors: list[str] = []  # what failed in a callback (ctypes can only print it)
+        self._armed: Callable[[], Image] | None = None  # a crash due before a segment goes
+        self._taken: Image | None = None
+        self.files: dict[str, bytes] = {}  # durable small files, by name in the WAL directory
+        self._written: dict[str, bytes] = {}  # written since the last settle
+        self.attach(wal)
+
+    def attach(self, wal: pmemwal.WAL) -> None:
+        """A handle writing the WAL (another of a shared WAL's writers, or the one that
+        reopened it): its persists are traced and its file operations followed too."""
+        self.handles.append(wal)
+        if self.persist is not None:
+            self._persist_through(wal)
+        self._follow(wal._dir)
+        self._follow_checkpoints(wal)
+
+    def _persist_through(self, wal: pmemwal.WAL) -> None:
+        wal._core.set_persist(self.persist)
+
+    def _follow_checkpoints(self, wal: pmemwal.WAL) -> None:
+        """Keep CHECKPOINT as its slot writes leave it: each pwrite and fdatasync of a slot
+        is one step for the images (they never see one half written)."""
+        slots = wal._checkpoints._slots
+        name = os.path.basename(slots.path)
+        if os.path.exists(slots.path):
+            self.files[name] = Path(slots.path).read_bytes()
+        write = slots.write
+
+        def written(which: int, body: bytes) -> None:
+            with self.lock:
+                write(which, body)
+                self._file_written(name, Path(slots.path).read_bytes())
+
+        slots.write = written
+
+    def _file_written(self, name: str, data: bytes) -> None:
+        """A small file was written and synced.  In a step a crash is due in, it stays as
+        before until the step is settled (the step's flush may not have landed, so what it
+        names may not have: the crash came before); otherwise it is durable now (no image
+        is taken before the step that wrote it is settled)."""
+        if self._armed is not None:
+            self._written[name] = data
+        else:
+            self.files[name] = data
+            self._written.pop(name, None)
+
+    def _follow(self, directory) -> None:
+        """Track segment files as the WAL makes, recycles and removes them: a made
+        or recycled file is synced, so durable as it is, before the core can store
+        into it (it attaches it afterwards).  Each file operation and its tracking
+        are one step for the images: a checkpointer thread recycles while writers
+        run, and an image must not look for a file renamed under it."""
+        create, recycle, remove = directory.create, directory.recycle, directory.remove
+
+        def created(segno: int, *args, **kwargs) -> None:
+            with self.lock:
+                create(segno, *args, **kwargs)
+                self.track(segno)
+
+        def recycled(old: int, new: int, *args, **kwargs) -> None:
+            self._before_removal()
+            with self.lock:
+                recycle(old, new, *args, **kwargs)
+                self.track(new)
+                self.forget(old)
+
+        def removed(segno: int) -> None:
+            self._before_removal()
+            with self.lock:
+                remove(segno)
+                self.forget(segno)
+
+        directory.create, directory.recycle, directory.remove = created, recycled, removed
+
+    def _guarded(self, callback: Callable) -> Callable:
+        def call(*args) -> None:
+            try:
+                callback(*args)
+            except BaseException:
+                self.errors.append(traceback.format_exc())
+        return call
+
+    def _maybe_crash(self, where: str) -> None:
+        if self.on_crash is not None and self.rng.random() < self.crash_rate:
+            self.on_crash(where)
+
+    def _locate(self, addr: int) -> tuple[int, int]:
+        """(segno, offset) of a mapped address, in any handle's mappings."""
+        segments = [item for wal in list(self.handles) if not wal.closed
+                    for item in list(wal._segments.items())]  # one step: writers may add one
+        bases = sorted((pmemwal.libpmem.buffer_address(seg.map), segno)
+                       for segno, seg in segments if seg.map is not None)
+        i = bisect_right(bases, (addr, float("inf"))) - 1
+        base, segno = bases[i]
+        if not 0 <= addr - base < self.wal.segment_size:
+            raise AssertionError(f"an address {addr:#x} outside every segment")
+        return segno, addr - base
+
+    def trace_syncs(self, mutations: int = 0) -> None:
+        """Durable only what the WAL's syncs cover (the traced core reports each one; every
+        run sets the hooks, so none of an earlier run's stays)."""
+        self.syncs_traced = True
+        self._sync = _SYNC_FN(self._guarded(self._on_sync))  # alive as long as the core uses it
+        _core._trace(0, 0, _address(self._sync), mutations)
+
+    def _on_sync(self, kind: int, fd: int, where: int, length: int) -> None:
+        self._maybe_crash("in sync")  # before it: none, some or all of its pages are written
+        with self.lock:
+            if kind == _SYNC_RANGE:
+                segno, off = self._locate(where)
+            else:
+                segno = parse_segment_name(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+                off, length = (0, self.wal.segment_size) if kind == _SYNC_FILE else (where, length)
+            self.segments[segno][off:off + length] = self.current(segno)[off:off + length]
+
+    def arm(self, take: Callable[[], Image]) -> None:
+        """A crash is due in the operation about to run: should a segment go in it, the
+        image is taken (``take()``) just before.  Segments go after a flush has returned
+        (a Log's compaction and reset), and a crash in that flush still finds them."""
+        self._armed, self._taken = take, None
+
+    def disarm(self) -> Image | None:
+        """The image taken before a segment went in the operation, if one went."""
+        taken, self._armed, self._taken = self._taken, None, None
+        return taken
+
+    def _before_removal(self) -> None:
+        if self._armed is not None:
+            self._taken, self._armed = self._armed(), None
+
+    def track(self, segno: int) -> None:
+        with self.lock:
+            self.segments[segno] = self.current(segno).copy()
+
+    def forget(self, segno: int) -> None:
+        with self.lock:
+            self.segments.pop(segno, None)
+
+    def current(self, segno: int) -> np.ndarray:
+        """What the segment holds now (page cache or mapping: the same shared pages)."""
+        data = Path(self.wal._dir.file(segno)).read_bytes()
+        return np.frombuffer(data, dtype=np.uint8)
+
+    def settle(self) -> None:
+        """Everything written so far is durable (a flush returned); with traced syncs,
+        only the small files written in the step (the syncs made the rest durable)."""
+        for segno in self.segments if not self.syncs_traced else ():
+            self.segments[segno] = self.current(segno).copy()
+        self.files.update(self._written)
+        self._written.clear()
+
+    def image(self, acked: int, where: str) -> Image:
+        """A crash now: each changed unit of each segment old or new at random."""
+        with self.lock:
+            grain = int(self.rng.choice(self.grains))
+            return Image({segno: self._mix(old, self.current(segno), grain)
+                          for segno, old in self.segments.items()}, acked, grain, where,
+                         dict(self.files))
+
+    def _mix(self, old: np.ndarray, new: np.ndarray, grain: int) -> bytes:
+        units_old, units_new = old.reshape(-1, grain), new.reshape(-1, grain)
+        changed = (units_old != units_new).any(axis=1)
+        take_new = changed & (self.rng.random(len(changed)) < 0.5)
+        mixed = units_old.copy()
+        mixed[take_new] = units_new[take_new]
+        return mixed.tobytes()
+
+
+class PmemTracer(DurableShadow):
+    """Stands in for libpmem: records each thread's flushes, makes them durable at its drain.
+
+    ``flush_instruction`` is the one libpmem would use (``libpmem_flush_instruction``):
+    with CLWB or CLFLUSHOPT a flush is pending until a fence, and ``pmem_drain`` is that
+    fence (an sfence); with CLFLUSH, which orders itself, a flush is durable as it returns
+    and libpmem's ``pmem_drain`` is empty.  ``streaming`` (the traced core only) lets the
+    core stream records from ``_core.STREAM_MIN`` bytes on: each run of streaming stores is
+    pending until that thread's next sfence, the core's own (``fence``) or an sfence
+    ``pmem_drain`` stands for, as pmemcheck holds them.  ``mutations`` (trace.h's
+    ``TRACE_*`` bits) put persistence bugs back into the traced core.
+    """
+
+    def __init__(self, wal: pmemwal.WAL, rng: np.random.Generator, crash_rate: float,
+                 on_crash: Callable[[str], None], *, flush_instruction: str | None = None,
+                 streaming: bool = False, mutations: int = 0) -> None:
+        self.stream_min = _core.STREAM_MIN if streaming else _core.STREAM_NEVER
+        self._flush = _FLUSH_FN(self._guarded(self._on_flush))  # alive as long as the core uses them
+        self._drain = _DRAIN_FN(self._guarded(self._on_drain))
+        super().__init__(wal, rng, (PMEM_GRAIN,), crash_rate, on_crash, _core.PERSIST_PMEM)
+        instruction = flush_instruction or libpmem_flush_instruction()
+        if instruction not in FLUSH_INSTRUCTIONS:
+            raise ValueError(f"flush_instruction={instruction!r}: one of {FLUSH_INSTRUCTIONS}")
+        self.ordered_flush = instruction == "clflush"
+        self.pending: dict[int, list[tuple[int, int, bytes, int]]] = {}  # per thread: a fence is per CPU
+        self.versions: dict[int, np.ndarray] = {}  # per segment and word: the write-back it holds
+        self._order = itertools.count(1)
+        if (streaming or mutations) and not _core.TRACED:
+            raise ValueError("streaming stores and mutations are traced by the traced core "
+                             "only: run with PMEMWAL_TRACED_CORE=1")
+        if _core.TRACED:  # (every run sets the hooks: none of an earlier run's stays)
+            self._stream = _STREAM_FN(self._guarded(self._on_stream))
+            self._fence = _FENCE_FN(self._guarded(self._on_fence))
+            _core._trace(_address(self._stream), _address(self._fence), 0, mutations)
+
+    def _persist_through(self, wal: pmemwal.WAL) -> None:
+        wal._core.set_persist(_core.PERSIST_PMEM, _address(self._flush), _address(self._drain),
+                              self.stream_min)
+
+    def forget_thread(self) -> None:
+        """This thread's process died: its unfenced flushes and stores stay unfenced (a
+        later fence by the thread, long after, must not apply them)."""
+        with self.lock:
+            self.pending.pop(threading.get_ident(), None)
+        if _core.TRACED:
+            _core._trace_forget()
+
+    def _on_flush(self, addr: int, length: int) -> None:
+        lo = addr - addr % CACHE_LINE
+        hi = -(-(addr + length) // CACHE_LINE) * CACHE_LINE
+        segno, off = self._locate(lo)
+        if segno not in self.segments:  # made by another handle as it opened: a fresh file
+            self.track(segno)
+        # What write-back takes (whole lines, as they are now) and its place in the write-back
+        # order, in one step: a thread descheduled between the two would give an older
+        # snapshot a later order, and its drain would overwrite newer durable bytes with it.
+        with self.lock:
+            lines = self._read(lo, hi - lo)
+            order = next(self._order)
+            if self.ordered_flush:  # CLFLUSH: written back as it returns
+                self._write_back_cached(segno, off, lines, order)
+        if not self.ordered_flush:
+            self.pending.setdefault(threading.get_ident(), []).append((segno, off, lines, order))
+        self._maybe_crash("flush")
+
+    _read = staticmethod(ctypes.string_at)  # a test slows it down to widen the window above
+
+    def _on_drain(self) -> None:
+        self._maybe_crash("before drain")
+        if not self.ordered_flush:  # an sfence; with CLFLUSH libpmem's drain is empty
+            self._fenced()
+
+    def _on_stream(self, addr: int, length: int) -> None:
+        """A run of streaming stores (the traced core): pending until this thread's fence."""
+        segno, off = self._locate(addr)
+        with self.lock:
+            data = self._read(addr, length)
+            order = next(self._order)
+        self.pending.setdefault(threading.get_ident(), []).append((segno, off, data, order))
+        self._maybe_crash("streamed")
+
+    def _on_fence(self) -> None:
+        """The core's own sfence after streaming stores (the traced core)."""
+        self._maybe_crash("before fence")
+        self._fenced()
+
+    def _fenced(self) -> None:
+        with self.lock:
+            for segno, off, data, order in self.pending.pop(threading.get_ident(), []):
+                self._write_back(segno, off, data, order)
+
+    def _write_back_cached(self, segno: int, off: int, data: bytes, order: int) -> None:
+        """A flush's write-back, less the words this thread streamed and has not fenced:
+        streaming stores bypass the cache, so a flush of their line does not carry them."""
+        end = off + len(data)
+        durable, versions = self.segments[segno], self.versions.get(segno)
+        held = [(max(o, off), min(o + len(d), end))
+                for s, o, d, _ in self.pending.get(threading.get_ident(), [])
+                if s == segno and o < end and off < o + len(d)]
+        saved = [(a, b, durable[a:b].copy(),
+                  None if versions is None else versions[a // PMEM_GRAIN:b // PMEM_GRAIN].copy())
+                 for a, b in held]
+        self._write_back(segno, off, data, order)
+        versions = self.versions[segno]
+        for a, b, bytes_, words in saved:
+            durable[a:b] = bytes_
+            versions[a // PMEM_GRAIN:b // PMEM_GRAIN] = 0 if words is None else words
+
+    def _write_back(self, segno: int, off: int, data: bytes, order: int) -> None:
+        """Words reach the media in the order they were written back (or streamed): a
+        word that another thread wrote back later, with newer bytes, and fenced first
+        keeps them.  By 8-byte word, the unit a power cut leaves whole: flushes take
+        whole lines, and a run of streaming stores may start or end inside one."""
+        if off % PMEM_GRAIN or len(data) % PMEM_GRAIN:
+            raise AssertionError(f"a write-back of {len(data)} bytes at {off:#x}: not in words")
+        first, count = off // PMEM_GRAIN, len(data) // PMEM_GRAIN
+        versions = self.versions.setdefault(
+            segno, np.zeros(self.wal.segment_size // PMEM_GRAIN, dtype=np.int64))[first:first + count]
+        newer = versions < order
+        durable = self.segments[segno].view(np.uint64)[first:first + count]
+        durable[newer] = np.frombuffer(data, dtype=np.uint64)[newer]
+        versions[newer] = order
+
+    def forget(self, segno: int) -> None:
+        with self.lock:
+            super().forget(segno)
+            self.versions.pop(segno, None)
+
+    def track(self, segno: int) -> None:
+        with self.lock:
+            super().track(segno)
+            self.versions.pop(segno, None)
+
+    def settle(self) -> None:
+        """Nothing to do: durability is exactly what the drains made durable."""
+
+    def _file_written(self, name: str, data: bytes) -> None:
+        """Durable at once: a slot names only what drains had made durable."""
+        self.files[name] = data
