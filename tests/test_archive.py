@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -386,6 +387,32 @@ def test_restore_cli_until_and_reopen_with_the_same_archive(archived, shm_tmp):
     assert expected[k - 1][0] < 2 * SEG  # record k - 1 starts in segment 1 and ends in 2
     report = restore(shm_tmp / "r3", f"file://{arch}", until=expected[k - 1][0] + 8)
     assert report.segments == [0, 1, 2] and records(shm_tmp / "r3") == expected[:k]
+
+
+def test_restore_until_inside_a_record_leaves_out_the_later_records_of_its_segment(shm_tmp):
+    """Issue 28 (found by the metadata crash states' check against the ledger): with
+    ``until`` inside a record that ends in the last segment fetched, the scan's stop at
+    ``until`` was taken for the end of the WAL (torn) unless valid pages lay beyond, so
+    nothing was cut and the records after ``until`` in that segment came back."""
+    arch = shm_tmp / "arch"
+    arch.mkdir()
+    rng = random.Random(3)
+    with pmemwal.open(shm_tmp / "wal", mode="buffered", segment_size=SEG,
+                      archive=f"file://{arch}") as wal:
+        while wal.insert_lsn < 3.5 * SEG:  # sizes from bytes to a third of a segment
+            size = rng.choice((rng.randrange(8, 300), rng.randrange(300, 20_000),
+                               rng.randrange(20_000, 300_000)))
+            wal.append(rng.randbytes(size), flush=rng.random() < 0.4)
+        wal.flush()
+        assert wal.wait_archived(20)
+    expected = records(shm_tmp / "wal")
+    inside = [i for i in range(len(expected) - 1)
+              if SEG <= expected[i][0] and expected[i + 1][0] < 2 * SEG]
+    for j in inside:
+        until = expected[j][0] + 8
+        report = restore(shm_tmp / f"r{j}", f"file://{arch}", until=until)
+        assert report.cut_lsn == expected[j + 1][0], (j, report)
+        assert records(shm_tmp / f"r{j}") == expected[:j + 1], j
 
 
 def test_restore_stops_at_a_gap_and_at_damage(archived, shm_tmp):

@@ -595,6 +595,8 @@ class Records:
                         self._note(begin, count, nbytes, last)
                     if last:  # void records (closed ranges) move the chain, count nothing
                         prev = last
+                    if status == 0:  # it stopped at stop_lsn: a limit (above), not the end
+                        continue
                 else:
                     status, _, nxt, prv, length, crc, _, _, bad, void = reader.read(lsn, prev)
                     if status == 0 and void:
