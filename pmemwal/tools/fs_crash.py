@@ -56,7 +56,7 @@ from pmemwal.format import parse_segment_name
 from pmemwal.segments import RESTORING_NAME
 from pmemwal.tools import restore as _restore
 from pmemwal.tools.fs_model import CrashState, Killed, MetadataModel, Recorder
-from pmemwal.tools.powerloss import Workload, _default_dir, _write_image, check_image
+from pmemwal.tools.powerloss import Workload, _default_dir, _write_image, check_image, payload
 from pmemwal.tools.shadow import Image
 
 WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore")
@@ -357,7 +357,12 @@ class RestoreWorkload:
         self.lsn_of = _make_archive(self.source, seed)
         self.n = 0
         self.dest: Path | None = None
+        self.until: int | None = None
         self.expected: list[tuple[int, bytes]] = []
+        archived = [s for name in os.listdir(self.source / "archive")
+                    if (s := parse_segment_name(name)) is not None]
+        # a record that starts below the last archived segment ends in the archive
+        self.complete_below = max(archived) * SEGMENT_SIZE
 
     def step(self, rng: random.Random) -> None:
         lsns = sorted(self.lsn_of.values())
@@ -368,6 +373,7 @@ class RestoreWorkload:
             _restore.restore(ref, f"file://{self.source / 'archive'}", until=until)
             self.expected = _records(ref)
         self.n += 1
+        self.until = until
         self.dest = self.root / f"r{self.n}"
         _restore.restore(self.dest, f"file://{self.source / 'archive'}", until=until)
 
@@ -399,11 +405,33 @@ class RestoreWorkload:
             return _verdict_of_error(exc, 1)
         if cut_short:
             return "refused", "a restore cut short opened (RESTORING is there)"
+        problem = self._against_the_ledger(got)
+        if problem:
+            return problem
         if got != self.expected:
             missing = len(set(self.expected) - set(got))
             return ("lost" if missing else "stale"), (
                 f"the restored WAL holds {len(got)} records, the restore {len(self.expected)}")
         return "ok", ""
+
+    def _against_the_ledger(self, got: list[tuple[int, bytes]]) -> tuple[str, str] | None:
+        """What a restore returns must be the archived WAL's records in order from its first,
+        each as written at its LSN, none at or past ``until``, and all that start below it
+        and below the last archived segment (a reference restore by the same code would
+        share a bug of its own)."""
+        ledger = sorted((lsn, index) for index, lsn in self.lsn_of.items())
+        stop = min(self.until if self.until is not None else 1 << 63, self.complete_below)
+        must = sum(1 for lsn, _ in ledger if lsn < stop)
+        for k, (lsn, data) in enumerate(got):
+            index = ledger[k][1] if k < len(ledger) else -1
+            if k >= len(ledger) or ledger[k][0] != lsn or \
+                    data != payload(self.seed, index, len(data)) or \
+                    (self.until is not None and lsn >= self.until):
+                return "stale", (f"the restored record at LSN {lsn:#x} (its {k}th) is not the "
+                                 f"archive's next ({ledger[k][0] if k < len(ledger) else None:#x}; until {self.until})")
+        if len(got) < must:
+            return "lost", f"the restore returned {len(got)} records, {must} lie below its end"
+        return None
 
     @property
     def written(self) -> int:
