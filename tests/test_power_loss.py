@@ -240,3 +240,13 @@ def test_a_failing_image_prints_how_to_reproduce_it(monkeypatch) -> None:
     assert result.exit_code == 1
     assert "(reproduce: pmemwal powerloss --images 20 --setups buffered --workload wal " \
            "--seed 5)" in result.output
+
+
+def test_page_cache_images_hold_versions_written_back_and_overwritten_since_the_sync():
+    """Issue 28: images mixed only the durable state and the current one, so a value the
+    kernel wrote back and the WAL later overwrote (before any sync) was never imaged."""
+    mix = DurableShadow._mix.__get__(type("S", (), {"rng": np.random.default_rng(1)})())
+    old, between, new = (np.full(64 * 8, v, np.uint8) for v in (0, 1, 2))
+    units = set(np.frombuffer(mix(old, new, 8, [between]), np.uint64).tolist())
+    assert units == {0, 0x0101010101010101, 0x0202020202020202}
+    assert set(np.frombuffer(mix(old, new, 8), np.uint64).tolist()) <= {0, 0x0202020202020202}

@@ -522,6 +522,8 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                     queue.append(shadow.disarm() or take("mid-flush" if flushed else "between"))
                 if flushed:
                     shadow.settle()
+                current = work.wal.insert_lsn // work.wal.segment_size
+                shadow.remember((current - 1, current))  # (where the last steps wrote)
             if kills and rng.random() < KILL_RATE / ROUND_STEPS:  # (page-cache modes: a step)
                 report.kills += 1
                 problem = _kill_and_reopen(work, shadow)

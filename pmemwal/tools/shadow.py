@@ -56,6 +56,7 @@ from pmemwal.format import parse_segment_name
 CACHE_LINE = 64
 PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem (8-byte atomicity)
 PAGE_CACHE_GRAINS = (8, 512, 4096)     # torn word, torn sector, whole page written back or not
+WRITTEN_BACK_VERSIONS = 3              # page cache: the versions of a segment since its sync kept
 FLUSH_INSTRUCTIONS = ("clwb", "clflushopt", "clflush")
 
 _FLUSH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t)
@@ -136,6 +137,9 @@ class DurableShadow:
         self._taken: Image | None = None
         self.files: dict[str, bytes] = {}  # durable small files, by name in the WAL directory
         self._written: dict[str, bytes] = {}  # written since the last settle
+        # page cache: per segment, versions it held since its last sync (any may have been
+        # written back, then overwritten in the cache: an image may hold each unit of any)
+        self.versions_since_sync: dict[int, list[np.ndarray]] = {}
         self.attach(wal)
 
     def attach(self, wal: pmemwal.WAL) -> None:
@@ -245,6 +249,19 @@ class DurableShadow:
                 segno = parse_segment_name(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
                 off, length = (0, self.wal.segment_size) if kind == _SYNC_FILE else (where, length)
             self.segments[segno][off:off + length] = self.current(segno)[off:off + length]
+            self.versions_since_sync.pop(segno, None)  # (older versions: none may come back)
+
+    def remember(self, segnos) -> None:
+        """Page cache, between operations: each of ``segnos`` as it is now is one more
+        version the kernel may have written back before the next sync."""
+        with self.lock:
+            for segno in segnos:
+                if segno not in self.segments:
+                    continue
+                now, kept = self.current(segno), self.versions_since_sync.setdefault(segno, [])
+                if not kept or not np.array_equal(kept[-1], now):
+                    kept.append(now.copy())
+                    del kept[:-WRITTEN_BACK_VERSIONS]
 
     def arm(self, take: Callable[[], Image]) -> None:
         """A crash is due in the operation about to run: should a segment go in it, the
@@ -264,10 +281,12 @@ class DurableShadow:
     def track(self, segno: int) -> None:
         with self.lock:
             self.segments[segno] = self.current(segno).copy()
+            self.versions_since_sync.pop(segno, None)
 
     def forget(self, segno: int) -> None:
         with self.lock:
             self.segments.pop(segno, None)
+            self.versions_since_sync.pop(segno, None)
 
     def current(self, segno: int) -> np.ndarray:
         """What the segment holds now (page cache or mapping: the same shared pages)."""
@@ -279,23 +298,32 @@ class DurableShadow:
         only the small files written in the step (the syncs made the rest durable)."""
         for segno in self.segments if not self.syncs_traced else ():
             self.segments[segno] = self.current(segno).copy()
+            self.versions_since_sync.pop(segno, None)
         self.files.update(self._written)
         self._written.clear()
 
     def image(self, acked: int, where: str) -> Image:
-        """A crash now: each changed unit of each segment old or new at random."""
+        """A crash now: each changed unit of each segment old, new, or (page cache) as one of
+        the versions written since its sync held it, at random."""
         with self.lock:
             grain = int(self.rng.choice(self.grains))
-            return Image({segno: self._mix(old, self.current(segno), grain)
+            return Image({segno: self._mix(old, self.current(segno), grain,
+                                           self.versions_since_sync.get(segno, []))
                           for segno, old in self.segments.items()}, acked, grain, where,
                          dict(self.files))
 
-    def _mix(self, old: np.ndarray, new: np.ndarray, grain: int) -> bytes:
-        units_old, units_new = old.reshape(-1, grain), new.reshape(-1, grain)
-        changed = (units_old != units_new).any(axis=1)
-        take_new = changed & (self.rng.random(len(changed)) < 0.5)
-        mixed = units_old.copy()
-        mixed[take_new] = units_new[take_new]
+    def _mix(self, old: np.ndarray, new: np.ndarray, grain: int,
+             between: list[np.ndarray] = ()) -> bytes:
+        candidates = [old.reshape(-1, grain), *(v.reshape(-1, grain) for v in between),
+                      new.reshape(-1, grain)]
+        changed = (candidates[0] != candidates[-1]).any(axis=1)
+        for v in candidates[1:-1]:
+            changed |= (candidates[0] != v).any(axis=1)
+        pick = self.rng.integers(0, len(candidates), len(changed))
+        mixed = candidates[0].copy()
+        for k, version in enumerate(candidates[1:], start=1):
+            take = changed & (pick == k)
+            mixed[take] = version[take]
         return mixed.tobytes()
 
 
