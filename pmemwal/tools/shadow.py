@@ -32,7 +32,9 @@ The power-loss simulator (pmemwal.tools.powerloss) takes its crash images from h
 
 A crash image (``Image``) is the shadow with each unit of not-yet-durable change (an
 8-byte word, as pmreorder does for pmem; 8 B, 512 B or 4 KiB at random for the
-page-cache modes) taken old or new by coin flip.
+page-cache modes) taken old or new at random; in the page-cache modes also as one of
+the versions the segment held since its sync (``remember``), which the kernel may have
+written back before the WAL overwrote it.
 """
 
 from __future__ import annotations
