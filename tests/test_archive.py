@@ -20,6 +20,7 @@ import pytest
 
 import pmemwal
 from conftest import SEG, TESTS_DIR, payload, seg_file
+from pmemwal import _core
 from pmemwal.errors import ArchiveError, ConfigError, StorageError
 from pmemwal.format import segment_name
 from pmemwal.tools.cli import main as cli
@@ -387,6 +388,36 @@ def test_restore_cli_until_and_reopen_with_the_same_archive(archived, shm_tmp):
     assert expected[k - 1][0] < 2 * SEG  # record k - 1 starts in segment 1 and ends in 2
     report = restore(shm_tmp / "r3", f"file://{arch}", until=expected[k - 1][0] + 8)
     assert report.segments == [0, 1, 2] and records(shm_tmp / "r3") == expected[:k]
+
+
+def test_restore_until_where_a_record_fills_its_segment_exactly(shm_tmp):
+    """The first record at or past ``until`` may start a segment the restore did not fetch
+    (the record before it fills its own exactly): there is nothing to cut (an independent
+    read of the fix below found the cut looking for that segment's file)."""
+    arch = shm_tmp / "arch"
+    arch.mkdir()
+    page, header = _core.PAGE_SIZE, _core.PAGE_HEADER_SIZE
+    usable = (SEG // page - 1) * (page - header)  # the record stream's bytes in a segment
+    with pmemwal.open(shm_tmp / "wal", mode="buffered", segment_size=SEG,
+                      archive=f"file://{arch}") as wal:
+        while True:
+            lsn = wal.insert_lsn
+            used = (lsn // page - 1) * (page - header) + lsn % page - header
+            if usable - used <= 40_000:
+                break
+            wal.append(bytes(20_000))
+        wal.append(bytes(usable - used - _core.RECORD_HEADER_SIZE))  # to the segment's end
+        assert wal.insert_lsn == SEG + page + header
+        for _ in range(60):
+            wal.append(b"x" * 20_000)
+        wal.flush()
+        assert wal.wait_archived(20)
+    expected = records(shm_tmp / "wal")
+    last = max(lsn for lsn, _ in expected if lsn < SEG)
+    for n, until in enumerate((last + 8, SEG, SEG + 8, SEG + page + header)):
+        report = restore(shm_tmp / f"r{n}", f"file://{arch}", until=until)
+        assert records(shm_tmp / f"r{n}") == [r for r in expected if r[0] < until], (n, report)
+        assert (report.cut_lsn is None) == (until <= SEG), (n, report)  # (segment 1 not fetched)
 
 
 def test_restore_until_inside_a_record_leaves_out_the_later_records_of_its_segment(shm_tmp):

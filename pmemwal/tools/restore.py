@@ -135,8 +135,11 @@ def _restore_into(dest: str, archive, report: RestoreReport, until: int | None,
                 and not fetcher.done and fetcher.next(None)):
             continue  # the last record before `until` runs into the next segment: fetch it
         break
-    if end.kind in ("limit", "damage"):
-        _cut(dest, end.lsn, fetcher.header.segment_size, report)
+    size = fetcher.header.segment_size
+    if end.kind == "limit" and end.lsn // size > report.segments[-1]:
+        pass  # the first record at or past `until` starts in a segment not fetched: none here
+    elif end.kind in ("limit", "damage"):
+        _cut(dest, end.lsn, size, report)
         if end.kind == "damage":
             where = end.describe(fetcher.header.segment_size)
             report.stopped = f"damage in the archived segments: {where}"
