@@ -749,6 +749,7 @@ def run(config: TortureConfig, progress: Progress | None = None) -> TortureRepor
     setups = _setups(config, rng)
     ledger: TortureDir | None = None
     start = time.perf_counter()
+    in_recovery = False  # (the first round's child opens a new WAL)
     try:
         for rnd in range(config.rounds):
             if ledger is None or len(ledger.rounds) >= config.rounds_per_dir \
@@ -759,10 +760,12 @@ def run(config: TortureConfig, progress: Progress | None = None) -> TortureRepor
                 report.wal_dirs += 1
             persist, slots = next(setups)
             setup = Setup(persist, ledger.segment_size, slots)
-            in_recovery = rng.random() < config.recovery_kill_odds
+            # drawn a round ahead: a round before a kill in recovery leaves its WAL crashed
+            next_in_recovery = rng.random() < config.recovery_kill_odds
             delay = rng.uniform(*(config.recovery_kill_ms if in_recovery else config.delay_ms)) / 1e3
             result = play_round(ledger, setup, rnd, f"{seed}/{rnd}", config.threads, delay,
-                                crash_image, config.checkpoint, in_recovery)
+                                crash_image, config.checkpoint, in_recovery, next_in_recovery)
+            in_recovery = next_in_recovery
             report.add(result)
             if not result.ok:
                 report.kept.append(_keep(ledger, result, crash_image, base))
@@ -791,8 +794,11 @@ def _setups(config: TortureConfig, rng: random.Random) -> Iterator[tuple[str, in
 
 def play_round(ledger: TortureDir, setup: Setup, rnd: int, seed: str, threads: int, delay_s: float,
                crash_image: str | None = None, checkpoint: float = 0.0,
-               in_recovery: bool = False) -> RoundResult:
-    """One round: crash a child, copy the WAL as the kill left it, recover, check, absorb."""
+               in_recovery: bool = False, keep_crashed: bool = False) -> RoundResult:
+    """One round: crash a child, copy the WAL as the kill left it, recover, check, absorb.
+    With ``keep_crashed`` the check recovers a copy, and the WAL stays as the kill left
+    it: the next child's open is then a crash recovery (a kill inside it interrupts the
+    scan, the wipe, the checkpoint rewrite), not the quick open of a cleanly closed WAL."""
     child = crash_round(ledger, setup, rnd, seed, threads, delay_s, checkpoint=checkpoint,
                         in_recovery=in_recovery)
     if child.failure and not any(n.endswith(".wal") for n in os.listdir(ledger.path)):
@@ -800,10 +806,23 @@ def play_round(ledger: TortureDir, setup: Setup, rnd: int, seed: str, threads: i
     if crash_image:
         shutil.rmtree(crash_image, ignore_errors=True)
         shutil.copytree(ledger.path, crash_image)
-    chk = ledger.check(setup.mode)
+    chk = _check_copy(ledger, setup.mode) if keep_crashed else ledger.check(setup.mode)
     ledger.absorb(chk)
     appended = sum(max(child.acked_seqs.get(t, 0), chk.seen_end((rnd, t))) for t in range(threads))
     return RoundResult(rnd, setup, child, chk, appended)
+
+
+def _check_copy(ledger: TortureDir, mode: str):
+    """The ledger's check, of a copy of its WAL directory."""
+    real, copy = ledger.path, ledger.path + ".check"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(real, copy)
+    ledger.path = copy
+    try:
+        return ledger.check(mode)
+    finally:
+        ledger.path = real
+        shutil.rmtree(copy, ignore_errors=True)
 
 
 def _run_end(run: tuple[int, list[int]] | None) -> int:
