@@ -42,7 +42,9 @@ def main(spec: dict) -> None:
     wal = pmemwal.open(spec["path"], shared=True, segment_size=spec.get("segment_size"),
                        max_wal_size=spec.get("max_wal_size", 1 << 30))
     faulthandler.cancel_dump_traceback_later()
-    say(f"R {wal.stats()['processes']}")
+    for signum, hook in ((signal.SIGUSR1, "stall"), (signal.SIGUSR2, "stall_locked")):
+        signal.signal(signum, lambda *_, hook=hook: wal._core.inject_fault(hook, 0))
+    say(f"R {wal.stats()['processes']}")  # (after the hooks: the parent may signal at once)
     inc = spec["incarnation"]
 
     def appender(thread: int) -> None:
@@ -69,8 +71,6 @@ def main(spec: dict) -> None:
             sys.stderr.flush()
             os._exit(70)
 
-    for signum, hook in ((signal.SIGUSR1, "stall"), (signal.SIGUSR2, "stall_locked")):
-        signal.signal(signum, lambda *_, hook=hook: wal._core.inject_fault(hook, 0))
     threads = [threading.Thread(target=guarded, args=(t,), daemon=True)
                for t in range(spec["threads"])]
     for t in threads:

@@ -149,11 +149,9 @@ class _Writer:
         return all(self.last_ack.get(t, 0.0) > moment for t in range(self.threads))
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        else:
+        self.proc.send_signal(signal.SIGKILL)  # (nothing, if it has exited)
+        if self.proc.wait() != -signal.SIGKILL:
             self.exited = self.proc.returncode
-        self.proc.wait()
         self._reader.join(timeout=10)
 
     def error(self) -> str:
