@@ -51,8 +51,8 @@ from typing import Callable
 import pmemwal
 from pmemwal.archive import ArchiveStatus, FsspecArchive
 from pmemwal.archiver import archive_ready
-from pmemwal.errors import NotFoundError, WALError
-from pmemwal.format import parse_segment_name
+from pmemwal.errors import FormatError, NotFoundError, WALError
+from pmemwal.format import HEADER_SIZE, SegmentHeader, parse_segment_name
 from pmemwal.segments import RESTORING_NAME
 from pmemwal.tools import restore as _restore
 from pmemwal.tools.fs_model import CrashState, Killed, MetadataModel, Recorder
@@ -164,10 +164,11 @@ def check_archive_state(state: CrashState, work: Workload, directory: Path,
     status = "wal/archive_status/"
     for name in state.files:
         if name.startswith(status) and name.endswith(".done"):
-            copy = state.files.get("archive/" + name[len(status):-len(".done")])
-            if copy is None or len(copy) != work.wal.segment_size:
+            segment = name[len(status):-len(".done")]
+            copy = state.files.get("archive/" + segment)
+            if copy is None or len(copy) != work.wal.segment_size or not _is_segment(copy, segment):
                 return "lost", (f"{name[len(status):]} is durable, but the archive holds "
-                                f"{'no copy' if copy is None else 'a short copy'} of its segment")
+                                f"{'no copy' if copy is None else 'no whole copy'} of its segment")
     present = [s for name in state.files if name.startswith("wal/")
                and (s := parse_segment_name(name[4:])) is not None]
     below = min(present) * work.wal.segment_size if present else 0
@@ -427,8 +428,9 @@ class RestoreWorkload:
             if k >= len(ledger) or ledger[k][0] != lsn or \
                     data != payload(self.seed, index, len(data)) or \
                     (self.until is not None and lsn >= self.until):
+                wanted = f"{ledger[k][0]:#x}" if k < len(ledger) else "none"
                 return "stale", (f"the restored record at LSN {lsn:#x} (its {k}th) is not the "
-                                 f"archive's next ({ledger[k][0] if k < len(ledger) else None:#x}; until {self.until})")
+                                 f"archive's next ({wanted}; until {self.until})")
         if len(got) < must:
             return "lost", f"the restore returned {len(got)} records, {must} lie below its end"
         return None
@@ -439,6 +441,14 @@ class RestoreWorkload:
 
     def close(self) -> None:
         pass
+
+
+def _is_segment(data: bytes, name: str) -> bool:
+    """Whether ``data`` starts with the valid header of segment file ``name``."""
+    try:
+        return SegmentHeader.unpack(data[:HEADER_SIZE], name).segno == parse_segment_name(name)
+    except FormatError:
+        return False
 
 
 def _records(path: Path) -> list[tuple[int, bytes]]:
