@@ -71,6 +71,17 @@ def test_kills_inside_recovery_lose_nothing(shm_tmp):
     # ~15 tries, each killed within 1 ms of "O", while a crash recovery (the round before
     # left its WAL crashed) and the probe before it take longer
     assert report.recovery_kills >= 3 and report.acknowledged > 0
+
+
+def test_kills_in_recovery_never_land_in_the_creation_of_a_new_wal(shm_tmp):
+    """A new WAL directory (every rounds_per_dir rounds) has nothing to recover: a kill while
+    its first child creates the WAL left no WAL for the check to open (found by the loaded
+    runs of the suite: 1-round torture runs failed now and then)."""
+    config = torture.TortureConfig(path=str(shm_tmp), rounds=6, threads=1, rounds_per_dir=2,
+                                   recovery_kill_odds=1.0, recovery_kill_ms=(0.0, 1.0), seed=1)
+    report = torture.run(config)
+    assert report.ok, report.problems
+    assert report.recovery_kills and report.wal_dirs == 3
     assert report.to_dict()["recovery_kills"] == report.recovery_kills
 
 

@@ -760,6 +760,7 @@ def run(config: TortureConfig, progress: Progress | None = None) -> TortureRepor
                 report.wal_dirs += 1
             persist, slots = next(setups)
             setup = Setup(persist, ledger.segment_size, slots)
+            in_recovery = in_recovery and bool(ledger.rounds)  # (a new WAL: nothing to recover)
             # drawn a round ahead: a round before a kill in recovery leaves its WAL crashed
             next_in_recovery = rng.random() < config.recovery_kill_odds
             delay = rng.uniform(*(config.recovery_kill_ms if in_recovery else config.delay_ms)) / 1e3
