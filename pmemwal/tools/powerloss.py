@@ -66,7 +66,7 @@ SETUPS: dict[str, dict[str, Any]] = {
     "msync-kill": {"mode": "msync", "kills": True}, "buffered": {"mode": "buffered"},
     "buffered-kill": {"mode": "buffered", "kills": True}}
 ROUND_STEPS = 20                       # pmem: operations per thread between checks of the images
-KILL_RATE = 0.1                        # kills: chance that a round ends in a SIGKILL and a reopen
+KILL_RATE = 0.02                       # kills: chance that an operation ends in a SIGKILL and a reopen
 RECOVERY_CRASH_RATE = 0.5              # kills: chance of a crash at each sync of the reopen's recovery
 DEATH_RATE = 0.05                      # pmem-shared: chance that an operation of the mortal writer dies
 CHECKPOINT_INTERVAL = 0.002            # the checkpointer thread truncates this often (seconds)
@@ -506,6 +506,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         if shared:
             work.trace(shadow)
         step_rng = random.Random(seed)
+        kill_rng = random.Random(f"{seed}/kills")  # (apart: the images' draws do not move it)
         rounds = 0
         while report.images < images:
             if mode == "pmem":  # crash points come from the tracer, inside the operations
@@ -524,7 +525,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                     shadow.settle()
                 current = work.wal.insert_lsn // work.wal.segment_size
                 shadow.remember((current - 1, current))  # (where the last steps wrote)
-            if kills and rng.random() < KILL_RATE / ROUND_STEPS:  # (page-cache modes: a step)
+            if kills and kill_rng.random() < KILL_RATE:  # (page-cache modes: a step)
                 report.kills += 1
                 problem = _kill_and_reopen(work, shadow)
                 if problem:
