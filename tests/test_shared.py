@@ -304,7 +304,7 @@ def test_sigkill_torture_short():
     assert report.found >= report.acknowledged
 
 
-def test_the_shared_torture_catches_a_truncation_nobody_announced(monkeypatch):
+def test_the_shared_torture_catches_a_truncation_nobody_announced(monkeypatch, shm_tmp):
     """Issue 28, item 4: the shared torture skipped every acknowledged record below the
     recovered first LSN, so over-truncation or a lost first segment passed; the truncation
     points the writers announce were collected and never used.  Now only what an announced
@@ -319,7 +319,8 @@ def test_the_shared_torture_catches_a_truncation_nobody_announced(monkeypatch):
     monkeypatch.setattr(shared_torture, "_check", over_truncated)
     config = shared_torture.SharedTortureConfig(processes=2, threads=2, seconds=1,
                                                 kill_interval=0.3, stall_bound=10, min_kills=1,
-                                                segment_size=SEG)
+                                                segment_size=SEG, path=str(shm_tmp))
+    # (a run that finds something keeps its WAL: in shm_tmp, which goes with the test)
     report = shared_torture.run(config)
     assert not report.ok and report.lost, report.to_dict()
     assert report.seed and f"seed {report.seed}" in report.summary()
@@ -341,7 +342,7 @@ child.main(json.loads(sys.argv[1]))
 
 
 @pytest.mark.parametrize("how", ["fail", "stop"])
-def test_the_shared_torture_watches_every_writer_thread(monkeypatch, tmp_path, how):
+def test_the_shared_torture_watches_every_writer_thread(monkeypatch, tmp_path, shm_tmp, how):
     """Issue 28, item 4: a writer thread that died or stopped while its sibling kept
     acknowledging went unnoticed; now one that fails ends its process, and each survivor
     must acknowledge from every thread after each kill and at the end."""
@@ -351,7 +352,7 @@ def test_the_shared_torture_watches_every_writer_thread(monkeypatch, tmp_path, h
     config = shared_torture.SharedTortureConfig(processes=2, threads=2, seconds=1.5,
                                                 kill_interval=0.5, stall_bound=2, min_kills=1,
                                                 segment_size=SEG, max_size=2000,
-                                                env={"PYTHONPATH": path})
+                                                env={"PYTHONPATH": path}, path=str(shm_tmp))
     report = shared_torture.run(config)
     assert not report.ok and report.blocked, report.to_dict()
     words = "exited (70)" if how == "fail" else "thread(s) 1 acknowledged nothing"
