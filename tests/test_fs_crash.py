@@ -117,14 +117,14 @@ def test_the_recorder_sees_a_create_its_size_and_syncs(tmp_path):
 @pytest.mark.parametrize("fs", FS_MODELS)
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_every_crash_state_recovers(fs, workload):
-    report = run_fs_crash(fs, 100, seed=3, workload=workload)
+    report = run_fs_crash(fs, 50, seed=3, workload=workload)
     assert report.ok, table([report]) + "\n" + "\n".join(report.failures[:5])
-    assert report.distinct_states >= 100 and report.states_checked >= 100
+    assert report.distinct_states >= 50 and report.states_checked >= 50
 
 
 def test_shared_writers_killed_mid_truncation_and_reopened_lose_nothing():
     """The control of the CONTROL mutation below: kills, reopens, CONTROL rebuilt."""
-    report = run_fs_crash("ext4", 400, seed=2, workload="shared", crash_rate=0.1)
+    report = run_fs_crash("ext4", 250, seed=2, workload="shared", crash_rate=0.1)
     assert report.ok and report.kills, table([report])
 
 
@@ -178,7 +178,7 @@ def _refusals(report) -> list[str]:
 
 def test_a_recycle_without_a_sync_after_its_first_rename_fails(monkeypatch):
     monkeypatch.setattr(_segments.WalDirectory, "recycle", _recycle_without_first_sync)
-    report = run_fs_crash("ext4", 300, seed=1, workload="recycle")
+    report = run_fs_crash("ext4", 150, seed=1, workload="recycle")
     assert not report.ok
     # the old name survives over the new header: the WAL no longer opens
     assert any("header says segment" in f for f in _refusals(report)), report.failures[:3]
@@ -186,7 +186,7 @@ def test_a_recycle_without_a_sync_after_its_first_rename_fails(monkeypatch):
 
 def test_a_recycle_writing_its_header_before_the_rename_is_durable_fails(monkeypatch):
     monkeypatch.setattr(_segments.WalDirectory, "recycle", _recycle_header_first)
-    report = run_fs_crash("xfs", 300, seed=1, workload="recycle")
+    report = run_fs_crash("xfs", 150, seed=1, workload="recycle")
     assert not report.ok
     assert any("header says segment" in f for f in _refusals(report)), report.failures[:3]
 
@@ -204,7 +204,7 @@ def test_control_rebuilt_from_a_half_renamed_segment_set_fails(monkeypatch):
             sync(self)
 
     monkeypatch.setattr(_segments.WalDirectory, "sync", sync_unless_opening)
-    report = run_fs_crash("ext4", 1000, seed=2, workload="shared", crash_rate=0.1)
+    report = run_fs_crash("ext4", 500, seed=2, workload="shared", crash_rate=0.1)
     assert report.kills and report.lost, table([report])
     assert any("had been acknowledged" in f for f in report.failures), report.failures[:3]
 
@@ -215,7 +215,7 @@ def test_an_archive_copy_renamed_into_place_unsynced_fails(monkeypatch):
     fsync_path = _archive.fsync_path
     monkeypatch.setattr(_archive, "fsync_path",
                         lambda path: None if path.endswith(".partial") else fsync_path(path))
-    report = run_fs_crash("ext4", 200, seed=1, workload="archive")
+    report = run_fs_crash("ext4", 120, seed=1, workload="archive")
     assert not report.ok and report.lost, table([report])
 
 
@@ -230,6 +230,6 @@ def test_a_done_status_before_the_upload_fails(monkeypatch):
         return True
 
     monkeypatch.setattr(fs_crash, "archive_ready", done_before_upload)
-    report = run_fs_crash("ext4", 300, seed=1, workload="archive")
+    report = run_fs_crash("ext4", 150, seed=1, workload="archive")
     assert not report.ok and any(".done is durable" in f for f in report.failures), \
         report.failures[:3]

@@ -349,8 +349,8 @@ def test_the_shared_torture_watches_every_writer_thread(monkeypatch, tmp_path, s
     (tmp_path / "failing_child.py").write_text(_FAILING_CHILD.format(how=how))
     monkeypatch.setattr(shared_torture, "_CHILD", "failing_child")
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
-    config = shared_torture.SharedTortureConfig(processes=2, threads=2, seconds=1.5,
-                                                kill_interval=0.5, stall_bound=2, min_kills=1,
+    config = shared_torture.SharedTortureConfig(processes=2, threads=2, seconds=1,
+                                                kill_interval=0.4, stall_bound=1, min_kills=1,
                                                 segment_size=SEG, max_size=2000,
                                                 env={"PYTHONPATH": path}, path=str(shm_tmp))
     report = shared_torture.run(config)

@@ -14,7 +14,7 @@ import pytest
 
 from pmemwal.tools.traced import STREAMING_PATHS, run_traced, streaming_paths
 
-IMAGES = 60
+IMAGES = 40
 IMPL = {"sse42": "sse4.2", "pclmul": "pclmul", "avx2": "avx2-vpclmulqdq",
         "avx512": "avx512-vpclmulqdq"}  # _core.CRC32C_IMPL of each PMEMWAL_CPU path
 
@@ -107,13 +107,13 @@ def test_a_short_msync_fails():
 def test_an_open_that_does_not_sync_what_it_recovered_fails():
     """Issue 27's second hole: a reopen after a kill took page-cache records for durable;
     the new writer's msync covers only its own records, and a power cut loses the rest."""
-    _caught(run_traced("msync", 300, seed=1, kills=True, mutation="no-recovery-sync"))
+    _caught(run_traced("msync", 200, seed=1, kills=True, mutation="no-recovery-sync"))
 
 
 def test_a_reopen_that_loses_a_recovered_record_fails():
     """Each reopen after a kill is checked like an image: a loss there, hidden by later
     appends, would otherwise be forgotten with the ledger entries past its end."""
-    report = run_traced("msync", 300, seed=16, kills=True, mutation="reopen-loses-last-record")
+    report = run_traced("msync", 150, seed=16, kills=True, mutation="reopen-loses-last-record")
     assert not report.ok and any("the reopen after kill" in f for f in report.failures), \
         report.to_dict()
 
