@@ -21,6 +21,7 @@ import pmemwal
 from conftest import PERSIST_CASES, assert_chain, child_env, payload, prefixed, read_all, run_child
 from pmemwal import _core, device
 from pmemwal.errors import ConfigError
+from pmemwal.tools.shadow import cpu_flags
 
 POLY = 0x82F63B78
 TABLE = []
@@ -78,18 +79,6 @@ CPU_PATHS = {"table": "table", "sse42": "sse4.2", "pclmul": "pclmul",
 CPU_NEEDS = {"table": set(), "sse42": {"sse4_2"}, "pclmul": {"sse4_2", "pclmulqdq"},
              "avx2": {"sse4_2", "pclmulqdq", "avx2", "vpclmulqdq"},
              "avx512": {"sse4_2", "pclmulqdq", "avx512f", "avx512bw", "vpclmulqdq"}}
-
-
-@lru_cache
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def need_path(path: str) -> None:
