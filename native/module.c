@@ -234,7 +234,8 @@ static PyObject *Core_set_persist(CoreObject *self, PyObject *args)
 }
 
 /* set_notify(fd, ahead=0) -- an eventfd the core writes to when insertion enters a new
- * segment while that one or one of the `ahead` after it is not attached. */
+ * segment (or inserts for the first time since a new fd) while that one or one of the
+ * `ahead` after it is not attached. */
 static PyObject *Core_set_notify(CoreObject *self, PyObject *args)
 {
     int fd;
@@ -242,6 +243,8 @@ static PyObject *Core_set_notify(CoreObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "i|I", &fd, &ahead))
         return NULL;
     self->core->notify_ahead = ahead;
+    if (fd != self->core->notify_fd)
+        atomic_store(&self->core->notify_first, 1);
     self->core->notify_fd = fd;
     Py_RETURN_NONE;
 }

@@ -977,10 +977,15 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
     slot->payload_bytes += payload;
     release_slot(slot);
     uint64_t end_seg = (start_u + total) / g->seg_usable;
-    if (c->notify_fd >= 0 && start_u / g->seg_usable != end_seg && !ready_ahead(c, end_seg)) {
-        uint64_t one = 1; /* a new segment, and work to do: wake the background writer */
-        ssize_t ignored = write(c->notify_fd, &one, sizeof(one));
-        (void)ignored;
+    int first = atomic_load_explicit(&c->notify_first, memory_order_relaxed);
+    if (c->notify_fd >= 0 && (first || start_u / g->seg_usable != end_seg)) {
+        if (first) /* the WAL grows from here: its segments ahead are wanted now */
+            atomic_store_explicit(&c->notify_first, 0, memory_order_relaxed);
+        if (!ready_ahead(c, end_seg)) {
+            uint64_t one = 1; /* a new segment, and work to do: wake the background writer */
+            ssize_t ignored = write(c->notify_fd, &one, sizeof(one));
+            (void)ignored;
+        }
     }
     return 0;
 }

@@ -40,6 +40,7 @@ from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatErr
                             StorageError, format_lsn)
 from pmemwal.format import (DEFAULT_SEGMENT_SIZE, MAX_RECORD_LIMIT, PAGE_SIZE, first_lsn,
                             is_valid_segment_size)
+from pmemwal.growth import GrowthPace
 from pmemwal.recovery import VERIFY, Recovery
 from pmemwal.segments import Segment, WalDirectory, storage_errors
 
@@ -256,7 +257,8 @@ class WAL:
         self._arriving: dict[int, threading.Event] = {}  # segments being made, opened or recycled
         self._retired: dict[tuple[int, int], Segment] = {}  # shared: truncated, mapped, by inode
         self._counters = {"segments_created": 0, "segments_recycled": 0, "segments_removed": 0,
-                          "segments_prefaulted": 0, "segment_make_ns": 0, "checkpoints": 0}
+                          "segments_prefaulted": 0, "segment_make_ns": 0, "checkpoints": 0,
+                          "segment_waits": 0}
         self._checkpoint_interval = checkpoint_interval
         self._checkpoint_bytes = checkpoint_bytes
         self._checkpoint_lock = threading.Lock()  # one checkpoint written at a time
@@ -272,6 +274,8 @@ class WAL:
         self._truncation_distance = 0.0  # bytes appended between two truncations: the largest, decaying
         self._typical_distance = 0.0     # the same, a plain moving average
         self._last_truncation_lsn: int | None = None
+        self._growth = GrowthPace()  # until the first truncation: how far ahead to make segments
+        self._notify_ahead = self._prepare_segments
         self._control: ControlFile | None = None
         self._dir = WalDirectory(os.fspath(path), create, shared=shared)
         try:
@@ -379,7 +383,7 @@ class WAL:
         self._core = _core.Core(segment_size=self.segment_size, wal_id_lo=self._wal_id_lo,
                                 direct=self._direct, ring=self._ring, insert_slots=insert_slots,
                                 max_record_size=max_record_size,
-                                segment_callback=_weak(self, "_ensure_segment"),
+                                segment_callback=_weak(self, "_segment_needed"),
                                 gil_release_size=gil_release_size)
         if self._control is not None:
             control = self._control
@@ -475,31 +479,60 @@ class WAL:
         self._background = BackgroundWriter(_weak(self, "_prepare_ahead"), _weak(self, "_flush_async"),
                                             flush_interval, f"pmemwal-writer {self._dir.path}",
                                             watch=self._dir.path)
-        self._core.set_notify(self._background.notify_fd, self._prepare_segments)
+        self._core.set_notify(self._background.notify_fd, self._notify_ahead)  # (and at the
+        # first insertion: the segments ahead are made once the WAL grows, not for an open
+        # that only reads)
 
     def _prepare_ahead(self) -> None:
         """Background: have the next segments ready and attached (those a truncation is
-        recycling into place are left to it): prepare_segments, or what is left of twice
-        the typical distance between two truncations once the WAL's advance since the
-        last one is taken off, when that is more.  Truncation alone cannot build that
-        pool: in a steady state it recycles as many segments as the appenders used since
-        the last one.  Taking the advance off leaves the next truncation to refill what
-        the appenders use, so the background makes segments only for a WAL outrunning
-        its truncations (then kept: the late truncation raises the spare target), never
-        ones the next truncation removes as surplus."""
+        recycling into place are left to it), as many as the most of:
+
+        - prepare_segments;
+        - until the first truncation (of a WAL not shared), the WAL's growth over a few
+          times the slowest recent make (growth.py), within a quarter of max_wal_size: a log that keeps everything
+          fills them no faster than the machine makes them, and a burst or a slower make
+          does not reach the end of them;
+        - after it, what is left of twice the typical distance between two truncations
+          once the WAL's advance since the last one is taken off.  Truncation alone cannot
+          build that pool: in a steady state it recycles as many segments as the appenders
+          used since the last one.  Taking the advance off leaves the next truncation to
+          refill what the appenders use, so the background makes segments only for a WAL
+          outrunning its truncations (then kept: the late truncation raises the spare
+          target), never ones the next truncation removes as surplus.  Those made ahead
+          before the first truncation count as its spares, so it removes what it cuts
+          rather than recycle more than the pool needs.
+
+        The core wakes this writer when an insertion enters a segment and any of that many
+        after it is missing, so each segment taken starts the making of the next."""
         if self._closed or self._core.error or not self._prepare_segments or self._truncating():
             return
         insert = self._core.insert_lsn
         current = insert // self.segment_size
+        self._growth.observe(insert)
         with self._seg_lock:
             retained = sum(1 for s in self._segnos if s <= current)
-            since = insert - self._last_truncation_lsn if self._last_truncation_lsn is not None else 0
-            ahead = max(self._prepare_segments,
-                        self._spares_within(2 * self._typical_distance - since, retained))
+            if self._growing():
+                ahead = min(self._growth.segments_ahead(self.segment_size),
+                            self._max_wal_size // self.segment_size // 4)
+            else:
+                since = insert - self._last_truncation_lsn
+                ahead = self._spares_within(2 * self._typical_distance - since, retained)
+            ahead = max(self._prepare_segments, ahead)
+        if ahead != self._notify_ahead and self._background is not None:
+            self._notify_ahead = ahead
+            self._core.set_notify(self._background.notify_fd, ahead)
+        growing = self._growing()
         for segno in range(current, current + ahead + 1):
+            if growing and not self._growing() or self._truncating():
+                return  # a truncation came meanwhile: its pool, not the growth, decides
             if segno not in self._segments and segno not in self._arriving:
                 self._ensure_segment(segno)
                 self._count("segments_prefaulted")
+
+    def _growing(self) -> bool:
+        """Whether the WAL has not been truncated since it was opened: its segments ahead then
+        follow its growth.  A shared WAL's never do: another process may be truncating it."""
+        return self._last_truncation_lsn is None and self._control is None
 
     def _flush_async(self) -> None:
         """Background: check the segments, then make asynchronously appended records durable."""
@@ -678,6 +711,12 @@ class WAL:
             return self._checkpoint
 
     # ---- segments (called by the native core, with the GIL) -------------------
+
+    def _segment_needed(self, segno: int) -> None:
+        """The core's call: an appender (or a flush) reached segment ``segno`` before it was
+        attached, and waits for it (counted: the background writer should have made it)."""
+        self._count("segment_waits")
+        self._ensure_segment(segno)
 
     def _ensure_segment(self, segno: int) -> None:
         """Open (creating it if needed) segment ``segno`` and attach it to the core.
@@ -915,6 +954,8 @@ class WAL:
             self._count("segments_created", created)
             self._count("segments_recycled", recycled)
             self._count("segment_make_ns", make_ns)
+            if make_ns:
+                self._growth.made(make_ns / 1e9)
             self._arriving.pop(segno).set()
 
     def _segment_buffer(self, segno: int) -> mmap.mmap | None:
@@ -1244,7 +1285,8 @@ class WAL:
         were fenced after it;
         ``segment_make_ns``, the time threads spent making the created ones (allocated,
         written, mapped and pre-faulted: bytes created over it is the pace at which this
-        machine grows the WAL).  A shared WAL's counters count across its processes;
+        machine grows the WAL); ``segment_waits``: appends that reached a segment not
+        attached yet and made it or waited for it (0 when the background writer keeps up).  A shared WAL's counters count across its processes;
         ``processes`` is how many have it open, ``processes_reaped`` how many died and were
         cleaned up after (both 0 for a WAL open in one process).
         """

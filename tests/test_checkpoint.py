@@ -97,7 +97,9 @@ def test_damage_to_an_acknowledged_record_is_never_cut(wal_dir, mode, seg, patte
         assert bytes(wal.record(lsns[-1]).payload) == payloads[-1]  # the rest is all there
         with pytest.raises(ValueError):
             wal.record(lsns[DAMAGED])
-    assert _digest(wal_dir) == before, "an open that read damage changed a segment file"
+    after = _digest(wal_dir)  # (the background writer may have made segments ahead)
+    assert {name: after.get(name) for name in before} == before, \
+        "an open that read damage changed a segment file"
 
 
 def test_truncate_sets_aside_what_it_cuts_and_it_can_be_put_back(wal_dir, mode):

@@ -179,9 +179,13 @@ def _fill_and_recycle(wal_dir, mode, **opts):
 
     Returns the open WAL, the old records, those kept (segment 2 on), and the
     numbers segments 0 and 1 were recycled to (with the background writer on,
-    segments already prepared ahead push them further out).
+    segments already prepared ahead push them further out).  ``max_wal_size`` keeps the
+    background writer's growth depth at ``prepare_segments`` (a quarter of it at most):
+    spares made ahead for a growing WAL count toward the pool, and more of them would
+    leave the truncation removing what this test wants recycled.
     """
-    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=2, **opts)
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=2,
+                       max_wal_size=8 * SEG, **opts)
     old = []
     i = 0
     while wal.insert_lsn < 2 * SEG + 3 * PAGE:

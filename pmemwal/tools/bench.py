@@ -484,7 +484,8 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
         wal = _open_wal(config)
         try:
             probe = wal.probe or pmemwal.probe(wal.path)
-            baseline = wal.stats() if config.cold else _warm_up(wal, config.keep_bytes, recycle)
+            baseline = wal.stats() if config.cold else _warm_up(
+                wal, config.keep_bytes, recycle, config.truncate_step(wal.segment_size))
             result = _Run(config, wal, progress, baseline).measure(probe)
         finally:
             wal.close()
@@ -535,7 +536,8 @@ def fresh_segment_rate(parent: str, segment_size: int, mode: str = "direct", pre
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int) -> dict[str, int]:
+def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int,
+             step: int | None = None) -> dict[str, int]:
     """Fill the WAL once and truncate it, so the run starts on recycled, mapped
     segments, as a long-running log would (and as the peers start on warm files);
     returns the counters to subtract from the run's.
@@ -549,6 +551,18 @@ def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int) -> dict[str, int]
     while wal.insert_lsn < target:
         wal.append_many([chunk] * 8)
     wal.truncate(wal.flush() - (keep or 0))  # the retained window is full from the start
+    # Until that first truncation the WAL made segments ahead for its growth (wal.py:
+    # _prepare_ahead); they count as spares, and truncations remove what they cut until
+    # they are used: use them here, truncating every ``step`` as the run will, until a
+    # truncation recycles what it cuts (the pool the run settles into).
+    step = step or wal.segment_size
+    for _ in range(_segments_ahead(wal)):
+        target = wal.insert_lsn + step
+        while wal.insert_lsn < target:
+            wal.append(chunk)
+        removed = wal.stats()["segments_removed"]
+        if wal.truncate(wal.flush() - (keep or 0)) and wal.stats()["segments_removed"] == removed:
+            break
     if wal.archive_status() is not None:
         # truncation kept the segments the archive has not taken yet: wait for it, and
         # truncate again, so that the run starts with none pending and a full pool
@@ -561,6 +575,13 @@ def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int) -> dict[str, int]
                                    f"{status['last_error'] or f'not in {ARCHIVE_WAIT:g} s'}")
         wal.truncate(wal.flushed_lsn - (keep or 0))
     return wal.stats()
+
+
+def _segments_ahead(wal: pmemwal.WAL) -> int:
+    """Segment files past the one being appended to."""
+    current = wal.insert_lsn // wal.segment_size
+    return sum(1 for name in os.listdir(wal.path)
+               if name.endswith(".wal") and int(name[:16], 16) > current)
 
 
 def remove_wal_dir(path: str) -> None:

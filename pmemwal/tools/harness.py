@@ -78,7 +78,7 @@ AB_MODES = ("buffered", "direct")  # the targets --against runs at the other rev
 # all the time is 2000 ms/s), the others as counts per second.
 COUNTERS = ("slot_wait_ns", "insert_wait_ns", "background_wait_ns", "flushes", "flush_requests",
             "coalesced", "writes", "segments_created", "segments_recycled", "segments_removed",
-            "segments_prefaulted", "segment_make_ns")
+            "segments_prefaulted", "segment_make_ns", "segment_waits")
 DEFAULT_DB = "pmemwal-compare.db"
 UNSTABLE = 0.10  # a point whose runs' stddev exceeds this fraction of the mean is flagged
 _CPU_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/"
