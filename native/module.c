@@ -242,10 +242,13 @@ static PyObject *Core_set_notify(CoreObject *self, PyObject *args)
     unsigned int ahead = 0;
     if (!PyArg_ParseTuple(args, "i|I", &fd, &ahead))
         return NULL;
-    self->core->notify_ahead = ahead;
-    if (fd != self->core->notify_fd)
+    if (ahead >= WAL_SEG_TABLE / 2) /* attaching that far ahead would evict the current one */
+        return PyErr_Format(PyExc_ValueError, "set_notify: %u segments ahead (at most %d)",
+                            ahead, WAL_SEG_TABLE / 2 - 1);
+    atomic_store(&self->core->notify_ahead, ahead);
+    if (fd != atomic_load(&self->core->notify_fd))
         atomic_store(&self->core->notify_first, 1);
-    self->core->notify_fd = fd;
+    atomic_store(&self->core->notify_fd, fd);
     Py_RETURN_NONE;
 }
 
@@ -482,6 +485,7 @@ static PyObject *Core_flush_ready(CoreObject *self, PyObject *unused)
 static PyObject *Core_close(CoreObject *self, PyObject *unused)
 {
     (void)unused;
+    atomic_store(&self->core->notify_fd, -1); /* the background writer closes it next */
     Py_BEGIN_ALLOW_THREADS
     wal_close(self->core);
     Py_END_ALLOW_THREADS
@@ -1119,6 +1123,7 @@ PyMODINIT_FUNC PyInit__core(void)
     PyModule_AddIntConstant(m, "CONTROL_VERSION", WAL_CTL_VERSION);
     PyModule_AddIntConstant(m, "SHARED_COUNTERS", WAL_CTL_COUNTERS);
     PyModule_AddIntConstant(m, "MAX_PROCESSES", WAL_MAX_PROCS);
+    PyModule_AddIntConstant(m, "SEG_TABLE", WAL_SEG_TABLE);
     PyModule_AddIntConstant(m, "PAGE_SIZE", WAL_PAGE_SIZE);
     PyModule_AddIntConstant(m, "PAGE_HEADER_SIZE", WAL_PAGE_HDR);
     PyModule_AddIntConstant(m, "RECORD_HEADER_SIZE", WAL_REC_HDR);

@@ -864,7 +864,8 @@ static inline int reserve(wal_core *c, const wal_env *env, wal_slot *slot, uint6
  * take time from the appenders. */
 static int ready_ahead(wal_core *c, uint64_t s)
 {
-    for (uint64_t k = 0; k <= c->notify_ahead; k++)
+    uint32_t ahead = atomic_load_explicit(&c->notify_ahead, memory_order_relaxed);
+    for (uint64_t k = 0; k <= ahead; k++)
         if (!seg_lookup(c, s + k))
             return 0;
     return 1;
@@ -978,12 +979,13 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
     release_slot(slot);
     uint64_t end_seg = (start_u + total) / g->seg_usable;
     int first = atomic_load_explicit(&c->notify_first, memory_order_relaxed);
-    if (c->notify_fd >= 0 && (first || start_u / g->seg_usable != end_seg)) {
+    int notify_fd = atomic_load_explicit(&c->notify_fd, memory_order_relaxed);
+    if (notify_fd >= 0 && (first || start_u / g->seg_usable != end_seg)) {
         if (first) /* the WAL grows from here: its segments ahead are wanted now */
             atomic_store_explicit(&c->notify_first, 0, memory_order_relaxed);
         if (!ready_ahead(c, end_seg)) {
             uint64_t one = 1; /* a new segment, and work to do: wake the background writer */
-            ssize_t ignored = write(c->notify_fd, &one, sizeof(one));
+            ssize_t ignored = write(notify_fd, &one, sizeof(one));
             (void)ignored;
         }
     }

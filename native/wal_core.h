@@ -153,8 +153,9 @@ typedef struct wal_core {
     void (*pmem_drain)(void);                 /* pmem: libpmem's fence */
     uint64_t stream_min;     /* pmem: payload pieces this large bypass the cache (fused CRC +
                                 NT copy), and so do their records' headers; WAL_NT_NEVER: none */
-    int notify_fd;           /* eventfd written when an insertion enters a new segment ... */
-    uint32_t notify_ahead;   /* ... and it or one of the this many after it is not attached */
+    /* set by the background writer's thread while appenders read them (relaxed) */
+    _Atomic int notify_fd;   /* eventfd written when an insertion enters a new segment ... */
+    _Atomic uint32_t notify_ahead; /* ... and it or one of this many after it is not attached */
     _Atomic int notify_first; /* ... or it is the first insertion since set_notify */
     uint8_t *ring;           /* buffered: WAL buffer pages, indexed by physical page */
     uint64_t ring_pages;

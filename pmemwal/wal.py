@@ -70,6 +70,10 @@ DEFAULT_GIL_RELEASE_SIZE = 8 << 10
 _END = (1 << 64) - 1
 _READ_CACHE = 16  # read-only segment mappings kept for readers
 _OLDEST = 8       # _core.Core.shared: the oldest segment a shared WAL's truncations left
+# Segments made ahead (or kept as spares) at most: the core's table of attached segments is
+# indexed by number modulo SEG_TABLE, and one that far ahead would evict the current one.
+_MAX_AHEAD = _core.SEG_TABLE // 4
+_MAKES_PER_ROUND = 2  # segments a background round makes before its flush (it goes on next)
 _SHARED: weakref.WeakSet[WAL] = weakref.WeakSet()  # shared WALs open in this process
 
 
@@ -198,7 +202,8 @@ class WAL:
       estimate, as PostgreSQL sizes its recycling), within ``max_wal_size``.
     - ``max_wal_size``: bytes of segments, retained and recycled together, past
       which truncation removes segments instead of recycling them (it never
-      removes a segment that was not truncated).
+      removes a segment that was not truncated); a WAL not truncated yet makes
+      at most a quarter of it ahead.
     - ``preallocate``: bytes of WAL made ready when it is opened, ahead of the
       insert position (segments created, allocated, mapped and attached), so
       that appending that much creates no segment: a log kept whole up to that
@@ -206,7 +211,11 @@ class WAL:
     - ``background``: run the background writer (asynchronous flushes and
       segment preparation); without it appenders create segments themselves.
     - ``flush_interval``: seconds between the background writer's flushes.
-    - ``prepare_segments``: segments kept ready ahead of the insert position.
+    - ``prepare_segments``: segments kept ready ahead of the insert position, at
+      least.  Until its first truncation a WAL (not shared) keeps ready what it
+      grows by in max(0.1 s, 4 times its slowest recent segment make)
+      (pmemwal/growth.py): a log that grows slower than the machine makes
+      segments never waits for one.
     - ``prefault``: map direct-mode segments with every page faulted in
       (MADV_POPULATE_WRITE), write buffered-mode ones with zeros when made
       (PostgreSQL's wal_init_zero), and prepare them ahead; False lets
@@ -480,8 +489,8 @@ class WAL:
                                             flush_interval, f"pmemwal-writer {self._dir.path}",
                                             watch=self._dir.path)
         self._core.set_notify(self._background.notify_fd, self._notify_ahead)  # (and at the
-        # first insertion: the segments ahead are made once the WAL grows, not for an open
-        # that only reads)
+        # first insertion: segments ahead are made once the WAL grows, not at the first
+        # timed round)
 
     def _prepare_ahead(self) -> None:
         """Background: have the next segments ready and attached (those a truncation is
@@ -510,28 +519,41 @@ class WAL:
         current = insert // self.segment_size
         self._growth.observe(insert)
         with self._seg_lock:
-            retained = sum(1 for s in self._segnos if s <= current)
-            if self._growing():
-                ahead = min(self._growth.segments_ahead(self.segment_size),
-                            self._max_wal_size // self.segment_size // 4)
-            else:
-                since = insert - self._last_truncation_lsn
-                ahead = self._spares_within(2 * self._typical_distance - since, retained)
-            ahead = max(self._prepare_segments, ahead)
+            growing = self._growing()
+            ahead = self._segments_wanted_ahead(insert, growing)
         if ahead != self._notify_ahead and self._background is not None:
             self._notify_ahead = ahead
             self._core.set_notify(self._background.notify_fd, ahead)
-        growing = self._growing()
+        made = 0
         for segno in range(current, current + ahead + 1):
             if growing and not self._growing() or self._truncating():
                 return  # a truncation came meanwhile: its pool, not the growth, decides
             if segno not in self._segments and segno not in self._arriving:
+                if made == _MAKES_PER_ROUND and self._background is not None:
+                    self._background.wake()  # the round's flush first, then the rest
+                    return
                 self._ensure_segment(segno)
                 self._count("segments_prefaulted")
+                made += 1
+
+    def _segments_wanted_ahead(self, insert: int, growing: bool) -> int:
+        """_prepare_ahead's depth (segment lock held)."""
+        current = insert // self.segment_size
+        retained = sum(1 for s in self._segnos if s <= current)
+        if growing:
+            ahead = min(self._growth.segments_ahead(self.segment_size),
+                        self._max_wal_size // self.segment_size // 4, _MAX_AHEAD)
+        elif self._last_truncation_lsn is None:
+            ahead = 0  # a shared WAL this process has not truncated
+        else:
+            since = insert - self._last_truncation_lsn
+            ahead = self._spares_within(2 * self._typical_distance - since, retained)
+        return min(max(self._prepare_segments, ahead), _MAX_AHEAD)
 
     def _growing(self) -> bool:
-        """Whether the WAL has not been truncated since it was opened: its segments ahead then
-        follow its growth.  A shared WAL's never do: another process may be truncating it."""
+        """Whether truncate() has not been called since the WAL was opened (a call that cuts
+        nothing counts: it starts the distance to the next): its segments ahead then follow
+        its growth.  A shared WAL's never do: another process may be truncating it."""
         return self._last_truncation_lsn is None and self._control is None
 
     def _flush_async(self) -> None:
@@ -1164,7 +1186,7 @@ class WAL:
         Segment if any).  Future numbers are reserved at once, so that no appender makes a
         new file under one while the recycled file is renamed into it."""
         current = self.insert_lsn // self.segment_size
-        self._estimate_distance(self.insert_lsn)
+        self._estimate_distance(self.insert_lsn)  # (one that cuts nothing starts a distance)
         victims = [s for s in self._segnos if s < cut]
         spares = sum(1 for s in self._segnos if s > current)
         target = self._spare_target(sum(1 for s in self._segnos if cut <= s <= current))
@@ -1257,7 +1279,7 @@ class WAL:
         """Segments for ``nbytes`` of WAL, within max_wal_size beside the ``retained``
         segments."""
         room = self._max_wal_size // self.segment_size - retained
-        return max(0, min(self._segments_for(nbytes), room))
+        return max(0, min(self._segments_for(nbytes), room, _MAX_AHEAD))
 
     def _segments_for(self, nbytes: float) -> int:
         """Segments that ``nbytes`` of WAL fill, rounded up."""

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import pmemwal
+from pmemwal import _core
 from pmemwal.growth import HORIZON_MIN, GrowthPace
 
 SEG = 1 << 20
@@ -76,28 +77,77 @@ def test_the_background_writer_prepares_segments_at_the_first_append(wal_dir, mo
 def test_segments_ahead_follow_the_growth_until_the_first_truncation(wal_dir, mode):
     """Driven by hand (no background thread, a clock of its own): the depth made ahead is
     the growth over the horizon, capped by a quarter of max_wal_size, and the first
-    truncation hands the pool over to the truncation-distance estimate (the segments made
-    ahead count as its spares: none is removed or made again)."""
+    truncation hands the pool over to the truncation-distance estimate: the segments made
+    ahead count as its spares, so it removes what it cuts, and none is made again."""
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
-                      max_wal_size=64 * SEG, recycle_segments=0) as wal:
+                      max_wal_size=64 * SEG, recycle_segments=2) as wal:
         clock = FakeClock()
         wal._growth = GrowthPace(clock)
         wal._prepare_ahead()
-        for _ in range(4):                         # 100 segments a second: 11 ahead
-            clock.now += 0.02
+        for _ in range(4):                         # about 80 segments a second
+            clock.now += 0.025
             target = (wal.insert_lsn // SEG + 2) * SEG
             while wal.insert_lsn < target:
                 wal.append(bytes(64 << 10))
             wal._prepare_ahead()
-        assert wal._growth.rate == pytest.approx(100 * SEG, rel=0.2)
-        assert _segments_ahead(wal) == math.ceil(wal._growth.rate * HORIZON_MIN / SEG) + 1 > 10
+        assert wal._growth.rate == pytest.approx(80 * SEG, rel=0.2)
+        assert _segments_ahead(wal) == math.ceil(wal._growth.rate * HORIZON_MIN / SEG) + 1 > 8
         wal._growth.made(1.0)                      # slow makes: the cap, a quarter of 64
         wal._prepare_ahead()
         assert _segments_ahead(wal) == 16
         made = wal.stats()["segments_created"]
-        wal.truncate(wal.flush())
+        assert wal.truncate(wal.flush()) >= 8
         stats = wal.stats()
-        assert stats["segments_removed"] >= 1 and stats["segments_recycled"] == 0
+        assert stats["segments_removed"] >= 8 and stats["segments_recycled"] == 0
         wal._prepare_ahead()                       # the truncations' pool now: nothing to make
         assert wal.stats()["segments_created"] == made
         assert _segments_ahead(wal) >= 15
+
+
+def test_the_depth_stays_within_the_cores_segment_table(wal_dir):
+    """Made that far ahead, a segment would take the current one's entry in the core's
+    table (indexed by number modulo its size): the depth is bounded whatever max_wal_size
+    says, and the core refuses a notify depth that large."""
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False, max_wal_size=1 << 40) as wal:
+        clock = FakeClock()
+        wal._growth = GrowthPace(clock)
+        wal._growth.observe(0)
+        clock.now += 1
+        wal._growth.observe(1 << 40)               # a terabyte a second
+        assert wal._segments_wanted_ahead(wal.insert_lsn, True) == _core.SEG_TABLE // 4
+        with pytest.raises(ValueError):
+            wal._core.set_notify(-1, _core.SEG_TABLE // 2)
+
+
+def test_a_shared_wals_background_writer_prepares_segments(wal_dir):
+    """A shared WAL keeps prepare_segments ready (no growth depth: another process may be
+    truncating it), before this process ever truncates."""
+    with pmemwal.open(wal_dir, segment_size=SEG, shared=True) as wal:
+        while wal.insert_lsn < 3 * SEG:
+            wal.append(bytes(64 << 10))
+            time.sleep(0.001)
+        deadline = time.monotonic() + 10
+        while wal.stats()["segments_prefaulted"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert wal.stats()["segments_prefaulted"] > 0
+        assert wal._background.error is None
+
+
+def test_a_deep_round_does_not_hold_up_the_flush(wal_dir, monkeypatch):
+    """Slow makes (50 ms each, as on memory the host took back) and a deep pool to make:
+    an asynchronous record is still durable within a few makes, not after all of them."""
+    with pmemwal.open(wal_dir, mode="direct", segment_size=SEG, flush_interval=0.02) as wal:
+        real = wal._dir.create
+
+        def slow(*args, **kwargs):
+            time.sleep(0.05)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(wal._dir, "create", slow)
+        wal._growth.made(1.0)                      # a depth of a quarter of max_wal_size
+        wal._growth.rate = 100 * SEG
+        lsn = wal.append(b"async")
+        t0 = time.monotonic()
+        while wal.flushed_lsn <= lsn and time.monotonic() - t0 < 10:
+            time.sleep(0.005)
+        assert time.monotonic() - t0 < 0.5

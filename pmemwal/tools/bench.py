@@ -544,24 +544,27 @@ def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int,
 
     It appends enough past ``keep`` that the truncation fills the whole pool:
     the ``recycle`` spares, the background writer's prepared ones (the WAL's
-    default 2) and the segment in progress.
+    default 2) and the segment in progress.  With ``keep`` None (a log that keeps
+    everything) it only appends: the run goes on growing the WAL.
     """
     chunk, spare = bytes(1 << 20), (recycle + 4) * wal.segment_size
     target = wal.insert_lsn + (keep or 0) + spare
     while wal.insert_lsn < target:
         wal.append_many([chunk] * 8)
-    wal.truncate(wal.flush() - (keep or 0))  # the retained window is full from the start
+    if keep is None:  # a log that keeps everything: it grows from here, never truncated
+        return wal.stats()
+    wal.truncate(wal.flush() - keep)  # the retained window is full from the start
     # Until that first truncation the WAL made segments ahead for its growth (wal.py:
     # _prepare_ahead); they count as spares, and truncations remove what they cut until
     # they are used: use them here, truncating every ``step`` as the run will, until a
     # truncation recycles what it cuts (the pool the run settles into).
-    step = step or wal.segment_size
+    step = step or max(wal.segment_size, keep // 4)  # (a checkpointer's run: as the clients')
     for _ in range(_segments_ahead(wal)):
         target = wal.insert_lsn + step
         while wal.insert_lsn < target:
             wal.append(chunk)
         removed = wal.stats()["segments_removed"]
-        if wal.truncate(wal.flush() - (keep or 0)) and wal.stats()["segments_removed"] == removed:
+        if wal.truncate(wal.flush() - keep) and wal.stats()["segments_removed"] == removed:
             break
     if wal.archive_status() is not None:
         # truncation kept the segments the archive has not taken yet: wait for it, and
@@ -573,7 +576,7 @@ def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int,
                 raise ArchiveError(errno.EIO, f"the warm-up's segments were not archived to "
                                    f"{status['archive']} ({status['ready']} waiting): "
                                    f"{status['last_error'] or f'not in {ARCHIVE_WAIT:g} s'}")
-        wal.truncate(wal.flushed_lsn - (keep or 0))
+        wal.truncate(wal.flushed_lsn - keep)
     return wal.stats()
 
 
