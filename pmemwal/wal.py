@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import mmap
 import os
 import threading
@@ -442,6 +443,12 @@ class WAL:
             self.persist_method = "msync"
             self._core.set_persist(_core.PERSIST_MSYNC)
 
+    @functools.cached_property
+    def _fs_type(self) -> str | None:
+        """The WAL directory's file system type (read once: every segment made or attached
+        asks, and reading the mount table costs 0.4 ms)."""
+        return fs_type(self._dir.path)
+
     def _flushes_persist(self, seg: Segment) -> bool:
         """Whether cache flushes make stores to segment ``seg``'s mapping durable: it is
         MAP_SYNC (the probe's scratch file may be DAX where this file is not: XFS and ext4
@@ -451,9 +458,9 @@ class WAL:
             return lib is not None
         if not lib.is_pmem(libpmem.buffer_address(seg.map), len(seg.map)):
             return False
-        if force_ignored(fs_type(self._dir.path), False):
+        if force_ignored(self._fs_type, False):
             warnings.warn(f"{FORCE_ENV_VAR}=1 is set, but {self._dir.path} is on "
-                          f"{fs_type(self._dir.path)}, not DAX: cache flushes would leave "
+                          f"{self._fs_type}, not DAX: cache flushes would leave "
                           "records in the page cache, so this WAL persists by msync",
                           RuntimeWarning, stacklevel=2)
             return False
@@ -528,23 +535,26 @@ class WAL:
         for segno in range(current, current + ahead + 1):
             if growing and not self._growing() or self._truncating():
                 return  # a truncation came meanwhile: its pool, not the growth, decides
-            if segno not in self._segments and segno not in self._arriving:
+            if segno in self._segments or segno in self._arriving:
+                continue
+            if segno not in self._segnos and not os.path.exists(self._dir.file(segno)):
+                if self._control is not None and segno > current + self._prepare_segments:
+                    return  # shared: further ahead, only what other processes made or recycled
                 if made == _MAKES_PER_ROUND and self._background is not None:
                     self._background.wake()  # the round's flush first, then the rest
                     return
-                self._ensure_segment(segno)
-                self._count("segments_prefaulted")
                 made += 1
+            self._ensure_segment(segno)
+            self._count("segments_prefaulted")
 
     def _segments_wanted_ahead(self, insert: int, growing: bool) -> int:
         """_prepare_ahead's depth (segment lock held)."""
         current = insert // self.segment_size
         retained = sum(1 for s in self._segnos if s <= current)
-        if growing:
+        if growing or self._control is not None and self._last_truncation_lsn is None:
+            # (shared: made only prepare_segments ahead, the rest attached as others make them)
             ahead = min(self._growth.segments_ahead(self.segment_size),
                         self._max_wal_size // self.segment_size // 4, _MAX_AHEAD)
-        elif self._last_truncation_lsn is None:
-            ahead = 0  # a shared WAL this process has not truncated
         else:
             since = insert - self._last_truncation_lsn
             ahead = self._spares_within(2 * self._typical_distance - since, retained)

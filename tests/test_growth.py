@@ -151,3 +151,30 @@ def test_a_deep_round_does_not_hold_up_the_flush(wal_dir, monkeypatch):
         while wal.flushed_lsn <= lsn and time.monotonic() - t0 < 10:
             time.sleep(0.005)
         assert time.monotonic() - t0 < 0.5
+
+
+def test_a_shared_wal_attaches_far_ahead_only_what_others_made(wal_dir):
+    """A process of a shared WAL makes prepare_segments ahead, and attaches as far as its
+    growth depth the segments another process made or recycled: an appender then never
+    stops to map a recycled segment, and no process makes spares that a truncation by
+    another removes as surplus."""
+    a = pmemwal.open(wal_dir, segment_size=SEG, shared=True, background=False, recycle_segments=6)
+    b = pmemwal.open(wal_dir, segment_size=SEG, shared=True, background=False)
+    try:
+        while a.insert_lsn < 8 * SEG:
+            a.append(bytes(64 << 10))
+        a.truncate(a.flush())                      # recycled into the 6 segments after this one
+        current = b.insert_lsn // SEG
+        made = sorted(int(p.name[:16], 16) for p in wal_dir.glob("*.wal"))
+        assert made[-1] == current + 6
+        clock = FakeClock()
+        b._growth = GrowthPace(clock)
+        b._growth.observe(0)
+        clock.now += 1
+        b._growth.observe(1000 * SEG)              # a depth capped at 16: past what a made
+        b._prepare_ahead()
+        assert set(range(current, current + 7)) <= set(b._segments)
+        assert sorted(int(p.name[:16], 16) for p in wal_dir.glob("*.wal")) == made
+    finally:
+        b.close()
+        a.close()
