@@ -66,8 +66,10 @@ DEFAULT_CHECKPOINT_INTERVAL = 1.0
 DEFAULT_CHECKPOINT_BYTES = 64 << 20
 _CHECKPOINT_MIN_GAP = 0.01  # seconds: checkpoints for bytes come no closer (a synced write each)
 # Appends smaller than this keep the GIL while they insert (and persist): giving it up and
-# taking it back costs more than the insertion.  Measured in docs/PERFORMANCE.md §8.
-DEFAULT_GIL_RELEASE_SIZE = 8 << 10
+# taking it back costs more than the insertion.  Two threads at 8 KiB and 16 KiB ran
+# 1.02-1.31x faster keeping it, at 64 KiB 1.3x faster giving it up, 32 KiB was a draw
+# (docs/PERFORMANCE.md §8 and §15; 8 KiB before issue 29).
+DEFAULT_GIL_RELEASE_SIZE = 32 << 10
 _END = (1 << 64) - 1
 _READ_CACHE = 16  # read-only segment mappings kept for readers
 _OLDEST = 8       # _core.Core.shared: the oldest segment a shared WAL's truncations left
