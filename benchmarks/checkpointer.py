@@ -17,7 +17,9 @@ One thread commits records (``append(data, flush=True)``), timing each append.  
   (its warm-up ends at 30 % of them, the case at 90 %).
 
 After ``--warm-up`` seconds each case prints records/s (and its ratio to ``inline``), p99.9
-and max append latency, and the segments created, removed and recycled while measured.
+and max append latency, the segments created, removed and recycled while measured, and for
+the thread the longest gap between two of its truncations (ms, and MiB appended in it: what
+the spare pool must cover) and the CPU time its truncations took per second.
 """
 
 from __future__ import annotations
@@ -63,10 +65,14 @@ def run_case(case: str, args: argparse.Namespace) -> dict:
                                              max_wal_size=args.max_wal_size) as wal:
         stop = threading.Event()
 
+        marks: list[tuple[float, int, float]] = []  # (time, insert LSN, CPU s) of each truncation
+
         def checkpointer() -> None:
             redo = wal.flushed_lsn
             while not stop.wait(args.interval):
+                cpu = time.thread_time()
                 wal.truncate(redo)
+                marks.append((time.perf_counter(), wal.insert_lsn, time.thread_time() - cpu))
                 redo = wal.flushed_lsn
 
         thread = threading.Thread(target=checkpointer) if case == "thread" else None
@@ -90,12 +96,21 @@ def run_case(case: str, args: argparse.Namespace) -> dict:
         # back to its host, it depends on what the guest touched lately (PERFORMANCE.md §11)
         fresh = (fresh_segment_rate(os.path.dirname(path), wal.segment_size, wal.mode)
                  if case == "never" else None)
+    # how late the checkpointer came: the longest gap between its truncations while
+    # measured, in time and in WAL bytes (what the spare pool must cover)
+    late = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:]) if a[0] >= t0]
+    # the CPU time its truncations took (Python with the GIL, and system calls without),
+    # per second measured: what it can take from the appender at most
+    cpu = sum(m[2] for m in marks if m[0] >= t0) / elapsed
     moved = {k: after[f"segments_{k}"] - before[f"segments_{k}"]
              for k in ("created", "removed", "recycled")}
     made_ns = after["segment_make_ns"] - before["segment_make_ns"]  # making them, in this run
     return {"case": case, "persist": persist, "rate": len(latencies) / elapsed,
             "bytes_per_s": len(latencies) * args.size / elapsed,
             "p999_ms": np.percentile(latencies, 99.9) * 1e3, "max_ms": latencies.max() * 1e3,
+            "cpu_ms": cpu * 1e3 if late else None,
+            "gap_ms": max(g for g, _ in late) * 1e3 if late else None,
+            "gap_mib": max(d for _, d in late) / (1 << 20) if late else None,
             "fresh": fresh, "made": moved["created"] * segment_size / made_ns * 1e9 if made_ns else None,
             **moved}
 
@@ -123,8 +138,8 @@ def main() -> None:
     print(f"{args.mode}, {args.size:,} B records, flush each, checkpointer every "
           f"{args.interval * 1e3:g} ms" + (f"; fresh segments at {fresh / 1e9:.2f} GB/s" if fresh else ""))
     print("| case | records/s | / inline | MB/s | / fresh | / made | p99.9 ms | max ms "
-          "| created | removed | recycled |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| created | removed | recycled | longest gap: ms, MiB | truncation CPU ms/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ratio = f"{r['rate'] / base:.2f}" if base else "-"
         vs_fresh, vs_made = (f"{r['bytes_per_s'] / r[k]:.2f}" if r[k] and r["case"] == "never"
@@ -132,7 +147,9 @@ def main() -> None:
         print(f"| {r['case']} ({r['persist']}) | {r['rate'] / 1e3:,.1f} k | {ratio} | "
               f"{r['bytes_per_s'] / 1e6:,.0f} | {vs_fresh} | {vs_made} | {r['p999_ms']:.2f} | "
               f"{r['max_ms']:.1f} | "
-              f"{r['created']} | {r['removed']} | {r['recycled']} |")
+              f"{r['created']} | {r['removed']} | {r['recycled']} | "
+              + (f"{r['gap_ms']:.0f}, {r['gap_mib']:.0f} | {r['cpu_ms']:.1f} |" if r["gap_ms"]
+                 else "- | - |"))
 
 
 if __name__ == "__main__":
