@@ -76,7 +76,7 @@ _OLDEST = 8       # _core.Core.shared: the oldest segment a shared WAL's truncat
 # Segments made ahead (or kept as spares) at most: the core's table of attached segments is
 # indexed by number modulo SEG_TABLE, and one that far ahead would evict the current one.
 _MAX_AHEAD = _core.SEG_TABLE // 4
-_MAKES_PER_ROUND = 2  # segments a background round makes before its flush (it goes on next)
+_BRINGS_PER_ROUND = 4  # segments a background round makes or attaches before its flush
 _SHARED: weakref.WeakSet[WAL] = weakref.WeakSet()  # shared WALs open in this process
 
 
@@ -506,10 +506,13 @@ class WAL:
         recycling into place are left to it), as many as the most of:
 
         - prepare_segments;
-        - until the first truncation (of a WAL not shared), the WAL's growth over a few
-          times the slowest recent make (growth.py), within a quarter of max_wal_size: a log that keeps everything
-          fills them no faster than the machine makes them, and a burst or a slower make
-          does not reach the end of them;
+        - until this process's first truncation, the WAL's growth over a few times the
+          slowest recent make (growth.py), within a quarter of max_wal_size: a log that
+          keeps everything fills them no faster than the machine makes them, and a burst
+          or a slower make does not reach the end of them.  A shared WAL makes only
+          prepare_segments of them and attaches the rest as other processes make or
+          recycle them (one of them may be truncating: spares made here would be its
+          surplus);
         - after it, what is left of twice the typical distance between two truncations
           once the WAL's advance since the last one is taken off.  Truncation alone cannot
           build that pool: in a steady state it recycles as many segments as the appenders
@@ -521,7 +524,8 @@ class WAL:
           rather than recycle more than the pool needs.
 
         The core wakes this writer when an insertion enters a segment and any of that many
-        after it is missing, so each segment taken starts the making of the next."""
+        after it is missing, so each segment taken starts the making of the next.  A round
+        brings a few segments, then flushes, and goes on in the next round."""
         if self._closed or self._core.error or not self._prepare_segments or self._truncating():
             return
         insert = self._core.insert_lsn
@@ -529,43 +533,46 @@ class WAL:
         self._growth.observe(insert)
         with self._seg_lock:
             growing = self._growing()
-            ahead = self._segments_wanted_ahead(insert, growing)
+            ahead, make_ahead = self._segments_wanted_ahead(insert, growing)
         if ahead != self._notify_ahead and self._background is not None:
             self._notify_ahead = ahead
             self._core.set_notify(self._background.notify_fd, ahead)
-        made = 0
+        brought = 0
         for segno in range(current, current + ahead + 1):
             if growing and not self._growing() or self._truncating():
                 return  # a truncation came meanwhile: its pool, not the growth, decides
             if segno in self._segments or segno in self._arriving:
                 continue
-            if segno not in self._segnos and not os.path.exists(self._dir.file(segno)):
-                if self._control is not None and segno > current + self._prepare_segments:
-                    return  # shared: further ahead, only what other processes made or recycled
-                if made == _MAKES_PER_ROUND and self._background is not None:
-                    self._background.wake()  # the round's flush first, then the rest
-                    return
-                made += 1
+            if segno > current + make_ahead and segno not in self._segnos and \
+                    not os.path.exists(self._dir.file(segno)):
+                return  # attached only once another process makes it
+            if brought == _BRINGS_PER_ROUND and self._background is not None:
+                self._background.wake()  # the round's flush first, then the rest
+                return
             self._ensure_segment(segno)
             self._count("segments_prefaulted")
+            brought += 1
 
-    def _segments_wanted_ahead(self, insert: int, growing: bool) -> int:
-        """_prepare_ahead's depth (segment lock held)."""
+    def _segments_wanted_ahead(self, insert: int, growing: bool) -> tuple[int, int]:
+        """_prepare_ahead's depth, and how many of it this process may make (the rest it
+        only attaches); segment lock held."""
         current = insert // self.segment_size
         retained = sum(1 for s in self._segnos if s <= current)
-        if growing or self._control is not None and self._last_truncation_lsn is None:
-            # (shared: made only prepare_segments ahead, the rest attached as others make them)
+        shared_growth = self._control is not None and self._last_truncation_lsn is None
+        if growing or shared_growth:
             ahead = min(self._growth.segments_ahead(self.segment_size),
                         self._max_wal_size // self.segment_size // 4, _MAX_AHEAD)
         else:
             since = insert - self._last_truncation_lsn
             ahead = self._spares_within(2 * self._typical_distance - since, retained)
-        return min(max(self._prepare_segments, ahead), _MAX_AHEAD)
+        ahead = min(max(self._prepare_segments, ahead), _MAX_AHEAD)
+        return ahead, self._prepare_segments if shared_growth else ahead
 
     def _growing(self) -> bool:
         """Whether truncate() has not been called since the WAL was opened (a call that cuts
-        nothing counts: it starts the distance to the next): its segments ahead then follow
-        its growth.  A shared WAL's never do: another process may be truncating it."""
+        nothing counts: it starts the distance to the next) and the WAL is not shared: its
+        segments made ahead then follow its growth.  (A shared WAL's follow it only as far
+        as prepare_segments; further, it attaches what others made: _prepare_ahead.)"""
         return self._last_truncation_lsn is None and self._control is None
 
     def _flush_async(self) -> None:

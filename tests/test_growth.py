@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import pytest
@@ -114,14 +115,14 @@ def test_the_depth_stays_within_the_cores_segment_table(wal_dir):
         wal._growth.observe(0)
         clock.now += 1
         wal._growth.observe(1 << 40)               # a terabyte a second
-        assert wal._segments_wanted_ahead(wal.insert_lsn, True) == _core.SEG_TABLE // 4
+        assert wal._segments_wanted_ahead(wal.insert_lsn, True)[0] == _core.SEG_TABLE // 4
         with pytest.raises(ValueError):
             wal._core.set_notify(-1, _core.SEG_TABLE // 2)
 
 
 def test_a_shared_wals_background_writer_prepares_segments(wal_dir):
-    """A shared WAL keeps prepare_segments ready (no growth depth: another process may be
-    truncating it), before this process ever truncates."""
+    """A shared WAL keeps prepare_segments ready before this process ever truncates (it
+    makes no more: another process may be truncating it)."""
     with pmemwal.open(wal_dir, segment_size=SEG, shared=True) as wal:
         while wal.insert_lsn < 3 * SEG:
             wal.append(bytes(64 << 10))
@@ -153,28 +154,43 @@ def test_a_deep_round_does_not_hold_up_the_flush(wal_dir, monkeypatch):
         assert time.monotonic() - t0 < 0.5
 
 
+def _fast_growth(wal: pmemwal.WAL) -> None:
+    """``wal``'s growth made to read 1000 segments a second: a depth capped at 16."""
+    clock = FakeClock()
+    wal._growth = GrowthPace(clock)
+    wal._growth.observe(0)
+    clock.now += 1
+    wal._growth.observe(1000 * SEG)
+
+
+def _files(wal_dir) -> list[int]:
+    return sorted(int(p.name[:16], 16) for p in wal_dir.glob("*.wal"))
+
+
 def test_a_shared_wal_attaches_far_ahead_only_what_others_made(wal_dir):
     """A process of a shared WAL makes prepare_segments ahead, and attaches as far as its
-    growth depth the segments another process made or recycled: an appender then never
-    stops to map a recycled segment, and no process makes spares that a truncation by
-    another removes as surplus."""
+    growth depth the segments another process made or recycled, up to the first one
+    missing: its appenders then never stop to map a recycled segment, and no process
+    makes spares that a truncation by another removes as surplus."""
     a = pmemwal.open(wal_dir, segment_size=SEG, shared=True, background=False, recycle_segments=6)
     b = pmemwal.open(wal_dir, segment_size=SEG, shared=True, background=False)
     try:
+        _fast_growth(a)
+        a._prepare_ahead()                         # nothing made by others: prepare_segments
+        assert _files(wal_dir) == [0, 1, 2]
         while a.insert_lsn < 8 * SEG:
             a.append(bytes(64 << 10))
         a.truncate(a.flush())                      # recycled into the 6 segments after this one
         current = b.insert_lsn // SEG
-        made = sorted(int(p.name[:16], 16) for p in wal_dir.glob("*.wal"))
-        assert made[-1] == current + 6
-        clock = FakeClock()
-        b._growth = GrowthPace(clock)
-        b._growth.observe(0)
-        clock.now += 1
-        b._growth.observe(1000 * SEG)              # a depth capped at 16: past what a made
+        assert _files(wal_dir)[-1] == current + 6
+        mapped = a._segments[current + 5].inode    # a's mapping of a recycled file
+        os.unlink(wal_dir / f"{current + 6:016X}.wal")  # (as if its recycling had not come yet)
+        made = _files(wal_dir)
+        _fast_growth(b)
         b._prepare_ahead()
-        assert set(range(current, current + 7)) <= set(b._segments)
-        assert sorted(int(p.name[:16], 16) for p in wal_dir.glob("*.wal")) == made
+        assert set(range(current, current + 6)) <= set(b._segments)
+        assert current + 6 not in b._segments and _files(wal_dir) == made
+        assert b._segments[current + 5].inode == mapped
     finally:
         b.close()
         a.close()
