@@ -224,7 +224,7 @@ CRASH_SIZES = (20, 21, 64, 100, 1000, 4096, 8144, 8168, 8169, 8192, 9000, 20000,
 
 def crash_writer(spec: dict) -> None:
     wal = pmemwal.open(spec["dir"], mode=spec["mode"], segment_size=1 << 20,
-                       insert_slots=spec["insert_slots"])
+                       insert_slots=spec["insert_slots"], gil_release_size=8192)  # (parallel copies)
     run, seed = spec["run"], spec["seed"]
     out = sys.stdout
     out_lock = threading.Lock()
