@@ -593,3 +593,19 @@ def test_dump_of_a_plain_wal_says_nothing_of_logs(wal_dir):
     result = invoke("dump", wal_dir, "--json")
     assert "log" not in json.loads(result.stdout.splitlines()[0])
     assert " log: " not in invoke("dump", wal_dir).stdout
+
+
+@pytest.mark.parametrize("args", [["dump"], ["dump", "--json"]])
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(wal_dir, args):
+    """``pmemwal dump WAL | head``: status 141 (as SIGPIPE gives a C tool), nothing on stderr."""
+    import subprocess
+    import sys
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        for i in range(5000):
+            wal.append(payload(f"r/{i}", 200))
+    proc = subprocess.Popen([sys.executable, "-m", "pmemwal.tools.cli", *args, str(wal_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline()
+    proc.stdout.close()                          # the reader goes, as head does
+    stderr = proc.stderr.read()
+    assert proc.wait(60) == 141 and stderr == b""

@@ -9,6 +9,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import select
+import signal
+import sys
 import time
 
 import click
@@ -45,16 +48,41 @@ FLUSH = _Parsed("flush", _bench.parse_flush, keep_text=True)  # checked, passed 
 
 
 def _library_errors(command):
-    """Turn pmemwal's errors (and bad values it rejects) into a clean message and exit code 1."""
+    """Turn pmemwal's errors (and bad values it rejects) into a clean message and exit code 1;
+    a reader that closed the output (``pmemwal dump WAL | head``) ends the command quietly."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
+        except BrokenPipeError as error:
+            if not _stdout_closed():
+                raise click.ClickException(f"{type(error).__name__}: {error}") from error
+            _end_quietly()
         except (pmemwal.WALError, ValueError, OSError) as error:
             raise click.ClickException(f"{type(error).__name__}: {error}") from error
 
     return wrapper
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (not some other pipe, such as
+    a bench client's, that broke)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _end_quietly() -> None:
+    """Exit as a C tool killed by SIGPIPE would be seen to (status 141), with nothing on
+    stderr: what is still buffered for stdout goes to /dev/null, not to a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(128 + signal.SIGPIPE)
 
 
 def _dump(data: dict) -> None:
@@ -64,7 +92,10 @@ def _dump(data: dict) -> None:
 @click.group(name="pmemwal")
 @click.version_option(pmemwal.__version__, prog_name="pmemwal")
 def main() -> None:
-    """pmemwal: a write-ahead log for persistent memory."""
+    """pmemwal: a write-ahead log for persistent memory.
+
+    Example: pmemwal bench /dev/shm/pmemwal-bench --duration 10
+    """
 
 
 @main.command()
