@@ -776,3 +776,23 @@ def test_peers_measured_on_other_terms_are_marked(targets, shm_dir: Path) -> Non
     if "libpmemlog" in peers:
         assert "libpmemlog: persists every record (libpmemlog cannot batch): stronger than " \
                "flush end" in notes
+
+
+def test_a_wide_wait_axis_keeps_the_series_of_no_waits(tmp_path: Path) -> None:
+    """Waits from 0 to thousands of ms/s: the axis is symlog (a log axis drops the zeros, and
+    with them the insert-slots preset's series that never waited), and every line is drawn."""
+    from matplotlib.figure import Figure
+
+    waits = {"slots=8": 3.0e9, "slots=16": 1.0e7, "slots=64": 0.0}
+    rates = {(target, c, 256): [100.0] * 3 for target in waits for c in (1, 4)}
+    db = _made_up_db(tmp_path / "r.db", rates,
+                     lambda target, run: {"stats": {"slot_wait_ns": waits[target] * (1 + run)}},
+                     {"flush": "each", "columns": ["slot_wait_ns"]})
+    summary = harness.summarize(db)
+    ax = Figure().subplots()
+    harness._draw_panel(ax, summary, 256, "slot_wait_ns")
+    assert ax.get_yscale() == "symlog"
+    assert sorted(line.get_label() for line in ax.get_lines()) == ["slots=16", "slots=64", "slots=8"]
+    ax = Figure().subplots()
+    harness._draw_panel(ax, summary, 256, None)  # records/s: all alike, a linear axis
+    assert ax.get_yscale() == "linear"

@@ -1214,7 +1214,7 @@ def _draw_panel(ax, summary: Summary, size: int, metric: str | None) -> None:
     from matplotlib.ticker import FixedLocator, NullLocator
 
     clients = summary.clients()
-    values = []
+    values, zeros = [], False
     for label in summary.series():
         pts = [p for p in (summary.point(label, c, size) for c in clients)
                if p and (metric is None or metric in p.counters)]
@@ -1225,13 +1225,20 @@ def _draw_panel(ax, summary: Summary, size: int, metric: str | None) -> None:
             ys = [p.records_per_s for p in pts]
             err = [[y - p.min for y, p in zip(ys, pts)], [p.max - y for y, p in zip(ys, pts)]]
             ax.errorbar(xs, ys, yerr=err, marker="o", markersize=4, capsize=3, label=label)
-            values += [p.min for p in pts if p.min > 0] + [p.max for p in pts]
+            values += [p.min for p in pts if p.min > 0] + [p.max for p in pts if p.max > 0]
+            zeros = zeros or any(p.min <= 0 for p in pts)
         else:
             ys = [p.counters[metric] for p in pts]
             ax.plot(xs, ys, marker="o", markersize=4, label=label)
             values += [y for y in ys if y > 0]
-    if values and min(values) > 0 and max(values) / min(values) > 10:
-        ax.set_yscale("log")
+            zeros = zeros or any(y <= 0 for y in ys)
+    if values and max(values) / min(values) > 10:
+        # a wide range: logarithmic, but linear below the smallest value when some are 0
+        # (a series of no waits stays drawn, along the bottom, not dropped by a log axis)
+        if zeros:
+            ax.set_yscale("symlog", linthresh=min(values))
+        else:
+            ax.set_yscale("log")
     if len(clients) > 1 and clients[-1] / clients[0] >= 4:
         ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(clients))
