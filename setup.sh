@@ -19,9 +19,24 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libpmem\.so\.1'; then
   fi
 fi
 
+# pip's output (setuptools' editable-install warnings among it) is shown only when it fails
+quiet_pip() {
+  local log
+  log=$(mktemp)
+  if ! .venv/bin/python -m pip install -q "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    rm -f "$log"
+    echo "setup: pip install $* failed" >&2
+    return 1
+  fi
+  rm -f "$log"
+}
+
 python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test,bench,archive,eventsourcing,pysyncobj]'
+quiet_pip --upgrade pip
+quiet_pip -e '.[test,bench,archive,eventsourcing,pysyncobj]'
+echo "setup: .venv has pmemwal (native core built) and its test, bench, archive," \
+     "eventsourcing and pysyncobj dependencies" >&2
 
 # Peers for the comparison harness (pmemwal.tools.targets): PMDK's libpmemlog, PostgreSQL
 # (initdb, pg_ctl, pgbench), and the Python packages rocksdict and lmdb.  Only with --peers or
@@ -42,5 +57,6 @@ if [ "${PMEMWAL_PEERS:-0}" = 1 ] || case " $* " in *" --peers "*) true ;; *) fal
     echo "setup: not root (or no apt-get): install the Debian packages libpmemlog1 and" \
          "postgresql yourself for the libpmemlog and postgres targets" >&2
   fi
-  .venv/bin/python -m pip install -q -e '.[test,bench,archive,eventsourcing,pysyncobj,peers]'
+  quiet_pip -e '.[test,bench,archive,eventsourcing,pysyncobj,peers]'
+  echo "setup: .venv has the peers' Python packages too" >&2
 fi
