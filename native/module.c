@@ -8,7 +8,7 @@
  * the core's first wait or system call (wal_env.will_wait), so it never waits
  * for a thread that needs the GIL; larger appends give it up before copying.
  * When the core needs a segment it does not have, it calls back into Python
- * (the WAL's _ensure_segment) with the GIL taken, and an exception raised
+ * (the WAL's _segment_needed) with the GIL taken, and an exception raised
  * there is carried back to the caller.  C returns negative errnos; this file
  * turns them into pmemwal.errors exceptions.
  */
