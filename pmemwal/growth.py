@@ -10,7 +10,7 @@ whose host took free memory back: docs/PERFORMANCE.md §11.1).  So the depth
 is the growth over a time horizon, itself several times the slowest recent
 make, measured as the WAL grows.
 
-This module only measures and answers; the WAL (wal.py: _prepare_ahead) acts.
+This module only measures and answers; the WAL (wal/rounds.py: _prepare_ahead) acts.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ class Recovery:
         writer stopped on that error, but an open in the same boot would read the records
         from those pages, take them for durable, and append after a hole the disk has.
         Dirty pages (a SIGKILLed writer's unflushed records) stay: the open syncs them
-        (wal.py, _persist_recovered).  Nothing to drop on tmpfs or DAX."""
+        (wal/opening.py, _persist_recovered).  Nothing to drop on tmpfs or DAX."""
         for segno in self._segnos:
             if (segno + 1) * self._size <= start:
                 continue

@@ -310,7 +310,8 @@ def test_a_calibration_never_overrides_persistent_memory(shm_dir: Path, tmp_path
 _MAP_SYNC_CHILD = r"""
 import dataclasses, errno, json, sys
 import pmemwal
-from pmemwal import device, segments, wal as wal_module
+from pmemwal import device, segments
+from pmemwal.wal import opening as wal_module  # where the WAL resolves its mode
 # The probe's scratch file is DAX (MAP_SYNC worked there), as on XFS or ext4 with dax=inode
 # when the directory got the flag after the WAL was made: its segment files are not DAX.
 real_resolve = wal_module.resolve_mode

@@ -554,7 +554,7 @@ def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int,
     if keep is None:  # a log that keeps everything: it grows from here, never truncated
         return wal.stats()
     wal.truncate(wal.flush() - keep)  # the retained window is full from the start
-    # Until that first truncation the WAL made segments ahead for its growth (wal.py:
+    # Until that first truncation the WAL made segments ahead for its growth (wal/rounds.py:
     # _prepare_ahead); they count as spares, and truncations remove what they cut until
     # they are used: use them here, truncating every ``step`` as the run will, until a
     # truncation recycles what it cuts (the pool the run settles into).

@@ -1,0 +1,155 @@
+"""Opening: segment headers checked, the mode chosen, recovery run, the core started.
+
+Concern: the order of an open, which ``WAL.__init__`` (api.py) calls with the directory
+locked.  Every segment header is cross-checked (or the first segment made), the mode
+resolved (the device probe, device.py), and the end of the WAL found by recovery.py: where
+it decides torn tail or damage, wipes what lies past the end and sets aside valid records
+there in lost+found.  Then the native core starts at that end, persistence is chosen
+(persistence.py), what recovery read is made durable and the first checkpoint is written:
+from here on the WAL is in use.  A shared WAL's later openers join the state the first one
+set up in the control file instead of recovering.  Sets the fields state.py declares
+without a value.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+
+import numpy as np
+
+from pmemwal import _core, libpmem
+from pmemwal.checkpoint import CheckpointFile
+from pmemwal.device import resolve_mode
+from pmemwal.errors import ConfigError, FormatError, NotFoundError
+from pmemwal.format import DEFAULT_SEGMENT_SIZE
+from pmemwal.recovery import Recovery
+from pmemwal.segments import storage_errors
+from pmemwal.wal.peers import _OLDEST
+from pmemwal.wal.rounds import BackgroundRounds
+from pmemwal.wal.state import _weak
+
+
+class Opening(BackgroundRounds):
+    """The opening room (see the module docstring)."""
+
+    def _open(self, mode: str, segment_size: int | None, on_corruption: str, insert_slots: int,
+              buffer_size: int, max_record_size: int, gil_release_size: int,
+              verify: str) -> None:
+        """Check the segments, choose the mode, recover and start the core.  A shared WAL
+        (the files lock held) is recovered by the process that finds no other has it
+        open, which rebuilds the control file; the others join the state it set up."""
+        first = self._dir.lock_shared() if self._control is not None else True
+        self._open_segments(segment_size, create=first)
+        if self._control is not None and mode == "auto":
+            mode = "direct"  # the mode shared writing has (msync where not pmem)
+        self.mode, self._verdict = resolve_mode(mode, self._dir.path)  # (a brief probe)
+        self._verdict_full = False
+        if self._control is not None and self.mode != "direct":
+            raise ConfigError("shared=True works in direct mode only: sharing buffered mode's "
+                              "ring between processes would cost a copy to shared memory and a "
+                              "cross-process write lock (docs/SHARED.md)")
+        self._direct = self.mode == "direct"
+        self._map_sync = bool(self._verdict and self._verdict.map_sync)
+        self._reader = _core.Reader(self.segment_size, self._wal_id_lo, _weak(self, "_segment_buffer"))
+        self._checkpoints = CheckpointFile(self._dir.path, self.wal_id, self.segment_size)
+        self.recovery: dict | None = None
+        insert_lsn = prev_lsn = 0
+        if first:
+            with storage_errors(f"syncing {self._dir.path}"):
+                self._dir.sync()  # what a killed writer renamed into place, before it is used
+            recovered = Recovery(self._dir, self._segnos, self.segment_size, self.wal_id,
+                                 self._reader, self._segment_buffer, self._checkpoints)
+            result = recovered.run(on_corruption, verify)
+            insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
+            self._cuts = result.cuts
+        self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
+                         insert_lsn, prev_lsn, first)
+        if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
+            self._persist_recovered(result.scanned_from, insert_lsn)
+            self._write_checkpoint(insert_lsn, prev_lsn, oldest=result.oldest_segno, exact=True)
+        else:
+            self._checkpoint = self._checkpoints.read()
+            self._cuts = self._checkpoint.cuts if self._checkpoint is not None else 0
+        if self._control is not None and first:
+            self._dir.share_lock()
+
+    def _open_segments(self, segment_size: int | None, create: bool = True) -> None:
+        """Read and cross-check every segment header, or create the first segment."""
+        self._segnos = self._dir.list_segments()
+        if not self._segnos:
+            if not self._dir.may_create or not create:
+                raise NotFoundError(errno.ENOENT, "no WAL in this directory (create=False)",
+                                    self._dir.path)
+            self.segment_size = segment_size or DEFAULT_SEGMENT_SIZE
+            self.wal_id = os.urandom(16)
+            self._dir.create(0, self.segment_size, self.wal_id)
+            self._segnos = [0]
+        else:
+            headers = self._dir.read_headers(self._segnos)
+            first = headers[0][0]
+            for segno, (header, size) in zip(self._segnos, headers):
+                if header.wal_id != first.wal_id or header.segment_size != first.segment_size:
+                    raise FormatError(f"{self._dir.file(segno)} belongs to another WAL")
+                if size != header.segment_size:
+                    raise FormatError(f"{self._dir.file(segno)} is {size} bytes, "
+                                      f"expected {header.segment_size}")
+            if segment_size is not None and segment_size != first.segment_size:
+                raise ConfigError(f"segment_size={segment_size}, but the WAL at {self._dir.path} "
+                                  f"was made with {first.segment_size}")
+            self.segment_size, self.wal_id = first.segment_size, first.wal_id
+        self._wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
+
+    def _start_core(self, insert_slots: int, buffer_size: int, max_record_size: int,
+                    gil_release_size: int, insert_lsn: int, prev_lsn: int,
+                    first: bool = True) -> None:
+        if self._direct:
+            self._ring = None
+        else:  # the WAL buffer ring: anonymous shared memory seen as a numpy array
+            self._ring_map = mmap.mmap(-1, buffer_size)
+            self._ring = np.frombuffer(self._ring_map, dtype=np.uint8)
+        self._core = _core.Core(segment_size=self.segment_size, wal_id_lo=self._wal_id_lo,
+                                direct=self._direct, ring=self._ring, insert_slots=insert_slots,
+                                max_record_size=max_record_size,
+                                segment_callback=_weak(self, "_segment_needed"),
+                                gil_release_size=gil_release_size)
+        if self._control is not None:
+            control = self._control
+            mapping = (control.rebuild if first else control.join)(self.wal_id, self.segment_size)
+            self._core.share(mapping, control.fd, first)
+        if first:
+            self._core.set_position(insert_lsn, prev_lsn)
+            if self._control is not None:
+                self._core.shared(_OLDEST, self._segnos[0])
+        self._core.set_serial(self._insertion == "serial")
+        # The per-record calls go straight to C: a Python frame here would cost
+        # as much as appending a small record (the methods below document them).
+        self.append = self._core.append
+        self.append_prefixed = self._core.append_prefixed
+        self.flush = self._core.flush
+        self.max_record_size = max_record_size
+        segno = self._core.insert_lsn // self.segment_size
+        if self._direct:  # mapped first: its mapping decides how records persist
+            self._ensure_segment(segno)
+        self._choose_persist(self._segments[segno] if self._direct else None)
+
+    def _persist_recovered(self, start: int, end: int) -> None:
+        """Make the records recovery read past the checkpoint durable before a checkpoint
+        names them: after a SIGKILL they may lie in the page cache (or, on pmem, in CPU
+        caches) only, unsynced.  At most what was flushed since the last checkpoint."""
+        size = self.segment_size
+        lib = libpmem.load() if self.persist_method == "pmem" else None
+        for segno in range(start // size, (end - 1) // size + 1) if end > start else ():
+            if segno not in self._segnos:
+                continue
+            lo, hi = max(start, segno * size) % size, min(end - segno * size, size)
+            if lib is not None:  # (the mapping may be a reader's, read-only)
+                address = np.frombuffer(self._segment_map(segno), np.uint8).ctypes.data
+                lib.persist(address + lo, hi - lo)
+            with storage_errors(f"syncing segment {segno:016X}"):
+                fd = os.open(self._dir.file(segno), os.O_RDONLY)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
