@@ -1,49 +1,15 @@
 """The log layer: numbered entries with terms over one WAL (``pmemwal.Log``).
 
 A replicated state machine or an event store thinks in entries 1, 2, 3..., not
-LSNs.  A Log writes four kinds of *log record* into an ordinary WAL (no second
-file format): each is one WAL record whose payload starts with this 24-byte
-header, little-endian (docs/FORMAT.md, "Log records", says the same):
-
-    0  u16  magic    0x4C50 ("PL")
-    2  u8   version  1
-    3  u8   kind     1 entry, 2 rewind, 3 snapshot, 4 state
-    4  u32  aux      snapshot: 1 when it resets the log; state: how the vote is encoded
-    8  u64  index    entry, rewind, snapshot: an entry index; state: the commit index
-   16  u64  term     entry, snapshot: that entry's term; state: the current term
-   24  ...  body     entry: the payload; state: the vote; others: nothing
-
-Open replays them in LSN order, the WAL's own order:
-
-- an entry with index ``next`` is appended; one with a lower index first voids
-  every entry from its index on (etcd's WAL reads an overriding suffix so);
-  the first entry read, or one past a gap, starts the numbering (the scan may
-  begin amid entries that a later snapshot marker drops: at the end, entries
-  missing below the first must be covered by the last snapshot, or the log is
-  damaged: CorruptionError);
-- a rewind ``k`` voids the entries above ``k`` (``truncate_after``);
-- a snapshot ``(k, t)`` drops the entries up to ``k`` and remembers ``t`` as the
-  term of ``k`` (``compact``); a resetting one drops every entry and the log goes
-  on at ``k + 1`` (``reset``, a Raft follower installing a snapshot);
-- a state record replaces the hard state (term, vote, commit): the latest wins.
-
-Since the WAL returns after a crash exactly the records that were durable, the
-log is then exactly the durable entries with every durable rewind, snapshot and
-state applied.  The WAL stays append-only: nothing is ever overwritten in place.
+LSNs.  A Log writes four kinds of *log record* into an ordinary WAL, no second file
+format (log_format.py: entries, rewinds, snapshots and states).  Open reads the log's durable
+index and replays the records after it (log_replay.py).  The WAL stays append-only:
+nothing is ever overwritten in place.
 
 Compaction writes its snapshot marker (and, when the latest state record lies
 in a segment about to go, that state again), flushes, then lets
 ``WAL.truncate`` drop the whole segments below the first kept entry; entries
 left in the segment that holds it are skipped by the marker on replay.
-
-The index (entry -> LSN, entry -> term) is kept durable beside the WAL
-(pmemwal/log_index.py): at each of the WAL's background checkpoints, at
-compaction and at close, the entries appended since go into mapped index files
-and a slot names the WAL position the index reflects.  Open reads that slot and
-replays only the log records after it, from their headers alone, in native
-batches (``WAL.record_heads``); without a usable index (none yet, or a WAL cut
-below it) it replays every record and writes the index at the next checkpoint.
-``log[i]`` is O(1) and reads one record; memory follows the entries read.
 """
 
 from __future__ import annotations
@@ -51,47 +17,22 @@ from __future__ import annotations
 import os
 import struct
 import threading
-import warnings
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator
 
 import numpy as np
 
-from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatError, LogIndexError,
-                            TermError, WALError, format_lsn)
-from pmemwal.log_index import IndexFiles, IndexState, TieredIndex, payload_crc
-from pmemwal.recovery import RecoveryWarning
+from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, LogIndexError, TermError,
+                            WALError, format_lsn)
+from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, RESET, REWIND,
+                                SNAPSHOT, STATE, VERSION, Entry, HardState, describe, encode_state,
+                                entry_of)
+from pmemwal.log_index import IndexFiles, TieredIndex
+from pmemwal.log_replay import LogReplay, _span
 from pmemwal.wal import WAL, _weak
 
-MAGIC = 0x4C50
-VERSION = 1
-ENTRY, REWIND, SNAPSHOT, STATE = 1, 2, 3, 4
-KIND_NAMES = {ENTRY: "entry", REWIND: "rewind", SNAPSHOT: "snapshot", STATE: "state"}
-RESET = 1                                   # snapshot aux: the log was reset, not compacted
-VOTE_NONE, VOTE_INT, VOTE_STR, VOTE_BYTES = 0, 1, 2, 3  # state aux: the vote's encoding
-HEADER = struct.Struct("<HBBIQQ")
-HEADER_SIZE = HEADER.size                   # 24
-HEADER_DTYPE = np.dtype([("magic", "<u2"), ("version", "u1"), ("kind", "u1"), ("aux", "<u4"),
-                         ("index", "<u8"), ("term", "<u8")])
 _ENTRY_PREFIX = HEADER.pack(MAGIC, VERSION, ENTRY, 0, 0, 0)[:8]  # an entry's header: this, then
 _INDEX_TERM = struct.Struct("<QQ")                              # its index and term
 _KEEP = object()                            # set_state: leave this field as it is
-_SCAN_BATCH = 1 << 16                       # records per native call on open
-
-
-class Entry(NamedTuple):
-    """A log entry: its index, its term, and its payload (a read-only memoryview)."""
-
-    index: int
-    term: int
-    payload: memoryview
-
-
-class HardState(NamedTuple):
-    """What a Raft node must not forget: its current term, its vote in it, its commit index."""
-
-    term: int = 0
-    vote: int | str | bytes | None = None
-    commit: int = 0
 
 
 def open_log(path: str | os.PathLike[str], **wal_options) -> Log:
@@ -99,7 +40,7 @@ def open_log(path: str | os.PathLike[str], **wal_options) -> Log:
     return Log(path, **wal_options)
 
 
-class Log:
+class Log(LogReplay):
     """A log of numbered entries, each with a term, over one WAL directory.
 
     Entries are numbered from 1 (or from where a ``reset`` put the log).  The
@@ -117,12 +58,12 @@ class Log:
         self._lock = threading.Lock()
         self._snapshot = (0, 0)                 # (index, term) of the last compacted entry
         self._state = HardState()
-        self._state_record: bytes | None = None
+        self._state_record = None
         self._state_lsn = 0
         self._last_term = 0                     # the last entry's (or snapshot's) term
         self._known = False                     # has any record fixed the numbering yet?
         self._index_lock = threading.Lock()     # one index checkpoint written at a time
-        self._index_state: IndexState | None = None  # the last one written or read
+        self._index_state = None                # the last one written or read
         self.replayed_from: int | None = None   # where open replayed from (None: everything)
         self.index_error: WALError | OSError | None = None  # the last background one failed so
         if wal_options.get("shared"):
@@ -140,174 +81,6 @@ class Log:
             raise
         self.wal.add_checkpoint_listener(_weak(self, "_background_index_checkpoint"))
 
-    # ---- open: read the index, replay what follows it ------------------------------
-
-    def _load_index(self) -> int | None:
-        """Take the stored index when it fits this WAL; returns the LSN to replay from
-        (None: every record, the index rebuilt)."""
-        state = self._files.read_state()
-        if state is None or not state.guard_lsn:
-            return None  # none yet, or one of an empty log: replaying all is replaying little
-        why = self._unusable(state)
-        if why:
-            warnings.warn(f"{self.wal.path}: the log index is not used ({why}); every log "
-                          "record is read instead", RecoveryWarning, stacklevel=3)
-            # before anything is appended: no later open may take it up again
-            self._files.write_state(IndexState(self._files.last_seq + 1, 0, 0, 0, 1, 1, False,
-                                               (0, 0), 0, self.wal.cuts))
-            return None
-        self._index = TieredIndex(self._files, state.first, state.next)
-        self._snapshot, self._state_lsn, self._known = state.snapshot, state.state_lsn, state.known
-        self._index_state = state
-        return state.replay_lsn
-
-    def _unusable(self, state: IndexState) -> str | None:
-        """Why the stored index does not describe this WAL's records below its replay_lsn,
-        or None: the WAL must still hold them, ending there in the same record."""
-        wal = self.wal
-        insert, last = wal.position()
-        if state.wal_cuts != wal.cuts:
-            return "the WAL was cut below it since (on_corruption='truncate')"
-        gone = self._files.missing_chunks(state.first, state.next)
-        if gone:
-            return f"its chunk file {gone[0]:016X}.lidx is missing or short"
-        if not wal.first_lsn <= state.replay_lsn <= insert:
-            return f"it reaches {format_lsn(state.replay_lsn)}, the WAL holds " \
-                   f"{format_lsn(wal.first_lsn)}..{format_lsn(insert)}"
-        try:
-            guard = wal.record(state.guard_lsn)
-            follows = last if state.replay_lsn == insert else wal.record(state.replay_lsn).prev_lsn
-        except (ValueError, WALError) as exc:
-            return f"its last record does not read: {exc}"
-        if follows != state.guard_lsn or payload_crc(guard.payload) != state.guard_crc:
-            return f"the record at {format_lsn(state.guard_lsn)} is not the one it was made after"
-        return None
-
-    def _replay(self, start: int | None) -> None:
-        known = self._known
-        for lsns, lengths, heads in self.wal.record_heads(HEADER_SIZE, start=start,
-                                                          batch=_SCAN_BATCH):
-            head = heads.view(HEADER_DTYPE)[:, 0]
-            _check_headers(lsns, lengths, head)
-            if _dense_entries(head, self._index.next if known else None):
-                first = int(head["index"][0])
-                if not known:
-                    self._index.restart(first)
-                self._index.keep_through(first - 1)
-                self._index.extend(lsns, head["term"])
-                known = True
-                continue
-            for lsn, h in zip(lsns.tolist(), head.tolist()):
-                known = self._apply(lsn, h, known)
-        ix = self._index  # (an index read from its files may name entries in a lost segment)
-        if self._snapshot[0] < ix.first - 1 or \
-                (ix.count and ix.lsn_at(ix.first) < self.wal.first_lsn):
-            raise CorruptionError(self.wal.first_lsn, self.wal.first_lsn // self.wal.segment_size,
-                                  f"the log starts at entry {self._index.first}, but entries "
-                                  f"after {self._snapshot[0]} were never compacted: a segment "
-                                  "holding them is missing")
-        if self._state_lsn:
-            self._state = _decode_state(self._record(self._state_lsn).payload)
-            self._state_record = _encode_state(self._state)
-        self._last_term = self._term_at(self._index.next - 1)
-        self._known = known
-
-    # ---- index checkpoints (pmemwal/log_index.py) ------------------------------------
-
-    def checkpoint(self) -> int:
-        """Make every entry durable, and write the index and the WAL's checkpoint: the next
-        open reads the index and replays nothing.  Returns the WAL checkpoint's LSN."""
-        with self._lock:
-            self._check_open()
-            self._store_index(self._capture())
-            return self.wal.checkpoint()
-
-    def _capture(self) -> tuple:
-        """Under the lock: the index as the WAL's records below the insert position leave it
-        (every log record goes in under the lock), and the entries not stored yet."""
-        insert, last = self.wal.position()
-        start, lsns, terms = self._index.pending()
-        ix = self._index
-        state = IndexState(0, insert, last, 0, ix.first, ix.next, self._known, self._snapshot,
-                           self._state_lsn)
-        return state, start, lsns, terms, ix.changes
-
-    def _store_index(self, captured: tuple, locked: bool = True) -> None:
-        """Write a captured index: its records made durable, its pending entries' slots
-        written and synced, then its state; never one older than the last written."""
-        state, start, lsns, terms, changes = captured
-        with self._index_lock:
-            if self._index_state is not None and state.replay_lsn <= self._index_state.replay_lsn:
-                return  # that one or a later one is written (a compaction, by another thread)
-            guard_crc = 0
-            if state.guard_lsn:
-                self.wal.flush(state.guard_lsn)
-                guard_crc = payload_crc(self.wal.record(state.guard_lsn).payload)
-            self._files.write(start, lsns, terms)
-            state = IndexState(self._files.last_seq + 1, state.replay_lsn, state.guard_lsn,
-                               guard_crc, state.first, state.next, state.known, state.snapshot,
-                               state.state_lsn, self.wal.cuts)
-            self._files.write_state(state)
-            self._index_state = state
-            self._files.remove_below(state.first)
-        if locked or self._lock.acquire(blocking=False):  # (never waits: close may hold it)
-            try:
-                if self._index.changes == changes:
-                    self._index.stored(state.next)
-            finally:
-                if not locked:
-                    self._lock.release()
-
-    def _background_index_checkpoint(self, _end: int) -> None:
-        """The WAL's background writer wrote a checkpoint: the index follows, unless the
-        log is busy (the lock is taken, never waited for: close holds it while it stops
-        that writer)."""
-        if not self._lock.acquire(blocking=False):
-            return
-        try:
-            if self.wal.closed:
-                return
-            captured = self._capture()
-        finally:
-            self._lock.release()
-        try:
-            self._store_index(captured, locked=False)
-            self.index_error = None
-        except (WALError, OSError) as exc:
-            self.index_error = exc  # the next checkpoint tries again; the open replays more
-
-    def _apply(self, lsn: int, head: tuple, known: bool) -> bool:
-        """Replay one log record; returns whether the numbering is known from here on.
-
-        An entry past the next index restarts the numbering instead of failing: the scan
-        may begin in a segment that compaction kept, where entries below the first kept
-        one come before the marker that drops them (a later snapshot must then cover the
-        gap; ``_replay`` checks that at the end)."""
-        _, _, kind, aux, index, term = head
-        ix = self._index
-        if kind == ENTRY:
-            if not known or index > ix.next:
-                ix.restart(index)
-            ix.keep_through(index - 1)
-            ix.push(lsn, term)
-        elif kind == REWIND:
-            if not known:
-                ix.restart(index + 1)
-            ix.keep_through(index)
-        elif kind == SNAPSHOT:
-            if aux == RESET or not known:
-                ix.restart(index + 1)
-            else:
-                ix.drop_through(index)
-            self._snapshot = (index, term)
-        elif kind == STATE:
-            self._state_lsn = lsn
-            return known
-        else:
-            raise FormatError(f"log record at LSN {format_lsn(lsn)} has unknown kind {kind}")
-        return True
-
-    # ---- writing ---------------------------------------------------------------
 
     def append(self, payload, term: int = 0, *, sync: bool = False) -> int:
         """Append one entry (any bytes-like payload) with ``term``; returns its index.
@@ -445,12 +218,10 @@ class Log:
                 raise TermError(f"set_state(term={new.term}): the current term is {old.term}")
             if new.commit < 0:
                 raise LogIndexError(f"set_state(commit={new.commit}): 0 or more")
-            record = _encode_state(new)
+            record = encode_state(new)
             self._state_lsn = self.wal.append(record, True)
             self._state, self._state_record = new, record
             return new
-
-    # ---- reading ---------------------------------------------------------------
 
     def entry(self, index: int) -> Entry:
         """Entry ``index``; LogIndexError outside [first_index, last_index]."""
@@ -460,7 +231,7 @@ class Log:
             if not ix.first <= index < ix.next:
                 raise LogIndexError(f"no entry {index}: entries are {_span(ix)}")
             record = self._record(ix.lsn_at(index))
-            return _entry(index, record, self.wal.segment_size)
+            return entry_of(index, record, self.wal.segment_size)
 
     __getitem__ = entry
 
@@ -484,7 +255,7 @@ class Log:
                 if record.lsn > lsns[want]:
                     break  # the chain passed the LSN the index names: no record starts there
                 if record.lsn == lsns[want]:
-                    yield _entry(start + want, record, self.wal.segment_size)
+                    yield entry_of(start + want, record, self.wal.segment_size)
                     want += 1
                     if want == len(lsns):
                         return
@@ -515,16 +286,6 @@ class Log:
         with self._lock:
             return self._term_at(index)
 
-    def _term_at(self, index: int) -> int:
-        ix = self._index
-        if ix.durable_next > index >= ix.first:  # from its record: the files hold no checksum
-            return _entry(index, self._record(ix.lsn_at(index)), self.wal.segment_size).term
-        if ix.first <= index < ix.next:
-            return ix.term_at(index)
-        if index == ix.first - 1:
-            return self._snapshot[1] if self._snapshot[0] == index else 0
-        raise LogIndexError(f"term_at({index}): entries are {_span(ix)}")
-
     @property
     def first_index(self) -> int:
         """Index of the first entry kept (``last_index + 1`` when the log is empty)."""
@@ -552,16 +313,6 @@ class Log:
 
     def __len__(self) -> int:
         return self._index.count
-
-    def _record(self, lsn: int):
-        """The WAL record at ``lsn``, which the index names: one that does not read is
-        damage (CorruptionError), not a caller's wrong LSN."""
-        try:
-            return self.wal.record(lsn)
-        except ValueError as exc:
-            raise CorruptionError(lsn, lsn // self.wal.segment_size, str(exc)) from None
-
-    # ---- lifecycle -------------------------------------------------------------
 
     def close(self) -> None:
         """Flush what was appended, store the index and close the WAL; closing twice is fine."""
@@ -599,92 +350,5 @@ class Log:
         return f"<pmemwal.Log {self.wal.path} {state}>"
 
 
-# ---- helpers ---------------------------------------------------------------------
-
-
-def _span(ix: TieredIndex) -> str:
-    return f"{ix.first}..{ix.next - 1}" if ix.count else f"none (the next is {ix.next})"
-
-
-def _entry(index: int, record, segment_size: int) -> Entry:
-    """Entry ``index`` from the record the index names for it, which must say so itself (the
-    index files hold no checksum: a record of another entry is damage, never an answer)."""
-    payload = record.payload
-    head = HEADER.unpack_from(payload) if len(payload) >= HEADER_SIZE else None
-    if head is None or head[:3] != (MAGIC, VERSION, ENTRY) or head[4] != index:
-        raise CorruptionError(record.lsn, record.lsn // segment_size,
-                              f"the log's index names the record at {format_lsn(record.lsn)} "
-                              f"for entry {index}, but it is "
-                              f"{describe(bytes(payload[:HEADER_SIZE])) or 'no log record'}")
-    return Entry(index, head[5], payload[HEADER_SIZE:])
-
-
-def _check_headers(lsns: np.ndarray, lengths: np.ndarray, head: np.ndarray) -> None:
-    """FormatError at the first record that is not a log record of a version we read."""
-    bad = (lengths < HEADER_SIZE) | (head["magic"] != MAGIC) | (head["version"] != VERSION)
-    if bad.any():
-        i = int(np.argmax(bad))
-        what = (f"log format version {head['version'][i]} (this pmemwal reads {VERSION})"
-                if lengths[i] >= HEADER_SIZE and head["magic"][i] == MAGIC else "not a log record")
-        raise FormatError(f"the record at LSN {format_lsn(int(lsns[i]))} is {what}: "
-                          "this WAL was not written by pmemwal.Log")
-
-
-def _dense_entries(head: np.ndarray, next_index: int | None) -> bool:
-    """Is this batch only entries numbered consecutively, starting at or below ``next_index``
-    (None: anywhere)?  Then it is applied in one step."""
-    if not (head["kind"] == ENTRY).all():
-        return False
-    index = head["index"]
-    start = int(index[0])
-    if next_index is not None and start > next_index:
-        return False
-    return bool((index == np.arange(start, start + len(index), dtype=np.uint64)).all())
-
-
-def describe(payload: bytes) -> dict | None:
-    """What a WAL record's payload says as a log record (kind and fields), or None when it is
-    not one of a version this module reads; for inspection tools (``pmemwal dump``)."""
-    if len(payload) < HEADER_SIZE:
-        return None
-    magic, version, kind, aux, index, term = HEADER.unpack_from(payload)
-    if magic != MAGIC or version != VERSION or kind not in KIND_NAMES:
-        return None
-    if kind == STATE:
-        try:
-            vote = _decode_state(memoryview(payload)).vote
-        except (FormatError, ValueError):
-            vote = "?"
-        return {"kind": "state", "term": term, "vote": vote if not isinstance(vote, bytes)
-                else vote.hex(), "commit": index}
-    fields = {"kind": KIND_NAMES[kind], "index": index}
-    if kind in (ENTRY, SNAPSHOT):
-        fields["term"] = term
-    if kind == SNAPSHOT and aux == RESET:
-        fields["reset"] = True
-    return fields
-
-
-def _encode_state(state: HardState) -> bytes:
-    vote = state.vote
-    if vote is None:
-        aux, body = VOTE_NONE, b""
-    elif isinstance(vote, bool) or not isinstance(vote, (int, str, bytes)):
-        raise TypeError(f"vote must be None, an int, a str or bytes, not {type(vote).__name__}")
-    elif isinstance(vote, int):
-        aux, body = VOTE_INT, str(vote).encode()
-    elif isinstance(vote, str):
-        aux, body = VOTE_STR, vote.encode()
-    else:
-        aux, body = VOTE_BYTES, bytes(vote)
-    return HEADER.pack(MAGIC, VERSION, STATE, aux, state.commit, state.term) + body
-
-
-def _decode_state(payload: memoryview) -> HardState:
-    _, _, _, aux, commit, term = HEADER.unpack_from(payload)
-    body = bytes(payload[HEADER_SIZE:])
-    vote = {VOTE_NONE: lambda b: None, VOTE_INT: lambda b: int(b), VOTE_STR: lambda b: b.decode(),
-            VOTE_BYTES: lambda b: b}.get(aux)
-    if vote is None:
-        raise FormatError(f"log state record with unknown vote encoding {aux}")
-    return HardState(term, vote(body), commit)
+__all__ = ["Log", "open_log", "Entry", "HardState", "describe", "KIND_NAMES", "HEADER",
+           "HEADER_SIZE", "MAGIC", "VERSION", "ENTRY", "REWIND", "SNAPSHOT", "STATE", "RESET"]

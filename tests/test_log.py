@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import pmemwal
-from pmemwal import log as log_module
+from pmemwal import log_replay
 from pmemwal.log import HEADER, MAGIC, SNAPSHOT, VERSION
 
 from conftest import SEG, rewind_checkpoint, seg_file
@@ -278,7 +278,7 @@ def check(log: pmemwal.Log, model: Model) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_random_operations_match_the_model_across_reopens(wal_dir: Path, seed: int,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(log_module, "_SCAN_BATCH", 7)  # many batch boundaries on replay
+    monkeypatch.setattr(log_replay, "_SCAN_BATCH", 7)  # many batch boundaries on replay
     rng = random.Random(seed)
     model = Model()
     log = open_log(wal_dir, mode=("buffered", "direct")[seed % 2])
@@ -303,7 +303,7 @@ def test_replay_reads_headers_in_batches(wal_dir: Path, monkeypatch: pytest.Monk
         log.truncate_after(500)
         log.append_many([b"second"] * 10, term=2)
     for batch in (1, 3, 64, 1 << 16):
-        monkeypatch.setattr(log_module, "_SCAN_BATCH", batch)
+        monkeypatch.setattr(log_replay, "_SCAN_BATCH", batch)
         with open_log(wal_dir) as log:
             assert (log.first_index, log.last_index) == (1, 510)
             assert bytes(log[500].payload) == struct.pack("<I", 499)

@@ -248,11 +248,11 @@ log.set_state(term=3, vote=1, commit=0)
 position = log.wal.position()
 """,
         "wal": """
-from pmemwal.log import ENTRY, HEADER, MAGIC, VERSION, HardState, _encode_state
+from pmemwal.log_format import ENTRY, HEADER, MAGIC, VERSION, HardState, encode_state
 wal = pmemwal.open(path, mode=mode, verify="all", on_corruption="truncate", background=False)
 for index in range(6, 10):
     wal.append(HEADER.pack(MAGIC, VERSION, ENTRY, 0, index, 2) + b"b" * 500)
-wal.append(_encode_state(HardState(3, 1, 0)), flush=True)
+wal.append(encode_state(HardState(3, 1, 0)), flush=True)
 position = wal.position()
 """}[writer]
     code = f"""

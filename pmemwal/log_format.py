@@ -1,0 +1,138 @@
+"""The log records: how ``pmemwal.Log`` writes entries, rewinds, snapshots and states.
+
+A Log writes four kinds of *log record* into an ordinary WAL (no second
+file format): each is one WAL record whose payload starts with this 24-byte
+header, little-endian (docs/FORMAT.md, "Log records", says the same):
+
+    0  u16  magic    0x4C50 ("PL")
+    2  u8   version  1
+    3  u8   kind     1 entry, 2 rewind, 3 snapshot, 4 state
+    4  u32  aux      snapshot: 1 when it resets the log; state: how the vote is encoded
+    8  u64  index    entry, rewind, snapshot: an entry index; state: the commit index
+   16  u64  term     entry, snapshot: that entry's term; state: the current term
+   24  ...  body     entry: the payload; state: the vote; others: nothing
+
+How open replays them is log_replay.py's.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+from pmemwal.errors import CorruptionError, FormatError, format_lsn
+
+MAGIC = 0x4C50
+VERSION = 1
+ENTRY, REWIND, SNAPSHOT, STATE = 1, 2, 3, 4
+KIND_NAMES = {ENTRY: "entry", REWIND: "rewind", SNAPSHOT: "snapshot", STATE: "state"}
+RESET = 1                                   # snapshot aux: the log was reset, not compacted
+VOTE_NONE, VOTE_INT, VOTE_STR, VOTE_BYTES = 0, 1, 2, 3  # state aux: the vote's encoding
+HEADER = struct.Struct("<HBBIQQ")
+HEADER_SIZE = HEADER.size                   # 24
+HEADER_DTYPE = np.dtype([("magic", "<u2"), ("version", "u1"), ("kind", "u1"), ("aux", "<u4"),
+                         ("index", "<u8"), ("term", "<u8")])
+
+
+class Entry(NamedTuple):
+    """A log entry: its index, its term, and its payload (a read-only memoryview)."""
+
+    index: int
+    term: int
+    payload: memoryview
+
+
+class HardState(NamedTuple):
+    """What a Raft node must not forget: its current term, its vote in it, its commit index."""
+
+    term: int = 0
+    vote: int | str | bytes | None = None
+    commit: int = 0
+
+
+
+def entry_of(index: int, record, segment_size: int) -> Entry:
+    """Entry ``index`` from the record the index names for it, which must say so itself (the
+    index files hold no checksum: a record of another entry is damage, never an answer)."""
+    payload = record.payload
+    head = HEADER.unpack_from(payload) if len(payload) >= HEADER_SIZE else None
+    if head is None or head[:3] != (MAGIC, VERSION, ENTRY) or head[4] != index:
+        raise CorruptionError(record.lsn, record.lsn // segment_size,
+                              f"the log's index names the record at {format_lsn(record.lsn)} "
+                              f"for entry {index}, but it is "
+                              f"{describe(bytes(payload[:HEADER_SIZE])) or 'no log record'}")
+    return Entry(index, head[5], payload[HEADER_SIZE:])
+
+
+def check_headers(lsns: np.ndarray, lengths: np.ndarray, head: np.ndarray) -> None:
+    """FormatError at the first record that is not a log record of a version we read."""
+    bad = (lengths < HEADER_SIZE) | (head["magic"] != MAGIC) | (head["version"] != VERSION)
+    if bad.any():
+        i = int(np.argmax(bad))
+        what = (f"log format version {head['version'][i]} (this pmemwal reads {VERSION})"
+                if lengths[i] >= HEADER_SIZE and head["magic"][i] == MAGIC else "not a log record")
+        raise FormatError(f"the record at LSN {format_lsn(int(lsns[i]))} is {what}: "
+                          "this WAL was not written by pmemwal.Log")
+
+
+def dense_entries(head: np.ndarray, next_index: int | None) -> bool:
+    """Is this batch only entries numbered consecutively, starting at or below ``next_index``
+    (None: anywhere)?  Then it is applied in one step."""
+    if not (head["kind"] == ENTRY).all():
+        return False
+    index = head["index"]
+    start = int(index[0])
+    if next_index is not None and start > next_index:
+        return False
+    return bool((index == np.arange(start, start + len(index), dtype=np.uint64)).all())
+
+
+def describe(payload: bytes) -> dict | None:
+    """What a WAL record's payload says as a log record (kind and fields), or None when it is
+    not one of a version this module reads; for inspection tools (``pmemwal dump``)."""
+    if len(payload) < HEADER_SIZE:
+        return None
+    magic, version, kind, aux, index, term = HEADER.unpack_from(payload)
+    if magic != MAGIC or version != VERSION or kind not in KIND_NAMES:
+        return None
+    if kind == STATE:
+        try:
+            vote = decode_state(memoryview(payload)).vote
+        except (FormatError, ValueError):
+            vote = "?"
+        return {"kind": "state", "term": term, "vote": vote if not isinstance(vote, bytes)
+                else vote.hex(), "commit": index}
+    fields = {"kind": KIND_NAMES[kind], "index": index}
+    if kind in (ENTRY, SNAPSHOT):
+        fields["term"] = term
+    if kind == SNAPSHOT and aux == RESET:
+        fields["reset"] = True
+    return fields
+
+
+def encode_state(state: HardState) -> bytes:
+    vote = state.vote
+    if vote is None:
+        aux, body = VOTE_NONE, b""
+    elif isinstance(vote, bool) or not isinstance(vote, (int, str, bytes)):
+        raise TypeError(f"vote must be None, an int, a str or bytes, not {type(vote).__name__}")
+    elif isinstance(vote, int):
+        aux, body = VOTE_INT, str(vote).encode()
+    elif isinstance(vote, str):
+        aux, body = VOTE_STR, vote.encode()
+    else:
+        aux, body = VOTE_BYTES, bytes(vote)
+    return HEADER.pack(MAGIC, VERSION, STATE, aux, state.commit, state.term) + body
+
+
+def decode_state(payload: memoryview) -> HardState:
+    _, _, _, aux, commit, term = HEADER.unpack_from(payload)
+    body = bytes(payload[HEADER_SIZE:])
+    vote = {VOTE_NONE: lambda b: None, VOTE_INT: lambda b: int(b), VOTE_STR: lambda b: b.decode(),
+            VOTE_BYTES: lambda b: b}.get(aux)
+    if vote is None:
+        raise FormatError(f"log state record with unknown vote encoding {aux}")
+    return HardState(term, vote(body), commit)
+

@@ -1,0 +1,251 @@
+"""Opening a ``pmemwal.Log``: its index read and the log records after it replayed.
+
+Open replays the log records (log_format.py) in LSN order, the WAL's own order:
+
+- an entry with index ``next`` is appended; one with a lower index first voids
+  every entry from its index on (etcd's WAL reads an overriding suffix so);
+  the first entry read, or one past a gap, starts the numbering (the scan may
+  begin amid entries that a later snapshot marker drops: at the end, entries
+  missing below the first must be covered by the last snapshot, or the log is
+  damaged: CorruptionError);
+- a rewind ``k`` voids the entries above ``k`` (``truncate_after``);
+- a snapshot ``(k, t)`` drops the entries up to ``k`` and remembers ``t`` as the
+  term of ``k`` (``compact``); a resetting one drops every entry and the log goes
+  on at ``k + 1`` (``reset``, a Raft follower installing a snapshot);
+- a state record replaces the hard state (term, vote, commit): the latest wins.
+
+Since the WAL returns after a crash exactly the records that were durable, the
+log is then exactly the durable entries with every durable rewind, snapshot and
+state applied.  The WAL stays append-only: nothing is ever overwritten in place.
+
+The index (entry -> LSN, entry -> term) is kept durable beside the WAL
+(pmemwal/log_index.py): at each of the WAL's background checkpoints, at
+compaction and at close, the entries appended since go into mapped index files
+and a slot names the WAL position the index reflects.  Open reads that slot and
+replays only the log records after it, from their headers alone, in native
+batches (``WAL.record_heads``); without a usable index (none yet, or a WAL cut
+below it) it replays every record and writes the index at the next checkpoint.
+``log[i]`` is O(1) and reads one record; memory follows the entries read.
+
+Concern: the state open rebuilds (``_index``, ``_snapshot``, ``_state_lsn``, ``_known``) and
+the index checkpoints that let the next open skip replaying; log.py's ``Log`` appends,
+compacts and reads on top of it.  The record format is log_format.py's.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+from pmemwal.errors import CorruptionError, FormatError, LogIndexError, WALError, format_lsn
+from pmemwal.log_format import (ENTRY, HEADER_DTYPE, HEADER_SIZE, RESET, REWIND, SNAPSHOT, STATE,
+                                HardState, check_headers, decode_state, dense_entries, encode_state,
+                                entry_of)
+from pmemwal.log_index import IndexFiles, IndexState, TieredIndex, payload_crc
+from pmemwal.recovery import RecoveryWarning
+from pmemwal.wal import WAL
+
+_SCAN_BATCH = 1 << 16                       # records per native call on open
+
+
+class LogReplay:
+    """The open-time and index half of a Log (see the module docstring)."""
+
+    wal: WAL
+    _lock: threading.Lock
+    _snapshot: tuple[int, int]
+    _state: HardState
+    _state_record: bytes | None
+    _state_lsn: int
+    _last_term: int
+    _known: bool
+    _index_lock: threading.Lock
+    _index_state: IndexState | None
+    _files: IndexFiles
+    _index: TieredIndex
+
+    def _load_index(self) -> int | None:
+        """Take the stored index when it fits this WAL; returns the LSN to replay from
+        (None: every record, the index rebuilt)."""
+        state = self._files.read_state()
+        if state is None or not state.guard_lsn:
+            return None  # none yet, or one of an empty log: replaying all is replaying little
+        why = self._unusable(state)
+        if why:
+            warnings.warn(f"{self.wal.path}: the log index is not used ({why}); every log "
+                          "record is read instead", RecoveryWarning, stacklevel=3)
+            # before anything is appended: no later open may take it up again
+            self._files.write_state(IndexState(self._files.last_seq + 1, 0, 0, 0, 1, 1, False,
+                                               (0, 0), 0, self.wal.cuts))
+            return None
+        self._index = TieredIndex(self._files, state.first, state.next)
+        self._snapshot, self._state_lsn, self._known = state.snapshot, state.state_lsn, state.known
+        self._index_state = state
+        return state.replay_lsn
+
+    def _unusable(self, state: IndexState) -> str | None:
+        """Why the stored index does not describe this WAL's records below its replay_lsn,
+        or None: the WAL must still hold them, ending there in the same record."""
+        wal = self.wal
+        insert, last = wal.position()
+        if state.wal_cuts != wal.cuts:
+            return "the WAL was cut below it since (on_corruption='truncate')"
+        gone = self._files.missing_chunks(state.first, state.next)
+        if gone:
+            return f"its chunk file {gone[0]:016X}.lidx is missing or short"
+        if not wal.first_lsn <= state.replay_lsn <= insert:
+            return f"it reaches {format_lsn(state.replay_lsn)}, the WAL holds " \
+                   f"{format_lsn(wal.first_lsn)}..{format_lsn(insert)}"
+        try:
+            guard = wal.record(state.guard_lsn)
+            follows = last if state.replay_lsn == insert else wal.record(state.replay_lsn).prev_lsn
+        except (ValueError, WALError) as exc:
+            return f"its last record does not read: {exc}"
+        if follows != state.guard_lsn or payload_crc(guard.payload) != state.guard_crc:
+            return f"the record at {format_lsn(state.guard_lsn)} is not the one it was made after"
+        return None
+
+    def _replay(self, start: int | None) -> None:
+        known = self._known
+        for lsns, lengths, heads in self.wal.record_heads(HEADER_SIZE, start=start,
+                                                          batch=_SCAN_BATCH):
+            head = heads.view(HEADER_DTYPE)[:, 0]
+            check_headers(lsns, lengths, head)
+            if dense_entries(head, self._index.next if known else None):
+                first = int(head["index"][0])
+                if not known:
+                    self._index.restart(first)
+                self._index.keep_through(first - 1)
+                self._index.extend(lsns, head["term"])
+                known = True
+                continue
+            for lsn, h in zip(lsns.tolist(), head.tolist()):
+                known = self._apply(lsn, h, known)
+        ix = self._index  # (an index read from its files may name entries in a lost segment)
+        if self._snapshot[0] < ix.first - 1 or \
+                (ix.count and ix.lsn_at(ix.first) < self.wal.first_lsn):
+            raise CorruptionError(self.wal.first_lsn, self.wal.first_lsn // self.wal.segment_size,
+                                  f"the log starts at entry {self._index.first}, but entries "
+                                  f"after {self._snapshot[0]} were never compacted: a segment "
+                                  "holding them is missing")
+        if self._state_lsn:
+            self._state = decode_state(self._record(self._state_lsn).payload)
+            self._state_record = encode_state(self._state)
+        self._last_term = self._term_at(self._index.next - 1)
+        self._known = known
+
+    def _apply(self, lsn: int, head: tuple, known: bool) -> bool:
+        """Replay one log record; returns whether the numbering is known from here on.
+
+        An entry past the next index restarts the numbering instead of failing: the scan
+        may begin in a segment that compaction kept, where entries below the first kept
+        one come before the marker that drops them (a later snapshot must then cover the
+        gap; ``_replay`` checks that at the end)."""
+        _, _, kind, aux, index, term = head
+        ix = self._index
+        if kind == ENTRY:
+            if not known or index > ix.next:
+                ix.restart(index)
+            ix.keep_through(index - 1)
+            ix.push(lsn, term)
+        elif kind == REWIND:
+            if not known:
+                ix.restart(index + 1)
+            ix.keep_through(index)
+        elif kind == SNAPSHOT:
+            if aux == RESET or not known:
+                ix.restart(index + 1)
+            else:
+                ix.drop_through(index)
+            self._snapshot = (index, term)
+        elif kind == STATE:
+            self._state_lsn = lsn
+            return known
+        else:
+            raise FormatError(f"log record at LSN {format_lsn(lsn)} has unknown kind {kind}")
+        return True
+
+    def checkpoint(self) -> int:
+        """Make every entry durable, and write the index and the WAL's checkpoint: the next
+        open reads the index and replays nothing.  Returns the WAL checkpoint's LSN."""
+        with self._lock:
+            self._check_open()
+            self._store_index(self._capture())
+            return self.wal.checkpoint()
+
+    def _capture(self) -> tuple:
+        """Under the lock: the index as the WAL's records below the insert position leave it
+        (every log record goes in under the lock), and the entries not stored yet."""
+        insert, last = self.wal.position()
+        start, lsns, terms = self._index.pending()
+        ix = self._index
+        state = IndexState(0, insert, last, 0, ix.first, ix.next, self._known, self._snapshot,
+                           self._state_lsn)
+        return state, start, lsns, terms, ix.changes
+
+    def _store_index(self, captured: tuple, locked: bool = True) -> None:
+        """Write a captured index: its records made durable, its pending entries' slots
+        written and synced, then its state; never one older than the last written."""
+        state, start, lsns, terms, changes = captured
+        with self._index_lock:
+            if self._index_state is not None and state.replay_lsn <= self._index_state.replay_lsn:
+                return  # that one or a later one is written (a compaction, by another thread)
+            guard_crc = 0
+            if state.guard_lsn:
+                self.wal.flush(state.guard_lsn)
+                guard_crc = payload_crc(self.wal.record(state.guard_lsn).payload)
+            self._files.write(start, lsns, terms)
+            state = IndexState(self._files.last_seq + 1, state.replay_lsn, state.guard_lsn,
+                               guard_crc, state.first, state.next, state.known, state.snapshot,
+                               state.state_lsn, self.wal.cuts)
+            self._files.write_state(state)
+            self._index_state = state
+            self._files.remove_below(state.first)
+        if locked or self._lock.acquire(blocking=False):  # (never waits: close may hold it)
+            try:
+                if self._index.changes == changes:
+                    self._index.stored(state.next)
+            finally:
+                if not locked:
+                    self._lock.release()
+
+    def _background_index_checkpoint(self, _end: int) -> None:
+        """The WAL's background writer wrote a checkpoint: the index follows, unless the
+        log is busy (the lock is taken, never waited for: close holds it while it stops
+        that writer)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self.wal.closed:
+                return
+            captured = self._capture()
+        finally:
+            self._lock.release()
+        try:
+            self._store_index(captured, locked=False)
+            self.index_error = None
+        except (WALError, OSError) as exc:
+            self.index_error = exc  # the next checkpoint tries again; the open replays more
+
+    def _term_at(self, index: int) -> int:
+        ix = self._index
+        if ix.durable_next > index >= ix.first:  # from its record: the files hold no checksum
+            return entry_of(index, self._record(ix.lsn_at(index)), self.wal.segment_size).term
+        if ix.first <= index < ix.next:
+            return ix.term_at(index)
+        if index == ix.first - 1:
+            return self._snapshot[1] if self._snapshot[0] == index else 0
+        raise LogIndexError(f"term_at({index}): entries are {_span(ix)}")
+
+    def _record(self, lsn: int):
+        """The WAL record at ``lsn``, which the index names: one that does not read is
+        damage (CorruptionError), not a caller's wrong LSN."""
+        try:
+            return self.wal.record(lsn)
+        except ValueError as exc:
+            raise CorruptionError(lsn, lsn // self.wal.segment_size, str(exc)) from None
+
+
+def _span(ix: TieredIndex) -> str:
+    return f"{ix.first}..{ix.next - 1}" if ix.count else f"none (the next is {ix.next})"
+
