@@ -52,7 +52,8 @@ import os
 import struct
 import threading
 import warnings
-from typing import Iterable, Iterator, NamedTuple
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, TypedDict, Unpack
 
 import numpy as np
 
@@ -60,7 +61,10 @@ from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, FormatErr
                             TermError, WALError, format_lsn)
 from pmemwal.log_index import IndexFiles, IndexState, TieredIndex, payload_crc
 from pmemwal.recovery import RecoveryWarning
-from pmemwal.wal import WAL, _weak
+from pmemwal.wal import WAL, Record, _weak
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 MAGIC = 0x4C50
 VERSION = 1
@@ -74,14 +78,25 @@ HEADER_DTYPE = np.dtype([("magic", "<u2"), ("version", "u1"), ("kind", "u1"), ("
                          ("index", "<u8"), ("term", "<u8")])
 _ENTRY_PREFIX = HEADER.pack(MAGIC, VERSION, ENTRY, 0, 0, 0)[:8]  # an entry's header: this, then
 _INDEX_TERM = struct.Struct("<QQ")                              # its index and term
-_KEEP = object()                            # set_state: leave this field as it is
+
+
+class _Keep(Enum):
+    """set_state's default for a field: keep its value (a type of its own, for the checker)."""
+
+    KEEP = 0
+
+
+_KEEP = _Keep.KEEP                          # set_state: leave this field as it is
 _SCAN_BATCH = 1 << 16                       # records per native call on open
+# Log._capture's: the index's state, its entries not stored yet (start, LSNs, terms), and
+# its count of changes then
+_Captured = tuple[IndexState, int, np.ndarray, np.ndarray, int]
 
 
 class Entry(NamedTuple):
     """A log entry: its index, its term, and its payload (a read-only memoryview)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the entry's number, in place of tuple.index
     term: int
     payload: memoryview
 
@@ -94,7 +109,41 @@ class HardState(NamedTuple):
     commit: int = 0
 
 
-def open_log(path: str | os.PathLike[str], **wal_options) -> Log:
+class WALOptions(TypedDict, total=False):
+    """The options of ``pmemwal.open`` (see ``WAL``), which ``open_log`` takes too."""
+
+    mode: str
+    create: bool
+    segment_size: int | None
+    insert_slots: int
+    buffer_size: int
+    max_record_size: int
+    sync_method: str
+    on_corruption: str
+    recycle_segments: int
+    background: bool
+    flush_interval: float
+    prepare_segments: int
+    prefault: bool
+    gil_release_size: int
+    max_wal_size: int
+    preallocate: int
+    persist: str
+    insertion: str
+    shared: bool
+    archive: str | None
+    archive_command: str | None
+    restore_command: str | None
+    archive_options: dict[str, Any] | None
+    archive_timeout: float
+    archive_max_pending: int
+    archive_backoff: float
+    checkpoint_interval: float
+    checkpoint_bytes: int
+    verify: str
+
+
+def open_log(path: str | os.PathLike[str], **wal_options: Unpack[WALOptions]) -> Log:
     """Open (or create) the log in WAL directory ``path``; ``wal_options`` go to pmemwal.open."""
     return Log(path, **wal_options)
 
@@ -113,7 +162,7 @@ class Log:
     durable when they return.
     """
 
-    def __init__(self, path: str | os.PathLike[str], **wal_options) -> None:
+    def __init__(self, path: str | os.PathLike[str], **wal_options: Unpack[WALOptions]) -> None:
         self._lock = threading.Lock()
         self._snapshot = (0, 0)                 # (index, term) of the last compacted entry
         self._state = HardState()
@@ -222,7 +271,7 @@ class Log:
             self._store_index(self._capture())
             return self.wal.checkpoint()
 
-    def _capture(self) -> tuple:
+    def _capture(self) -> _Captured:
         """Under the lock: the index as the WAL's records below the insert position leave it
         (every log record goes in under the lock), and the entries not stored yet."""
         insert, last = self.wal.position()
@@ -232,7 +281,7 @@ class Log:
                            self._state_lsn)
         return state, start, lsns, terms, ix.changes
 
-    def _store_index(self, captured: tuple, locked: bool = True) -> None:
+    def _store_index(self, captured: _Captured, locked: bool = True) -> None:
         """Write a captured index: its records made durable, its pending entries' slots
         written and synced, then its state; never one older than the last written."""
         state, start, lsns, terms, changes = captured
@@ -276,7 +325,7 @@ class Log:
         except (WALError, OSError) as exc:
             self.index_error = exc  # the next checkpoint tries again; the open replays more
 
-    def _apply(self, lsn: int, head: tuple, known: bool) -> bool:
+    def _apply(self, lsn: int, head: tuple[int, int, int, int, int, int], known: bool) -> bool:
         """Replay one log record; returns whether the numbering is known from here on.
 
         An entry past the next index restarts the numbering instead of failing: the scan
@@ -309,7 +358,7 @@ class Log:
 
     # ---- writing ---------------------------------------------------------------
 
-    def append(self, payload, term: int = 0, *, sync: bool = False) -> int:
+    def append(self, payload: ReadableBuffer, term: int = 0, *, sync: bool = False) -> int:
         """Append one entry (any bytes-like payload) with ``term``; returns its index.
 
         ``sync=True`` makes it durable before returning.  A term below the last
@@ -327,7 +376,8 @@ class Log:
             self.wal.flush(lsn)
         return index
 
-    def append_many(self, payloads: Iterable, term: int = 0, *, sync: bool = False) -> np.ndarray:
+    def append_many(self, payloads: Iterable[ReadableBuffer], term: int = 0, *,
+                    sync: bool = False) -> np.ndarray:
         """Append entries in one native call; returns their indexes (int64)."""
         with self._lock:
             self._check_open()
@@ -411,9 +461,9 @@ class Log:
         then drop the segments below ``keep_lsn`` (None: below the marker)."""
         records = [HEADER.pack(MAGIC, VERSION, SNAPSHOT, RESET if reset else 0, index, term)]
         cut = keep_lsn if keep_lsn is not None else self.wal.insert_lsn
-        restate = self._state_record is not None and self._state_lsn < cut
-        if restate:
-            records.append(self._state_record)
+        restate = self._state_record if self._state_lsn < cut else None  # None: it stays
+        if restate is not None:
+            records.append(restate)
         lsns = self.wal.append_many(records)
         self.wal.flush()
         if reset:
@@ -422,14 +472,16 @@ class Log:
             self._index.drop_through(index)
         self._snapshot = (index, term)
         self._last_term = self._term_at(self._index.next - 1)
-        if restate:
+        if restate is not None:
             self._state_lsn = int(lsns[1])
         self._known = True
         # the index first: one naming an older replay point would need the segments that go
         self._store_index(self._capture())
         return self.wal.truncate(keep_lsn if keep_lsn is not None else int(lsns[0]))
 
-    def set_state(self, *, term=_KEEP, vote=_KEEP, commit=_KEEP) -> HardState:
+    def set_state(self, *, term: int | _Keep = _KEEP,
+                  vote: int | str | bytes | None | _Keep = _KEEP,
+                  commit: int | _Keep = _KEEP) -> HardState:
         """Store the hard state durably (the fields not given keep their values); returns it.
 
         ``vote`` may be None, an int, a str or bytes.  A term lower than the stored one
@@ -553,7 +605,7 @@ class Log:
     def __len__(self) -> int:
         return self._index.count
 
-    def _record(self, lsn: int):
+    def _record(self, lsn: int) -> Record:
         """The WAL record at ``lsn``, which the index names: one that does not read is
         damage (CorruptionError), not a caller's wrong LSN."""
         try:
@@ -591,7 +643,7 @@ class Log:
     def __enter__(self) -> Log:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -606,7 +658,7 @@ def _span(ix: TieredIndex) -> str:
     return f"{ix.first}..{ix.next - 1}" if ix.count else f"none (the next is {ix.next})"
 
 
-def _entry(index: int, record, segment_size: int) -> Entry:
+def _entry(index: int, record: Record, segment_size: int) -> Entry:
     """Entry ``index`` from the record the index names for it, which must say so itself (the
     index files hold no checksum: a record of another entry is damage, never an answer)."""
     payload = record.payload
@@ -642,7 +694,7 @@ def _dense_entries(head: np.ndarray, next_index: int | None) -> bool:
     return bool((index == np.arange(start, start + len(index), dtype=np.uint64)).all())
 
 
-def describe(payload: bytes) -> dict | None:
+def describe(payload: bytes) -> dict[str, object] | None:
     """What a WAL record's payload says as a log record (kind and fields), or None when it is
     not one of a version this module reads; for inspection tools (``pmemwal dump``)."""
     if len(payload) < HEADER_SIZE:
@@ -657,7 +709,7 @@ def describe(payload: bytes) -> dict | None:
             vote = "?"
         return {"kind": "state", "term": term, "vote": vote if not isinstance(vote, bytes)
                 else vote.hex(), "commit": index}
-    fields = {"kind": KIND_NAMES[kind], "index": index}
+    fields: dict[str, object] = {"kind": KIND_NAMES[kind], "index": index}
     if kind in (ENTRY, SNAPSHOT):
         fields["term"] = term
     if kind == SNAPSHOT and aux == RESET:
@@ -683,8 +735,10 @@ def _encode_state(state: HardState) -> bytes:
 def _decode_state(payload: memoryview) -> HardState:
     _, _, _, aux, commit, term = HEADER.unpack_from(payload)
     body = bytes(payload[HEADER_SIZE:])
-    vote = {VOTE_NONE: lambda b: None, VOTE_INT: lambda b: int(b), VOTE_STR: lambda b: b.decode(),
-            VOTE_BYTES: lambda b: b}.get(aux)
+    decoders: dict[int, Callable[[bytes], int | str | bytes | None]] = {
+        VOTE_NONE: lambda b: None, VOTE_INT: lambda b: int(b), VOTE_STR: lambda b: b.decode(),
+        VOTE_BYTES: lambda b: b}
+    vote = decoders.get(aux)
     if vote is None:
         raise FormatError(f"log state record with unknown vote encoding {aux}")
     return HardState(term, vote(body), commit)

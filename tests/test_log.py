@@ -30,6 +30,19 @@ def contents(log: pmemwal.Log) -> list[tuple[int, int, bytes]]:
     return [(e.index, e.term, bytes(e.payload)) for e in log]
 
 
+def test_wal_options_name_every_option_of_open() -> None:
+    """open_log's typed options (WALOptions, what an editor completes) are pmemwal.open's."""
+    import inspect
+    import typing
+    params = inspect.signature(pmemwal.open).parameters
+    options = {name: p for name, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    hints = typing.get_type_hints(log_module.WALOptions)
+    assert list(hints) == list(options)
+    opened = typing.get_type_hints(pmemwal.open)
+    # (archive_options: wal.py says a bare dict until it is typed strictly)
+    assert all(hints[name] == opened[name] or name == "archive_options" for name in options)
+
+
 # ---- the basics -------------------------------------------------------------------
 
 def test_entries_are_numbered_from_one_and_survive_reopen(wal_dir: Path, mode: str) -> None:
