@@ -24,6 +24,8 @@ def use_traced_core() -> None:
                           "(setup.py builds it beside pmemwal._core)")
     # the file's init function is PyInit__core: it loads under the name it replaces
     spec = importlib.util.spec_from_file_location("pmemwal._core", found[0])
+    if spec is None or spec.loader is None:  # (never: an extension suffix has its loader)
+        raise ImportError(f"{found[0]} is not a loadable extension")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules["pmemwal._core"] = module

@@ -232,6 +232,8 @@ class CommandArchive:
             f"restore_command {restore_command!r}"
 
     def store(self, path: str, name: str, crc: int, size: int) -> bool:
+        if not self.command:
+            raise ConfigError("archiving segments needs an archive_command")
         rc, err = run_command(substitute(self.command, path, name), self.timeout)
         if rc != 0:
             raise ArchiveError(errno.EIO, f"{self.description} exited with status {rc} for {name}"

@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 import warnings
+from typing import IO
 
 from pmemwal.archive import ArchiveStatus, file_crc, open_archive, running_commands
 from pmemwal.errors import ArchiveError
@@ -49,6 +50,12 @@ NICE = 10  # the archiver yields the CPU to the appenders when both want it
 _IDLE_POLL = 1.0          # the archiver looks at archive_status/ this often without a wake-up
 _FIRST_BACKOFF = 0.1
 _RESTART_INTERVAL = 1.0   # an archiver that died is started again at most this often
+
+
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    """The archiver process's stdin or stdout: a pipe (it is started with both PIPE)."""
+    assert stream is not None
+    return stream
 
 
 class Archiver:
@@ -64,7 +71,7 @@ class Archiver:
         self._lock = threading.Lock()
         self._marked_below = oldest    # complete segments below this have a status file
         self._archived_below = oldest  # segments below this are archived (or truncated)
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._started_at = -_RESTART_INTERVAL
         self._pending_output = b""
         self.last_error: str | None = None
@@ -140,11 +147,11 @@ class Archiver:
             if proc is None:
                 return
         try:
-            os.write(proc.stdin.fileno(), b"\0")
+            os.write(_pipe(proc.stdin).fileno(), b"\0")
         except (BlockingIOError, BrokenPipeError):
             pass  # a wake-up already waits in the pipe, or it died: the next round starts another
 
-    def _start(self) -> subprocess.Popen | None:
+    def _start(self) -> subprocess.Popen[bytes] | None:
         """A new archiver process, unless one was started less than a second ago (lock held)."""
         if time.monotonic() - self._started_at < _RESTART_INTERVAL:
             return None
@@ -157,8 +164,8 @@ class Archiver:
             [sys.executable, "-m", "pmemwal._archiver_process", self._wal_dir,
              json.dumps(self._spec), str(self._backoff), str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-        os.set_blocking(self._proc.stdin.fileno(), False)
-        os.set_blocking(self._proc.stdout.fileno(), False)
+        os.set_blocking(_pipe(self._proc.stdin).fileno(), False)
+        os.set_blocking(_pipe(self._proc.stdout).fileno(), False)
         self.counters["archiver_starts"] += 1
         return self._proc
 
@@ -168,7 +175,7 @@ class Archiver:
         if proc is None:
             return
         try:
-            while data := os.read(proc.stdout.fileno(), 65536):
+            while data := os.read(_pipe(proc.stdout).fileno(), 65536):
                 self._pending_output += data
         except BlockingIOError:
             pass
@@ -200,8 +207,8 @@ class Archiver:
                 proc.wait()
         self._read_reports()
         self._proc, self._pending_output = None, b""  # (a line it left unfinished goes too)
-        proc.stdin.close()
-        proc.stdout.close()
+        _pipe(proc.stdin).close()
+        _pipe(proc.stdout).close()
 
     # ---- for the WAL's callers ------------------------------------------------
 

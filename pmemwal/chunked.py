@@ -92,7 +92,7 @@ class ChunkedColumn:
 
     def write(self, start: int, items: np.ndarray) -> None:
         """Items [start, start + len(items)), written and synced."""
-        data = memoryview(np.ascontiguousarray(items, self.dtype).view(np.uint8))
+        data = np.ascontiguousarray(items, self.dtype).view(np.uint8).data  # (a memoryview)
         size, entered = self.dtype.itemsize, []
         with storage_errors(f"writing {self.path}"):
             make_directories(self.path)

@@ -32,6 +32,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pmemwal import _core, libpmem
 from pmemwal.errors import ConfigError
@@ -50,6 +51,11 @@ _GOVERNOR = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
 MAP_SHARED_VALIDATE = 0x03  # fail on unknown flags instead of ignoring them
 MAP_SYNC = 0x80000  # DAX only: metadata is durable once a page fault returns
 _MAP_FAILED = ctypes.c_void_p(-1).value
+
+# what _mount_of says of a directory: mount point, file system type, options
+Mount = tuple[str | None, str | None, tuple[str, ...]]
+# a stored calibration (calibration_file's JSON): {"mode": "buffered" or "direct", ...}
+Calibration = dict[str, Any]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -83,7 +89,7 @@ class ProbeResult:
     recommended_mode: str
     persist_method: str
     reason: str
-    calibration: dict | None = None  # a stored measurement of this file system (calibration_file)
+    calibration: Calibration | None = None  # a stored measurement of this file system (calibration_file)
 
     @property
     def is_dax(self) -> bool:
@@ -126,6 +132,9 @@ def probe(path: str | os.PathLike[str], *, brief: bool = False) -> ProbeResult:
     mount = _mount_of(probed_dir)
     mount_point, fs_type, options = mount
     lib = libpmem.load()
+    map_sync: bool | None
+    is_pmem: bool | None
+    write_error: OSError | None
     try:
         map_sync, is_pmem = _test_mappings(probed_dir, lib)
         write_error = None
@@ -220,7 +229,7 @@ def calibration_file() -> str:
                                                                "calibration.json")
 
 
-def calibration_key(path: str | os.PathLike[str], mount: tuple | None = None) -> str:
+def calibration_key(path: str | os.PathLike[str], mount: Mount | None = None) -> str:
     """The file system ``path`` is on, as a calibration entry names it (``mount``: what
     _mount_of said of it, when the caller has it)."""
     directory = _nearest_dir(os.path.abspath(path))
@@ -228,7 +237,7 @@ def calibration_key(path: str | os.PathLike[str], mount: tuple | None = None) ->
     return f"{mount_point}:{fs}:{os.stat(directory).st_dev}"
 
 
-def _calibrations() -> dict:
+def _calibrations() -> dict[str, Calibration]:
     try:
         with open(calibration_file()) as f:
             data = json.load(f)
@@ -237,14 +246,14 @@ def _calibrations() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def stored_calibration(path: str | os.PathLike[str], mount: tuple | None = None) -> dict | None:
+def stored_calibration(path: str | os.PathLike[str], mount: Mount | None = None) -> Calibration | None:
     """The stored measurement for the file system of ``path``, or None."""
     entry = _calibrations().get(calibration_key(path, mount))
     return entry if isinstance(entry, dict) and entry.get("mode") in ("buffered", "direct") \
         else None
 
 
-def store_calibration(path: str | os.PathLike[str], entry: dict | None) -> str:
+def store_calibration(path: str | os.PathLike[str], entry: Calibration | None) -> str:
     """Keep ``entry`` (with its ``mode``) for the file system of ``path``; None removes
     it.  Returns the file."""
     data, key = _calibrations(), calibration_key(path)
@@ -274,7 +283,7 @@ def _nearest_dir(path: str) -> str:
     return os.path.realpath(path)
 
 
-def _mount_of(directory: str) -> tuple[str | None, str | None, tuple[str, ...]]:
+def _mount_of(directory: str) -> Mount:
     """Mount point, filesystem type and options (per-mount, then superblock).
 
     The longest mount point containing ``directory`` wins; among stacked

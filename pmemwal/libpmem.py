@@ -26,6 +26,10 @@ import functools
 import os
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 ENV_VAR = "PMEMWAL_LIBPMEM"
 DISABLED_VALUES = frozenset({"", "none", "off", "0"})
@@ -115,7 +119,10 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 def _address(lib: ctypes.CDLL, name: str) -> int:
     """The entry address of a libpmem function, for the native core."""
-    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    address = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    if address is None:  # (never: a symbol dlsym found is not at NULL)
+        raise OSError(f"libpmem's {name} has no address")
+    return address
 
 
 def _loaded_file(lib: ctypes.CDLL, fallback: str) -> str:
@@ -186,7 +193,7 @@ def load() -> LibPmem | None:
     return lib
 
 
-def buffer_address(buf: object) -> int:
+def buffer_address(buf: WriteableBuffer) -> int:
     """The address of a writable buffer (mmap, numpy array, bytearray).
 
     The temporary ctypes view is dropped at once, so the buffer's export is

@@ -17,25 +17,37 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from typing import Iterable, Iterator
+from enum import Enum
+from typing import TYPE_CHECKING, Iterable, Iterator, Unpack
 
 import numpy as np
 
-from pmemwal.errors import (ClosedError, ConfigError, CorruptionError, LogIndexError, TermError,
+from pmemwal.errors import (ConfigError, CorruptionError, LogIndexError, TermError,
                             WALError, format_lsn)
 from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, RESET, REWIND,
                                 SNAPSHOT, STATE, VERSION, Entry, HardState, describe, encode_state,
                                 entry_of)
 from pmemwal.log_index import IndexFiles, TieredIndex
 from pmemwal.log_replay import LogReplay, _span
-from pmemwal.wal import WAL, _weak
+from pmemwal.wal import WAL, WALOptions, _weak
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 _ENTRY_PREFIX = HEADER.pack(MAGIC, VERSION, ENTRY, 0, 0, 0)[:8]  # an entry's header: this, then
 _INDEX_TERM = struct.Struct("<QQ")                              # its index and term
-_KEEP = object()                            # set_state: leave this field as it is
 
 
-def open_log(path: str | os.PathLike[str], **wal_options) -> Log:
+class _Keep(Enum):
+    """set_state's default for a field: keep its value (a type of its own, for the checker)."""
+
+    KEEP = 0
+
+
+_KEEP = _Keep.KEEP                          # set_state: leave this field as it is
+
+
+def open_log(path: str | os.PathLike[str], **wal_options: Unpack[WALOptions]) -> Log:
     """Open (or create) the log in WAL directory ``path``; ``wal_options`` go to pmemwal.open."""
     return Log(path, **wal_options)
 
@@ -54,7 +66,7 @@ class Log(LogReplay):
     durable when they return.
     """
 
-    def __init__(self, path: str | os.PathLike[str], **wal_options) -> None:
+    def __init__(self, path: str | os.PathLike[str], **wal_options: Unpack[WALOptions]) -> None:
         self._lock = threading.Lock()
         self._snapshot = (0, 0)                 # (index, term) of the last compacted entry
         self._state = HardState()
@@ -82,7 +94,7 @@ class Log(LogReplay):
         self.wal.add_checkpoint_listener(_weak(self, "_background_index_checkpoint"))
 
 
-    def append(self, payload, term: int = 0, *, sync: bool = False) -> int:
+    def append(self, payload: ReadableBuffer, term: int = 0, *, sync: bool = False) -> int:
         """Append one entry (any bytes-like payload) with ``term``; returns its index.
 
         ``sync=True`` makes it durable before returning.  A term below the last
@@ -100,7 +112,8 @@ class Log(LogReplay):
             self.wal.flush(lsn)
         return index
 
-    def append_many(self, payloads: Iterable, term: int = 0, *, sync: bool = False) -> np.ndarray:
+    def append_many(self, payloads: Iterable[ReadableBuffer], term: int = 0, *,
+                    sync: bool = False) -> np.ndarray:
         """Append entries in one native call; returns their indexes (int64)."""
         with self._lock:
             self._check_open()
@@ -184,9 +197,9 @@ class Log(LogReplay):
         then drop the segments below ``keep_lsn`` (None: below the marker)."""
         records = [HEADER.pack(MAGIC, VERSION, SNAPSHOT, RESET if reset else 0, index, term)]
         cut = keep_lsn if keep_lsn is not None else self.wal.insert_lsn
-        restate = self._state_record is not None and self._state_lsn < cut
-        if restate:
-            records.append(self._state_record)
+        restate = self._state_record if self._state_lsn < cut else None  # None: it stays
+        if restate is not None:
+            records.append(restate)
         lsns = self.wal.append_many(records)
         self.wal.flush()
         if reset:
@@ -195,14 +208,16 @@ class Log(LogReplay):
             self._index.drop_through(index)
         self._snapshot = (index, term)
         self._last_term = self._term_at(self._index.next - 1)
-        if restate:
+        if restate is not None:
             self._state_lsn = int(lsns[1])
         self._known = True
         # the index first: one naming an older replay point would need the segments that go
         self._store_index(self._capture())
         return self.wal.truncate(keep_lsn if keep_lsn is not None else int(lsns[0]))
 
-    def set_state(self, *, term=_KEEP, vote=_KEEP, commit=_KEEP) -> HardState:
+    def set_state(self, *, term: int | _Keep = _KEEP,
+                  vote: int | str | bytes | None | _Keep = _KEEP,
+                  commit: int | _Keep = _KEEP) -> HardState:
         """Store the hard state durably (the fields not given keep their values); returns it.
 
         ``vote`` may be None, an int, a str or bytes.  A term lower than the stored one
@@ -335,14 +350,10 @@ class Log(LogReplay):
         return {**self.wal.stats(), "entries": len(self), "first_index": self.first_index,
                 "last_index": self.last_index}
 
-    def _check_open(self) -> None:
-        if self.wal.closed:
-            raise ClosedError("the log is closed")
-
     def __enter__(self) -> Log:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -18,11 +18,14 @@ How open replays them is log_replay.py's.
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
 from pmemwal.errors import CorruptionError, FormatError, format_lsn
+
+if TYPE_CHECKING:
+    from pmemwal.wal import Record
 
 MAGIC = 0x4C50
 VERSION = 1
@@ -39,7 +42,7 @@ HEADER_DTYPE = np.dtype([("magic", "<u2"), ("version", "u1"), ("kind", "u1"), ("
 class Entry(NamedTuple):
     """A log entry: its index, its term, and its payload (a read-only memoryview)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the entry's number, in place of tuple.index
     term: int
     payload: memoryview
 
@@ -53,7 +56,7 @@ class HardState(NamedTuple):
 
 
 
-def entry_of(index: int, record, segment_size: int) -> Entry:
+def entry_of(index: int, record: Record, segment_size: int) -> Entry:
     """Entry ``index`` from the record the index names for it, which must say so itself (the
     index files hold no checksum: a record of another entry is damage, never an answer)."""
     payload = record.payload
@@ -89,7 +92,7 @@ def dense_entries(head: np.ndarray, next_index: int | None) -> bool:
     return bool((index == np.arange(start, start + len(index), dtype=np.uint64)).all())
 
 
-def describe(payload: bytes) -> dict | None:
+def describe(payload: bytes) -> dict[str, object] | None:
     """What a WAL record's payload says as a log record (kind and fields), or None when it is
     not one of a version this module reads; for inspection tools (``pmemwal dump``)."""
     if len(payload) < HEADER_SIZE:
@@ -104,7 +107,7 @@ def describe(payload: bytes) -> dict | None:
             vote = "?"
         return {"kind": "state", "term": term, "vote": vote if not isinstance(vote, bytes)
                 else vote.hex(), "commit": index}
-    fields = {"kind": KIND_NAMES[kind], "index": index}
+    fields: dict[str, object] = {"kind": KIND_NAMES[kind], "index": index}
     if kind in (ENTRY, SNAPSHOT):
         fields["term"] = term
     if kind == SNAPSHOT and aux == RESET:
@@ -130,8 +133,10 @@ def encode_state(state: HardState) -> bytes:
 def decode_state(payload: memoryview) -> HardState:
     _, _, _, aux, commit, term = HEADER.unpack_from(payload)
     body = bytes(payload[HEADER_SIZE:])
-    vote = {VOTE_NONE: lambda b: None, VOTE_INT: lambda b: int(b), VOTE_STR: lambda b: b.decode(),
-            VOTE_BYTES: lambda b: b}.get(aux)
+    decoders: dict[int, Callable[[bytes], int | str | bytes | None]] = {
+        VOTE_NONE: lambda b: None, VOTE_INT: lambda b: int(b), VOTE_STR: lambda b: b.decode(),
+        VOTE_BYTES: lambda b: b}
+    vote = decoders.get(aux)
     if vote is None:
         raise FormatError(f"log state record with unknown vote encoding {aux}")
     return HardState(term, vote(body), commit)

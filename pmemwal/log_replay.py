@@ -37,15 +37,20 @@ from __future__ import annotations
 import threading
 import warnings
 
-from pmemwal.errors import CorruptionError, FormatError, LogIndexError, WALError, format_lsn
+import numpy as np
+
+from pmemwal.errors import ClosedError, CorruptionError, FormatError, LogIndexError, WALError, format_lsn
 from pmemwal.log_format import (ENTRY, HEADER_DTYPE, HEADER_SIZE, RESET, REWIND, SNAPSHOT, STATE,
                                 HardState, check_headers, decode_state, dense_entries, encode_state,
                                 entry_of)
 from pmemwal.log_index import IndexFiles, IndexState, TieredIndex, payload_crc
 from pmemwal.recovery import RecoveryWarning
-from pmemwal.wal import WAL
+from pmemwal.wal import WAL, Record
 
 _SCAN_BATCH = 1 << 16                       # records per native call on open
+# _capture's: the index's state, its entries not stored yet (start, LSNs, terms), and its
+# count of changes then
+_Captured = tuple[IndexState, int, np.ndarray, np.ndarray, int]
 
 
 class LogReplay:
@@ -134,7 +139,7 @@ class LogReplay:
         self._last_term = self._term_at(self._index.next - 1)
         self._known = known
 
-    def _apply(self, lsn: int, head: tuple, known: bool) -> bool:
+    def _apply(self, lsn: int, head: tuple[int, int, int, int, int, int], known: bool) -> bool:
         """Replay one log record; returns whether the numbering is known from here on.
 
         An entry past the next index restarts the numbering instead of failing: the scan
@@ -173,7 +178,7 @@ class LogReplay:
             self._store_index(self._capture())
             return self.wal.checkpoint()
 
-    def _capture(self) -> tuple:
+    def _capture(self) -> _Captured:
         """Under the lock: the index as the WAL's records below the insert position leave it
         (every log record goes in under the lock), and the entries not stored yet."""
         insert, last = self.wal.position()
@@ -183,7 +188,7 @@ class LogReplay:
                            self._state_lsn)
         return state, start, lsns, terms, ix.changes
 
-    def _store_index(self, captured: tuple, locked: bool = True) -> None:
+    def _store_index(self, captured: _Captured, locked: bool = True) -> None:
         """Write a captured index: its records made durable, its pending entries' slots
         written and synced, then its state; never one older than the last written."""
         state, start, lsns, terms, changes = captured
@@ -237,13 +242,17 @@ class LogReplay:
             return self._snapshot[1] if self._snapshot[0] == index else 0
         raise LogIndexError(f"term_at({index}): entries are {_span(ix)}")
 
-    def _record(self, lsn: int):
+    def _record(self, lsn: int) -> Record:
         """The WAL record at ``lsn``, which the index names: one that does not read is
         damage (CorruptionError), not a caller's wrong LSN."""
         try:
             return self.wal.record(lsn)
         except ValueError as exc:
             raise CorruptionError(lsn, lsn // self.wal.segment_size, str(exc)) from None
+
+    def _check_open(self) -> None:
+        if self.wal.closed:
+            raise ClosedError("the log is closed")
 
 
 def _span(ix: TieredIndex) -> str:

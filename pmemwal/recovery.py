@@ -91,7 +91,7 @@ class Recovery:
             oldest = self._segnos[0]  # the cut below lands at the first one missing
         if cp is None or not cp.clean:
             self._read_from_disk(cp.end_lsn if cp is not None and full_scan is None else 0)
-        if full_scan is None:
+        if full_scan is None and cp is not None:  # (no reason for a full scan: a checkpoint)
             start, prev = cp.end_lsn, cp.last_lsn
             status, x, last, _, _, bad = self._reader.scan(start, prev or -1, _END)
             last = last or prev

@@ -327,12 +327,12 @@ class Segment:
         (MAP_POPULATE, of the whole mapping, where the kernel lacks it)."""
         populate_later = populate and self.writable
         if populate_later and self.map is None:
-            self._map(populate=False, sync=sync)
+            mapping = self._map(populate=False, sync=sync)
             start = min(populate_from - populate_from % mmap.PAGESIZE, self.size)
-            if start == self.size or _libc.madvise(buffer_address(self.map) + start,
+            if start == self.size or _libc.madvise(buffer_address(mapping) + start,
                                                    self.size - start, MADV_POPULATE_WRITE) == 0:
-                return self.map
-            self.map.close()  # no MADV_POPULATE_WRITE here (EINVAL before Linux 5.14)
+                return mapping
+            mapping.close()  # no MADV_POPULATE_WRITE here (EINVAL before Linux 5.14)
             self.map, self.map_sync = None, False
         return self._map(populate=populate, sync=sync)
 

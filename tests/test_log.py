@@ -30,6 +30,18 @@ def contents(log: pmemwal.Log) -> list[tuple[int, int, bytes]]:
     return [(e.index, e.term, bytes(e.payload)) for e in log]
 
 
+def test_wal_options_name_every_option_of_open() -> None:
+    """open_log's typed options (WALOptions, what an editor completes) are pmemwal.open's."""
+    import inspect
+    import typing
+    params = inspect.signature(pmemwal.open).parameters
+    options = {name: p for name, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    hints = typing.get_type_hints(pmemwal.wal.WALOptions)
+    assert list(hints) == list(options)
+    opened = typing.get_type_hints(pmemwal.open)
+    assert all(hints[name] == opened[name] for name in options)
+
+
 # ---- the basics -------------------------------------------------------------------
 
 def test_entries_are_numbered_from_one_and_survive_reopen(wal_dir: Path, mode: str) -> None:

@@ -21,11 +21,12 @@ from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
                                  DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
                                  DEFAULT_GIL_RELEASE_SIZE, DEFAULT_MAX_PENDING,
                                  DEFAULT_MAX_RECORD_SIZE, DEFAULT_MAX_WAL_SIZE, INSERTION, MODES,
-                                 ON_CORRUPTION, PERSIST, SYNC_METHODS, check_wal_options)
+                                 ON_CORRUPTION, PERSIST, SYNC_METHODS, WALOptions,
+                                 check_wal_options)
 from pmemwal.wal.state import _weak
 
 __all__ = ["WAL", "Record", "open", "check_wal_options", "DEFAULT_BUFFER_SIZE",
            "DEFAULT_CHECKPOINT_BYTES", "DEFAULT_CHECKPOINT_INTERVAL", "DEFAULT_FLUSH_INTERVAL",
            "DEFAULT_GIL_RELEASE_SIZE", "DEFAULT_MAX_PENDING", "DEFAULT_MAX_RECORD_SIZE",
            "DEFAULT_MAX_WAL_SIZE", "INSERTION", "MODES", "ON_CORRUPTION", "PERSIST",
-           "SYNC_METHODS", "_weak"]
+           "SYNC_METHODS", "WALOptions", "_weak"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import weakref
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
                                      DEFAULT_MAX_RECORD_SIZE, DEFAULT_MAX_WAL_SIZE,
                                      archive_spec, check_checkpoint_options, check_wal_options)
 from pmemwal.wal.state import COUNTERS
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 _SHARED: weakref.WeakSet[WAL] = weakref.WeakSet()  # shared WALs open in this process
 
@@ -67,7 +70,7 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
          persist: str = "auto", insertion: str = "parallel", shared: bool = False,
          archive: str | None = None, archive_command: str | None = None,
-         restore_command: str | None = None, archive_options: dict | None = None,
+         restore_command: str | None = None, archive_options: dict[str, Any] | None = None,
          archive_timeout: float = DEFAULT_COMMAND_TIMEOUT,
          archive_max_pending: int = DEFAULT_MAX_PENDING, archive_backoff: float = 10.0,
          checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
@@ -196,7 +199,7 @@ class WAL(Opening):
                  max_wal_size: int = DEFAULT_MAX_WAL_SIZE, preallocate: int = 0,
                  persist: str = "auto", insertion: str = "parallel", shared: bool = False,
                  archive: str | None = None, archive_command: str | None = None,
-                 restore_command: str | None = None, archive_options: dict | None = None,
+                 restore_command: str | None = None, archive_options: dict[str, Any] | None = None,
                  archive_timeout: float = DEFAULT_COMMAND_TIMEOUT,
                  archive_max_pending: int = DEFAULT_MAX_PENDING,
                  archive_backoff: float = 10.0,
@@ -240,20 +243,20 @@ class WAL(Opening):
         if shared:
             _SHARED.add(self)
 
-    def append(self, data, flush: bool = False) -> int:
+    def append(self, data: ReadableBuffer, flush: bool = False) -> int:
         """Append one record (any bytes-like object, not copied first); returns its LSN.
 
         ``flush=True`` makes it durable before returning (a commit, in one native call).
         """
         return self._core.append(data, flush)
 
-    def append_prefixed(self, prefix, data) -> int:
+    def append_prefixed(self, prefix: ReadableBuffer, data: ReadableBuffer) -> int:
         """Append one record whose payload is ``prefix`` (a multiple of 8 bytes) followed by
         ``data``, neither copied together first; returns its LSN.  For a layer that puts its
         own header before its caller's payload (pmemwal.log)."""
         return self._core.append_prefixed(prefix, data)
 
-    def append_many(self, records: Sequence) -> np.ndarray:
+    def append_many(self, records: Sequence[ReadableBuffer]) -> np.ndarray:
         """Append a sequence of records in one native call; returns their LSNs (uint64)."""
         return np.frombuffer(self._core.append_many(records), dtype=np.uint64)
 
@@ -385,7 +388,7 @@ class WAL(Opening):
         archiving = self._archiver.stats() if self._archiver is not None else {}
         return {**self._core.stats(), **counters, **archiving}
 
-    def archive_status(self) -> dict | None:
+    def archive_status(self) -> dict[str, Any] | None:
         """None without archiving; else the archive, the ready (waiting), done and failed
         segment counts, the oldest unarchived segment, the bytes waiting and the limit,
         the last error, and whether the archiver process runs."""
@@ -489,7 +492,7 @@ class WAL(Opening):
     def __enter__(self) -> WAL:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -54,7 +54,7 @@ class Opening(BackgroundRounds):
         self._map_sync = bool(self._verdict and self._verdict.map_sync)
         self._reader = _core.Reader(self.segment_size, self._wal_id_lo, _weak(self, "_segment_buffer"))
         self._checkpoints = CheckpointFile(self._dir.path, self.wal_id, self.segment_size)
-        self.recovery: dict | None = None
+        self.recovery = None
         insert_lsn = prev_lsn = 0
         if first:
             with storage_errors(f"syncing {self._dir.path}"):
@@ -110,8 +110,9 @@ class Opening(BackgroundRounds):
             self._ring_map = mmap.mmap(-1, buffer_size)
             self._ring = np.frombuffer(self._ring_map, dtype=np.uint8)
         self._core = _core.Core(segment_size=self.segment_size, wal_id_lo=self._wal_id_lo,
-                                direct=self._direct, ring=self._ring, insert_slots=insert_slots,
-                                max_record_size=max_record_size,
+                                direct=self._direct,
+                                ring=None if self._ring is None else self._ring.data,
+                                insert_slots=insert_slots, max_record_size=max_record_size,
                                 segment_callback=_weak(self, "_segment_needed"),
                                 gil_release_size=gil_release_size)
         if self._control is not None:

@@ -6,6 +6,8 @@ Concern: what a caller may pass to ``pmemwal.open`` and what each option default
 
 from __future__ import annotations
 
+from typing import Any, TypedDict
+
 from pmemwal import _core
 from pmemwal.errors import ConfigError
 from pmemwal.format import MAX_RECORD_LIMIT, PAGE_SIZE, is_valid_segment_size
@@ -37,6 +39,41 @@ DEFAULT_CHECKPOINT_BYTES = 64 << 20
 DEFAULT_GIL_RELEASE_SIZE = 32 << 10
 
 
+class WALOptions(TypedDict, total=False):
+    """The options of ``pmemwal.open`` (see ``WAL``), for a layer that takes them on
+    (``pmemwal.open_log``): an editor completes them there too."""
+
+    mode: str
+    create: bool
+    segment_size: int | None
+    insert_slots: int
+    buffer_size: int
+    max_record_size: int
+    sync_method: str
+    on_corruption: str
+    recycle_segments: int
+    background: bool
+    flush_interval: float
+    prepare_segments: int
+    prefault: bool
+    gil_release_size: int
+    max_wal_size: int
+    preallocate: int
+    persist: str
+    insertion: str
+    shared: bool
+    archive: str | None
+    archive_command: str | None
+    restore_command: str | None
+    archive_options: dict[str, Any] | None
+    archive_timeout: float
+    archive_max_pending: int
+    archive_backoff: float
+    checkpoint_interval: float
+    checkpoint_bytes: int
+    verify: str
+
+
 def check_checkpoint_options(interval: float, nbytes: int, verify: str) -> None:
     """ConfigError for a checkpoint option pmemwal.open would refuse."""
     if not interval > 0:
@@ -48,8 +85,8 @@ def check_checkpoint_options(interval: float, nbytes: int, verify: str) -> None:
 
 
 def archive_spec(url: str | None, command: str | None, restore_command: str | None,
-                 options: dict | None, timeout: float, max_pending: int, backoff: float,
-                 background: bool) -> dict | None:
+                 options: dict[str, Any] | None, timeout: float, max_pending: int,
+                 backoff: float, background: bool) -> dict[str, Any] | None:
     """The archiver's description of the archive options (None: no archiving), checked."""
     if url is None and command is None:
         if restore_command is not None or options is not None:
@@ -86,7 +123,7 @@ def check_wal_options(mode: str = "auto", segment_size: int | None = None, inser
                       shared: bool = False) -> None:
     """ConfigError for an option pmemwal.open would refuse, checked before opening
     anything (benchmarks check a grid's options before its first run)."""
-    def choose(name: str, value: str, valid) -> None:
+    def choose(name: str, value: str, valid: tuple[str, ...]) -> None:
         if value not in valid:
             raise ConfigError(f"{name}={value!r}: valid values are {', '.join(valid)}")
 

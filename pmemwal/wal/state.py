@@ -54,7 +54,7 @@ class WALState:
     _checkpoints: CheckpointFile
     persist_method: str          # "pmem", "msync" or buffered mode's sync method
     stream_min: int | None       # pmem: records streamed past the cache from this size on
-    recovery: dict | None        # what this open's recovery found (None: a shared joiner)
+    recovery: dict[str, Any] | None        # what this open's recovery found (None: a shared joiner)
     max_record_size: int
 
     def _init_state(self, *, insertion: str, prepare_segments: int, prefault: bool,

@@ -1,0 +1,120 @@
+"""Types of ``pmemwal._core``, the C core (native/module.c): the typed boundary between the
+library and the native code.
+
+Keep this in step with module.c's method tables and argument parsing: a ``METH_VARARGS``
+method parsed with ``PyArg_ParseTuple`` takes its arguments by position only (hence the ``/``);
+``__init__`` and ``inject_fault`` (``PyArg_ParseTupleAndKeywords``) take keywords too.
+
+``pmemwal._core_traced`` is the same module built with ``PMEMWAL_TRACE``; pmemwal/_traced.py
+loads it under the name ``pmemwal._core``, so this one stub covers both.  Only the traced build
+has ``_trace`` and ``_trace_forget`` (its ``TRACED`` is 1).
+"""
+
+from collections.abc import Callable, Iterable
+from typing import Final, Literal, final
+
+from _typeshed import ReadableBuffer, WriteableBuffer
+
+# the shared WAL's control file (wal_shared)
+CONTROL_SIZE: Final[int]
+CONTROL_HEADER: Final[int]
+CONTROL_VERSION: Final[int]
+SHARED_COUNTERS: Final[int]  # Core.shared(SHARED_COUNTERS, add): the oldest segment
+MAX_PROCESSES: Final[int]
+# the format
+SEG_TABLE: Final[int]
+PAGE_SIZE: Final[int]
+PAGE_HEADER_SIZE: Final[int]
+RECORD_HEADER_SIZE: Final[int]
+FORMAT_VERSION: Final[int]
+# persist methods: Core.set_persist's and Core.agree_persist's kind
+PERSIST_PMEM: Final[int]
+PERSIST_MSYNC: Final[int]
+PERSIST_FDATASYNC: Final[int]
+PERSIST_FSYNC: Final[int]
+PERSIST_DSYNC: Final[int]
+CRC32C_IMPL: Final[str]
+BUILD_FLAGS: Final[str]  # setup.py's compiler flags
+STREAM_MIN: Final[int]  # set_persist's stream_min by default
+STREAM_NEVER: Final[int]
+TRACED: Final[int]  # 1 in pmemwal._core_traced, 0 otherwise
+# _trace's mutations (trace.h)
+TRACE_SKIP_STREAM_FENCE: Final[int]
+TRACE_SKIP_DRAIN: Final[int]
+TRACE_SKIP_SYNC: Final[int]
+TRACE_SHORT_MSYNC: Final[int]
+
+_FaultOp = Literal["write", "sync", "msync", "stall", "stall_locked", "die"]
+
+@final
+class Core:
+    """The native WAL writer: reservation, copy, flush."""
+
+    def __init__(self, segment_size: int, wal_id_lo: int, direct: bool,
+                 ring: WriteableBuffer | None, insert_slots: int, max_record_size: int,
+                 segment_callback: Callable[[int], object], gil_release_size: int = 0) -> None:
+        """ring: the WAL buffer ring (buffered mode; direct mode ignores it);
+        segment_callback(segno): called when the core needs a segment it does not have."""
+    @property
+    def insert_lsn(self) -> int: ...
+    @property
+    def flushed_lsn(self) -> int: ...
+    @property
+    def error(self) -> int:
+        """The errno that stopped the writer, 0 if none."""
+    def set_position(self, insert_lsn: int, prev_lsn: int, /) -> None: ...
+    def set_persist(self, kind: int, pmem_flush_address: int = 0, pmem_drain_address: int = 0,
+                    stream_min: int = ..., /) -> None: ...
+    def position(self) -> tuple[int, int]:
+        """(insert LSN, the last record's LSN or 0), read together."""
+    def flush_ready(self) -> int: ...
+    def set_notify(self, eventfd: int, ahead: int = 0, /) -> None: ...
+    def set_serial(self, on: bool, /) -> None: ...
+    def share(self, control_mapping: WriteableBuffer, fd: int, init: bool, /) -> None: ...
+    def reap_dead(self) -> int: ...
+    def agree_persist(self, kind: int, /) -> int: ...
+    def forsake(self) -> None: ...
+    def shared(self, index: int, add: int = 0, /) -> int: ...
+    def attach(self, segno: int, fd: int, mapping: WriteableBuffer | None, /) -> None:
+        """mapping: the segment's writable mapping in direct mode (ignored in buffered mode)."""
+    def detach(self, segno: int, /) -> None: ...
+    def append(self, data: ReadableBuffer, /, flush: bool = False) -> int: ...
+    def append_prefixed(self, prefix: ReadableBuffer, data: ReadableBuffer, /) -> int: ...
+    def append_many(self, records: Iterable[ReadableBuffer], /) -> bytes:
+        """The records' LSNs, as native-endian u64s."""
+    def flush(self, lsn: int | None = None, /) -> int: ...
+    def close(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+    def stop(self, errno: int, reason: str, /) -> int: ...
+    def inject_fault(self, op: _FaultOp, errno: int, after: int = 0, count: int = 1) -> None: ...
+
+@final
+class Reader:
+    """Validates and reads records from mapped segments."""
+
+    def __init__(self, segment_size: int, wal_id_lo: int,
+                 getter: Callable[[int], ReadableBuffer | None]) -> None:
+        """getter(segno): a mapping of the segment, or None when it does not exist."""
+    def read(self, lsn: int, expect_prev: int = -1, /
+             ) -> tuple[int, int, int, int, int, int, int, int, int, bool]:
+        """(status, lsn, next, prev, length, crc, hint, payload_lsn, bad_lsn, void)."""
+    def payload(self, lsn: int, /) -> bytes: ...
+    def scan(self, lsn: int, expect_prev: int, stop_lsn: int, check_body: bool = True, /
+             ) -> tuple[int, int, int, int, int, int]:
+        """(status, end_lsn, last_lsn, count, bytes, bad_lsn)."""
+    def heads(self, lsn: int, expect_prev: int, stop_lsn: int, head_bytes: int, max_count: int, /
+              ) -> tuple[int, int, int, bytes, bytes, bytes]:
+        """(status, next_lsn, last_lsn, lsns (u64s), lengths (u32s), heads)."""
+    def first_record(self, segno: int, /) -> tuple[int, int]:
+        """(status, lsn)."""
+    def beyond(self, x: int, last_segno: int, min_prev: int, /) -> tuple[int, list[int]]:
+        """(durable_lsn, the LSNs of the pages after x's page to wipe)."""
+
+def crc32c(data: ReadableBuffer, crc: int = 0, /) -> int: ...
+def status_text(status: int, /) -> str: ...
+def _crc32c_copy(dst: WriteableBuffer, src: ReadableBuffer, crc: int = 0, how: int = 1,
+                 repeat: int = 1, /) -> int: ...
+
+# pmemwal._core_traced only (TRACED == 1)
+def _trace(stream: int, fence: int, sync: int, mutations: int = 0, /) -> None: ...
+def _trace_forget() -> None: ...
