@@ -93,7 +93,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict:
             thread.join()
         persist, segment_size = wal.persist_method, wal.segment_size
         # the pace of fresh segments now, beside this WAL; on a VM that hands free memory
-        # back to its host, it depends on what the guest touched lately (PERFORMANCE.md §11)
+        # back to its host, it depends on what the guest touched lately (docs/PERFORMANCE.md,
+        # "Reading the figures")
         fresh = (fresh_segment_rate(os.path.dirname(path), wal.segment_size, wal.mode)
                  if case == "never" else None)
     # how late the checkpointer came: the longest gap between its truncations while

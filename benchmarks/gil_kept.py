@@ -9,7 +9,8 @@ recycled segments.  For each record size, and for ``gil_release_size=0``
 existed) against a limit above every size (appends keep the GIL unless they
 must wait), one client and two clients run back to back in each round;
 medians of the rounds are reported, with two clients / one and kept / given
-up.  This is what chose ``DEFAULT_GIL_RELEASE_SIZE`` (docs/PERFORMANCE.md §8).
+up.  This is what chose ``DEFAULT_GIL_RELEASE_SIZE`` (docs/PERFORMANCE.md, "Threads and
+processes"; docs/notes/2026-12-performance-notebook.md §8.1 and §15.3).
 """
 
 from __future__ import annotations

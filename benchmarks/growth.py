@@ -7,9 +7,9 @@ A log that keeps everything makes a fresh segment for every 16 MiB it grows.  Th
 grow by is the rate at which this machine makes them: a file allocated, mapped and every page
 faulted in (``fresh``, measured here by making ``--gib`` of them one after another).  On a VM
 that hands free memory back to its host that rate moves by 2-5x with what the guest touched
-lately (docs/PERFORMANCE.md §11.1), so each case is measured between two fresh runs of its
-own, and everything made stays held until the round ends: both sides draw on memory in the
-same state.
+lately (docs/PERFORMANCE.md, "Reading the figures"), so each case is measured between two
+fresh runs of its own, and everything made stays held until the round ends: both sides draw on
+memory in the same state.
 
 The cases, one thread appending ``--size`` records with ``append(data, flush=True)``:
 

@@ -11,7 +11,8 @@ and written back with libpmem's flush (CLWB, or CLFLUSHOPT under
 ``PMEM_NO_CLWB=1`` or on a CPU without CLWB, which evicts the line: the next
 small record then misses on it).  Rounds alternate the thresholds; medians
 are reported, as ratios to 256 B (libpmem's own threshold).  What it found
-chose ``pmemwal.device.stream_min`` (docs/PERFORMANCE.md §8).
+chose ``pmemwal.device.stream_min`` (docs/PERFORMANCE.md, "Zen 5"; every cell in
+docs/notes/2026-12-performance-notebook.md §8.3).
 """
 
 from __future__ import annotations

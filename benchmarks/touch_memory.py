@@ -1,4 +1,5 @@
-"""How fast this machine hands out memory it has not touched lately (PERFORMANCE.md §11).
+"""How fast this machine hands out memory it has not touched lately (docs/PERFORMANCE.md,
+"Reading the figures").
 
 Maps GIB GiB of anonymous memory and faults it in 1 GiB at a time (``MADV_POPULATE_WRITE``,
 as pmemwal pre-faults segments), three times: at once, again right after unmapping the first

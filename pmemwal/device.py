@@ -399,7 +399,8 @@ def _cpu() -> tuple[tuple[str, ...] | None, str | None]:
 # libpmem's own threshold (Optane writes 256-byte units: a shorter streamed write costs a
 # read-modify-write there).  Without CLWB the write-back (CLFLUSHOPT) evicts the line, so the next
 # small record misses on it: streaming every record ran 1.9-2.3x faster at 16-200 B records
-# on Zen 5 (docs/PERFORMANCE.md §8).  STREAM_MIN_ENV_VAR (bytes) overrides both, as libpmem's
+# on Zen 5 (docs/PERFORMANCE.md, "Zen 5"; docs/notes/2026-12-performance-notebook.md §8.3).
+# STREAM_MIN_ENV_VAR (bytes) overrides both, as libpmem's
 # PMEM_MOVNT_THRESHOLD does for its own copies (that one is followed too when set).
 STREAM_MIN_ENV_VAR = "PMEMWAL_STREAM_MIN"
 STREAM_MIN_CLWB = _core.STREAM_MIN  # the core's own default: 256 B

@@ -6,7 +6,7 @@ The background writer makes them ahead, and an appender waits only when it
 reaches one not made yet.  How many to keep ready is a matter of time, not of
 count: enough that the WAL cannot fill them in the time it takes to make the
 next ones, including when making one suddenly costs several times more (a VM
-whose host took free memory back: docs/PERFORMANCE.md §11.1).  So the depth
+whose host took free memory back: docs/PERFORMANCE.md, "Reading the figures").  So the depth
 is the growth over a time horizon, itself several times the slowest recent
 make, measured as the WAL grows.
 

@@ -28,14 +28,15 @@ DEFAULT_FLUSH_INTERVAL = 0.05
 DEFAULT_MAX_WAL_SIZE = 1 << 30
 DEFAULT_MAX_PENDING = 4 << 30  # archive_max_pending
 # A checkpoint a second, or every 64 MiB flushed: after a crash, open reads at most about
-# that much (0.02-0.1 s at the scan rates of docs/PERFORMANCE.md §14), for one small
-# synced write a second.
+# that much (0.02-0.1 s at the scan rates of docs/PERFORMANCE.md, "Recovery and open time"),
+# for one small synced write a second.
 DEFAULT_CHECKPOINT_INTERVAL = 1.0
 DEFAULT_CHECKPOINT_BYTES = 64 << 20
 # Appends smaller than this keep the GIL while they insert (and persist): giving it up and
 # taking it back costs more than the insertion.  Two threads at 8 KiB and 16 KiB ran
 # 1.02-1.31x faster keeping it, at 64 KiB 1.3x faster giving it up, 32 KiB was a draw
-# (docs/PERFORMANCE.md §8 and §15; 8 KiB before issue 29).
+# (docs/PERFORMANCE.md, "Threads and processes"; 8 KiB before issue 29: the history is in
+# docs/notes/2026-12-performance-notebook.md §8.1 and §15.3).
 DEFAULT_GIL_RELEASE_SIZE = 32 << 10
 
 
