@@ -12,15 +12,14 @@ lines, one locked write each:
     A <thread> <seq> <lsn>   that record is durable: its append(flush=True) returned
     T <lsn>                  about to truncate before lsn (checkpoint_every > 0)
 
-SIGUSR1 (SIGUSR2) arms the core's "stall" ("stall_locked") test hook in a writer: its
-next insertion stops for good once its space is reserved (inside the reservation
-lock), so that the parent's SIGKILL finds it mid-insert.  The driver:
+The driver:
 
 1. keeps ``processes`` writers running for ``seconds``, killing a random one every
    ``kill_interval`` (jittered) and starting a new incarnation in its place.  Two kills
-   in three first arm a test hook in the victim (SIGUSR1/SIGUSR2) that stops its next
-   insertion once its space is reserved, or inside the reservation lock, so that the
-   kill certainly finds it mid-insert; the others land wherever the victim is;
+   in three first arm the core's "stall" ("stall_locked") test hook in the victim
+   (SIGUSR1, SIGUSR2), which stops its next insertion once its space is reserved (inside
+   the reservation lock), so that the kill certainly finds it mid-insert; the others
+   land wherever the victim is;
 2. after each kill, measures how long until every thread of every survivor acknowledges
    a record that it appended after the kill (its stall): a dead writer's unfinished
    insertion must not block the others' flushes (the first to wait for it closes its
