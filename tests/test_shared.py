@@ -22,7 +22,7 @@ import pytest
 
 import pmemwal
 from pmemwal import ClosedError, ConfigError, FormatError, LockedError
-from pmemwal.tools import shared_torture
+from pmemwal.tools.torture import shared as shared_torture
 
 SEG = 1 << 20
 
@@ -327,17 +327,17 @@ def test_the_shared_torture_catches_a_truncation_nobody_announced(monkeypatch, s
 
 
 _FAILING_CHILD = """
-import json, sys, time
-from pmemwal.tools import _shared_torture_child as child
-real = child.make_record
+import sys, time
+from pmemwal.tools.torture import child, shared
+real = shared.make_record
 def make_record(incarnation, thread, seq, size):
     if thread == 1 and seq == 20:
         if {how!r} == "fail":
             raise RuntimeError("thread 1 fails")
         time.sleep(3600)   # stops, while thread 0 goes on acknowledging
     return real(incarnation, thread, seq, size)
-child.make_record = make_record
-child.main(json.loads(sys.argv[1]))
+shared.make_record = make_record
+child.main(sys.argv)
 """
 
 

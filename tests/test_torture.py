@@ -3,7 +3,7 @@
 A short run across the persist setups, segment sizes and insertion slots must
 lose nothing; and the checker must catch what it is there to catch: an
 acknowledged record damaged or gone, a record with wrong content, one out of
-order.  The same for the log workload (pmemwal.tools.log_workload): a short
+order.  The same for the log workload (pmemwal.tools.torture.log): a short
 run loses nothing, and its checker catches a lost entry, one misplaced, one
 resurrected, a wrong first index or hard state, garbage.
 """
@@ -20,12 +20,17 @@ import pytest
 from conftest import cli_runner
 
 import pmemwal
-from pmemwal.tools import torture
 from pmemwal.tools.cli import main
 from pmemwal.format import segment_name
-from pmemwal.tools.log_workload import (LogLedger, LogModel, Shared, Worker, make_entry,
-                                        parse_entry)
-from pmemwal.tools.torture import Ledger, Setup, check, make_record, parse_record, play_round
+from pmemwal.tools.torture import driver as torture
+from pmemwal.tools.torture import wal as wal_workload
+from pmemwal.tools.torture.driver import play_round
+from pmemwal.tools.torture.log import LogLedger
+from pmemwal.tools.torture.log_entries import Shared, Worker, make_entry, parse_entry
+from pmemwal.tools.torture.log_model import LogModel
+from pmemwal.tools.torture.records import HDR, make_record, parse_record
+from pmemwal.tools.torture.setups import PERSIST, Setup
+from pmemwal.tools.torture.wal import Ledger, check
 
 SEG = 1 << 20
 
@@ -33,8 +38,8 @@ SEG = 1 << 20
 def test_records_regenerate_and_any_changed_byte_is_caught():
     rec = make_record(7, 2, 41, 300)
     assert len(rec) == 300 and parse_record(rec) == (7, 2, 41)
-    assert parse_record(make_record(1, 0, 0, torture.HDR)) == (1, 0, 0)
-    for i in (0, 5, torture.HDR - 1, torture.HDR, 299):
+    assert parse_record(make_record(1, 0, 0, HDR)) == (1, 0, 0)
+    for i in (0, 5, HDR - 1, HDR, 299):
         bad = bytearray(rec)
         bad[i] ^= 0x40
         assert parse_record(bytes(bad)) is None, i
@@ -51,12 +56,12 @@ def test_short_torture_loses_nothing(shm_tmp):
     assert report.lost == report.garbage == report.order_violations == 0, summary
     assert report.acknowledged > 1000 and report.truncations > 0, summary
     setups = {tuple(key.split("/")) for key in report.per_config}
-    assert {(p, s) for p, _, s in setups} == {(p, s) for p in torture.PERSIST
+    assert {(p, s) for p, _, s in setups} == {(p, s) for p in PERSIST
                                                for s in ("1", "8", "256")}
     assert {size for _, size, _ in setups} == {"1M", "2M", "4M"}
     for key, cfg in report.per_config.items():
         assert cfg["acknowledged"] > 0 and cfg["lost"] == 0, (key, summary)
-        assert cfg["persist_methods"] == [torture.PERSIST[key.split("/")[0]][1]], (key, summary)
+        assert cfg["persist_methods"] == [PERSIST[key.split("/")[0]][1]], (key, summary)
     assert os.listdir(shm_tmp) == []  # nothing left behind
 
 
@@ -118,7 +123,7 @@ def test_a_record_a_recovery_discarded_must_not_come_back(shm_tmp):
     ledger = Ledger(path=str(shm_tmp), segment_size=1 << 20)
     ledger.rounds.update({1, 2})
     ledger.ended[(1, 0)] = 5
-    reading = torture._Reading(ledger)
+    reading = wal_workload._Reading(ledger)
     reading.add(0x2018, make_record(1, 0, 4, 40))
     assert reading.resurrected == 0
     reading.add(0x2060, make_record(1, 0, 5, 40), 0x2018)

@@ -24,7 +24,10 @@ from pmemwal.tools import powerloss as _powerloss
 from pmemwal.tools import progress as _progress
 from pmemwal.tools import restore as _restore
 from pmemwal.tools import traced as _traced
-from pmemwal.tools import torture as _torture
+from pmemwal.tools.torture import driver as _torture
+from pmemwal.tools.torture import shared as _shared_torture
+from pmemwal.tools.torture import setups as _torture_setups
+from pmemwal.tools.torture.workloads import WORKLOADS as _TORTURE_WORKLOADS
 
 
 class _Parsed(click.ParamType):
@@ -607,7 +610,7 @@ def _with_preset(ctx: click.Context, preset: _presets.Preset, full: bool, path: 
     return merged
 
 
-# ---- torture (pmemwal.tools.torture) and powerloss (pmemwal.tools.powerloss) ------
+# ---- torture (pmemwal.tools.torture.driver, .shared) and powerloss (pmemwal.tools.powerloss) ------
 
 
 @main.command()
@@ -618,20 +621,20 @@ def _with_preset(ctx: click.Context, preset: _presets.Preset, full: bool, path: 
               help="Writer threads in the child.")
 @click.option("--seed", type=int, default=None, help="Seed of configurations, delays and record "
               "sizes [default: random, printed].")
-@click.option("--modes", type=_Parsed("modes", _torture.parse_modes), default="buffered,direct,pmem",
+@click.option("--modes", type=_Parsed("modes", _torture_setups.parse_modes), default="buffered,direct,pmem",
               show_default=True, help="Persist setups: buffered (fdatasync), direct (msync), "
               "pmem (direct with PMEM_IS_PMEM_FORCE=1).")
-@click.option("--segment-sizes", type=_Parsed("sizes", lambda t: _torture.parse_ints(
+@click.option("--segment-sizes", type=_Parsed("sizes", lambda t: _torture_setups.parse_ints(
               t, _bench.parse_size)), default="1M,2M,4M", show_default=True,
               help="Segment sizes, one per WAL directory in turn.")
-@click.option("--slots", type=_Parsed("slots", _torture.parse_ints), default="1,8,256",
+@click.option("--slots", type=_Parsed("slots", _torture_setups.parse_ints), default="1,8,256",
               show_default=True, help="Insertion slot counts.")
 @click.option("--rounds-per-dir", type=click.IntRange(min=1), default=50, show_default=True,
               help="Rounds on one WAL directory before a fresh one.")
 @click.option("--max-delay", type=click.FloatRange(min=5), default=300.0, show_default=True,
               help="Longest kill delay after the child is ready, in ms (the shortest is 5).")
 @click.option("--keep", is_flag=True, help="Leave the directory (and its last WAL) behind.")
-@click.option("--workload", type=click.Choice(_torture.WORKLOADS), default="wal",
+@click.option("--workload", type=click.Choice(_TORTURE_WORKLOADS), default="wal",
               show_default=True, help="wal: records appended, flushed, truncated; log: a "
               "pmemwal.Log's entries appended and synced, rewinds, compactions, resets, states.")
 @click.option("--checkpoint", type=click.FloatRange(min=0), default=0.0, show_default=True,
@@ -699,23 +702,21 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
 def _torture_processes(path: str | None, processes: int, threads: int, seconds: float,
                        kill_interval: float, checkpoint_every: int, seed: int | None,
                        as_json: bool, quiet: bool) -> None:
-    """torture --processes: pmemwal.tools.shared_torture."""
-    from pmemwal.tools import shared_torture
-
-    config = shared_torture.SharedTortureConfig(
+    """torture --processes: pmemwal.tools.torture.shared."""
+    config = _shared_torture.SharedTortureConfig(
         path=path, processes=processes, threads=threads, seconds=seconds,
         kill_interval=kill_interval, checkpoint_every=checkpoint_every, seed=seed,
         env={"PMEM_IS_PMEM_FORCE": os.environ.get("PMEM_IS_PMEM_FORCE", "1")})
     started, shown = time.monotonic(), [0]
     with _progress.progress(int(seconds), "second", "torture", "pmemwal torture --processes",
                             quiet) as bar:
-        def progress(report: shared_torture.SharedTortureReport) -> None:
+        def progress(report: _shared_torture.SharedTortureReport) -> None:
             bar.set_postfix_str(f"{report.kills} kills, longest stall "
                                 f"{max(report.stalls, default=0) * 1000:.0f} ms")
             now = min(int(time.monotonic() - started), int(seconds))
             bar.update(now - shown[0])
             shown[0] = now
-        report = shared_torture.run(config, progress=progress)
+        report = _shared_torture.run(config, progress=progress)
         bar.update(int(seconds) - shown[0])
     if as_json:
         _dump(report.to_dict())

@@ -22,7 +22,7 @@ and segments, flushes of every kind, truncation and segment recycling; one or
 more writer threads) and checks every image; ``pmemwal powerloss`` is its
 command line.  With ``workload="log"`` (``--workload log``) the workload is a
 ``pmemwal.Log``'s (``LogWorkload``: entries appended and synced, rewinds,
-compactions, resets, hard states; pmemwal.tools.log_workload), each image
+compactions, resets, hard states; pmemwal.tools.torture.log_entries), each image
 recovered with ``pmemwal.open_log`` and held against the model of what had been
 acknowledged and what was in flight when the power went.
 """
@@ -50,12 +50,13 @@ from pmemwal import _core
 from pmemwal.errors import ClosedError, WALError
 from pmemwal.slots import SlotPair
 from pmemwal.format import parse_segment_name, segment_name
-from pmemwal.tools.log_workload import LogModel, Shared, Worker
+from pmemwal.tools.torture.log_entries import Shared, Worker
+from pmemwal.tools.torture.log_model import LogModel
 from pmemwal.tools.shadow import (PAGE_CACHE_GRAINS, DurableShadow, Image, PmemTracer,
                                   libpmem_flush_instruction)
-from pmemwal.tools.torture import WORKLOADS
 
 SEGMENT_SIZE = 1 << 20
+WORKLOADS = ("wal", "log")            # records of a WAL (Workload); entries of a Log (LogWorkload)
 MODES = ("pmem", "msync", "buffered")
 # name: run_power_loss's options (those beyond mode and threads need the wal workload)
 SETUPS: dict[str, dict[str, Any]] = {
@@ -320,7 +321,7 @@ class SharedWorkload(Workload):
 
 
 class LogWorkload(Workload):
-    """The log workload (``log_workload.Worker``: entries, rewinds, compactions, resets,
+    """The log workload (``log_entries.Worker``: entries, rewinds, compactions, resets,
     hard states) on one Log, each event fed to a ``LogModel`` as it happens."""
 
     def __init__(self, log: pmemwal.Log, seed: int, threads: int) -> None:

@@ -1,16 +1,25 @@
-"""Shared-WAL torture: several processes append to one WAL; one is SIGKILLed at random
-moments and replaced; the survivors must go on; at the end every acknowledged record is
-there.  (``pmemwal torture --processes N``; tests/test_shared.py runs it short.)
+"""The shared-processes workload of the crash torture: several processes append to one WAL;
+one is SIGKILLed at random moments and replaced; the survivors must go on; at the end
+every acknowledged record is there.  (``pmemwal torture --processes N``;
+tests/test_shared.py runs it short.)  Its round is not the round driver's (one child,
+killed, checked): it has its own loop (``run``), with the same child entry point.
 
-Each writer (``pmemwal.tools._shared_torture_child``) opens the WAL with ``shared=True``
-and appends self-describing records (torture.make_record, its incarnation as the round)
-with ``flush=True`` from several threads, printing each acknowledgement.  The driver:
+Each writer (the ``shared`` workload's child) opens the WAL with ``shared=True``, says
+``R <processes>``, and appends self-describing records (``records.make_record``, its
+incarnation as the round) with ``flush=True`` from several threads, forever.  Pipe
+lines, one locked write each:
+
+    A <thread> <seq> <lsn>   that record is durable: its append(flush=True) returned
+    T <lsn>                  about to truncate before lsn (checkpoint_every > 0)
+
+The driver:
 
 1. keeps ``processes`` writers running for ``seconds``, killing a random one every
    ``kill_interval`` (jittered) and starting a new incarnation in its place.  Two kills
-   in three first arm a test hook in the victim (SIGUSR1/SIGUSR2) that stops its next
-   insertion once its space is reserved, or inside the reservation lock, so that the
-   kill certainly finds it mid-insert; the others land wherever the victim is;
+   in three first arm the core's "stall" ("stall_locked") test hook in the victim
+   (SIGUSR1, SIGUSR2), which stops its next insertion once its space is reserved (inside
+   the reservation lock), so that the kill certainly finds it mid-insert; the others
+   land wherever the victim is;
 2. after each kill, measures how long until every thread of every survivor acknowledges
    a record that it appended after the kill (its stall): a dead writer's unfinished
    insertion must not block the others' flushes (the first to wait for it closes its
@@ -27,6 +36,7 @@ with ``flush=True`` from several threads, printing each acknowledgement.  The dr
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import random
@@ -41,9 +51,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pmemwal
-from pmemwal.tools.torture import parse_record
+from pmemwal.tools.torture.childkit import Pipe, run_threads
+from pmemwal.tools.torture.plugin import CHILD, TortureWorkload
+from pmemwal.tools.torture.records import make_record, parse_record
 
-_CHILD = "pmemwal.tools._shared_torture_child"
+_CHILD = CHILD  # (a test starts a child of its own instead)
 
 
 @dataclass
@@ -114,7 +126,7 @@ class _Writer:
     """One writer process and the acknowledgements read from its pipe."""
 
     def __init__(self, config: SharedTortureConfig, incarnation: int, path: str, seed: int) -> None:
-        spec = {"path": path, "incarnation": incarnation, "threads": config.threads,
+        spec = {"workload": "shared", "path": path, "incarnation": incarnation, "threads": config.threads,
                 "seed": seed, "min_size": config.min_size, "max_size": config.max_size,
                 "segment_size": config.segment_size,
                 "checkpoint_every": config.checkpoint_every}
@@ -293,3 +305,47 @@ def _count_voids(wal: pmemwal.WAL) -> int:
         count += bool(void) and status == 0
         prev, lsn = lsn, next_lsn
     return count
+
+
+# ---- the child ------------------------------------------------------------------------
+
+class SharedWorkload(TortureWorkload):
+    """A writer process of a shared WAL: its threads append with flush=True, forever."""
+
+    name = "shared"
+
+    def open(self, spec: dict) -> pmemwal.WAL:
+        faulthandler.dump_traceback_later(20)  # a writer that cannot open says where it waits
+        wal = pmemwal.open(spec["path"], shared=True, segment_size=spec.get("segment_size"),
+                           max_wal_size=spec.get("max_wal_size", 1 << 30))
+        faulthandler.cancel_dump_traceback_later()
+        for signum, hook in ((signal.SIGUSR1, "stall"), (signal.SIGUSR2, "stall_locked")):
+            signal.signal(signum, lambda *_, hook=hook: wal._core.inject_fault(hook, 0))
+        return wal   # (the hooks before the R line: the parent may signal at once)
+
+    def ready(self, wal: pmemwal.WAL) -> str:
+        return str(wal.stats()["processes"])
+
+    def run(self, wal: pmemwal.WAL, pipe: Pipe, spec: dict) -> None:
+        """A thread that fails ends the process (exit 70): its siblings must not go on
+        acknowledging as if it were writing."""
+        run_threads(spec["threads"], lambda thread: _append(wal, pipe, spec, thread))
+
+
+def _append(wal: pmemwal.WAL, pipe: Pipe, spec: dict, thread: int) -> None:
+    """Append and acknowledge records forever; thread 0 truncates every
+    ``checkpoint_every`` records, announcing it first."""
+    inc, every = spec["incarnation"], spec.get("checkpoint_every", 0)
+    rng = random.Random(f"{spec['seed']}-{inc}-{thread}")
+    for seq in range(1 << 62):
+        record = make_record(inc, thread, seq, rng.randint(spec["min_size"], spec["max_size"]))
+        lsn = wal.append(record, flush=True)
+        pipe.say(f"A {thread} {seq} {lsn}")
+        if every and thread == 0 and seq % every == every - 1:
+            before = wal.flushed_lsn - 4 * wal.segment_size
+            if before > 0:
+                pipe.say(f"T {before}")
+                wal.truncate(before)
+
+
+WORKLOAD = SharedWorkload()
