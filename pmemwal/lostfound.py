@@ -16,7 +16,7 @@ costs a few pages, not segments.  Nothing is set aside when no valid record lies
 past the cut (a torn record alone is no loss).
 
 ``pmemwal lost-found WAL`` lists them; ``--dump``, ``--restore`` (append the
-records again, in order, as new records of the WAL) and ``--remove`` act on one.
+records again, in order, as new records of the WAL: putback.py) and ``--remove`` act on one.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from pmemwal import _core
-from pmemwal.errors import CorruptionError, FormatError, format_lsn
+from pmemwal.errors import FormatError, format_lsn
 from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, segment_name
 from pmemwal.segments import LOST_FOUND_NAME, storage_errors, sync_directory
 
@@ -99,7 +99,7 @@ def set_aside(wal_dir: str, reader: _core.Reader, x: int, pages: list[int], min_
         manifest = {"cut_lsn": x, "cut": format_lsn(x), "reason": reason, "wal_id": wal_id.hex(),
                     "segment_size": segment_size, "made_ns": time.time_ns(),
                     "records": [[f.lsn, f.next_lsn, f.length] for f in found]}
-        _write_synced(os.path.join(target, MANIFEST), json.dumps(manifest, indent=1).encode())
+        write_synced(os.path.join(target, MANIFEST), json.dumps(manifest, indent=1).encode())
         for directory in (target, os.path.dirname(target), wal_dir):
             sync_directory(directory)
     return target, found
@@ -117,7 +117,7 @@ def _copy_pages(path: str, source: mmap.mmap | None, offsets: list[int], size: i
         os.close(fd)
 
 
-def _write_synced(path: str, data: bytes, flags: int = os.O_EXCL) -> None:
+def write_synced(path: str, data: bytes, flags: int = os.O_EXCL) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
     try:
         os.write(fd, data)
@@ -190,31 +190,6 @@ def entries(wal_dir: str) -> list[SetAside]:
     return found
 
 
-_RESTORING = "RESTORING"  # the insert LSN a put-back began at: a second try checks it
-
-
-def restore(wal_dir: str, name: str, **wal_options) -> int:
-    """Append the records of lost+found entry ``name`` to the WAL, in order, as new records
-    (new LSNs), flush them, then remove the entry; returns how many it holds.  A try cut
-    short is safe to repeat: the LSN it began at is noted first, and a repeat appends only
-    the records it does not find there, in order."""
-    from pmemwal.wal import open as open_wal  # the WAL imports this module
-
-    entry = find(wal_dir, name)
-    records = [payload for _, payload in entry.records()]
-    marker = os.path.join(entry.path, _RESTORING)
-    with open_wal(wal_dir, create=False, **wal_options) as wal:
-        begun = _begun_at(marker)
-        done = 0 if begun is None else _already_there(wal, begun, records)
-        if done == 0:  # (again) from here
-            _write_synced_over(marker, str(wal.insert_lsn).encode())
-        if done < len(records):
-            wal.append_many(records[done:])
-            wal.flush()
-    remove(wal_dir, name)
-    return len(records)
-
-
 def remove(wal_dir: str, name: str) -> None:
     """Delete lost+found entry ``name`` and what it holds."""
     entry = find(wal_dir, name)
@@ -231,34 +206,3 @@ def find(wal_dir: str, name: str) -> SetAside:
         if entry.name == name:
             return entry
     raise FileNotFoundError(f"no entry {name!r} in {os.path.join(wal_dir, LOST_FOUND_NAME)}")
-
-
-def _begun_at(marker: str) -> int | None:
-    try:
-        with open(marker, "rb") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return None
-
-
-def _already_there(wal, lsn: int, records: list[bytes]) -> int:
-    """How many of ``records`` the WAL holds from ``lsn`` on, in order (a put-back cut short
-    after part of it became durable): those are not appended again."""
-    done = 0
-    if lsn >= wal.insert_lsn:
-        return 0
-    try:
-        for rec in wal.records(lsn):
-            if done == len(records) or bytes(rec.payload) != records[done]:
-                break
-            done += 1
-    except (ValueError, CorruptionError):
-        pass
-    return done
-
-
-def _write_synced_over(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    _write_synced(tmp, data, os.O_TRUNC)
-    os.rename(tmp, path)
-    sync_directory(os.path.dirname(path))

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 import pmemwal
 import pmemwal.slots
-from pmemwal import lostfound
+from pmemwal import lostfound, putback
 from pmemwal.checkpoint import CheckpointFile
 from pmemwal.slots import SLOT_STRIDE
 from pmemwal.recovery import RecoveryWarning
@@ -419,7 +419,7 @@ def test_a_restore_cut_short_appends_only_what_is_missing(wal_dir):
         with open(os.path.join(entry.path, "RESTORING"), "w") as f:
             f.write(str(wal.insert_lsn))
         wal.append_many(kept[:50])
-    assert lostfound.restore(str(wal_dir), entry.name) == len(kept)
+    assert putback.restore(str(wal_dir), entry.name) == len(kept)
     with pmemwal.open(wal_dir) as wal:
         assert [bytes(r.payload) for r in wal.records()] == payloads[:20] + kept
 

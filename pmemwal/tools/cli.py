@@ -18,6 +18,7 @@ import click
 
 import pmemwal
 from pmemwal import lostfound as _lostfound
+from pmemwal import putback as _putback
 from pmemwal.tools import bench as _bench
 from pmemwal.tools import fs_crash as _fs_crash
 from pmemwal.tools import powerloss as _powerloss
@@ -392,7 +393,7 @@ def lost_found(path: str, dump_name: str | None, restore_name: str | None,
     Example: pmemwal lost-found /dev/shm/wal --restore 0000000000A12018-1733400000000000000
     """
     if restore_name is not None:
-        n = _lostfound.restore(path, restore_name)
+        n = _putback.restore(path, restore_name)
         click.echo(f"{restore_name}: {n} record(s) appended to {path} and the entry removed")
         return
     if remove_name is not None:
