@@ -28,7 +28,9 @@ class BackgroundRounds(Truncation):
         self._background = BackgroundWriter(_weak(self, "_prepare_ahead"), _weak(self, "_flush_async"),
                                             flush_interval, f"pmemwal-writer {self._dir.path}",
                                             watch=self._dir.path)
-        self._core.set_notify(self._background.notify_fd, self._notify_ahead)  # (and at the
+        # the core wakes it when a segment within this depth is missing, and at the first
+        # insertion: segments ahead are made once the WAL grows, not at the first timed round
+        self._core.set_notify(self._background.notify_fd, self._notify_ahead)
 
     def _prepare_ahead(self) -> None:
         """Background: have the next segments ready and attached (those a truncation is
