@@ -93,7 +93,7 @@ from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
 from pmemwal.segments import LOCK_NAME, WAL_OWN_NAMES, Segment, WalDirectory
 from pmemwal.tools._extras import require
 from pmemwal.wal import (DEFAULT_BUFFER_SIZE, DEFAULT_FLUSH_INTERVAL, DEFAULT_GIL_RELEASE_SIZE,
-                         DEFAULT_MAX_WAL_SIZE, MODES, PERSIST, check_wal_options)
+                         DEFAULT_MAX_WAL_SIZE, MODES, check_wal_options)
 
 if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram
