@@ -12,7 +12,7 @@ import os
 from typing import Unpack
 
 from pmemwal import lostfound
-from pmemwal.errors import CorruptionError
+from pmemwal.errors import ConfigError, CorruptionError
 from pmemwal.segments import sync_directory
 from pmemwal.wal import WAL, WALOptions
 from pmemwal.wal import open as open_wal
@@ -28,7 +28,9 @@ def restore(wal_dir: str, name: str, **wal_options: Unpack[WALOptions]) -> int:
     entry = lostfound.find(wal_dir, name)
     records = [payload for _, payload in entry.records()]
     marker = os.path.join(entry.path, _RESTORING)
-    options: WALOptions = {**wal_options, "create": False}  # (a WAL that is there)
+    if "create" in wal_options:
+        raise ConfigError("restore puts records back into a WAL that exists: no create option")
+    options: WALOptions = {**wal_options, "create": False}
     with open_wal(wal_dir, **options) as wal:
         begun = _begun_at(marker)
         done = 0 if begun is None else _already_there(wal, begun, records)

@@ -28,6 +28,7 @@ from pmemwal.tools import traced as _traced
 from pmemwal.tools.torture import driver as _torture
 from pmemwal.tools.torture import shared as _shared_torture
 from pmemwal.tools.torture import setups as _torture_setups
+from pmemwal.wal import PERSIST
 from pmemwal.tools.torture.workloads import WORKLOADS as _TORTURE_WORKLOADS
 
 
@@ -168,7 +169,7 @@ def probe(path: str, as_json: bool, measure: bool, seconds: float, save: bool,
               help="Concurrent insertions in progress.")
 @click.option("--prefault/--no-prefault", default=True, show_default=True,
               help="Map segments pre-faulted and prepare them ahead of the appenders.")
-@click.option("--persist", type=click.Choice(_bench.PERSIST), default="auto", show_default=True,
+@click.option("--persist", type=click.Choice(PERSIST), default="auto", show_default=True,
               help="Direct mode: cache flush where the mapping is pmem, else msync (auto); msync "
                    "always; or pmem only (an error where the mapping is not pmem).")
 @click.option("--keep", type=_Parsed("keep", _bench.parse_keep), default="256m", show_default=True,
