@@ -39,7 +39,8 @@ import warnings
 
 import numpy as np
 
-from pmemwal.errors import ClosedError, CorruptionError, FormatError, LogIndexError, WALError, format_lsn
+from pmemwal.errors import (ClosedError, CorruptionError, FormatError, LogIndexError, WALError,
+                            format_lsn)
 from pmemwal.log_format import (ENTRY, HEADER_DTYPE, HEADER_SIZE, RESET, REWIND, SNAPSHOT, STATE,
                                 HardState, check_headers, decode_state, dense_entries, encode_state,
                                 entry_of)
@@ -198,7 +199,7 @@ class LogReplay:
             guard_crc = 0
             if state.guard_lsn:
                 self.wal.flush(state.guard_lsn)
-                guard_crc = payload_crc(self.wal.record(state.guard_lsn).payload)
+                guard_crc = payload_crc(self._record(state.guard_lsn).payload)  # (damage: typed)
             self._files.write(start, lsns, terms)
             state = IndexState(self._files.last_seq + 1, state.replay_lsn, state.guard_lsn,
                                guard_crc, state.first, state.next, state.known, state.snapshot,
