@@ -139,7 +139,8 @@ def test_torture_amid_a_checkpointer_loses_nothing(shm_tmp):
     report = torture.run(config)
     summary = json.dumps(report.to_dict(), indent=1)
     assert report.ok and report.lost == report.garbage == report.order_violations == 0, summary
-    assert report.truncations > 5 * report.rounds, summary   # the checkpointer's, mostly
+    # the checkpointer's, mostly: about 20 a round unloaded, 4 under ASan on a busy machine
+    assert report.truncations > 2 * report.rounds, summary
     with pytest.raises(ValueError, match="checkpoint"):
         torture.TortureConfig(workload="log", checkpoint=0.005)
 
