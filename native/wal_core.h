@@ -80,7 +80,7 @@ typedef struct wal_slot {
     _Atomic uint64_t progress; /* everything below is copied */
     uint64_t res_end, res_prev, res_last; /* reserved [start, res_end); prev_u; last record */
     uint64_t records, bytes, payload_bytes, acquire_wait_ns;
-    uint64_t stream_fences;    /* sfences after streaming stores (drain in wal_core.c) */
+    uint64_t stream_fences;    /* sfences after streaming stores (drain in wal_insert.c) */
     int defer_flush;           /* pmem: flush the insertion's range once, at its end */
 } __attribute__((aligned(64))) wal_slot;
 
