@@ -11,6 +11,7 @@ report every streaming store, fence and sync to the power-loss simulator, which 
 place of ``pmemwal._core`` under ``PMEMWAL_TRACED_CORE=1``.
 """
 
+import glob
 import os
 
 from setuptools import Extension, setup
@@ -33,6 +34,7 @@ SOURCES = ["native/module.c", "native/module_reader.c", "native/wal_core.c", "na
 def core(name: str, *macros: tuple[str, str]) -> Extension:
     return Extension(
         name, sources=SOURCES, include_dirs=["native"],
+        depends=sorted(glob.glob("native/*.h")),  # a changed header rebuilds the core
         extra_compile_args=compile_args, extra_link_args=link_args,
         # recorded with every comparison (pmemwal.tools.harness), so A/B runs say
         # what each side was built with
