@@ -20,7 +20,6 @@ import numpy as np
 
 from pmemwal import _core
 from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
-from pmemwal.archiver import Archiver
 from pmemwal.errors import CorruptionError, StorageError, format_lsn
 from pmemwal.format import first_lsn
 from pmemwal.control import ControlFile
@@ -228,7 +227,8 @@ class WAL(Opening):
             else:
                 self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
                            max_record_size, gil_release_size, verify)
-            if archiving is not None:
+            if archiving is not None:  # (only a WAL that archives loads the archiver)
+                from pmemwal.archiver import Archiver
                 self._archiver = Archiver(self._dir.path, archiving, self.segment_size,
                                           self._segnos[0], archive_max_pending, archive_backoff)
             self._preallocate(preallocate)
