@@ -14,10 +14,14 @@ open (CorruptionError) has written nothing.
   warning), or with ``verify="all"``, the chain is followed from the first
   record of the oldest segment, as before; an end found before the checkpoint's
   end_lsn is then damage to acknowledged records.
-- Past the end x, the native ``beyond`` tells a torn tail from damage: a valid
-  record past x whose durable hint passes x proves that x had been flushed.
-- Any cut first sets aside the valid records past x (lost+found), then zeroes
-  the rest of x's page and the later pages that may hold this cycle's bytes.
+- Past the end x, ``Recovery.run`` decides torn tail or damage on the native
+  reader's evidence (``beyond``, native/wal_reader.c: wal_beyond): a valid
+  record past x whose durable hint passes x proves that x had been flushed, and
+  damage is refused (``_refuse``, CorruptionError) unless the caller asked to
+  cut there.
+- Any cut first sets aside the valid records past x (``_set_aside``: lost+found),
+  then zeroes the rest of x's page and the later pages that may hold this
+  cycle's bytes (``_wipe_beyond``).
 """
 
 from __future__ import annotations

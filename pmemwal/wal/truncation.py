@@ -3,12 +3,13 @@
 Concern: ``truncate(before_lsn)``.  The checkpoint naming the new oldest segment is written
 first (checkpoints.py), then the segments below it leave the table under the segment lock
 (``_release_below``, which also reserves each recycled file's future number), and the file
-work happens after the lock is released (``_recycle_or_remove``: renamed to a future number
-and its header rewritten, or removed, oldest first).  How many to keep as spares follows the
-WAL's advance between two truncations (``_spare_target``, PostgreSQL's
-CheckPointDistanceEstimate) within ``max_wal_size``.  A shared WAL truncates under the files
-lock, raising the oldest segment in the control file first (peers.py reads it).  Sets
-``_segnos``, ``_segments`` and the distance estimates; appenders never take its lock.
+work happens after the lock is released (``_recycle_or_remove``: each file renamed to a
+future number with its header rewritten, by segments.py's ``WalDirectory.recycle``, or
+removed, oldest first).  How many to keep as spares follows the WAL's advance between two
+truncations (``_spare_target``, PostgreSQL's CheckPointDistanceEstimate) within
+``max_wal_size``.  A shared WAL truncates under the files lock, raising the oldest segment
+in the control file first (peers.py reads it).  Sets ``_segnos``, ``_segments`` and the
+distance estimates; appenders never take its lock.
 """
 
 from __future__ import annotations
