@@ -2,7 +2,7 @@
 
 Concern: what a caller holds.  ``WAL`` is the public class; its methods here are the ones a
 record passes through from ``append`` to the reader (the per-record calls go straight to the
-native core, native/wal_core.c), and the life of the object: ``__init__`` locks the directory
+native core: module.c's Core, then native/wal_insert.c and wal_flush.c), and the life of the object: ``__init__`` locks the directory
 and opens (opening.py), ``close`` writes the last checkpoint and releases everything in
 order.  The rest of the WAL lives in rooms below this one, each a module of this package
 (state.py lists them): persistence, a shared WAL's peers, the segment supply, checkpoints,
@@ -20,16 +20,16 @@ import numpy as np
 
 from pmemwal import _core
 from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
+from pmemwal.control import ControlFile
 from pmemwal.errors import CorruptionError, StorageError, format_lsn
 from pmemwal.format import first_lsn
-from pmemwal.control import ControlFile
 from pmemwal.segments import WalDirectory
 from pmemwal.wal.opening import Opening
 from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
-                                     DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
-                                     DEFAULT_GIL_RELEASE_SIZE, DEFAULT_MAX_PENDING,
-                                     DEFAULT_MAX_RECORD_SIZE, DEFAULT_MAX_WAL_SIZE,
-                                     archive_spec, check_checkpoint_options, check_wal_options)
+                                 DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
+                                 DEFAULT_GIL_RELEASE_SIZE, DEFAULT_MAX_PENDING,
+                                 DEFAULT_MAX_RECORD_SIZE, DEFAULT_MAX_WAL_SIZE,
+                                 archive_spec, check_checkpoint_options, check_wal_options)
 from pmemwal.wal.state import COUNTERS
 
 if TYPE_CHECKING:

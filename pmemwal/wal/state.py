@@ -50,11 +50,11 @@ class WALState:
     _verdict: ProbeResult | None
     _verdict_full: bool
     _reader: native.Reader
-    _core: native.Core            # absent until the core starts (recovery runs before)
+    _core: native.Core           # absent until the core starts (recovery runs before)
     _checkpoints: CheckpointFile
     persist_method: str          # "pmem", "msync" or buffered mode's sync method
     stream_min: int | None       # pmem: records streamed past the cache from this size on
-    recovery: dict[str, Any] | None        # what this open's recovery found (None: a shared joiner)
+    recovery: dict[str, Any] | None  # what this open's recovery found (None: a shared joiner)
     max_record_size: int
 
     def _init_state(self, *, insertion: str, prepare_segments: int, prefault: bool,
