@@ -452,9 +452,10 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     or ``"buffered"``.  ``threads`` writers append at once (pmem only: the
     page-cache model takes its durable state when a flush returns, which only
     a single writer makes exact).  ``crash_rate`` is the chance of a crash
-    image at each crash point.  Failing images are copied under
-    ``keep_failures`` if given.  ``workload`` is ``"wal"`` (records) or
-    ``"log"`` (a pmemwal.Log: entries, rewinds, compactions, resets, states).
+    image at each crash point (the first point of each kind is always taken).
+    Failing images are copied under ``keep_failures`` if given.  ``workload`` is
+    ``"wal"`` (records) or ``"log"`` (a pmemwal.Log: entries, rewinds, compactions,
+    resets, states).
     ``checkpointer`` (pmem, wal workload) adds a thread that truncates while the
     writers run, so crashes land amid recycling.  ``shared`` (pmem, wal workload, 4
     threads or more) writes a shared WAL through three handles, one of which dies
