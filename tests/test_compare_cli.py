@@ -55,7 +55,7 @@ def targets(monkeypatch) -> SimpleNamespace:
     module = SimpleNamespace(Workload=real.Workload, RunResult=real.RunResult,
                              TARGET_NAMES=tuple(real.TARGET_NAMES) + ("absent",),
                              get_target=get_target)
-    monkeypatch.setattr(harness.summary, "targets_module", lambda: module)
+    monkeypatch.setattr(harness.config, "targets_module", lambda: module)
     return module
 
 
@@ -89,7 +89,7 @@ def fakes(monkeypatch) -> dict[str, Fake]:
                "sqlite": Fake("sqlite", 500), "postgres": Fake("postgres", 1, "no pg_ctl")}
     module = SimpleNamespace(Workload=Workload, RunResult=RunResult, TARGET_NAMES=tuple(targets),
                              get_target=lambda name: targets[name])
-    monkeypatch.setattr(harness.summary, "targets_module", lambda: module)
+    monkeypatch.setattr(harness.config, "targets_module", lambda: module)
     return targets
 
 
@@ -555,20 +555,21 @@ def _made_up_db(path: Path, rates: dict, extra=lambda target, run: {}, config=No
     """A results database with one run group: rates[(target, clients, size)] = [records/s];
     ``extra(target, run)`` the JSON each run stores beside them."""
     db = harness.open_db(str(path))
-    env = {c: None for c in harness.summary._ENV_COLUMNS}
+    env = {c: None for c in harness.store._ENV_COLUMNS}
     env.update(run_group="g1", timestamp="2025-01-01T00:00:00+00:00", cpu_model="Test CPU",
                config=json.dumps(config or {"flush": "group:4", "baseline": "master"}))
-    harness.summary._insert(db, "environment", env, harness.summary._ENV_COLUMNS)
+    harness.store._insert(db, "environment", env, harness.store._ENV_COLUMNS)
     for run in range(max(len(v) for v in rates.values())):
         for (target, clients, size), values in rates.items():
             rate = values[run]
-            harness.summary._insert(db, "runs", {
+            harness.store._insert(db, "runs", {
                 "run_group": "g1", "timestamp": "t", "run_index": run, "target": target,
                 "target_version": "1", "params": "{}", "clients": clients, "size": size,
                 "flush": "group:4", "duration": 1.0, "records": int(rate),
                 "bytes": int(rate) * size,
                 "elapsed": 1.0, "records_per_s": rate, "mb_per_s": rate * size / 1e6,
-                "latency": "{}", "extra": json.dumps(extra(target, run))}, harness.summary._RUN_COLUMNS)
+                "latency": "{}", "extra": json.dumps(extra(target, run))},
+                harness.store._RUN_COLUMNS)
     db.commit()
     db.close()
     return str(path)
@@ -674,7 +675,8 @@ def test_governor_warning(monkeypatch, tmp_path: Path, files, expected) -> None:
     for cpu, governor in files.items():
         (tmp_path / cpu / "cpufreq").mkdir(parents=True)
         (tmp_path / cpu / "cpufreq" / "scaling_governor").write_text(governor + "\n")
-    monkeypatch.setattr(harness.summary, "_CPU_GLOB", str(tmp_path / "cpu[0-9]*" / "cpufreq") + "/")
+    monkeypatch.setattr(harness.environment, "_CPU_GLOB",
+                        str(tmp_path / "cpu[0-9]*" / "cpufreq") + "/")
     warning = harness.governor_warning()
     assert warning is None if expected is None else expected in warning
 
@@ -790,9 +792,9 @@ def test_a_wide_wait_axis_keeps_the_series_of_no_waits(tmp_path: Path) -> None:
                      {"flush": "each", "columns": ["slot_wait_ns"]})
     summary = harness.summarize(db)
     ax = Figure().subplots()
-    harness.summary._draw_panel(ax, summary, 256, "slot_wait_ns")
+    harness.charts._draw_panel(ax, summary, 256, "slot_wait_ns")
     assert ax.get_yscale() == "symlog"
     assert sorted(line.get_label() for line in ax.get_lines()) == ["slots=16", "slots=64", "slots=8"]
     ax = Figure().subplots()
-    harness.summary._draw_panel(ax, summary, 256, None)  # records/s: all alike, a linear axis
+    harness.charts._draw_panel(ax, summary, 256, None)  # records/s: all alike, a linear axis
     assert ax.get_yscale() == "linear"
