@@ -12,6 +12,7 @@ import json
 import os
 import sqlite3
 import statistics
+from typing import Iterable
 
 from pmemwal.errors import ConfigError
 from pmemwal.tools.harness.config import COUNTERS
@@ -53,18 +54,23 @@ def summarize(db: str | sqlite3.Connection, group: str | None = None) -> Summary
     finally:
         if conn is not db:
             conn.close()
-    points = []
-    for (target, params, clients, size), values in runs.items():
-        rates = [v[0] for v in values]
-        counters = {name: trimmed_mean(v[2][name] for v in values) for name in COUNTERS
-                    if all(name in v[2] for v in values)}
-        points.append(PointSummary(
-            target=target, params=json.loads(params), clients=clients, size=size,
-            runs=len(rates), records_per_s=trimmed_mean(rates), min=min(rates), max=max(rates),
-            stddev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
-            mb_per_s=trimmed_mean(v[1] for v in values), counters=counters, group=group,
-            terms=tuple(sorted(terms.get((target, params, clients, size), ())))))
+    points = [_point_summary(key, values, terms.get(key, ()), group)
+              for key, values in runs.items()]
     return Summary(group=group, environment=environment, points=points, machine=machine)
+
+
+def _point_summary(key: tuple, values: list, terms: Iterable[str], group: str) -> PointSummary:
+    """One point's runs, ``(records/s, MB/s, counters per second)`` each, as its summary."""
+    target, params, clients, size = key
+    rates = [v[0] for v in values]
+    counters = {name: trimmed_mean(v[2][name] for v in values) for name in COUNTERS
+                if all(name in v[2] for v in values)}
+    return PointSummary(
+        target=target, params=json.loads(params), clients=clients, size=size,
+        runs=len(rates), records_per_s=trimmed_mean(rates), min=min(rates), max=max(rates),
+        stddev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
+        mb_per_s=trimmed_mean(v[1] for v in values), counters=counters, group=group,
+        terms=tuple(sorted(terms)))
 
 
 def _per_second(stats: object, elapsed: float) -> dict[str, float]:

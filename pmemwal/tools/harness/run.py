@@ -62,14 +62,7 @@ def run_compare(config: CompareConfig, progress: Progress | None = None,
     targets = _config.targets_module()
     db = open_db(config.db)
     try:
-        env = dict(plan.environment, run_group=plan.group)
-        for key in _JSON_COLUMNS:
-            env[key] = json.dumps(env.get(key), sort_keys=True, default=str)
-        try:
-            with db:
-                _insert(db, "environment", env, _ENV_COLUMNS)
-        except sqlite3.Error as error:  # read-only, full: find out before the first run
-            raise ConfigError(f"db={config.db!r}: cannot write to it: {error}") from None
+        _store_environment(db, config, plan)
         base = os.path.join(config.path, plan.group)
         order = plan.order()
         for done, (run_index, point) in enumerate(order, 1):
@@ -78,18 +71,7 @@ def run_compare(config: CompareConfig, progress: Progress | None = None,
                               targets, config, base, done, run_index, point)
             result.extra = {**result.extra, "machine": {"start": start, "end": machine_state()}}
             params = dict(point.params)
-            row = {
-                "run_group": plan.group, "timestamp": _now(), "run_index": run_index,
-                "target": point.target, "target_version": plan.versions.get(point.target),
-                "params": json.dumps(params, sort_keys=True), "clients": point.clients,
-                "size": point.size, "flush": params.get("flush", config.flush),
-                "duration": config.duration,
-                "records": int(result.records), "bytes": int(result.bytes),
-                "elapsed": float(result.elapsed), "records_per_s": float(result.records_per_s),
-                "mb_per_s": float(result.mb_per_s),
-                "latency": json.dumps(result.latency_us, sort_keys=True, default=str),
-                "extra": json.dumps(result.extra, sort_keys=True, default=str),
-            }
+            row = _run_row(plan, config, point, run_index, result)
             with db:  # one transaction per run: an interrupted comparison keeps what it ran
                 _insert(db, "runs", row, _RUN_COLUMNS)
             if progress:
@@ -102,6 +84,35 @@ def run_compare(config: CompareConfig, progress: Progress | None = None,
     finally:
         db.close()
     return CompareResult(group=plan.group, db=config.db, plan=plan)
+
+
+def _store_environment(db: sqlite3.Connection, config: CompareConfig, plan: Plan) -> None:
+    """The run group's row of ``environment``, before the first run."""
+    env = dict(plan.environment, run_group=plan.group)
+    for key in _JSON_COLUMNS:
+        env[key] = json.dumps(env.get(key), sort_keys=True, default=str)
+    try:
+        with db:
+            _insert(db, "environment", env, _ENV_COLUMNS)
+    except sqlite3.Error as error:  # read-only, full: find out before the first run
+        raise ConfigError(f"db={config.db!r}: cannot write to it: {error}") from None
+
+
+def _run_row(plan: Plan, config: CompareConfig, point: Point, run_index: int, result) -> dict:
+    """A finished run's row of ``runs``."""
+    params = dict(point.params)
+    return {
+        "run_group": plan.group, "timestamp": _now(), "run_index": run_index,
+        "target": point.target, "target_version": plan.versions.get(point.target),
+        "params": json.dumps(params, sort_keys=True), "clients": point.clients,
+        "size": point.size, "flush": params.get("flush", config.flush),
+        "duration": config.duration,
+        "records": int(result.records), "bytes": int(result.bytes),
+        "elapsed": float(result.elapsed), "records_per_s": float(result.records_per_s),
+        "mb_per_s": float(result.mb_per_s),
+        "latency": json.dumps(result.latency_us, sort_keys=True, default=str),
+        "extra": json.dumps(result.extra, sort_keys=True, default=str),
+    }
 
 
 def _run_one(target, targets, config: CompareConfig, base: str, seq: int, run_index: int,
