@@ -100,6 +100,12 @@ class BenchConfig:
     archive_options: dict | None = None  # its storage options (WAL option)
 
     def __post_init__(self) -> None:
+        self._parse()
+        self._check_wal_options()
+        self._check_run()
+
+    def _parse(self) -> None:
+        """Sizes and the flush policy from their text forms (and the first checks on them)."""
         self.path = os.fspath(self.path)
         self.size = parse_size(self.size)
         if self.segment_size is not None:
@@ -115,12 +121,18 @@ class BenchConfig:
             raise ConfigError(f"mode={self.mode!r}: valid values are {', '.join(MODES)}")
         for name in ("buffer_size", "max_wal_size", "preallocate", "gil_release_size"):
             setattr(self, name, parse_size(getattr(self, name)))
+
+    def _check_wal_options(self) -> None:
+        """The WAL's own options, as pmemwal.open would check them."""
         options = self.wal_options()
         # booleans: nothing to check; the archive's options pmemwal.open checks itself
         for name in ("prefault", "background", "archive", "archive_options"):
             del options[name]
         check_wal_options(mode=self.mode, segment_size=self.segment_size,
                           insert_slots=self.insert_slots, **options)
+
+    def _check_run(self) -> None:
+        """The run's own options, and those that do not go together."""
         if not (isinstance(self.clients, int) and self.clients >= 1):
             raise ConfigError(f"clients={self.clients!r}: 1 or more")
         if not self.duration > 0:

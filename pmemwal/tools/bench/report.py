@@ -122,15 +122,13 @@ class BenchResult:
 
     def report(self) -> str:
         """The summary: parameters, then throughput, then latency, then counters."""
+        lines = (self._parameter_lines() + self._throughput_lines() + self._latency_lines()
+                 + self._counter_lines())
+        width = max(len(k) for k, _ in lines) + 1
+        return "\n".join(f"{k + ':':<{width}} {v}".rstrip() for k, v in lines)
+
+    def _parameter_lines(self) -> list[tuple[str, object]]:
         c = self.config
-        step = c.truncate_step(self.segment_size)
-        if c.keep_bytes is None:
-            keep = "all (never truncated)"
-        elif c.checkpoint:
-            keep = (f"{_size_text(c.keep_bytes)}, and from the previous redo point (a "
-                    f"checkpointer thread truncates every {c.checkpoint * 1e3:g} ms)")
-        else:
-            keep = f"{_size_text(c.keep_bytes)} (truncated every {_size_text(step)} appended)"
         fs = f" ({self.probe.fs_type})" if self.probe and self.probe.fs_type else ""
         lines = [
             ("mode", self.mode if c.mode == self.mode else f"{self.mode} (asked: {c.mode})"),
@@ -146,12 +144,25 @@ class BenchResult:
             ("prefault", "yes" if c.prefault else "no"),
             ("warm-up", "none (cold: a fresh WAL, its segments made as it goes)" if c.cold
              else "the WAL filled once and truncated: the run starts on recycled segments"),
-            ("keep", keep),
+            ("keep", self._keep_text()),
         ]
         if self.probe:
             lines.append(("probe verdict", f"{self.probe.recommended_mode}/"
                                            f"{self.probe.persist_method}: {self.probe.reason}"))
-        lines += [
+        return lines
+
+    def _keep_text(self) -> str:
+        c = self.config
+        if c.keep_bytes is None:
+            return "all (never truncated)"
+        if c.checkpoint:
+            return (f"{_size_text(c.keep_bytes)}, and from the previous redo point (a "
+                    f"checkpointer thread truncates every {c.checkpoint * 1e3:g} ms)")
+        step = c.truncate_step(self.segment_size)
+        return f"{_size_text(c.keep_bytes)} (truncated every {_size_text(step)} appended)"
+
+    def _throughput_lines(self) -> list[tuple[str, object]]:
+        lines = [
             ("records", self.records),
             ("bytes", f"{self.bytes} ({self.bytes / 1e6:.1f} MB)"),
             ("elapsed", f"{self.elapsed:.3f} s (final flush {self.final_flush_us:.1f} usec)"),
@@ -159,34 +170,43 @@ class BenchResult:
         ]
         if len(self.per_client_records) > 1:
             lines.append(("records per client", " ".join(map(str, self.per_client_records))))
+        return lines
+
+    def _latency_lines(self) -> list[tuple[str, object]]:
         commit = self.config.flush_every == 1
-        lines.append(("commit latency (usec)" if commit else "append latency (usec)",
-                      self.append_latency.line() if self.append_latency else "-"))
-        lines.append(("flush latency (usec)", self.flush_latency.line() if self.flush_latency
-                      else "- (in the commit)" if commit else "- (no client flushes)"))
-        lines.append(("background flushes", self.background_flushes))
+        return [
+            ("commit latency (usec)" if commit else "append latency (usec)",
+             self.append_latency.line() if self.append_latency else "-"),
+            ("flush latency (usec)", self.flush_latency.line() if self.flush_latency
+             else "- (in the commit)" if commit else "- (no client flushes)"),
+        ]
+
+    def _counter_lines(self) -> list[tuple[str, object]]:
+        lines: list[tuple[str, object]] = [("background flushes", self.background_flushes)]
         appended = self.bytes / self.elapsed
         if self.fresh_segment_rate:
             lines.append(("fresh segments", f"{self.fresh_segment_rate / 1e6:.0f} MB/s made here "
                           f"(this run appended {appended / self.fresh_segment_rate:.2f}x that)"))
-        if self.making_rate and c.keep_bytes is None:
+        if self.making_rate and self.config.keep_bytes is None:
             lines.append(("segments made", f"at {self.making_rate / 1e6:.0f} MB/s in this run "
                           f"(appended {appended / self.making_rate:.2f}x that)"))
         if self.archive:
-            a, rate = self.archive, self.archive_rate
-            lines.append(("archive", f"{a['archive_segments']} segments, "
-                          f"{a['archive_bytes'] / 1e6:.1f} MB archived ("
-                          + (f"{rate / 1e6:.1f} MB/s while archiving, " if rate else "")
-                          + f"{self.archived_per_s / 1e6:.1f} MB/s over the run); "
-                          f"{a['archive_failures']} failures, {a['archive_pending']} segments "
-                          f"pending at the end"))
+            lines.append(("archive", self._archive_text()))
         lines.append(("segments", ", ".join(f"{n} {k}" for k, n in
                                             self.segments_after_warm_up.items())
                       + " after warm-up"))
         lines.append(("wal counters", "(after warm-up)"))
         lines += [(f"  {k}", v) for k, v in self.stats.items()]
-        width = max(len(k) for k, _ in lines) + 1
-        return "\n".join(f"{k + ':':<{width}} {v}".rstrip() for k, v in lines)
+        return lines
+
+    def _archive_text(self) -> str:
+        a, rate = self.archive, self.archive_rate
+        return (f"{a['archive_segments']} segments, "
+                f"{a['archive_bytes'] / 1e6:.1f} MB archived ("
+                + (f"{rate / 1e6:.1f} MB/s while archiving, " if rate else "")
+                + f"{self.archived_per_s / 1e6:.1f} MB/s over the run); "
+                f"{a['archive_failures']} failures, {a['archive_pending']} segments "
+                f"pending at the end")
 
 
 def format_progress(elapsed: float, records_per_s: float, mb_per_s: float,

@@ -69,8 +69,16 @@ class _Run:
     def measure(self, probe: ProbeResult | None,
                 kind: type[_Threads] | type[_Processes]) -> BenchResult:
         """Run the clients (``kind``: threads or processes) until the deadline; the result."""
-        config, wal = self.config, self.wal
         clients = kind(self)
+        start = self._drive(clients)
+        if self.progress and self.config.progress_interval:
+            self._tick(time.perf_counter_ns(), start, clients.snapshots())
+        return self._result(probe, clients, start)
+
+    def _drive(self, clients: _Threads | _Processes) -> int:
+        """Start the clients (and the checkpointer) and the clock, print progress until the
+        deadline, stop them all and raise the first error; the start, perf_counter_ns."""
+        config = self.config
         checkpointer = threading.Thread(target=self._checkpoints, name="bench-checkpointer",
                                         daemon=True) if config.checkpoint else None
         try:
@@ -92,8 +100,12 @@ class _Run:
         for error in clients.errors + [self.checkpoint_error]:
             if error is not None:
                 raise error
-        if self.progress and config.progress_interval:
-            self._tick(time.perf_counter_ns(), start, clients.snapshots())
+        return start
+
+    def _result(self, probe: ProbeResult | None, clients: _Threads | _Processes,
+                start: int) -> BenchResult:
+        """What the stopped clients measured, and the WAL's counters since the warm-up."""
+        config, wal = self.config, self.wal
         end, final_flush = clients.end()
         appends, flushes = clients.timings()
         self._truncate()  # untimed: leave no more than keep_bytes behind
