@@ -342,7 +342,7 @@ def test_the_wal_is_removed_after_the_run_unless_kept(shm_dir: Path) -> None:
 
     config = bench.BenchConfig(wal, duration=0.1, progress_interval=0)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bench, "_warm_up", interrupted)
+        patch.setattr("pmemwal.tools.bench.engine._warm_up", interrupted)
         with pytest.raises(KeyboardInterrupt):
             bench.run(config)
     assert not wal.exists()

@@ -1,0 +1,199 @@
+"""One run's shared state (``_Run``): the clock, truncation by position, the checkpointer,
+the progress lines, and ``measure``, which drives the clients and gathers the result.
+
+The disk stays bounded by position, not by the clock: whenever a client's
+record lands a truncation step (``keep_bytes / 4``, at least a segment) past
+the last truncation, that client truncates the WAL to ``keep_bytes`` behind
+the flushed LSN, between its timed records (inside the elapsed time, outside
+its latency); once more after the final flush.  A clock could not keep up
+with large records: at 1 MiB a 10 ms cadence let the appenders outrun the
+recycled segments and create new ones.  The WAL keeps enough recycled
+segments (``recycle_segments``) for the live window's swing between two
+truncations, and clients that cross a step while another truncates wait for
+it, so after the warm-up no segment is created or removed, whatever the
+record size: the result's ``segments_after_warm_up`` (and ``stats``) count
+from the end of the warm-up.  Truncation only removes durable segments, so
+where clients flush rarely (``end``, large groups) the truncating client
+first flushes whenever more than a step is unflushed; those flushes are
+counted in ``background_flushes`` and are not in any client's latency.
+
+The main thread meanwhile prints a pgbench-style progress line every interval
+(records/s, MB/s and the mean and standard deviation of the per-record
+latency: append, plus the flush where one followed that record).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+import pmemwal
+from pmemwal.device import ProbeResult
+from pmemwal.tools.bench.config import BenchConfig
+from pmemwal.tools.bench.latency import Latency
+from pmemwal.tools.bench.report import BenchResult, format_progress
+
+if TYPE_CHECKING:
+    from pmemwal.tools.bench.clients import _Threads
+    from pmemwal.tools.bench.processes import _Processes
+
+_POLL = 0.05  # s: the main thread's longest sleep, so that a failed client ends the run soon
+ARCHIVE_COUNTERS = ("archive_segments", "archive_bytes", "archive_ns", "archive_failures",
+                    "archive_pending")  # BenchResult.archive: wal.stats()'s, at the run's end
+_GAUGES = ("archive_pending",)  # stats taken as they are at the end, not since the warm-up
+
+Progress = Callable[[dict], None]
+
+
+class _Run:
+    """The state the main thread and the clients share for one run."""
+
+    def __init__(self, config: BenchConfig, wal: pmemwal.WAL, progress: Progress | None,
+                 baseline: dict[str, int]) -> None:
+        self.config, self.wal, self.progress = config, wal, progress
+        self.baseline = baseline  # counters before the run (the warm-up's)
+        self.payload = os.urandom(config.size)
+        self.deadline = 1 << 62  # ns; set for real just before the clients start, 0 stops them
+        self.barrier = threading.Barrier(config.clients + 1)
+        self.background_flushes = 0
+        self.last_tick = (0, 0, 0, 0)  # (time ns, records, latency sum, sum of squares)
+        self.step = config.truncate_step(wal.segment_size)
+        self.next_cut = wal.insert_lsn + self.step if self.step else 1 << 62  # an LSN
+        self.cut_lock = threading.Lock()  # held by the truncating client
+        self.stop_checkpoints = threading.Event()
+        self.checkpoint_error: BaseException | None = None
+
+    def measure(self, probe: ProbeResult | None,
+                kind: type[_Threads] | type[_Processes]) -> BenchResult:
+        """Run the clients (``kind``: threads or processes) until the deadline; the result."""
+        clients = kind(self)
+        start = self._drive(clients)
+        if self.progress and self.config.progress_interval:
+            self._tick(time.perf_counter_ns(), start, clients.snapshots())
+        return self._result(probe, clients, start)
+
+    def _drive(self, clients: _Threads | _Processes) -> int:
+        """Start the clients (and the checkpointer) and the clock, print progress until the
+        deadline, stop them all and raise the first error; the start, perf_counter_ns."""
+        config = self.config
+        checkpointer = threading.Thread(target=self._checkpoints, name="bench-checkpointer",
+                                        daemon=True) if config.checkpoint else None
+        try:
+            clients.start()
+            start = time.perf_counter_ns()
+            self.deadline = start + int(config.duration * 1e9)
+            self.last_tick = (start, 0, 0, 0)
+            if checkpointer:
+                checkpointer.start()
+            clients.go(start)
+            self._report_until_deadline(start, clients)
+            clients.finish()
+        finally:
+            self.deadline = 0
+            clients.stop()
+            if checkpointer:
+                self.stop_checkpoints.set()
+                checkpointer.join()
+        for error in clients.errors + [self.checkpoint_error]:
+            if error is not None:
+                raise error
+        return start
+
+    def _result(self, probe: ProbeResult | None, clients: _Threads | _Processes,
+                start: int) -> BenchResult:
+        """What the stopped clients measured, and the WAL's counters since the warm-up."""
+        config, wal = self.config, self.wal
+        end, final_flush = clients.end()
+        appends, flushes = clients.timings()
+        self._truncate()  # untimed: leave no more than keep_bytes behind
+        per_client = clients.records()
+        records = sum(per_client)
+        stats = {k: v if k in _GAUGES else v - self.baseline.get(k, 0)
+                 for k, v in wal.stats().items()}
+        if config.processes:  # a gauge: those attached during the run, this one included
+            stats["processes"] = clients.attached
+        archive = {k: stats[k] for k in ARCHIVE_COUNTERS} if config.archive else None
+        return BenchResult(
+            config=config, mode=wal.mode, persist_method=wal.persist_method, probe=probe,
+            segment_size=wal.segment_size, records=records, bytes=records * config.size,
+            elapsed=(end - start) / 1e9, final_flush_us=final_flush / 1000,
+            background_flushes=self.background_flushes + clients.background_flushes,
+            per_client_records=per_client,
+            append_latency=Latency.of(appends), flush_latency=Latency.of(flushes),
+            stats=stats, append_histogram=appends.hist, flush_histogram=flushes.hist,
+            archive=archive)
+
+    def _report_until_deadline(self, start: int, clients: _Threads | _Processes) -> None:
+        """Progress lines, from the main thread, until the clients stop."""
+        interval = int(self.config.progress_interval * 1e9) if self.progress else 0
+        next_tick = start + interval if interval else 1 << 63
+        poll = int(_POLL * 1e9)
+        while True:
+            now = time.perf_counter_ns()
+            if now >= self.deadline:  # also 0 when a client failed
+                return
+            if now >= next_tick:
+                self._tick(now, start, clients.snapshots())
+                next_tick += interval
+            clients.sleep(max(min(next_tick, self.deadline, now + poll) - now, 0) / 1e9)
+
+    def cut(self, lsn: int) -> None:
+        """Truncate from a client whose record at ``lsn`` crossed ``next_cut``.
+
+        Other clients that cross it meanwhile wait here rather than append on:
+        a truncation slowed by the GIL or the scheduler must not let them run
+        through the recycled segments and make new ones.
+        """
+        with self.cut_lock:
+            if lsn < self.next_cut:  # another client has just truncated
+                return
+            self._truncate()
+            self.next_cut = lsn + self.step
+
+    def _checkpoints(self) -> None:
+        """The checkpointer thread (``checkpoint``): every interval, truncate to the redo
+        point of the previous checkpoint (the flushed LSN then), keeping ``keep_bytes``
+        behind the flushed LSN as well (PostgreSQL's wal_keep_size)."""
+        wal, keep = self.wal, self.config.keep_bytes
+        redo = wal.flushed_lsn
+        try:
+            while not self.stop_checkpoints.wait(self.config.checkpoint):
+                if wal.insert_lsn - wal.flushed_lsn > keep:  # clients that flush rarely
+                    wal.flush()
+                    self.background_flushes += 1
+                wal.truncate(min(redo, wal.flushed_lsn - keep))
+                redo = wal.flushed_lsn
+        except BaseException as exc:  # reported by measure(); the clients stop at once
+            self.checkpoint_error, self.deadline = exc, 0
+
+    def _truncate(self) -> None:
+        keep, wal = self.config.keep_bytes, self.wal
+        if keep is None:
+            return
+        if wal.insert_lsn - wal.flushed_lsn > (self.step or keep):  # bounds the lag the pool covers
+            wal.flush()
+            self.background_flushes += 1
+        if wal.flushed_lsn > keep:
+            wal.truncate(wal.flushed_lsn - keep)
+
+    def _tick(self, now: int, start: int, snaps: list[tuple]) -> None:
+        n, total, squares = (sum(s[i] for s in snaps) for i in range(3))
+        t0, n0, total0, squares0 = self.last_tick
+        self.last_tick = (now, n, total, squares)
+        seconds, count = (now - t0) / 1e9, n - n0
+        if seconds <= 0:
+            return
+        mean = (total - total0) / count if count else 0.0
+        var = (squares - squares0) / count - mean * mean if count else 0.0
+        line = {
+            "elapsed": (now - start) / 1e9,
+            "records_per_s": count / seconds,
+            "mb_per_s": count * self.config.size / seconds / 1e6,
+            "lat_ms": mean / 1e6,
+            "stddev_ms": math.sqrt(max(var, 0.0)) / 1e6,
+        }
+        line["line"] = format_progress(**line)
+        self.progress(line)
