@@ -1,0 +1,15 @@
+"""Read-only inspection of a WAL directory: list its records, verify it, count it.
+
+Split by concern, one module each (the names other code imports are here):
+
+- view.py: the read-only view of the segments and the record chain.
+"""
+
+from pmemwal.tools.inspect.view import (_NO_SEGMENT, End, Problem, RecordInfo, Records,
+                                        VerifyReport, WalView, archive_status,
+                                        format_archive_status, format_log_fields, format_stats,
+                                        format_summary, parse_lsn, size_histogram, verify,
+                                        wal_stats)
+
+__all__ = ["WalView", "RecordInfo", "Records", "End", "Problem", "VerifyReport", "verify",
+           "wal_stats", "parse_lsn", "format_summary", "format_stats", "size_histogram"]
