@@ -2,14 +2,17 @@
 
 Split by concern, one module each (the names other code imports are here):
 
-- view.py: the read-only view of the segments and the record chain.
+- view.py: the read-only view of the segments and the record chain;
+- verifying.py: ``verify``, what open would refuse or cut (``pmemwal verify``).
 """
 
-from pmemwal.tools.inspect.view import (_NO_SEGMENT, End, Problem, RecordInfo, Records,
-                                        VerifyReport, WalView, archive_status,
-                                        format_archive_status, format_log_fields, format_stats,
-                                        format_summary, parse_lsn, size_histogram, verify,
+from pmemwal.tools.inspect.verifying import VerifyReport, verify
+from pmemwal.tools.inspect.view import (_NO_SEGMENT, End, Problem, RecordInfo, Records, WalView,
+                                        archive_status, format_archive_status, format_log_fields,
+                                        format_stats, format_summary, parse_lsn, size_histogram,
                                         wal_stats)
 
 __all__ = ["WalView", "RecordInfo", "Records", "End", "Problem", "VerifyReport", "verify",
-           "wal_stats", "parse_lsn", "format_summary", "format_stats", "size_histogram"]
+           "wal_stats", "parse_lsn", "format_summary", "format_stats", "size_histogram",
+           # used by cli.py and the tests too
+           "format_log_fields", "archive_status", "format_archive_status", "_NO_SEGMENT"]
