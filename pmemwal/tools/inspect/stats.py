@@ -16,7 +16,8 @@ import numpy as np
 
 from pmemwal.archive import ArchiveStatus
 from pmemwal.errors import format_lsn
-from pmemwal.tools.inspect.view import _LIVE_RETRIES, Problem, WalView
+from pmemwal.tools.inspect.results import _LIVE_RETRIES, Problem
+from pmemwal.tools.inspect.view import WalView
 
 def size_histogram(lengths: np.ndarray) -> list[dict]:
     """Counts of record lengths in buckets 0, 1-8, 9-64, 65-512, ... up to the largest."""

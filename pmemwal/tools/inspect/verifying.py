@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, field
 
 from pmemwal.errors import format_lsn
-from pmemwal.tools.inspect.view import _LIVE_RETRIES, End, Problem, WalView
+from pmemwal.tools.inspect.results import _LIVE_RETRIES, End, Problem
+from pmemwal.tools.inspect.view import WalView
 
 @dataclass
 class VerifyReport:

@@ -42,8 +42,8 @@ import mmap
 import os
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass
-from typing import Iterator, NamedTuple
+from dataclasses import dataclass
+from typing import Iterator
 
 from pmemwal import _core
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
@@ -52,10 +52,9 @@ from pmemwal.log import describe as describe_log_record
 from pmemwal.segments import CHECKPOINT_NAME, RESTORING_NAME, WAL_OWN_NAMES
 from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader, first_lsn,
                             parse_segment_name, segment_name)
+from pmemwal.tools.inspect.results import _END, _LIVE_RETRIES, End, Problem, RecordInfo
 
-_END = (1 << 64) - 1
 _LSN_LIMIT = 1 << 63          # the reader takes a prev-link as a signed 64-bit number
-_LIVE_RETRIES = 8             # re-reads of an end that looked like damage (a writer at work)
 _IGNORED = WAL_OWN_NAMES | {RESTORING_NAME}  # (verify reads a restore's result before)
 _NO_SEGMENT = 1               # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
 _LSN_TEXT = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
@@ -84,89 +83,6 @@ def parse_lsn(text: str) -> int:
             return value
     raise ValueError(f"{text!r} is not an LSN: give X/X (hex, e.g. 0/2018) or a decimal integer "
                      "below 2^64")
-
-
-# ---- results ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Problem:
-    """Something that makes the WAL unsound, and where: ``kind`` is one of
-    foreign, io, header, size, gap, damage."""
-
-    kind: str
-    reason: str
-    segment: int | None = None
-    lsn: int | None = None
-
-    def where(self) -> str:
-        """`` at X/X (segment 000...)``, as much of it as is known."""
-        text = f" at {format_lsn(self.lsn)}" if self.lsn is not None else ""
-        if self.segment is not None:
-            text += f" (segment {self.segment:016X})"
-        return text
-
-    def __str__(self) -> str:
-        return f"{self.where().strip() or 'directory'}: {self.reason}"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-class RecordInfo(NamedTuple):
-    """A valid record: where it is, its payload length, its prev-link, CRC, and the next LSN."""
-
-    lsn: int
-    length: int
-    prev_lsn: int
-    crc: int
-    next_lsn: int
-
-    def as_dict(self) -> dict:
-        return {"type": "record", **self._asdict()}
-
-
-@dataclass(frozen=True)
-class End:
-    """Why reading records stopped.
-
-    ``kind``: ``clean`` (nothing durable past it, nothing to cut), ``torn``
-    (nothing durable past it; ``cut_bytes`` would be zeroed on open), ``damage``
-    (the valid record at ``durable_lsn`` proves that the one at ``lsn`` had been
-    flushed, or ``lsn`` lies before the checkpoint's end: ``durable_lsn`` is that
-    end), ``limit`` (as many records as asked for), ``bad_start`` (no valid
-    record at the chosen start), ``unreadable`` (the chain runs into a segment
-    that is missing or unreadable while later ones exist, or no segment can be read).
-    """
-
-    kind: str
-    lsn: int | None
-    reason: str
-    durable_lsn: int = 0
-    cut_bytes: int = 0
-
-    @property
-    def failed(self) -> bool:
-        """Reading stopped short of the end: damage, a bad start, an unreadable segment."""
-        return self.kind in ("damage", "bad_start", "unreadable")
-
-    def describe(self, segment_size: int | None = None) -> str:
-        at = format_lsn(self.lsn) if self.lsn is not None else "?"
-        if self.kind == "clean":
-            return f"end of WAL at {at}"
-        if self.kind == "torn":
-            return (f"torn tail at {at}: {self.cut_bytes} bytes after the last record would be cut "
-                    "on open")
-        if self.kind == "limit":
-            return f"record limit reached; the next record is at {at}"
-        if self.kind == "damage":
-            seg = f" (segment {self.lsn // segment_size:016X})" if segment_size else ""
-            return f"damage at {at}{seg}: {self.reason}"
-        if self.kind == "bad_start":
-            return f"no valid record at {at}: {self.reason}"
-        return self.reason      # unreadable
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 # ---- the view -------------------------------------------------------------------
