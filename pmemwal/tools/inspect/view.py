@@ -40,7 +40,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator
@@ -48,16 +47,15 @@ from typing import Iterator
 from pmemwal import _core
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
-from pmemwal.log import describe as describe_log_record
 from pmemwal.segments import CHECKPOINT_NAME, RESTORING_NAME, WAL_OWN_NAMES
 from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader, first_lsn,
                             parse_segment_name, segment_name)
+from pmemwal.tools.inspect.dump import RecordLines
 from pmemwal.tools.inspect.results import _END, _LIVE_RETRIES, End, Problem, RecordInfo
 
 _LSN_LIMIT = 1 << 63          # the reader takes a prev-link as a signed 64-bit number
 _IGNORED = WAL_OWN_NAMES | {RESTORING_NAME}  # (verify reads a restore's result before)
 _NO_SEGMENT = 1               # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
-_LSN_TEXT = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
 
 
 def _runs(numbers: list[int]) -> list[tuple[int, int]]:
@@ -71,20 +69,6 @@ def _runs(numbers: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def parse_lsn(text: str) -> int:
-    """An LSN given as ``X/X`` (PostgreSQL's form: high/low 32 bits in hex) or as a decimal integer."""
-    match = _LSN_TEXT.match(text)
-    if match:
-        return int(match.group(1), 16) << 32 | int(match.group(2), 16)
-    stripped = text.strip()
-    if stripped.isdigit():
-        value = int(stripped)
-        if value <= _END:
-            return value
-    raise ValueError(f"{text!r} is not an LSN: give X/X (hex, e.g. 0/2018) or a decimal integer "
-                     "below 2^64")
-
-
 # ---- the view -------------------------------------------------------------------
 
 @dataclass
@@ -95,7 +79,7 @@ class _SegmentFile:
     header: SegmentHeader | None = None
 
 
-class WalView:
+class WalView(RecordLines):
     """A read-only view of the WAL in directory ``path`` (a context manager).
 
     ``segments``: the segment numbers present (all segment files, readable or
@@ -355,18 +339,6 @@ class WalView:
             raise ValueError("no readable segment")
         return self._reader.payload(lsn)
 
-    def holds_log(self) -> bool:
-        """Is the oldest record a log record (pmemwal.Log)?  Then the WAL holds a log."""
-        first = next(iter(self.records(None, 1)), None)
-        return first is not None and self.log_fields(first) is not None
-
-    def log_fields(self, rec: RecordInfo) -> dict | None:
-        """The record's log header (kind, index, term...), None when it is not a log record."""
-        try:
-            return describe_log_record(self.payload(rec.lsn))
-        except ValueError:              # changed since it was read: a writer at work
-            return None
-
     def _hole(self, lsn: int, status: int, bad_lsn: int) -> End | None:
         """The chain runs into a segment that is missing or unreadable while a later one
         exists: it stops short of the end (open raises CorruptionError there too)."""
@@ -415,32 +387,6 @@ class WalView:
         page, in_page = divmod(off, PAGE_SIZE)
         return seg * (size // PAGE_SIZE - 1) * PAGE_USABLE + (page - 1) * PAGE_USABLE + \
             max(in_page - PAGE_HEADER_SIZE, 0)
-
-    def lsn_width(self) -> int:
-        """Characters the largest LSN in these files takes as X/X (for aligned columns)."""
-        return len(format_lsn((self.segments[-1] + 1) * (self.segment_size or PAGE_SIZE) - 1))
-
-    def length_width(self) -> int:
-        """Digits the largest record these files could hold takes."""
-        span = (self.segments[-1] - self.segments[0] + 1) * (self.segment_size or PAGE_SIZE)
-        return len(str(span))
-
-    def format_record(self, rec: RecordInfo, preview: int = 0) -> str:
-        """``lsn: 0/2018  len:   100 prev: 0/0     crc: 0x1234abcd`` (pg_waldump-like, aligned)."""
-        w = self.lsn_width()
-        line = (f"lsn: {format_lsn(rec.lsn):<{w}} len: {rec.length:>{self.length_width()}} "
-                f"prev: {format_lsn(rec.prev_lsn):<{w}} crc: 0x{rec.crc:08x}")
-        if preview > 0:
-            line += f" data: {self.preview(rec, preview)}"
-        return line
-
-    def preview(self, rec: RecordInfo, n: int) -> str:
-        """The first ``n`` payload bytes of a record in hex (``...`` when there are more)."""
-        try:
-            data = self.payload(rec.lsn)[:n] if rec.length and n > 0 else b""
-        except ValueError as exc:       # changed since it was read: a writer at work
-            return f"({exc})"
-        return data.hex() + ("..." if rec.length > n else "")
 
     def close(self) -> None:
         self._reader = None
@@ -546,23 +492,3 @@ class Records:
                 "reason": end.describe(self._view.segment_size) if end else None,
                 "problems": [p.as_dict() for p in self._view.problems],
                 "checkpoint": self._view.checkpoint_dict()}
-
-
-def format_log_fields(fields: dict | None) -> str:
-    """`` log: entry 12 term 3`` for a dump line; `` log: -`` for a record that is not one."""
-    if fields is None:
-        return " log: -"
-    words = [fields["kind"]]
-    for key, value in fields.items():
-        if key != "kind":
-            words.append(str(value) if key == "index" else key if value is True else f"{key} {value}")
-    return " log: " + " ".join(words)
-
-
-def format_summary(summary: dict) -> str:
-    """A dump's last line, from ``Records.summary()``."""
-    def lsn(value):
-        return format_lsn(value) if value is not None else "-"
-    return (f"records: {summary['records']}, payload bytes: {summary['payload_bytes']}, "
-            f"first: {lsn(summary['first_lsn'])}, last: {lsn(summary['last_lsn'])}, "
-            f"end: {lsn(summary['end_lsn'])}; stopped: {summary['reason']}")
