@@ -1,38 +1,16 @@
-"""Read-only inspection of a WAL directory: list its records, verify it, count it.
+"""The read-only view of a WAL: its segments mapped PROT_READ and the record chain followed.
 
-Nothing here writes, locks or repairs.  Segment files are opened O_RDONLY and
-mapped PROT_READ, the LOCK file is never touched, so the tools work on a WAL
-that a writer holds open, and on one that ``pmemwal.open`` would refuse.  They
-imitate what ``open`` does (the same segment checks, the same record chain
-from the first record of the oldest segment, the same torn-tail/damage test
-through the native reader's ``beyond``) but report what it would raise or cut
-instead of doing it:
+``WalView`` stacks the directory's checks (checks.py: what open checks before it reads a
+record) and the dump's lines (dump.py) on the reading: segment files opened O_RDONLY and
+mapped PROT_READ for the native reader, the chain from the first record of the oldest
+segment, and open's torn-tail/damage test through the reader's ``beyond``, reported as
+an End (results.py) instead of acted on.  ``Records`` walks the chain: record by record
+(``dump``), or counted by the native scan (``verify``).
 
-- a *problem* makes the WAL unsound: ``open`` would raise FormatError or
-  CorruptionError for it, or a segment is missing from the middle;
-- a *note* is something ``open`` tidies quietly: a torn tail it would cut,
-  a temp file it would remove.
-
-The checkpoint (``CHECKPOINT``, pmemwal/checkpoint.py) is read, never written:
-``verify`` reads every record as ``open(..., verify="all")`` does, so an end of
-the chain before the checkpoint's end_lsn is damage (those records had been
-made durable), never a torn tail, and a segment missing from the checkpoint's
-oldest_segno up to the one holding its end is a problem (open refuses both).
-A WAL without the file (made before checkpoints) is read as before; one whose
-slots are both invalid is read so too, with a note (open warns and reads it all).
-
-Malformed files never raise: each OSError or FormatError met reading them
-becomes a Problem.  Only a path that is no WAL directory at all raises:
-NotFoundError (nothing there) or FormatError (a file, or no segment files).
-
-On a WAL that a writer is appending to, the end moves while it is read: a
-record still being written looks like damage for a moment.  Before damage is
-reported, the record at the end is read again; if it has become valid, the
-chain is followed further.  A writer truncating the WAL removes or renames its
-oldest segments: one that vanishes while it is read makes ``verify`` and
-``wal_stats`` start again (``dump``, which has printed records by then, says
-where it stopped and why).  Files are never truncated by pmemwal, so a mapped
-segment never shrinks under the reader.
+On a WAL that a writer is appending to, the end moves while it is read: a record still
+being written looks like damage for a moment.  Before damage is reported, the record at
+the end is read again; if it has become valid, the chain is followed further.  Files are
+never truncated by pmemwal, so a mapped segment never shrinks under the reader.
 """
 
 from __future__ import annotations
@@ -40,46 +18,19 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from collections import Counter
-from dataclasses import dataclass
 from typing import Iterator
 
 from pmemwal import _core
-from pmemwal.checkpoint import Checkpoint, CheckpointFile
-from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
-from pmemwal.segments import CHECKPOINT_NAME, RESTORING_NAME, WAL_OWN_NAMES
-from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, SegmentHeader, first_lsn,
-                            parse_segment_name, segment_name)
+from pmemwal.errors import format_lsn
+from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, first_lsn, segment_name
+from pmemwal.tools.inspect.checks import DirectoryChecks
 from pmemwal.tools.inspect.dump import RecordLines
 from pmemwal.tools.inspect.results import _END, _LIVE_RETRIES, End, Problem, RecordInfo
 
-_LSN_LIMIT = 1 << 63          # the reader takes a prev-link as a signed 64-bit number
-_IGNORED = WAL_OWN_NAMES | {RESTORING_NAME}  # (verify reads a restore's result before)
 _NO_SEGMENT = 1               # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
 
 
-def _runs(numbers: list[int]) -> list[tuple[int, int]]:
-    """Sorted numbers as (first, last) runs of consecutive ones."""
-    runs: list[tuple[int, int]] = []
-    for n in numbers:
-        if runs and runs[-1][1] == n - 1:
-            runs[-1] = (runs[-1][0], n)
-        else:
-            runs.append((n, n))
-    return runs
-
-
-# ---- the view -------------------------------------------------------------------
-
-@dataclass
-class _SegmentFile:
-    segno: int
-    size: int = -1               # bytes, -1: unknown
-    allocated: int = 0           # bytes allocated on disk
-    header: SegmentHeader | None = None
-
-
-class WalView(RecordLines):
+class WalView(DirectoryChecks, RecordLines):
     """A read-only view of the WAL in directory ``path`` (a context manager).
 
     ``segments``: the segment numbers present (all segment files, readable or
@@ -95,189 +46,12 @@ class WalView(RecordLines):
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.path.abspath(os.fspath(path))
-        self.problems: list[Problem] = []
-        self.notes: list[str] = []
-        self.segment_size: int | None = None
-        self.wal_id: bytes | None = None
-        self._files: dict[int, _SegmentFile] = {}
-        self.vanished: list[int] = []
         self._maps: dict[int, mmap.mmap] = {}
         self._reader = None
-        self.segments = self._list()
-        self._check_headers()
-        self.readable = sorted(s for s, f in self._files.items() if self._usable_file(f))
-        gaps = self._check_gaps()
-        self.checkpoint: Checkpoint | None = None
-        self.checkpoint_state = "none"
-        self._read_checkpoint(gaps)
+        super().__init__(path)
         if self.segment_size is not None:
             wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
             self._reader = _core.Reader(self.segment_size, wal_id_lo, self._segment)
-
-    # -- opening --
-
-    def _list(self) -> list[int]:
-        if not os.path.lexists(self.path):
-            raise NotFoundError(errno.ENOENT, "no such WAL directory", self.path)
-        if not os.path.isdir(self.path):
-            raise FormatError(f"{self.path} is not a directory (a WAL is a directory of segment files)")
-        try:
-            names = sorted(os.listdir(self.path))
-        except OSError as exc:
-            raise StorageError(exc.errno or errno.EIO,
-                               f"listing {self.path}: {exc.strerror or exc}") from exc
-        segnos, foreign = [], []
-        for name in names:
-            segno = parse_segment_name(name)
-            if segno is not None:
-                segnos.append(segno)
-            elif name.endswith(".wal.tmp") and parse_segment_name(name[:-4]) is not None:
-                self.notes.append(f"temporary file {name} (a segment being made, or left by a "
-                                  "crash: open removes it)")
-            elif name not in _IGNORED:
-                foreign.append(name)
-        if not segnos:
-            what = f" (it holds {', '.join(map(repr, foreign))})" if foreign else ""
-            raise FormatError(f"{self.path} holds no segment files: not a pmemwal WAL{what}")
-        for name in foreign:
-            self.problems.append(Problem("foreign", f"{name!r} is not part of a pmemwal WAL"))
-        return segnos
-
-    def _check_headers(self) -> None:
-        for segno in self.segments:
-            info = self._files[segno] = _SegmentFile(segno)
-            name = segment_name(segno)
-            try:
-                fd = os.open(os.path.join(self.path, name), os.O_RDONLY)
-                try:
-                    st = os.fstat(fd)
-                    info.size, info.allocated = st.st_size, st.st_blocks * 512
-                    data = os.pread(fd, PAGE_SIZE, 0)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                self._io_problem(segno, f"cannot read {name}", exc)
-                continue
-            try:
-                header = SegmentHeader.unpack(data, name)
-            except FormatError as exc:
-                self.problems.append(Problem("header", str(exc).removeprefix(f"{name}: "), segno))
-                continue
-            if header.segno != segno:
-                self.problems.append(Problem("header", f"header says segment {header.segno:016X}",
-                                             segno))
-                continue
-            info.header = header
-        # the WAL's identity: what most valid headers say (the oldest wins a tie)
-        votes = Counter((f.header.segment_size, f.header.wal_id)
-                        for f in self._files.values() if f.header)
-        if not votes:
-            return
-        best = max(votes.values())
-        self.segment_size, self.wal_id = next(
-            (f.header.segment_size, f.header.wal_id) for f in self._files.values()
-            if f.header and votes[f.header.segment_size, f.header.wal_id] == best)
-        for info in self._files.values():
-            self._check_identity(info)
-        self.problems = [Problem(p.kind, p.reason, p.segment, p.segment * self.segment_size)
-                         if p.segment is not None and p.lsn is None
-                         and (p.segment + 1) * self.segment_size <= _LSN_LIMIT else p
-                         for p in self.problems]
-
-    def _check_identity(self, info: _SegmentFile) -> None:
-        size, segno, header = self.segment_size, info.segno, info.header
-        if header is None:
-            return
-        if header.wal_id != self.wal_id:
-            self.problems.append(Problem("header", f"belongs to another WAL (wal_id "
-                                         f"{header.wal_id.hex()}, not {self.wal_id.hex()})",
-                                         segno, segno * size))
-            info.header = None
-        elif header.segment_size != size:
-            self.problems.append(Problem("header", f"says segment size {header.segment_size}, the "
-                                         f"WAL's is {size}", segno, segno * size))
-            info.header = None
-        elif (segno + 1) * size > _LSN_LIMIT:
-            self.problems.append(Problem("header", "segment number out of range", segno))
-            info.header = None
-        elif info.size != size:
-            short = "truncated: " if info.size < size else ""
-            self.problems.append(Problem("size", f"{short}{info.size} bytes, expected {size}",
-                                         segno, segno * size))
-
-    def _usable_file(self, info: _SegmentFile) -> bool:
-        return info.header is not None and info.size >= (self.segment_size or 0)
-
-    def _check_gaps(self) -> set[int]:
-        """Segments missing between two present ones; returns their numbers."""
-        missing: set[int] = set()
-        for before, after in zip(self.segments, self.segments[1:]):
-            if after > before + 1:
-                lo, hi = before + 1, after - 1
-                which = f"{lo:016X}" if lo == hi else f"{lo:016X} to {hi:016X}"
-                lsn = lo * self.segment_size if self.segment_size else None
-                self.problems.append(Problem("gap", f"segment {which} missing between "
-                                             f"{before:016X} and {after:016X}", lo, lsn))
-                missing.update(range(lo, hi + 1))
-        return missing
-
-    def _read_checkpoint(self, gaps: set[int]) -> None:
-        """The checkpoint, read only (after the listing: a truncation writes the one that
-        raises oldest_segno before it removes a segment), and the segments it vouches for:
-        from its oldest_segno to the one holding the byte before its end (recovery's check;
-        the gaps between present segments are reported already)."""
-        path = os.path.join(self.path, CHECKPOINT_NAME)
-        if self.segment_size is None:
-            return
-        try:
-            self.checkpoint = CheckpointFile(self.path, self.wal_id, self.segment_size).read()
-        except OSError as exc:
-            self.checkpoint_state = "unreadable"
-            self.problems.append(Problem("io", f"cannot read {CHECKPOINT_NAME}: "
-                                         f"{exc.strerror or exc}"))
-            return
-        if self.checkpoint is None:
-            if os.path.lexists(path):
-                self.checkpoint_state = "invalid"
-                self.notes.append(f"{CHECKPOINT_NAME} has no valid slot (both torn or damaged, or "
-                                  "another WAL's): open reads every record, with a warning")
-            return
-        self.checkpoint_state = "valid"
-        cp, size = self.checkpoint, self.segment_size
-        last_segno = cp.end_lsn // size - (cp.end_lsn % size == PAGE_SIZE + PAGE_HEADER_SIZE)
-        present = set(self.segments)
-        missing = [n for n in range(cp.oldest_segno, last_segno + 1)
-                   if n not in present and n not in gaps
-                   and not os.path.exists(os.path.join(self.path, segment_name(n)))]
-        # (one that exists now was made after the listing: a writer at work)
-        if not missing:
-            return
-        for lo, hi in _runs(missing):
-            which = f"segment {lo:016X} is" if lo == hi else \
-                f"segments {lo:016X} to {hi:016X} are"
-            self.problems.append(Problem(
-                "gap", f"{which} missing, but the checkpoint says they held records durable up "
-                f"to {format_lsn(cp.end_lsn)}: deleted, with their records", lo, lo * size))
-
-    def checkpoint_dict(self) -> dict | None:
-        """The checkpoint as JSON (None: none valid)."""
-        cp = self.checkpoint
-        if cp is None:
-            return None
-        return {"end_lsn": cp.end_lsn, "last_lsn": cp.last_lsn, "oldest_segno": cp.oldest_segno,
-                "clean": cp.clean, "seq": cp.seq, "time_ns": cp.time_ns}
-
-    def describe_checkpoint(self) -> str:
-        """``checkpoint: end X/X, last X/X, oldest segment 000..., clean`` (or why none)."""
-        cp = self.checkpoint
-        if cp is None:
-            return {"none": "checkpoint: none (a WAL made before checkpoints: open reads every "
-                            "record)",
-                    "invalid": "checkpoint: no valid slot (open reads every record)",
-                    "unreadable": "checkpoint: unreadable"}[self.checkpoint_state]
-        return (f"checkpoint: end {format_lsn(cp.end_lsn)}, last {format_lsn(cp.last_lsn)}, "
-                f"oldest segment {cp.oldest_segno:016X}, {'clean' if cp.clean else 'not clean'}")
 
     # -- reading --
 
@@ -304,15 +78,6 @@ class WalView(RecordLines):
             return None
         self._maps[segno] = seg_map
         return seg_map
-
-    def _io_problem(self, segno: int, what: str, exc: OSError) -> None:
-        if exc.errno == errno.ENOENT:   # a writer truncated or recycled it since the listing
-            self.vanished.append(segno)
-            what = "vanished while being read (a writer truncating the WAL?)"
-        else:
-            what = f"{what}: {exc.strerror or exc}"
-        lsn = segno * self.segment_size if self.segment_size else None
-        self.problems.append(Problem("io", what, segno, lsn))
 
     @property
     def first_segment(self) -> int | None:
