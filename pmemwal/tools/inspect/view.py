@@ -190,13 +190,7 @@ class Records:
         if reader is None or not view.readable:
             self.end = End("unreadable", None, "no segment file can be read")
             return
-        if self.start is None:
-            status, lsn = reader.first_record(view.first_segment)
-            while (status == _NO_SEGMENT and view.readable
-                   and lsn // view.segment_size < view.first_segment):   # the oldest vanished
-                status, lsn = reader.first_record(view.first_segment)
-        else:
-            status, lsn = 0, self.start
+        status, lsn = self._first()
         bad = lsn
         prev = -1
         retries = 0
@@ -227,19 +221,35 @@ class Records:
                         yield RecordInfo(lsn, length, prv, crc, nxt)
                         prev, lsn = lsn, nxt
                         continue
-            if self.count == 0 and self.start is not None:
-                self.end = End("bad_start", lsn, _core.status_text(status))
-                return
-            if not view.readable:           # the last readable file could not be mapped
-                self.end = End("unreadable", lsn, "no segment file can be read")
-                return
-            end = view._hole(lsn, status, bad) or view._classify(lsn, status)
+            end = self._stopped(lsn, status, bad)
             if end.kind == "damage" and retries < _LIVE_RETRIES and reader.read(lsn, prev)[0] == 0:
                 retries += 1                # the record at the end has become valid: a writer
                 status = 0
                 continue
             self.end = end
             return
+
+    def _first(self) -> tuple[int, int]:
+        """(status, lsn) where the walk begins: at ``start``, or at the first record of the
+        oldest readable segment (the next one's, while the oldest vanish under it)."""
+        if self.start is not None:
+            return 0, self.start
+        view = self._view
+        status, lsn = view._reader.first_record(view.first_segment)
+        while (status == _NO_SEGMENT and view.readable
+               and lsn // view.segment_size < view.first_segment):   # the oldest vanished
+            status, lsn = view._reader.first_record(view.first_segment)
+        return status, lsn
+
+    def _stopped(self, lsn: int, status: int, bad: int) -> End:
+        """Why the chain stops at ``lsn``, the first position that does not read (``status``
+        from the reader; ``bad``: where it found the fault)."""
+        view = self._view
+        if self.count == 0 and self.start is not None:
+            return End("bad_start", lsn, _core.status_text(status))
+        if not view.readable:           # the last readable file could not be mapped
+            return End("unreadable", lsn, "no segment file can be read")
+        return view._hole(lsn, status, bad) or view._classify(lsn, status)
 
     def _note(self, lsn: int, count: int, nbytes: int, last: int) -> None:
         if self.first_lsn is None:
