@@ -95,28 +95,7 @@ class DirectoryChecks:
     def _check_headers(self) -> None:
         for segno in self.segments:
             info = self._files[segno] = _SegmentFile(segno)
-            name = segment_name(segno)
-            try:
-                fd = os.open(os.path.join(self.path, name), os.O_RDONLY)
-                try:
-                    st = os.fstat(fd)
-                    info.size, info.allocated = st.st_size, st.st_blocks * 512
-                    data = os.pread(fd, PAGE_SIZE, 0)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                self._io_problem(segno, f"cannot read {name}", exc)
-                continue
-            try:
-                header = SegmentHeader.unpack(data, name)
-            except FormatError as exc:
-                self.problems.append(Problem("header", str(exc).removeprefix(f"{name}: "), segno))
-                continue
-            if header.segno != segno:
-                self.problems.append(Problem("header", f"header says segment {header.segno:016X}",
-                                             segno))
-                continue
-            info.header = header
+            info.header = self._read_header(info)
         # the WAL's identity: what most valid headers say (the oldest wins a tie)
         votes = Counter((f.header.segment_size, f.header.wal_id)
                         for f in self._files.values() if f.header)
@@ -132,6 +111,32 @@ class DirectoryChecks:
                          if p.segment is not None and p.lsn is None
                          and (p.segment + 1) * self.segment_size <= _LSN_LIMIT else p
                          for p in self.problems]
+
+    def _read_header(self, info: _SegmentFile) -> SegmentHeader | None:
+        """The segment's header, its size and allocation noted in ``info`` (None: a problem)."""
+        segno = info.segno
+        name = segment_name(segno)
+        try:
+            fd = os.open(os.path.join(self.path, name), os.O_RDONLY)
+            try:
+                st = os.fstat(fd)
+                info.size, info.allocated = st.st_size, st.st_blocks * 512
+                data = os.pread(fd, PAGE_SIZE, 0)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._io_problem(segno, f"cannot read {name}", exc)
+            return None
+        try:
+            header = SegmentHeader.unpack(data, name)
+        except FormatError as exc:
+            self.problems.append(Problem("header", str(exc).removeprefix(f"{name}: "), segno))
+            return None
+        if header.segno != segno:
+            self.problems.append(Problem("header", f"header says segment {header.segno:016X}",
+                                         segno))
+            return None
+        return header
 
     def _check_identity(self, info: _SegmentFile) -> None:
         size, segno, header = self.segment_size, info.segno, info.header
