@@ -1,0 +1,99 @@
+"""``pmemwal dump``: records listed as lines, like pg_waldump.
+
+A record's line (LSN, length, prev-link, CRC; aligned columns), a preview of its payload,
+its log header when the WAL holds a log (pmemwal.Log), the summary line after the
+records, and the LSN text ``--start`` takes.  ``RecordLines`` is the part of ``WalView``
+(view.py) that makes the lines: it reads through the view's ``segments``,
+``segment_size``, ``payload`` and ``records``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pmemwal.errors import format_lsn
+from pmemwal.format import PAGE_SIZE
+from pmemwal.log import describe as describe_log_record
+from pmemwal.tools.inspect.results import _END, RecordInfo
+
+_LSN_TEXT = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
+
+
+def parse_lsn(text: str) -> int:
+    """An LSN given as ``X/X`` (PostgreSQL's form: high/low 32 bits in hex) or as a decimal integer."""
+    match = _LSN_TEXT.match(text)
+    if match:
+        return int(match.group(1), 16) << 32 | int(match.group(2), 16)
+    stripped = text.strip()
+    if stripped.isdigit():
+        value = int(stripped)
+        if value <= _END:
+            return value
+    raise ValueError(f"{text!r} is not an LSN: give X/X (hex, e.g. 0/2018) or a decimal integer "
+                     "below 2^64")
+
+
+class RecordLines:
+    """A view's records as lines, previews and log headers (a base of WalView, whose
+    ``payload`` and ``records`` it calls)."""
+
+    segments: list[int]
+    segment_size: int | None
+
+    def holds_log(self) -> bool:
+        """Is the oldest record a log record (pmemwal.Log)?  Then the WAL holds a log."""
+        first = next(iter(self.records(None, 1)), None)
+        return first is not None and self.log_fields(first) is not None
+
+    def log_fields(self, rec: RecordInfo) -> dict | None:
+        """The record's log header (kind, index, term...), None when it is not a log record."""
+        try:
+            return describe_log_record(self.payload(rec.lsn))
+        except ValueError:              # changed since it was read: a writer at work
+            return None
+
+    def lsn_width(self) -> int:
+        """Characters the largest LSN in these files takes as X/X (for aligned columns)."""
+        return len(format_lsn((self.segments[-1] + 1) * (self.segment_size or PAGE_SIZE) - 1))
+
+    def length_width(self) -> int:
+        """Digits the largest record these files could hold takes."""
+        span = (self.segments[-1] - self.segments[0] + 1) * (self.segment_size or PAGE_SIZE)
+        return len(str(span))
+
+    def format_record(self, rec: RecordInfo, preview: int = 0) -> str:
+        """``lsn: 0/2018  len:   100 prev: 0/0     crc: 0x1234abcd`` (pg_waldump-like, aligned)."""
+        w = self.lsn_width()
+        line = (f"lsn: {format_lsn(rec.lsn):<{w}} len: {rec.length:>{self.length_width()}} "
+                f"prev: {format_lsn(rec.prev_lsn):<{w}} crc: 0x{rec.crc:08x}")
+        if preview > 0:
+            line += f" data: {self.preview(rec, preview)}"
+        return line
+
+    def preview(self, rec: RecordInfo, n: int) -> str:
+        """The first ``n`` payload bytes of a record in hex (``...`` when there are more)."""
+        try:
+            data = self.payload(rec.lsn)[:n] if rec.length and n > 0 else b""
+        except ValueError as exc:       # changed since it was read: a writer at work
+            return f"({exc})"
+        return data.hex() + ("..." if rec.length > n else "")
+
+
+def format_log_fields(fields: dict | None) -> str:
+    """`` log: entry 12 term 3`` for a dump line; `` log: -`` for a record that is not one."""
+    if fields is None:
+        return " log: -"
+    words = [fields["kind"]]
+    for key, value in fields.items():
+        if key != "kind":
+            words.append(str(value) if key == "index" else key if value is True else f"{key} {value}")
+    return " log: " + " ".join(words)
+
+
+def format_summary(summary: dict) -> str:
+    """A dump's last line, from ``Records.summary()``."""
+    def lsn(value):
+        return format_lsn(value) if value is not None else "-"
+    return (f"records: {summary['records']}, payload bytes: {summary['payload_bytes']}, "
+            f"first: {lsn(summary['first_lsn'])}, last: {lsn(summary['last_lsn'])}, "
+            f"end: {lsn(summary['end_lsn'])}; stopped: {summary['reason']}")
