@@ -28,17 +28,14 @@ import math
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import pmemwal
 from pmemwal.device import ProbeResult
 from pmemwal.tools.bench.config import BenchConfig
-from pmemwal.tools.bench.latency import Latency
+from pmemwal.tools.bench.latency import Latency, _Timings
 from pmemwal.tools.bench.report import BenchResult, format_progress
 
-if TYPE_CHECKING:
-    from pmemwal.tools.bench.clients import _Threads
-    from pmemwal.tools.bench.processes import _Processes
 
 _POLL = 0.05  # s: the main thread's longest sleep, so that a failed client ends the run soon
 ARCHIVE_COUNTERS = ("archive_segments", "archive_bytes", "archive_ns", "archive_failures",
@@ -46,6 +43,24 @@ ARCHIVE_COUNTERS = ("archive_segments", "archive_bytes", "archive_ns", "archive_
 _GAUGES = ("archive_pending",)  # stats taken as they are at the end, not since the warm-up
 
 Progress = Callable[[dict], None]
+
+
+class Clients(Protocol):
+    """What a run drives: clients.py's threads or processes.py's processes (which also
+    count the processes ``attached``), made by ``kind(run)``."""
+
+    background_flushes: int
+
+    @property
+    def errors(self) -> list[BaseException]: ...
+    def start(self) -> None: ...
+    def go(self, start: int) -> None: ...
+    def finish(self) -> None: ...
+    def stop(self) -> None: ...
+    def snapshots(self) -> list[tuple]: ...
+    def records(self) -> list[int]: ...
+    def end(self) -> tuple[int, int]: ...
+    def timings(self) -> tuple[_Timings, _Timings]: ...
 
 
 class _Run:
@@ -67,7 +82,7 @@ class _Run:
         self.checkpoint_error: BaseException | None = None
 
     def measure(self, probe: ProbeResult | None,
-                kind: type[_Threads] | type[_Processes]) -> BenchResult:
+                kind: Callable[[_Run], Clients]) -> BenchResult:
         """Run the clients (``kind``: threads or processes) until the deadline; the result."""
         clients = kind(self)
         start = self._drive(clients)
@@ -75,7 +90,7 @@ class _Run:
             self._tick(time.perf_counter_ns(), start, clients.snapshots())
         return self._result(probe, clients, start)
 
-    def _drive(self, clients: _Threads | _Processes) -> int:
+    def _drive(self, clients: Clients) -> int:
         """Start the clients (and the checkpointer) and the clock, print progress until the
         deadline, stop them all and raise the first error; the start, perf_counter_ns."""
         config = self.config
@@ -102,7 +117,7 @@ class _Run:
                 raise error
         return start
 
-    def _result(self, probe: ProbeResult | None, clients: _Threads | _Processes,
+    def _result(self, probe: ProbeResult | None, clients: Clients,
                 start: int) -> BenchResult:
         """What the stopped clients measured, and the WAL's counters since the warm-up."""
         config, wal = self.config, self.wal
@@ -126,7 +141,7 @@ class _Run:
             stats=stats, append_histogram=appends.hist, flush_histogram=flushes.hist,
             archive=archive)
 
-    def _report_until_deadline(self, start: int, clients: _Threads | _Processes) -> None:
+    def _report_until_deadline(self, start: int, clients: Clients) -> None:
         """Progress lines, from the main thread, until the clients stop."""
         interval = int(self.config.progress_interval * 1e9) if self.progress else 0
         next_tick = start + interval if interval else 1 << 63
