@@ -1,7 +1,7 @@
 """``python -m pmemwal._archiver_process``: the archiver process's entry (pmemwal/archiver.py).
 
-Apart from pmemwal.archiver, which the package imports, so that ``-m`` does not run
-a module that is already imported."""
+Apart from pmemwal.archiver, so that ``-m`` never runs a module that is already imported
+(a WAL that archives imports it in the parent)."""
 
 import sys
 

@@ -28,8 +28,8 @@ from pmemwal.tools import traced as _traced
 from pmemwal.tools.torture import driver as _torture
 from pmemwal.tools.torture import shared as _shared_torture
 from pmemwal.tools.torture import setups as _torture_setups
-from pmemwal.wal import PERSIST
 from pmemwal.tools.torture.workloads import WORKLOADS as _TORTURE_WORKLOADS
+from pmemwal.wal import PERSIST
 
 
 class _Parsed(click.ParamType):
