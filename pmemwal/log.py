@@ -24,9 +24,9 @@ import numpy as np
 
 from pmemwal.errors import (ConfigError, CorruptionError, LogIndexError, TermError,
                             WALError, format_lsn)
-from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, RESET, REWIND,
-                                SNAPSHOT, STATE, VERSION, Entry, HardState, describe, encode_state,
-                                entry_of)
+from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, MAX_INDEX,
+                                MAX_TERM, RESET, REWIND, SNAPSHOT, STATE, VERSION, Entry,
+                                HardState, describe, encode_state, entry_of, out_of_range)
 from pmemwal.log_index import IndexFiles, TieredIndex
 from pmemwal.log_replay import LogReplay, _span
 from pmemwal.wal import WAL, WALOptions, _weak
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 _ENTRY_PREFIX = HEADER.pack(MAGIC, VERSION, ENTRY, 0, 0, 0)[:8]  # an entry's header: this, then
-_INDEX_TERM = struct.Struct("<QQ")                              # its index and term
+_INDEX_TERM = struct.Struct("<qQ")  # its index and term (q: an index past MAX_INDEX fails to pack)
 
 
 class _Keep(Enum):
@@ -105,7 +105,11 @@ class Log(LogReplay):
                 raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             ix = self._index
             index = ix.next
-            lsn = self.wal.append_prefixed(_ENTRY_PREFIX + _INDEX_TERM.pack(index, term), payload)
+            try:  # (free on the hot path: a term or an index beyond the format fails to pack)
+                head = _ENTRY_PREFIX + _INDEX_TERM.pack(index, term)
+            except struct.error:
+                raise out_of_range(index, term) from None
+            lsn = self.wal.append_prefixed(head, payload)
             ix.push(lsn, term)
             self._last_term, self._known = term, True
         if sync:  # outside the lock: threads appending at once share flushes (group commit)
@@ -120,8 +124,11 @@ class Log(LogReplay):
             if term < self._last_term:
                 raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             first = self._index.next
-            records = [b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(first + i, term), p))
-                       for i, p in enumerate(payloads)]
+            try:
+                records = [b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(first + i, term), p))
+                           for i, p in enumerate(payloads)]
+            except struct.error:
+                raise out_of_range(MAX_INDEX + 1, term) from None  # (the first that fails)
             if not records:
                 return np.empty(0, np.int64)
             lsns = self.wal.append_many(records)
@@ -188,8 +195,11 @@ class Log(LogReplay):
         returns how many segments went."""
         with self._lock:
             self._check_open()
-            if index < 0 or term < 0:
-                raise LogIndexError(f"reset({index}, {term}): index and term are 0 or more")
+            if not 0 <= term <= MAX_TERM:
+                raise out_of_range(index, term)
+            if not 0 <= index < MAX_INDEX:  # (the next entry's index must fit too)
+                raise LogIndexError(f"reset({index}, {term}): the index is 0..2**63-2, so "
+                                    "that the next entry's fits")
             return self._write_snapshot(index, term, True, None)
 
     def _write_snapshot(self, index: int, term: int, reset: bool, keep_lsn: int | None) -> int:
@@ -231,8 +241,11 @@ class Log(LogReplay):
                             old.commit if commit is _KEEP else int(commit))
             if new.term < old.term:
                 raise TermError(f"set_state(term={new.term}): the current term is {old.term}")
-            if new.commit < 0:
-                raise LogIndexError(f"set_state(commit={new.commit}): 0 or more")
+            if new.term > MAX_TERM:
+                raise out_of_range(0, new.term)
+            if not 0 <= new.commit <= MAX_INDEX:
+                raise LogIndexError(f"set_state(commit={new.commit}): an entry index, "
+                                    "0..2**63-1")
             record = encode_state(new)
             self._state_lsn = self.wal.append(record, True)
             self._state, self._state_record = new, record
@@ -248,7 +261,13 @@ class Log(LogReplay):
             record = self._record(ix.lsn_at(index))
             return entry_of(index, record, self.wal.segment_size)
 
-    __getitem__ = entry
+    def __getitem__(self, index: int) -> Entry:
+        """``log[i]``: entry ``i``, as ``entry``; a slice is refused (``entries(start, stop)``
+        iterates a range without holding it all)."""
+        if isinstance(index, slice):
+            raise LogIndexError(f"log[{index.start}:{index.stop}]: a Log takes one entry index; "
+                                "log.entries(start, stop) iterates a range")
+        return self.entry(index)
 
     def entries(self, start: int | None = None, stop: int | None = None) -> Iterator[Entry]:
         """The entries from ``start`` (None: the first) to before ``stop`` (None: the end),

@@ -413,3 +413,34 @@ def test_a_sync_fault_in_truncate_after_leaves_a_log_that_reopens(tmp_path, mode
     with pmemwal.open_log(path, mode=mode) as log:
         assert [bytes(e.payload) for e in log][-1] == b"after"
         assert [e.index for e in log] == list(range(1, log.last_index + 1))
+
+
+def test_values_beyond_the_format_raise_typed_errors(wal_dir: Path) -> None:
+    """Terms are u64 fields, indexes and the commit index below 2**63 (append_many's int64
+    answer): a value past them is the caller's error, typed, and writes nothing."""
+    big = 1 << 64
+    with open_log(wal_dir) as log:
+        log.append(b"a", term=1)
+        for call in (lambda: log.append(b"x", term=big),
+                     lambda: log.append_many([b"x"], term=big),
+                     lambda: log.reset(5, big),
+                     lambda: log.set_state(term=big)):
+            with pytest.raises(pmemwal.TermError, match="64"):
+                call()
+        for call in (lambda: log.reset(big, 1), lambda: log.reset((1 << 63) - 1, 1),
+                     lambda: log.set_state(commit=big)):
+            with pytest.raises(pmemwal.LogIndexError, match="2\\*\\*63"):
+                call()
+        with pytest.raises(pmemwal.LogIndexError, match="entries"):
+            log[1:2]
+        assert contents(log) == [(1, 1, b"a")] and log.state == pmemwal.log.HardState()
+        log.reset((1 << 63) - 2, (1 << 64) - 1)  # the largest of each still fits
+        assert log.append(b"last", term=(1 << 64) - 1) == (1 << 63) - 1
+        for call in (lambda: log.append(b"past", term=(1 << 64) - 1),
+                     lambda: log.append_many([b"past"], term=(1 << 64) - 1)):
+            with pytest.raises(pmemwal.LogIndexError, match="2\\*\\*63"):
+                call()
+        log.set_state(term=(1 << 64) - 1, commit=(1 << 63) - 1)
+    with open_log(wal_dir) as log:
+        assert contents(log) == [((1 << 63) - 1, (1 << 64) - 1, b"last")]
+        assert log.state == ((1 << 64) - 1, None, (1 << 63) - 1)
