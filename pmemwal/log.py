@@ -68,6 +68,7 @@ class Log(LogReplay):
 
     def __init__(self, path: str | os.PathLike[str], **wal_options: Unpack[WALOptions]) -> None:
         self._lock = threading.Lock()
+        self._closing = False                   # close has begun: the writer waits no more
         self._snapshot = (0, 0)                 # (index, term) of the last compacted entry
         self._state = HardState()
         self._state_record = None
@@ -350,6 +351,7 @@ class Log(LogReplay):
 
     def close(self) -> None:
         """Flush what was appended, store the index and close the WAL; closing twice is fine."""
+        self._closing = True  # (before the lock: a background index checkpoint waiting gives up)
         with self._lock:
             try:
                 if not self.wal.closed:
