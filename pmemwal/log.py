@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 _ENTRY_PREFIX = HEADER.pack(MAGIC, VERSION, ENTRY, 0, 0, 0)[:8]  # an entry's header: this, then
+_ENTRIES_CHUNK = 4096                   # LSNs entries() takes from the index at a time
 _INDEX_TERM = struct.Struct("<qQ")  # its index and term (q: an index past MAX_INDEX fails to pack)
 
 
@@ -271,37 +272,67 @@ class Log(LogReplay):
         return self.entry(index)
 
     def entries(self, start: int | None = None, stop: int | None = None) -> Iterator[Entry]:
-        """The entries from ``start`` (None: the first) to before ``stop`` (None: the end),
-        as they are when the call is made."""
+        """The entries from ``start`` (None: the first) to before ``stop`` (None: the end)
+        there when the iteration begins: entries appended meanwhile are not in it, and one
+        it has yet to yield that a compaction, rewind or reset voids meanwhile raises
+        LogIndexError (never a voided entry).  The index is read a chunk at a time, so
+        memory and the time the log's lock is held do not follow the range."""
         with self._lock:
             self._check_open()
             ix = self._index
             start = ix.first if start is None else max(start, ix.first)
             stop = ix.next if stop is None else min(stop, ix.next)
-            if start >= stop:
-                return
-            lsns = ix.lsns(start, stop).tolist()
+            horizon = self.wal.insert_lsn  # an entry at or past it came after this call
+        if start >= stop:
+            return
         # One pass over the WAL from the first entry, stepping over the records in between
         # that are not these entries (voided ones, rewinds, markers, states).
-        want = 0
+        index, ix, segment_size = start, self._index, self.wal.segment_size
+        lsns, changes = self._entry_lsns(index, stop, horizon)
+        want, at = lsns[0], 0
         try:
-            self._record(lsns[0])  # the first must read: a start that does not is damage
-            for record in self.wal.records(lsns[0]):
-                if record.lsn > lsns[want]:
-                    break  # the chain passed the LSN the index names: no record starts there
-                if record.lsn == lsns[want]:
-                    yield entry_of(start + want, record, self.wal.segment_size)
-                    want += 1
-                    if want == len(lsns):
-                        return
+            self._record(want)  # the first must read: a start that does not is damage
+            for record in self.wal.records(want):
+                if record.lsn != want:
+                    if record.lsn < want:
+                        continue
+                    raise self._no_record(index, want)  # no record starts where it names
+                yield entry_of(index, record, segment_size)
+                index, at = index + 1, at + 1
+                if index == stop:
+                    return
+                if at == len(lsns) or ix.changes != changes:  # (a rewind, compaction or
+                    lsns, changes = self._entry_lsns(index, stop, horizon)  # reset meanwhile)
+                    at = 0
+                want = lsns[at]
+            raise self._no_record(index, want)  # the chain ended before it
         except CorruptionError:
-            self._check_not_compacted(start + want)
+            self._check_not_compacted(index)
             raise
-        self._check_not_compacted(start + want)
-        lsn = lsns[want]
-        raise CorruptionError(lsn, lsn // self.wal.segment_size, f"the log's index names "
-                              f"{format_lsn(lsn)} for entry {start + want}, and no record of "
-                              "the WAL's chain starts there")
+
+    def _entry_lsns(self, start: int, stop: int, horizon: int) -> tuple[list[int], int]:
+        """Under the lock, the LSNs of up to a chunk of entries from ``start`` to before
+        ``stop`` (or the end) for an iteration that began at insert position ``horizon``,
+        and the index's count of changes then; LogIndexError when entry ``start`` went."""
+        with self._lock:
+            self._check_open()
+            ix = self._index
+            if not ix.first <= start < ix.next:
+                raise self._went(start)
+            lsns = ix.lsns(start, min(stop, start + _ENTRIES_CHUNK, ix.next))
+            changes = ix.changes
+        later = lsns >= horizon  # voided, and the index appended again since
+        if later.any():
+            raise self._went(start + int(np.argmax(later)))
+        return lsns.tolist(), changes
+
+    def _no_record(self, index: int, lsn: int) -> WALError:
+        """The chain passed (or ended before) the LSN the index names for entry ``index``:
+        it went meanwhile (LogIndexError), or no record starts there (damage)."""
+        self._check_not_compacted(index)
+        return CorruptionError(lsn, lsn // self.wal.segment_size, f"the log's index names "
+                               f"{format_lsn(lsn)} for entry {index}, and no record of the "
+                               "WAL's chain starts there")
 
     def _check_not_compacted(self, index: int) -> None:
         """LogIndexError if entry ``index``, which an iteration was reading, went in a
@@ -309,9 +340,12 @@ class Log(LogReplay):
         with self._lock:
             gone = index < self._index.first or index >= self._index.next
         if gone:
-            raise LogIndexError(f"entry {index} went while entries() was reading it (a "
-                                f"compaction, rewind or reset meanwhile): entries are now "
-                                f"{_span(self._index)}")
+            raise self._went(index)
+
+    def _went(self, index: int) -> LogIndexError:
+        return LogIndexError(f"entry {index} went while entries() was reading it (a "
+                             f"compaction, rewind or reset meanwhile): entries are now "
+                             f"{_span(self._index)}")
 
     def __iter__(self) -> Iterator[Entry]:
         return self.entries()

@@ -444,3 +444,69 @@ def test_values_beyond_the_format_raise_typed_errors(wal_dir: Path) -> None:
     with open_log(wal_dir) as log:
         assert contents(log) == [((1 << 63) - 1, (1 << 64) - 1, b"last")]
         assert log.state == ((1 << 64) - 1, None, (1 << 63) - 1)
+
+
+def test_entries_holds_a_bounded_part_of_the_index_at_a_time(wal_dir: Path) -> None:
+    """entries() reads the index a bounded chunk at a time: starting an iteration over
+    200,000 entries costs a chunk's memory, not a list of every LSN (taken under the
+    log's lock, which appends wait for)."""
+    import tracemalloc
+
+    with open_log(wal_dir) as log:
+        for _ in range(20):
+            log.append_many([b"%08d" % i for i in range(10_000)], term=1)
+        log.checkpoint()                    # half of them from the mapped index files
+        log.append_many([b"%08d" % i for i in range(100_000)], term=1)
+        tracemalloc.start()
+        try:
+            it = log.entries()
+            assert next(it).index == 1
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 512 << 10, f"the first entry took {peak} bytes"
+        assert sum(1 for _ in it) == 299_999
+
+
+def test_entries_meeting_appends_and_rewinds(wal_dir: Path) -> None:
+    """What entries() yields is the entries there when it began: appends meanwhile are not
+    in it, a rewind above where it stops changes nothing, and one that voids an entry it has
+    yet to yield is a LogIndexError, never a voided entry nor another entry's bytes."""
+    chunk = pmemwal.log._ENTRIES_CHUNK
+    n = 3 * chunk
+    with open_log(wal_dir) as log:
+        log.append_many([b"a%d" % i for i in range(1, n + 1)], term=1)
+        seen = []
+        for e in log.entries(1, n - 10):
+            seen.append((e.index, e.term, bytes(e.payload)))
+            if e.index % 1000 == 0:
+                log.append(b"new", term=2)  # past the end: not in this iteration
+        assert seen == [(i, 1, b"a%d" % i) for i in range(1, n - 10)]
+        it = log.entries(1, n - 10)
+        assert next(it).index == 1
+        log.truncate_after(n - 5)           # above its stop: nothing it yields goes
+        assert [e.index for e in it] == list(range(2, n - 10))
+        it = log.entries()
+        for e in it:
+            if e.index == chunk // 2:
+                break
+        log.truncate_after(2 * chunk)       # voids entries it has yet to reach ...
+        log.append_many([b"b"] * chunk, term=3)  # ... and their indexes name others now
+        with pytest.raises(pmemwal.LogIndexError, match="went while entries"):
+            for e in it:
+                assert e.term == 1 and bytes(e.payload) == b"a%d" % e.index
+        it = log.entries()
+        assert next(it).index == 1
+        log.truncate_after(10)              # within the part of the index it has read
+        got = []
+        with pytest.raises(pmemwal.LogIndexError, match="entry 11 went while entries"):
+            for e in it:
+                got.append(e.index)
+        assert got == list(range(2, 11))
+        log.append_many([b"a%d" % i for i in range(11, n + 1)], term=3)
+        it = log.entries()
+        assert next(it).index == 1
+        log.truncate_after(chunk)           # no entry appended after: they went
+        with pytest.raises(pmemwal.LogIndexError, match=f"entry {chunk + 1} went while"):
+            for e in it:
+                assert bytes(e.payload) == b"a%d" % e.index
