@@ -407,3 +407,26 @@ def test_background_index_rounds_keep_up_with_unsynced_appends(wal_dir, monkeypa
         assert log._index.heap.count == 0
     with pmemwal.open_log(wal_dir, segment_size=1 << 20) as log:
         assert log.replayed_from is not None
+
+
+def test_close_ends_a_background_index_round_waiting_for_the_lock(wal_dir, monkeypatch):
+    """close holds the log's lock while it stops the WAL's writer: a round of that writer
+    waiting for the lock gives up once close has begun, whatever its wait."""
+    monkeypatch.setattr(log_replay, "_WRITER_WAIT", 3600.0)
+    log = pmemwal.open_log(wal_dir, segment_size=1 << 20, background=False)
+    log.append_many([b"x"] * 100, term=1)
+    log._lock.acquire()
+    round_ = threading.Thread(target=log._background_index_checkpoint, args=(0,))
+    round_.start()
+    while round_.is_alive() and not _waiting_for_the_lock(round_):
+        pass
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    round_.join(60)                         # (a bound on a hang, not a timing)
+    assert not round_.is_alive(), "the round still waits for a log that is closing"
+    assert log._files.last_seq == 0
+    log._lock.release()
+    closer.join()
+    assert log.closed
+    with pmemwal.open_log(wal_dir, segment_size=1 << 20) as log:
+        assert log.replayed_from is not None and len(log) == 100
