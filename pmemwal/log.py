@@ -24,9 +24,9 @@ import numpy as np
 
 from pmemwal.errors import (ConfigError, CorruptionError, LogIndexError, TermError,
                             WALError, format_lsn)
-from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, RESET, REWIND,
-                                SNAPSHOT, STATE, VERSION, Entry, HardState, describe, encode_state,
-                                entry_of)
+from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, MAX_INDEX,
+                                MAX_TERM, RESET, REWIND, SNAPSHOT, STATE, VERSION, Entry,
+                                HardState, describe, encode_state, entry_of, out_of_range)
 from pmemwal.log_index import IndexFiles, TieredIndex
 from pmemwal.log_replay import LogReplay, _span
 from pmemwal.wal import WAL, WALOptions, _weak
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 _ENTRY_PREFIX = HEADER.pack(MAGIC, VERSION, ENTRY, 0, 0, 0)[:8]  # an entry's header: this, then
-_INDEX_TERM = struct.Struct("<QQ")                              # its index and term
+_ENTRIES_CHUNK = 4096                   # LSNs entries() takes from the index at a time
+_INDEX_TERM = struct.Struct("<qQ")  # its index and term (q: an index past MAX_INDEX fails to pack)
 
 
 class _Keep(Enum):
@@ -68,6 +69,7 @@ class Log(LogReplay):
 
     def __init__(self, path: str | os.PathLike[str], **wal_options: Unpack[WALOptions]) -> None:
         self._lock = threading.Lock()
+        self._closing = False                   # close has begun: the writer waits no more
         self._snapshot = (0, 0)                 # (index, term) of the last compacted entry
         self._state = HardState()
         self._state_record = None
@@ -105,7 +107,11 @@ class Log(LogReplay):
                 raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             ix = self._index
             index = ix.next
-            lsn = self.wal.append_prefixed(_ENTRY_PREFIX + _INDEX_TERM.pack(index, term), payload)
+            try:  # (free on the hot path: a term or an index beyond the format fails to pack)
+                head = _ENTRY_PREFIX + _INDEX_TERM.pack(index, term)
+            except struct.error:
+                raise out_of_range(index, term) from None
+            lsn = self.wal.append_prefixed(head, payload)
             ix.push(lsn, term)
             self._last_term, self._known = term, True
         if sync:  # outside the lock: threads appending at once share flushes (group commit)
@@ -120,8 +126,11 @@ class Log(LogReplay):
             if term < self._last_term:
                 raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             first = self._index.next
-            records = [b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(first + i, term), p))
-                       for i, p in enumerate(payloads)]
+            try:
+                records = [b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(first + i, term), p))
+                           for i, p in enumerate(payloads)]
+            except struct.error:
+                raise out_of_range(MAX_INDEX + 1, term) from None  # (the first that fails)
             if not records:
                 return np.empty(0, np.int64)
             lsns = self.wal.append_many(records)
@@ -188,8 +197,11 @@ class Log(LogReplay):
         returns how many segments went."""
         with self._lock:
             self._check_open()
-            if index < 0 or term < 0:
-                raise LogIndexError(f"reset({index}, {term}): index and term are 0 or more")
+            if not 0 <= term <= MAX_TERM:
+                raise out_of_range(index, term)
+            if not 0 <= index < MAX_INDEX:  # (the next entry's index must fit too)
+                raise LogIndexError(f"reset({index}, {term}): the index is 0..2**63-2, so "
+                                    "that the next entry's fits")
             return self._write_snapshot(index, term, True, None)
 
     def _write_snapshot(self, index: int, term: int, reset: bool, keep_lsn: int | None) -> int:
@@ -231,8 +243,11 @@ class Log(LogReplay):
                             old.commit if commit is _KEEP else int(commit))
             if new.term < old.term:
                 raise TermError(f"set_state(term={new.term}): the current term is {old.term}")
-            if new.commit < 0:
-                raise LogIndexError(f"set_state(commit={new.commit}): 0 or more")
+            if new.term > MAX_TERM:
+                raise out_of_range(0, new.term)
+            if not 0 <= new.commit <= MAX_INDEX:
+                raise LogIndexError(f"set_state(commit={new.commit}): an entry index, "
+                                    "0..2**63-1")
             record = encode_state(new)
             self._state_lsn = self.wal.append(record, True)
             self._state, self._state_record = new, record
@@ -248,40 +263,76 @@ class Log(LogReplay):
             record = self._record(ix.lsn_at(index))
             return entry_of(index, record, self.wal.segment_size)
 
-    __getitem__ = entry
+    def __getitem__(self, index: int) -> Entry:
+        """``log[i]``: entry ``i``, as ``entry``; a slice is refused (``entries(start, stop)``
+        iterates a range without holding it all)."""
+        if isinstance(index, slice):
+            raise LogIndexError(f"log[{index.start}:{index.stop}]: a Log takes one entry index; "
+                                "log.entries(start, stop) iterates a range")
+        return self.entry(index)
 
     def entries(self, start: int | None = None, stop: int | None = None) -> Iterator[Entry]:
-        """The entries from ``start`` (None: the first) to before ``stop`` (None: the end),
-        as they are when the call is made."""
+        """The entries from ``start`` (None: the first) to before ``stop`` (None: the end)
+        there when the iteration begins: entries appended meanwhile are not in it, and one
+        it has yet to yield that a compaction, rewind or reset voids meanwhile raises
+        LogIndexError (never a voided entry).  The index is read a chunk at a time, so
+        memory and the time the log's lock is held do not follow the range."""
         with self._lock:
             self._check_open()
             ix = self._index
             start = ix.first if start is None else max(start, ix.first)
             stop = ix.next if stop is None else min(stop, ix.next)
-            if start >= stop:
-                return
-            lsns = ix.lsns(start, stop).tolist()
+            horizon = self.wal.insert_lsn  # an entry at or past it came after this call
+        if start >= stop:
+            return
         # One pass over the WAL from the first entry, stepping over the records in between
         # that are not these entries (voided ones, rewinds, markers, states).
-        want = 0
+        index, ix, segment_size = start, self._index, self.wal.segment_size
+        lsns, changes = self._entry_lsns(index, stop, horizon)
+        want, at = lsns[0], 0
         try:
-            self._record(lsns[0])  # the first must read: a start that does not is damage
-            for record in self.wal.records(lsns[0]):
-                if record.lsn > lsns[want]:
-                    break  # the chain passed the LSN the index names: no record starts there
-                if record.lsn == lsns[want]:
-                    yield entry_of(start + want, record, self.wal.segment_size)
-                    want += 1
-                    if want == len(lsns):
-                        return
+            self._record(want)  # the first must read: a start that does not is damage
+            for record in self.wal.records(want):
+                if record.lsn != want:
+                    if record.lsn < want:
+                        continue
+                    raise self._no_record(index, want)  # no record starts where it names
+                yield entry_of(index, record, segment_size)
+                index, at = index + 1, at + 1
+                if index == stop:
+                    return
+                if at == len(lsns) or ix.changes != changes:  # (a rewind, compaction or
+                    lsns, changes = self._entry_lsns(index, stop, horizon)  # reset meanwhile)
+                    at = 0
+                want = lsns[at]
+            raise self._no_record(index, want)  # the chain ended before it
         except CorruptionError:
-            self._check_not_compacted(start + want)
+            self._check_not_compacted(index)
             raise
-        self._check_not_compacted(start + want)
-        lsn = lsns[want]
-        raise CorruptionError(lsn, lsn // self.wal.segment_size, f"the log's index names "
-                              f"{format_lsn(lsn)} for entry {start + want}, and no record of "
-                              "the WAL's chain starts there")
+
+    def _entry_lsns(self, start: int, stop: int, horizon: int) -> tuple[list[int], int]:
+        """Under the lock, the LSNs of up to a chunk of entries from ``start`` to before
+        ``stop`` (or the end) for an iteration that began at insert position ``horizon``,
+        and the index's count of changes then; LogIndexError when entry ``start`` went."""
+        with self._lock:
+            self._check_open()
+            ix = self._index
+            if not ix.first <= start < ix.next:
+                raise self._went(start)
+            lsns = ix.lsns(start, min(stop, start + _ENTRIES_CHUNK, ix.next))
+            changes = ix.changes
+        later = lsns >= horizon  # voided, and the index appended again since
+        if later.any():
+            raise self._went(start + int(np.argmax(later)))
+        return lsns.tolist(), changes
+
+    def _no_record(self, index: int, lsn: int) -> WALError:
+        """The chain passed (or ended before) the LSN the index names for entry ``index``:
+        it went meanwhile (LogIndexError), or no record starts there (damage)."""
+        self._check_not_compacted(index)
+        return CorruptionError(lsn, lsn // self.wal.segment_size, f"the log's index names "
+                               f"{format_lsn(lsn)} for entry {index}, and no record of the "
+                               "WAL's chain starts there")
 
     def _check_not_compacted(self, index: int) -> None:
         """LogIndexError if entry ``index``, which an iteration was reading, went in a
@@ -289,9 +340,12 @@ class Log(LogReplay):
         with self._lock:
             gone = index < self._index.first or index >= self._index.next
         if gone:
-            raise LogIndexError(f"entry {index} went while entries() was reading it (a "
-                                f"compaction, rewind or reset meanwhile): entries are now "
-                                f"{_span(self._index)}")
+            raise self._went(index)
+
+    def _went(self, index: int) -> LogIndexError:
+        return LogIndexError(f"entry {index} went while entries() was reading it (a "
+                             f"compaction, rewind or reset meanwhile): entries are now "
+                             f"{_span(self._index)}")
 
     def __iter__(self) -> Iterator[Entry]:
         return self.entries()
@@ -331,6 +385,7 @@ class Log(LogReplay):
 
     def close(self) -> None:
         """Flush what was appended, store the index and close the WAL; closing twice is fine."""
+        self._closing = True  # (before the lock: a background index checkpoint waiting gives up)
         with self._lock:
             try:
                 if not self.wal.closed:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
-from pmemwal.errors import CorruptionError, FormatError, format_lsn
+from pmemwal.errors import CorruptionError, FormatError, LogIndexError, TermError, format_lsn
 
 if TYPE_CHECKING:
     from pmemwal.wal import Record
@@ -35,6 +35,8 @@ RESET = 1                                   # snapshot aux: the log was reset, n
 VOTE_NONE, VOTE_INT, VOTE_STR, VOTE_BYTES = 0, 1, 2, 3  # state aux: the vote's encoding
 HEADER = struct.Struct("<HBBIQQ")
 HEADER_SIZE = HEADER.size                   # 24
+MAX_TERM = (1 << 64) - 1                    # a term is a u64 field
+MAX_INDEX = (1 << 63) - 1                   # an index is too, but append_many answers int64
 HEADER_DTYPE = np.dtype([("magic", "<u2"), ("version", "u1"), ("kind", "u1"), ("aux", "<u4"),
                          ("index", "<u8"), ("term", "<u8")])
 
@@ -54,6 +56,14 @@ class HardState(NamedTuple):
     vote: int | str | bytes | None = None
     commit: int = 0
 
+
+
+def out_of_range(index: int, term: int) -> LogIndexError | TermError:
+    """The error for an entry's index or term that its header cannot hold (or a negative
+    index: never the log's)."""
+    if not 0 <= term <= MAX_TERM:
+        return TermError(f"term {term} does not fit the log: terms are 0..2**64-1")
+    return LogIndexError(f"entry {index} does not fit the log: indexes are 0..2**63-1")
 
 
 def entry_of(index: int, record: Record, segment_size: int) -> Entry:

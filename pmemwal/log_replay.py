@@ -35,6 +35,7 @@ compacts and reads on top of it.  The record format is log_format.py's.
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -49,6 +50,7 @@ from pmemwal.recovery import RecoveryWarning
 from pmemwal.wal import WAL, Record
 
 _SCAN_BATCH = 1 << 16                       # records per native call on open
+_WRITER_WAIT = 0.5      # seconds a background index checkpoint waits for the log's lock
 # _capture's: the index's state, its entries not stored yet (start, LSNs, terms), and its
 # count of changes then
 _Captured = tuple[IndexState, int, np.ndarray, np.ndarray, int]
@@ -59,6 +61,7 @@ class LogReplay:
 
     wal: WAL
     _lock: threading.Lock
+    _closing: bool
     _snapshot: tuple[int, int]
     _state: HardState
     _state_record: bytes | None
@@ -207,7 +210,7 @@ class LogReplay:
             self._files.write_state(state)
             self._index_state = state
             self._files.remove_below(state.first)
-        if locked or self._lock.acquire(blocking=False):  # (never waits: close may hold it)
+        if locked or self._lock_for_writer():  # (skipped: the next checkpoint's trim covers it)
             try:
                 if self._index.changes == changes:
                     self._index.stored(state.next)
@@ -216,10 +219,9 @@ class LogReplay:
                     self._lock.release()
 
     def _background_index_checkpoint(self, _end: int) -> None:
-        """The WAL's background writer wrote a checkpoint: the index follows, unless the
-        log is busy (the lock is taken, never waited for: close holds it while it stops
-        that writer)."""
-        if not self._lock.acquire(blocking=False):
+        """The WAL's background writer wrote a checkpoint: the index follows (unless the
+        lock stays taken past _WRITER_WAIT, or close has begun: the next one tries again)."""
+        if not self._lock_for_writer():
             return
         try:
             if self.wal.closed:
@@ -232,6 +234,18 @@ class LogReplay:
             self.index_error = None
         except (WALError, OSError) as exc:
             self.index_error = exc  # the next checkpoint tries again; the open replays more
+
+    def _lock_for_writer(self) -> bool:
+        """Take the lock in the WAL writer's thread.  It is waited for: appends hold it only
+        briefly, but threads appending without a sync hold it nearly back to back, and a
+        round that only tried skipped every checkpoint (the index fell behind, and memory
+        grew with the entries not stored).  Never past _WRITER_WAIT, nor once close has
+        begun: close holds the lock while it stops that writer."""
+        deadline = time.monotonic() + _WRITER_WAIT
+        while not self._lock.acquire(timeout=0.005):
+            if self._closing or time.monotonic() > deadline:
+                return False
+        return True
 
     def _term_at(self, index: int) -> int:
         ix = self._index

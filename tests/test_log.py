@@ -7,6 +7,7 @@ snapshot and state.  The rest pin down each error and each replay rule.
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import pmemwal
 from pmemwal import log_replay
 from pmemwal.log import HEADER, MAGIC, SNAPSHOT, VERSION
+from pmemwal.recovery import RecoveryWarning
 
 from conftest import SEG, rewind_checkpoint, seg_file
 
@@ -413,3 +415,177 @@ def test_a_sync_fault_in_truncate_after_leaves_a_log_that_reopens(tmp_path, mode
     with pmemwal.open_log(path, mode=mode) as log:
         assert [bytes(e.payload) for e in log][-1] == b"after"
         assert [e.index for e in log] == list(range(1, log.last_index + 1))
+
+
+def test_values_beyond_the_format_raise_typed_errors(wal_dir: Path) -> None:
+    """Terms are u64 fields, indexes and the commit index below 2**63 (append_many's int64
+    answer): a value past them is the caller's error, typed, and writes nothing."""
+    big = 1 << 64
+    with open_log(wal_dir) as log:
+        log.append(b"a", term=1)
+        for call in (lambda: log.append(b"x", term=big),
+                     lambda: log.append_many([b"x"], term=big),
+                     lambda: log.reset(5, big),
+                     lambda: log.set_state(term=big)):
+            with pytest.raises(pmemwal.TermError, match="64"):
+                call()
+        for call in (lambda: log.reset(big, 1), lambda: log.reset((1 << 63) - 1, 1),
+                     lambda: log.set_state(commit=big)):
+            with pytest.raises(pmemwal.LogIndexError, match="2\\*\\*63"):
+                call()
+        with pytest.raises(pmemwal.LogIndexError, match="entries"):
+            log[1:2]
+        assert contents(log) == [(1, 1, b"a")] and log.state == pmemwal.log.HardState()
+        log.reset((1 << 63) - 2, (1 << 64) - 1)  # the largest of each still fits
+        assert log.append(b"last", term=(1 << 64) - 1) == (1 << 63) - 1
+        for call in (lambda: log.append(b"past", term=(1 << 64) - 1),
+                     lambda: log.append_many([b"past"], term=(1 << 64) - 1)):
+            with pytest.raises(pmemwal.LogIndexError, match="2\\*\\*63"):
+                call()
+        log.set_state(term=(1 << 64) - 1, commit=(1 << 63) - 1)
+    with open_log(wal_dir) as log:
+        assert contents(log) == [((1 << 63) - 1, (1 << 64) - 1, b"last")]
+        assert log.state == ((1 << 64) - 1, None, (1 << 63) - 1)
+
+
+def test_entries_holds_a_bounded_part_of_the_index_at_a_time(wal_dir: Path) -> None:
+    """entries() reads the index a bounded chunk at a time: starting an iteration over
+    200,000 entries costs a chunk's memory, not a list of every LSN (taken under the
+    log's lock, which appends wait for)."""
+    import tracemalloc
+
+    with open_log(wal_dir) as log:
+        for _ in range(20):
+            log.append_many([b"%08d" % i for i in range(10_000)], term=1)
+        log.checkpoint()                    # half of them from the mapped index files
+        log.append_many([b"%08d" % i for i in range(100_000)], term=1)
+        tracemalloc.start()
+        try:
+            it = log.entries()
+            assert next(it).index == 1
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 512 << 10, f"the first entry took {peak} bytes"
+        assert sum(1 for _ in it) == 299_999
+
+
+def test_entries_meeting_appends_and_rewinds(wal_dir: Path) -> None:
+    """What entries() yields is the entries there when it began: appends meanwhile are not
+    in it, a rewind above where it stops changes nothing, and one that voids an entry it has
+    yet to yield is a LogIndexError, never a voided entry nor another entry's bytes."""
+    chunk = pmemwal.log._ENTRIES_CHUNK
+    n = 3 * chunk
+    with open_log(wal_dir) as log:
+        log.append_many([b"a%d" % i for i in range(1, n + 1)], term=1)
+        seen = []
+        for e in log.entries(1, n - 10):
+            seen.append((e.index, e.term, bytes(e.payload)))
+            if e.index % 1000 == 0:
+                log.append(b"new", term=2)  # past the end: not in this iteration
+        assert seen == [(i, 1, b"a%d" % i) for i in range(1, n - 10)]
+        it = log.entries(1, n - 10)
+        assert next(it).index == 1
+        log.truncate_after(n - 5)           # above its stop: nothing it yields goes
+        assert [e.index for e in it] == list(range(2, n - 10))
+        it = log.entries()
+        for e in it:
+            if e.index == chunk // 2:
+                break
+        log.truncate_after(2 * chunk)       # voids entries it has yet to reach ...
+        log.append_many([b"b"] * chunk, term=3)  # ... and their indexes name others now
+        with pytest.raises(pmemwal.LogIndexError, match="went while entries"):
+            for e in it:
+                assert e.term == 1 and bytes(e.payload) == b"a%d" % e.index
+        it = log.entries()
+        assert next(it).index == 1
+        log.truncate_after(10)              # within the part of the index it has read
+        got = []
+        with pytest.raises(pmemwal.LogIndexError, match="entry 11 went while entries"):
+            for e in it:
+                got.append(e.index)
+        assert got == list(range(2, 11))
+        log.append_many([b"a%d" % i for i in range(11, n + 1)], term=3)
+        it = log.entries()
+        assert next(it).index == 1
+        log.truncate_after(chunk)           # no entry appended after: they went
+        with pytest.raises(pmemwal.LogIndexError, match=f"entry {chunk + 1} went while"):
+            for e in it:
+                assert bytes(e.payload) == b"a%d" % e.index
+
+
+# ---- putting a lost+found entry back into a Log's WAL --------------------------------
+
+def _cut_at_entry(wal_dir: Path, damaged: int, n: int = 200, before: int = 0) -> None:
+    """A log of entries 1..n (term 1; a state record before entry ``before``, when given),
+    the record at entry ``damaged`` (or that state record, when 0) damaged, and the log
+    reopened with on_corruption="truncate": lost+found holds the valid records past it."""
+    from conftest import stream_write
+
+    with open_log(wal_dir) as log:
+        for i in range(1, n + 1):
+            if i == before:
+                log.set_state(term=1)
+                state_lsn = log._state_lsn
+            log.append(b"p%d" % i, term=1)
+        log.sync()
+        lsn = log._index.lsn_at(damaged) if damaged else state_lsn
+    stream_write(wal_dir, lsn + 24 + 8, bytes(b ^ 0xA5 for b in range(16)))
+    with pytest.warns(RecoveryWarning):
+        open_log(wal_dir, verify="all", on_corruption="truncate").close()
+
+
+def test_a_put_back_into_a_log_that_went_on_is_refused(wal_dir: Path) -> None:
+    """Entries 102..200 set aside, then the log went on with entries 101..120 in term 2:
+    put back, replay's rule (a lower index voids what follows) made the old term-1 entries
+    void 19 of the 20 new ones.  Refused, with nothing written, saying how to read them."""
+    from click.testing import CliRunner
+
+    from pmemwal import lostfound, putback
+    from pmemwal.tools.cli import main as cli
+
+    _cut_at_entry(wal_dir, 101)
+    with open_log(wal_dir) as log:
+        assert log.last_index == 100
+        log.append_many([b"new%d" % i for i in range(101, 121)], term=2, sync=True)
+    (entry,) = lostfound.entries(wal_dir)
+    with pytest.raises(pmemwal.LogIndexError, match="--dump"):
+        putback.restore(str(wal_dir), entry.name)
+    result = CliRunner().invoke(cli, ["lost-found", str(wal_dir), "--restore", entry.name])
+    assert result.exit_code == 1 and "--dump" in result.output, result.output
+    assert [e.name for e in lostfound.entries(wal_dir)] == [entry.name]
+    dumped = CliRunner().invoke(cli, ["lost-found", str(wal_dir), "--dump", entry.name])
+    assert "entry index=102 term=1" in dumped.output, dumped.output
+    with open_log(wal_dir) as log:
+        assert contents(log)[99:] == [(100, 1, b"p100")] + \
+            [(i, 2, b"new%d" % i) for i in range(101, 121)]
+
+
+def test_a_put_back_that_leaves_a_gap_in_a_log_is_refused(wal_dir: Path) -> None:
+    """Entry 101 damaged, 102..200 set aside, nothing appended since: put back, they would
+    follow entry 100 with 101 missing, and the log would no longer open."""
+    from pmemwal import lostfound, putback
+
+    _cut_at_entry(wal_dir, 101)
+    (entry,) = lostfound.entries(wal_dir)
+    with pytest.raises(pmemwal.LogIndexError, match="101"):
+        putback.restore(str(wal_dir), entry.name)
+    with open_log(wal_dir) as log:
+        assert (log.first_index, log.last_index) == (1, 100)
+
+
+def test_a_put_back_that_continues_a_log_goes_back(wal_dir: Path) -> None:
+    """A damaged state record cut the log after entry 100: entries 101..150 past it were
+    set aside, and put back into the log as it stood they are entries 101..150 again."""
+    from pmemwal import lostfound, putback
+
+    _cut_at_entry(wal_dir, 0, n=150, before=101)
+    (entry,) = lostfound.entries(wal_dir)
+    kept = [payload for _, payload in entry.records()]
+    with pmemwal.open(wal_dir) as wal:  # a put-back that got 20 records in, then died
+        with open(os.path.join(entry.path, "RESTORING"), "w") as f:
+            f.write(str(wal.insert_lsn))
+        wal.append_many(kept[:20])
+    assert putback.restore(str(wal_dir), entry.name) == 50
+    with open_log(wal_dir) as log:
+        assert contents(log) == [(i, 1, b"p%d" % i) for i in range(1, 151)]

@@ -11,10 +11,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
 import pmemwal
+from pmemwal import log_replay
 from pmemwal.log_index import INDEX_DIR
 from pmemwal.recovery import RecoveryWarning
 
@@ -342,3 +344,89 @@ def test_a_damaged_term_in_an_index_file_is_never_an_answer(wal_dir, mode):
         assert log.term_at(50) == 5 and log.last_term == 5
         with pytest.raises(pmemwal.TermError):
             log.append(b"x", term=2)
+
+
+def _waiting_for_the_lock(thread) -> bool:
+    """Whether ``thread`` is inside the background round's wait for the log's lock."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "_lock_for_writer":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_background_index_round_waits_for_a_busy_log(wal_dir, monkeypatch):
+    """A background round that finds the log's lock taken (an append in progress) waits for
+    it, then stores the index and lets the stored entries go from memory: it skipped the
+    round, and with appends that never paused it skipped every round."""
+    monkeypatch.setattr(log_replay, "_WRITER_WAIT", 3600.0)  # only the release ends the wait
+    with pmemwal.open_log(wal_dir, segment_size=1 << 20, background=False) as log:
+        log.append_many([b"x"] * 1000, term=1)
+        writes = log._files.last_seq
+        log._lock.acquire()                 # an append in another thread, in progress
+        round_ = threading.Thread(target=log._background_index_checkpoint, args=(0,))
+        round_.start()
+        while round_.is_alive() and not _waiting_for_the_lock(round_):
+            pass
+        log._lock.release()
+        round_.join()
+        assert log._files.last_seq == writes + 1, "the round wrote no index"
+        assert log._index.durable_next == log._index.next == 1001, \
+            "the stored entries are still held in memory"
+
+
+def test_background_index_rounds_keep_up_with_unsynced_appends(wal_dir, monkeypatch):
+    """Two threads appending with sync=False without a pause: every background round
+    (driven here, one after another) stores the index, and the entries in memory are then
+    only those appended since the last one."""
+    monkeypatch.setattr(log_replay, "_WRITER_WAIT", 3600.0)
+    with pmemwal.open_log(wal_dir, segment_size=1 << 20, background=False) as log:
+        stop = threading.Event()
+
+        def appender() -> None:
+            while not stop.is_set():
+                log.append(b"e" * 16, term=1)
+
+        threads = [threading.Thread(target=appender) for _ in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            writes = log._files.last_seq
+            for _ in range(20):
+                while len(log) == log._index.durable_next - 1:
+                    pass                    # something new to store each round
+                log._background_index_checkpoint(0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert log._files.last_seq == writes + 20, "rounds skipped the index checkpoint"
+        log._background_index_checkpoint(0)
+        assert log._index.durable_next == log._index.next, "stored entries held in memory"
+        assert log._index.heap.count == 0
+    with pmemwal.open_log(wal_dir, segment_size=1 << 20) as log:
+        assert log.replayed_from is not None
+
+
+def test_close_ends_a_background_index_round_waiting_for_the_lock(wal_dir, monkeypatch):
+    """close holds the log's lock while it stops the WAL's writer: a round of that writer
+    waiting for the lock gives up once close has begun, whatever its wait."""
+    monkeypatch.setattr(log_replay, "_WRITER_WAIT", 3600.0)
+    log = pmemwal.open_log(wal_dir, segment_size=1 << 20, background=False)
+    log.append_many([b"x"] * 100, term=1)
+    log._lock.acquire()
+    round_ = threading.Thread(target=log._background_index_checkpoint, args=(0,))
+    round_.start()
+    while round_.is_alive() and not _waiting_for_the_lock(round_):
+        pass
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    round_.join(60)                         # (a bound on a hang, not a timing)
+    assert not round_.is_alive(), "the round still waits for a log that is closing"
+    assert log._files.last_seq == 0
+    log._lock.release()
+    closer.join()
+    assert log.closed
+    with pmemwal.open_log(wal_dir, segment_size=1 << 20) as log:
+        assert log.replayed_from is not None and len(log) == 100

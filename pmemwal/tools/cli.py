@@ -19,6 +19,7 @@ import click
 import pmemwal
 from pmemwal import lostfound as _lostfound
 from pmemwal import putback as _putback
+from pmemwal.log_format import describe as _describe_log_record
 from pmemwal.tools import bench as _bench
 from pmemwal.tools import fs_crash as _fs_crash
 from pmemwal.tools import powerloss as _powerloss
@@ -404,8 +405,10 @@ def lost_found(path: str, dump_name: str | None, restore_name: str | None,
     if dump_name is not None:
         entry = _lostfound.find(path, dump_name)
         for lsn, payload in entry.records():
+            log = _describe_log_record(bytes(payload)) or {}  # a pmemwal.Log's: what it says
+            said = "".join(f" {v}" if k == "kind" else f" {k}={v}" for k, v in log.items())
             click.echo(f"lsn {pmemwal.format_lsn(lsn)} len {len(payload)} "
-                       f"data {bytes(payload[:16]).hex()}")
+                       f"data {bytes(payload[:16]).hex()}{said}")
         return
     listing = [{"name": e.name, "cut": e.manifest["cut"], "reason": e.manifest["reason"],
                 "records": len(e.manifest["records"]),
