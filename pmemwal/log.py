@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Unpack
 import numpy as np
 
 from pmemwal.errors import (ConfigError, CorruptionError, LogIndexError, TermError,
-                            WALError, format_lsn)
+                            TruncatedError, WALError, format_lsn)
 from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, RESET, REWIND,
                                 SNAPSHOT, STATE, VERSION, Entry, HardState, describe, encode_state,
                                 entry_of)
@@ -274,7 +274,7 @@ class Log(LogReplay):
                     want += 1
                     if want == len(lsns):
                         return
-        except CorruptionError:
+        except (CorruptionError, TruncatedError):  # (a compaction meanwhile: TruncatedError)
             self._check_not_compacted(start + want)
             raise
         self._check_not_compacted(start + want)
