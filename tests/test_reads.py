@@ -116,14 +116,16 @@ def test_a_reader_that_a_truncation_overtakes_gets_a_truncated_error(wal_dir, mo
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
                       recycle_segments=recycle) as wal:
         lsns = _fill(wal, 4)
-        reader = wal.records()
+        reader, heads = wal.records(), wal.record_heads(4, batch=100)
         assert bytes(next(reader).payload) == _payload(0)
+        assert bytes(next(heads)[2][0]) == _payload(0)[:4]
         assert wal.truncate(first_lsn(3, SEG)) == 3
         _fill(wal, 4, start=len(lsns))  # the recycled files written again
-        with pytest.raises(pmemwal.TruncatedError) as err:
-            for _ in reader:
-                pass
-        assert err.value.lsn < first_lsn(3, SEG) <= err.value.first_lsn
+        for read in (reader, heads):
+            with pytest.raises(pmemwal.TruncatedError) as err:
+                for _ in read:
+                    pass
+            assert err.value.lsn < first_lsn(3, SEG) <= err.value.first_lsn
 
 
 # ---- readers in several threads -----------------------------------------------------------

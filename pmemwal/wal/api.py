@@ -378,7 +378,8 @@ class WAL(Opening):
         (a uint8 array of shape (n, head_bytes), zero-filled past a shorter payload).
 
         Each record is validated as ``records()`` does, in one native call per batch: what
-        an index over the records' own headers is built from (pmemwal.log).
+        an index over the records' own headers is built from (pmemwal.log), and a
+        failed read raises as ``records()`` does.
         """
         prev = -1
         bounds = self._read_bounds(start)
@@ -394,7 +395,7 @@ class WAL(Opening):
             if last:  # where the chain stands, void records included
                 prev = last
             if status:
-                raise CorruptionError(lsn, lsn // self.segment_size, _core.status_text(status))
+                raise self._read_error(lsn, status, False)
 
     def _payload(self, lsn: int, length: int, payload_lsn: int) -> memoryview:
         """A record's payload: a copy when it spans pages, else a read-only view of its

@@ -190,11 +190,11 @@ class SegmentSupply(SharedSegments):
         unmapped (a truncation or the read cache closing it leaves it to the view), so a
         reader in one thread never reads through a mapping another thread let go."""
         while True:
-            self._await_arrival(segno)
             with self._seg_lock:
-                if segno not in self._arriving:  # (else claimed again meanwhile)
+                if segno not in self._arriving:
                     seg = self._mapped_for_reading(segno)
-                    return None if seg is None else memoryview(seg.mapping())
+                    return None if seg is None else memoryview(seg.map)  # type: ignore[arg-type]
+            self._await_arrival(segno)
 
     def _payload_view(self, segno: int, offset: int, length: int) -> memoryview:
         """A read-only view of ``length`` bytes at ``offset`` in segment ``segno`` (a record was
@@ -202,14 +202,14 @@ class SegmentSupply(SharedSegments):
         counts the views alive: truncation recycles no segment with views alive.
         TruncatedError if a truncation took the segment meanwhile."""
         while True:
-            self._await_arrival(segno)
             with self._seg_lock:
                 if segno not in self._arriving:
                     seg = self._mapped_for_reading(segno)
                     if seg is not None:
-                        return memoryview(seg.payload_source())[offset:offset + length]
+                        return memoryview(seg.views or seg.payload_source())[offset:offset + length]
                     raise TruncatedError(segno * self.segment_size,
                                          first_lsn(self._oldest_segment(), self.segment_size))
+            self._await_arrival(segno)
 
     def _await_arrival(self, segno: int) -> None:
         """Wait until segment ``segno`` is not on its way in (the background writer opening an
@@ -219,8 +219,8 @@ class SegmentSupply(SharedSegments):
             arriving.wait()
 
     def _mapped_for_reading(self, segno: int) -> Segment | None:
-        """Under the segment lock: segment ``segno``, mapped, for reading (the attached one, or
-        one in the read cache), or None when it does not exist."""
+        """Under the segment lock: segment ``segno``, mapped (``seg.map`` is set), for reading
+        (the attached one, or one in the read cache), or None when it does not exist."""
         seg = self._segments.get(segno)
         if seg is not None and seg.map is not None:
             return seg
@@ -232,7 +232,8 @@ class SegmentSupply(SharedSegments):
             self._trim_read_cache()
             self._read_cache[segno] = seg
         self._read_cache.move_to_end(segno)
-        seg.mapping()
+        if seg.map is None:
+            seg.mapping()
         return seg
 
     def _trim_read_cache(self) -> None:
