@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import pmemwal
-from conftest import PAGE, SEG, file_bytes, file_write, flip_byte
+from conftest import PAGE, SEG, file_bytes, file_write, flip_byte, next_lsn
 from pmemwal.format import first_lsn
 from pmemwal.log_index import INDEX_DIR
 from pmemwal.wal import supply
@@ -53,6 +53,19 @@ def test_damage_at_the_oldest_segments_first_page_is_corruption_for_every_read(w
 
 def test_an_empty_wal_still_reads_as_empty(wal_dir, mode):
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        assert list(wal.records()) == [] and list(wal.record_heads(8)) == []
+
+
+def test_a_wal_whose_only_record_left_ends_where_it_ends_reads_as_empty(wal_dir, mode):
+    """The oldest segment holds only the end of a record from a truncated one, and it ends at
+    a page boundary: the next page, where the first record would start, is not written."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        wal.append(b"x" * 100)
+        start, target = wal.insert_lsn, first_lsn(1, SEG) + PAGE
+        length = next(n for n in range(SEG - start, 2 * SEG, 8) if next_lsn(start, n) >= target)
+        assert next_lsn(start, length) == target
+        wal.append(b"y" * length, flush=True)
+        assert wal.truncate(wal.insert_lsn) == 1
         assert list(wal.records()) == [] and list(wal.record_heads(8)) == []
 
 

@@ -307,8 +307,10 @@ class WAL(Opening):
             status, found = self._reader.first_record(segno)
             if not status:
                 return found, end
+            if found >= end:  # a record from a truncated segment ends where the WAL ends
+                return None
             if segno == self._oldest_segment():  # (else a truncation took it meanwhile)
-                raise CorruptionError(first_lsn(segno, self.segment_size), segno,
+                raise CorruptionError(found, found // self.segment_size,
                                       f"the oldest segment's first record: "
                                       f"{_core.status_text(status)}")
         return start, end
