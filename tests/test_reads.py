@@ -219,3 +219,15 @@ def test_a_held_log_entry_payload_keeps_its_bytes_through_compaction(wal_dir, mo
         log.append_many([_payload(i) for i in range(n, 3 * n)], term=1, sync=True)
         assert bytes(held) == _payload(0)
     assert bytes(held) == _payload(0)
+
+
+def test_a_shared_wals_own_truncation_keeps_this_processs_views(wal_dir):
+    """A shared WAL: a truncation in the process that holds the view is bound by it as in a
+    WAL of one process (another process's is not: docs/SHARED.md)."""
+    with pmemwal.open(wal_dir, shared=True, segment_size=SEG, background=False,
+                      recycle_segments=8) as wal:
+        lsns = _fill(wal, 3)
+        held = wal.record(lsns[0]).payload
+        wal.truncate(first_lsn(3, SEG))
+        _fill(wal, 6, start=len(lsns))
+        assert bytes(held) == _payload(0)
