@@ -335,11 +335,13 @@ class WAL(Opening):
         record of its segment either reaches it or stops at damage first."""
         if status == _BAD_POSITION or lsn >= self._core.flushed_lsn:
             return False
-        found, first = self._reader.first_record(lsn // self.segment_size)
-        if found or first > lsn:
-            return found != 0  # (a record spanning segments covers lsn)
-        followed, end, *_ = self._reader.scan(first, -1, lsn, False)
-        return followed != 0 or end == lsn
+        failed, first = self._reader.first_record(lsn // self.segment_size)
+        if failed:
+            return True  # damage before lsn hides whether a record starts there
+        if first > lsn:
+            return False  # lsn lies in a record that began in an earlier segment
+        failed, end, *_ = self._reader.scan(first, -1, lsn, False)
+        return failed != 0 or end == lsn
 
     def record(self, lsn: int) -> Record:
         """The record at ``lsn``, whose append has returned.
