@@ -850,15 +850,18 @@ static struct PyModuleDef moduledef = {
 
 PyMODINIT_FUNC PyInit__core(void)
 {
-    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&ReaderType) < 0)
+    if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&ReaderType) < 0 ||
+        PyType_Ready(&SegmentViewType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
         return NULL;
     Py_INCREF(&CoreType);
     Py_INCREF(&ReaderType);
+    Py_INCREF(&SegmentViewType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0 ||
-        PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0)
+        PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
+        PyModule_AddObject(m, "SegmentView", (PyObject *)&SegmentViewType) < 0)
         return NULL;
     PyModule_AddIntConstant(m, "CONTROL_SIZE", (long)sizeof(wal_shared));
     PyModule_AddIntConstant(m, "CONTROL_HEADER", WAL_CTL_HEADER);

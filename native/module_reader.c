@@ -3,37 +3,49 @@
  *
  * A Reader validates and reads records from segments that Python maps: it asks its getter
  * for a segment's buffer (cached for the call, READER_CACHE of them) and hands the C reader
- * a wal_src over them.  It stands apart from the writer's binding (module.c, the Core
+ * a wal_src over them, held for the call alone.  SegmentView (below) exports payload views
+ * of a mapping and counts them.  It stands apart from the writer's binding (module.c, the Core
  * type): it shares no state and no helper with it, and module.c only registers its type.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
 #include <string.h>
 
 #include "module.h"
 #include "wal_reader.h"
 
+#include <sys/mman.h>
+
 #define READER_CACHE 4
 
 typedef struct {
     PyObject_HEAD
+    wal_geom g;
+    PyObject *getter;
+} ReaderObject;
+
+/* One call's segment buffers: each call has its own, on its stack, so that threads reading
+ * through one Reader at once (the getter is Python and lets the GIL go) never release a
+ * buffer another call still reads through. */
+typedef struct {
     wal_src src;
     PyObject *getter;
     uint64_t segno[READER_CACHE];
     Py_buffer view[READER_CACHE];
     int used[READER_CACHE];
     int next;
-} ReaderObject;
+} reader_call;
 
-/* reader_segment -- the getter's mapping for segno, cached for the call. */
+/* reader_segment -- the getter's buffer for segno, held until the call ends. */
 static const uint8_t *reader_segment(void *ctx, uint64_t segno, int *error)
 {
-    ReaderObject *r = ctx;
+    reader_call *c = ctx;
     for (int i = 0; i < READER_CACHE; i++)
-        if (r->used[i] && r->segno[i] == segno)
-            return r->view[i].buf;
-    PyObject *obj = PyObject_CallFunction(r->getter, "K", (unsigned long long)segno);
+        if (c->used[i] && c->segno[i] == segno)
+            return c->view[i].buf;
+    PyObject *obj = PyObject_CallFunction(c->getter, "K", (unsigned long long)segno);
     if (!obj) {
         *error = 1;
         return NULL;
@@ -42,31 +54,49 @@ static const uint8_t *reader_segment(void *ctx, uint64_t segno, int *error)
         Py_DECREF(obj);
         return NULL;
     }
-    int i = r->next;
-    r->next = (r->next + 1) % READER_CACHE;
-    if (r->used[i])
-        PyBuffer_Release(&r->view[i]);
-    r->used[i] = 0;
-    int rc = PyObject_GetBuffer(obj, &r->view[i], PyBUF_SIMPLE);
+    int i = c->next;
+    c->next = (c->next + 1) % READER_CACHE;
+    if (c->used[i])
+        PyBuffer_Release(&c->view[i]);
+    c->used[i] = 0;
+    int rc = PyObject_GetBuffer(obj, &c->view[i], PyBUF_SIMPLE);
     Py_DECREF(obj);
     if (rc < 0) {
         *error = 1;
         return NULL;
     }
-    r->used[i] = 1;
-    r->segno[i] = segno;
-    if ((uint64_t)r->view[i].len < r->src.g.seg_size)
+    c->used[i] = 1;
+    c->segno[i] = segno;
+    if ((uint64_t)c->view[i].len < c->src.g.seg_size)
         return NULL; /* a short file holds no complete segment */
-    return r->view[i].buf;
+    return c->view[i].buf;
 }
 
-static void reader_drop(ReaderObject *r)
+/* call_begin -- a call's source over the Reader's geometry and getter. */
+static void call_begin(ReaderObject *r, reader_call *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->src.g = r->g;
+    c->src.segment = reader_segment;
+    c->src.ctx = c;
+    c->getter = r->getter;
+    Py_XINCREF(c->getter); /* (a second __init__ may replace the Reader's meanwhile) */
+}
+
+/* call_done -- release the call's buffers (never kept between calls) and return result. */
+static PyObject *call_done(reader_call *c, PyObject *result)
 {
     for (int i = 0; i < READER_CACHE; i++)
-        if (r->used[i]) {
-            PyBuffer_Release(&r->view[i]);
-            r->used[i] = 0;
+        if (c->used[i]) {
+            PyBuffer_Release(&c->view[i]);
+            c->used[i] = 0;
         }
+    Py_CLEAR(c->getter);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    return result;
 }
 
 static int Reader_init(ReaderObject *self, PyObject *args, PyObject *kw)
@@ -81,10 +111,7 @@ static int Reader_init(ReaderObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_ValueError, "segment_size must be a power of two of two pages or more");
         return -1;
     }
-    reader_drop(self);
-    wal_geom_init(&self->src.g, seg_size, wal_id_lo);
-    self->src.segment = reader_segment;
-    self->src.ctx = self;
+    wal_geom_init(&self->g, seg_size, wal_id_lo);
     Py_INCREF(getter);
     Py_XSETREF(self->getter, getter);
     return 0;
@@ -92,19 +119,8 @@ static int Reader_init(ReaderObject *self, PyObject *args, PyObject *kw)
 
 static void Reader_dealloc(ReaderObject *self)
 {
-    reader_drop(self);
     Py_XDECREF(self->getter);
     Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *reader_done(ReaderObject *self, PyObject *result)
-{
-    reader_drop(self); /* never keep a mapping exported between calls */
-    if (PyErr_Occurred()) {
-        Py_XDECREF(result);
-        return NULL;
-    }
-    return result;
 }
 
 /* read(lsn, expect_prev=-1)
@@ -117,9 +133,11 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *args)
     long long expect = -1;
     if (!PyArg_ParseTuple(args, "K|L", &lsn, &expect))
         return NULL;
+    reader_call c;
+    call_begin(self, &c);
     wal_record r;
-    int st = wal_read(&self->src, lsn, expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, &r);
-    return reader_done(self, Py_BuildValue("(iKKKIIKLKN)", st, r.lsn, r.next_lsn, r.prev_lsn,
+    int st = wal_read(&c.src, lsn, expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, &r);
+    return call_done(&c, Py_BuildValue("(iKKKIIKLKN)", st, r.lsn, r.next_lsn, r.prev_lsn,
                                            r.length, r.crc, r.durable_hint,
                                            r.contiguous ? (long long)r.payload_lsn : -1LL,
                                            r.bad_lsn, PyBool_FromLong(r.type == WAL_REC_VOID)));
@@ -131,18 +149,20 @@ static PyObject *Reader_payload(ReaderObject *self, PyObject *args)
     unsigned long long lsn;
     if (!PyArg_ParseTuple(args, "K", &lsn))
         return NULL;
+    reader_call c;
+    call_begin(self, &c);
     wal_record r;
-    int st = wal_read(&self->src, lsn, WAL_ANY_PREV, &r);
+    int st = wal_read(&c.src, lsn, WAL_ANY_PREV, &r);
     PyObject *out = NULL;
     if (st == WAL_OK && r.type == WAL_REC_VOID)
         st = WAL_BAD_TYPE; /* not a record */
     if (st == WAL_OK && (out = PyBytes_FromStringAndSize(NULL, r.length)))
-        st = wal_copy_payload(&self->src, &r, (uint8_t *)PyBytes_AS_STRING(out));
+        st = wal_copy_payload(&c.src, &r, (uint8_t *)PyBytes_AS_STRING(out));
     if (st != WAL_OK && !PyErr_Occurred()) {
         Py_CLEAR(out);
         PyErr_Format(PyExc_ValueError, "record at %llu is not valid: %s", lsn, wal_status_text(st));
     }
-    return reader_done(self, out);
+    return call_done(&c, out);
 }
 
 /* scan(lsn, expect_prev, stop_lsn) -> (status, end_lsn, last_lsn, count, bytes, bad_lsn) */
@@ -153,10 +173,12 @@ static PyObject *Reader_scan(ReaderObject *self, PyObject *args)
     int check_body = 1;
     if (!PyArg_ParseTuple(args, "KLK|p", &lsn, &expect, &stop, &check_body))
         return NULL;
+    reader_call c;
+    call_begin(self, &c);
     wal_scan_result r;
-    (check_body ? wal_scan : wal_follow)(&self->src, lsn,
+    (check_body ? wal_scan : wal_follow)(&c.src, lsn,
                                          expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, stop, &r);
-    return reader_done(self, Py_BuildValue("(iKKKKK)", r.status, r.end_lsn, r.last_lsn, r.count,
+    return call_done(&c, Py_BuildValue("(iKKKKK)", r.status, r.end_lsn, r.last_lsn, r.count,
                                            r.bytes, r.bad_lsn));
 }
 
@@ -178,6 +200,8 @@ static PyObject *Reader_heads(ReaderObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "heads: head_bytes from 0 to 4096, max_count >= 0");
         return NULL;
     }
+    reader_call c;
+    call_begin(self, &c);
     PyObject *lsns = PyBytes_FromStringAndSize(NULL, max * 8);
     PyObject *lens = PyBytes_FromStringAndSize(NULL, max * 4);
     PyObject *heads = PyBytes_FromStringAndSize(NULL, max * head);
@@ -191,7 +215,7 @@ static PyObject *Reader_heads(ReaderObject *self, PyObject *args)
     Py_ssize_t n = 0;
     while (n < max && lsn < stop) {
         wal_record r;
-        if ((st = wal_read(&self->src, lsn, prev, &r)) != WAL_OK)
+        if ((st = wal_read(&c.src, lsn, prev, &r)) != WAL_OK)
             break;
         if (r.type == WAL_REC_VOID) {
             prev = lsn;
@@ -200,7 +224,7 @@ static PyObject *Reader_heads(ReaderObject *self, PyObject *args)
         }
         uint8_t *h = out_head + n * head;
         memset(h, 0, (size_t)head);
-        if ((st = wal_copy_head(&self->src, &r, h, (uint64_t)head)) != WAL_OK)
+        if ((st = wal_copy_head(&c.src, &r, h, (uint64_t)head)) != WAL_OK)
             break;
         out_lsn[n] = prev = lsn;
         out_len[n] = r.length;
@@ -211,13 +235,13 @@ static PyObject *Reader_heads(ReaderObject *self, PyObject *args)
         _PyBytes_Resize(&heads, n * head) < 0)
         goto fail;
     last = prev == WAL_ANY_PREV ? 0 : prev; /* where the chain stands: the next call's prev */
-    return reader_done(self, Py_BuildValue("(iKKNNN)", st, lsn, (unsigned long long)last,
+    return call_done(&c, Py_BuildValue("(iKKNNN)", st, lsn, (unsigned long long)last,
                                            lsns, lens, heads));
 fail:
     Py_XDECREF(lsns);
     Py_XDECREF(lens);
     Py_XDECREF(heads);
-    return reader_done(self, NULL);
+    return call_done(&c, NULL);
 }
 
 static PyObject *Reader_first_record(ReaderObject *self, PyObject *args)
@@ -225,9 +249,11 @@ static PyObject *Reader_first_record(ReaderObject *self, PyObject *args)
     unsigned long long segno;
     if (!PyArg_ParseTuple(args, "K", &segno))
         return NULL;
+    reader_call c;
+    call_begin(self, &c);
     uint64_t lsn = 0;
-    int st = wal_first_record(&self->src, segno, &lsn);
-    return reader_done(self, Py_BuildValue("(iK)", st, lsn));
+    int st = wal_first_record(&c.src, segno, &lsn);
+    return call_done(&c, Py_BuildValue("(iK)", st, lsn));
 }
 
 /* beyond(x, last_segno, min_prev) -> (durable_lsn, [page LSNs after x's page to wipe]) */
@@ -236,9 +262,11 @@ static PyObject *Reader_beyond(ReaderObject *self, PyObject *args)
     unsigned long long x, last, min_prev;
     if (!PyArg_ParseTuple(args, "KKK", &x, &last, &min_prev))
         return NULL;
+    reader_call c;
+    call_begin(self, &c);
     uint64_t durable = 0, *pages = NULL;
     size_t n = 0;
-    int rc = wal_beyond(&self->src, x, last, min_prev, &durable, &pages, &n);
+    int rc = wal_beyond(&c.src, x, last, min_prev, &durable, &pages, &n);
     PyObject *list = NULL;
     if (rc == 0 && (list = PyList_New((Py_ssize_t)n)))
         for (size_t i = 0; i < n; i++)
@@ -246,7 +274,7 @@ static PyObject *Reader_beyond(ReaderObject *self, PyObject *args)
     free(pages);
     if (rc && !PyErr_Occurred())
         PyErr_SetFromErrno(PyExc_OSError);
-    return reader_done(self, list ? Py_BuildValue("(KN)", durable, list) : NULL);
+    return call_done(&c, list ? Py_BuildValue("(KN)", durable, list) : NULL);
 }
 
 static PyMethodDef Reader_methods[] = {
@@ -272,4 +300,143 @@ PyTypeObject ReaderType = {
     .tp_init = (initproc)Reader_init,
     .tp_dealloc = (destructor)Reader_dealloc,
     .tp_methods = Reader_methods,
+};
+
+/*
+ * pmemwal._core.SegmentView -- the exporter of payload views over one segment mapping.
+ *
+ * Payload memoryviews point into a segment's mapping; once the file is recycled (renamed to a
+ * future number and written again) or a later open reuses it, they would show other records'
+ * bytes.  Every payload view is made from a SegmentView, which counts the views alive
+ * (``exports``: a memoryview and every slice of it count once, until the last is gone), so
+ * that the WAL recycles no file a view still shows (truncation removes it instead: the
+ * mapping keeps the unlinked file's pages), and detach() replaces the pages under the views
+ * with a private copy when the WAL closes.  It holds its own export of the mapping: the
+ * mapping cannot be unmapped under a view (mmap.close() raises BufferError).
+ */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer base; /* the mapping's buffer, held while has_base */
+    int has_base;
+    int detached;
+    Py_ssize_t exports;
+} SegmentViewObject;
+
+static int SegmentView_init(SegmentViewObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"mapping", NULL};
+    PyObject *mapping;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O", kwlist, &mapping))
+        return -1;
+    if (self->has_base) {
+        PyErr_SetString(PyExc_RuntimeError, "SegmentView: already initialised");
+        return -1;
+    }
+    if (PyObject_GetBuffer(mapping, &self->base, PyBUF_SIMPLE) < 0)
+        return -1;
+    self->has_base = 1;
+    return 0;
+}
+
+static void SegmentView_dealloc(SegmentViewObject *self)
+{
+    if (self->has_base)
+        PyBuffer_Release(&self->base);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* SegmentView_getbuffer -- a read-only buffer over the whole mapping, counted. */
+static int SegmentView_getbuffer(SegmentViewObject *self, Py_buffer *view, int flags)
+{
+    if (!self->has_base) {
+        PyErr_SetString(PyExc_ValueError, "SegmentView: released");
+        view->obj = NULL;
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->base.buf, self->base.len, 1, flags) < 0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void SegmentView_releasebuffer(SegmentViewObject *self, Py_buffer *view)
+{
+    (void)view;
+    self->exports--;
+}
+
+/* release() -> bool: let the mapping go when no view is alive (True); False otherwise. */
+static PyObject *SegmentView_release(SegmentViewObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->exports > 0)
+        Py_RETURN_FALSE;
+    if (self->has_base) {
+        PyBuffer_Release(&self->base);
+        self->has_base = 0;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* detach() -> bool: put a private, read-only copy of the mapping's pages in place under the
+ * views (mremap over the same addresses), so that they keep their bytes whatever happens to
+ * the file; once only, and only where views are alive (False otherwise).  Nothing may write
+ * through the mapping after it: the WAL calls it when closing. */
+static PyObject *SegmentView_detach(SegmentViewObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->exports == 0 || !self->has_base || self->detached)
+        Py_RETURN_FALSE;
+    size_t len = (size_t)self->base.len;
+    void *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    memcpy(copy, self->base.buf, len);
+    if (mprotect(copy, len, PROT_READ) != 0 ||
+        mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, self->base.buf) == MAP_FAILED) {
+        int err = errno;
+        munmap(copy, len);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    self->detached = 1;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *SegmentView_get_exports(SegmentViewObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromSsize_t(self->exports);
+}
+
+static PyBufferProcs SegmentView_as_buffer = {
+    (getbufferproc)SegmentView_getbuffer,
+    (releasebufferproc)SegmentView_releasebuffer,
+};
+
+static PyMethodDef SegmentView_methods[] = {
+    {"release", (PyCFunction)SegmentView_release, METH_NOARGS,
+     "release() -> bool: let the mapping go if no view is alive"},
+    {"detach", (PyCFunction)SegmentView_detach, METH_NOARGS,
+     "detach() -> bool: a private copy of the pages under the views alive"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef SegmentView_getset[] = {
+    {"exports", (getter)SegmentView_get_exports, NULL, "payload views alive", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject SegmentViewType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pmemwal._core.SegmentView",
+    .tp_basicsize = sizeof(SegmentViewObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Exports read-only payload views of a segment mapping and counts them.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)SegmentView_init,
+    .tp_dealloc = (destructor)SegmentView_dealloc,
+    .tp_as_buffer = &SegmentView_as_buffer,
+    .tp_methods = SegmentView_methods,
+    .tp_getset = SegmentView_getset,
 };

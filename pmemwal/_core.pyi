@@ -110,6 +110,17 @@ class Reader:
     def beyond(self, x: int, last_segno: int, min_prev: int, /) -> tuple[int, list[int]]:
         """(durable_lsn, the LSNs of the pages after x's page to wipe)."""
 
+class SegmentView:
+    """Exports read-only payload views of a segment mapping and counts them."""
+
+    exports: int
+    def __init__(self, mapping: ReadableBuffer) -> None: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def release(self) -> bool:
+        """Let the mapping go if no view is alive."""
+    def detach(self) -> bool:
+        """A private copy of the pages under the views alive."""
+
 def crc32c(data: ReadableBuffer, crc: int = 0, /) -> int: ...
 def status_text(status: int, /) -> str: ...
 def _crc32c_copy(dst: WriteableBuffer, src: ReadableBuffer, crc: int = 0, how: int = 1,

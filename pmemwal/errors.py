@@ -2,6 +2,7 @@
 
     WALError
     ├── CorruptionError      damaged data that had been made durable (lsn, segment, reason)
+    ├── TruncatedError       the records asked for were truncated (lsn, first_lsn)
     ├── FormatError          not a pmemwal WAL, another WAL's segment, a size mismatch
     ├── LockedError          another writer holds the WAL
     ├── ClosedError          the WAL was closed
@@ -31,6 +32,19 @@ class CorruptionError(WALError):
         self.lsn = lsn
         self.segment = segment
         self.reason = reason
+
+
+class TruncatedError(WALError):
+    """The records asked for are gone: a truncation (in this process or, for a shared WAL,
+    another) removed or recycled their segment, before or while they were read.  Not
+    damage: read again from ``first_lsn``, the oldest record's segment start now (like
+    PostgreSQL's "requested WAL segment has already been removed")."""
+
+    def __init__(self, lsn: int, first_lsn: int) -> None:
+        super().__init__(f"LSN {format_lsn(lsn)} was truncated: the WAL now starts at "
+                         f"{format_lsn(first_lsn)}")
+        self.lsn = lsn
+        self.first_lsn = first_lsn
 
 
 class FormatError(WALError):

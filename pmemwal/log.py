@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Unpack
 import numpy as np
 
 from pmemwal.errors import (ConfigError, CorruptionError, LogIndexError, TermError,
-                            WALError, format_lsn)
+                            TruncatedError, WALError, format_lsn)
 from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, MAX_INDEX,
                                 MAX_TERM, RESET, REWIND, SNAPSHOT, STATE, VERSION, Entry,
                                 HardState, describe, encode_state, entry_of, out_of_range)
@@ -306,7 +306,7 @@ class Log(LogReplay):
                     at = 0
                 want = lsns[at]
             raise self._no_record(index, want)  # the chain ended before it
-        except CorruptionError:
+        except (CorruptionError, TruncatedError):  # (a compaction meanwhile: TruncatedError)
             self._check_not_compacted(index)
             raise
 

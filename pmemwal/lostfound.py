@@ -48,7 +48,7 @@ class Found:
 
 
 def records_past(reader: _core.Reader, x: int, pages: list[int], min_prev: int,
-                 segment: Callable[[int], mmap.mmap | None], segment_size: int) -> list[Found]:
+                 segment: Callable[[int], memoryview | mmap.mmap | None], segment_size: int) -> list[Found]:
     """The valid records (not void) of this cycle at or past ``x``: tried at every aligned
     position of x's page and at the first record of each page in ``pages``, each chain
     followed while it holds.  A chain's first record must link at or past ``min_prev`` (the
@@ -77,7 +77,7 @@ def records_past(reader: _core.Reader, x: int, pages: list[int], min_prev: int,
 
 
 def set_aside(wal_dir: str, reader: _core.Reader, x: int, pages: list[int], min_prev: int,
-              segment: Callable[[int], mmap.mmap | None], segment_size: int, wal_id: bytes,
+              segment: Callable[[int], memoryview | mmap.mmap | None], segment_size: int, wal_id: bytes,
               reason: str) -> tuple[str, list[Found]] | None:
     """Copy the pages past ``x`` that hold valid records into lost+found, synced; returns its
     path and the records, or None when there is no valid record to keep."""
@@ -105,7 +105,7 @@ def set_aside(wal_dir: str, reader: _core.Reader, x: int, pages: list[int], min_
     return target, found
 
 
-def _copy_pages(path: str, source: mmap.mmap | None, offsets: list[int], size: int) -> None:
+def _copy_pages(path: str, source: memoryview | mmap.mmap | None, offsets: list[int], size: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, size)

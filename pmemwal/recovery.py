@@ -26,7 +26,6 @@ open (CorruptionError) has written nothing.
 
 from __future__ import annotations
 
-import mmap
 import os
 import warnings
 from dataclasses import dataclass
@@ -76,7 +75,7 @@ class Recovery:
 
     def __init__(self, directory: WalDirectory, segnos: list[int], segment_size: int,
                  wal_id: bytes, reader: _core.Reader,
-                 segment: Callable[[int], mmap.mmap | None], checkpoints: CheckpointFile) -> None:
+                 segment: Callable[[int], memoryview | None], checkpoints: CheckpointFile) -> None:
         self._dir = directory
         self._segnos = segnos
         self._size = segment_size

@@ -95,7 +95,7 @@ def test_damage_to_an_acknowledged_record_is_never_cut(wal_dir, mode, seg, patte
                 read.append(bytes(rec.payload))
         assert err.value.lsn == lsns[DAMAGED] and read == payloads[:DAMAGED]
         assert bytes(wal.record(lsns[-1]).payload) == payloads[-1]  # the rest is all there
-        with pytest.raises(ValueError):
+        with pytest.raises(pmemwal.CorruptionError):  # damage, not a bad LSN
             wal.record(lsns[DAMAGED])
     after = _digest(wal_dir)  # (the background writer may have made segments ahead)
     assert {name: after.get(name) for name in before} == before, \

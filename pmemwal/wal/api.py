@@ -21,7 +21,7 @@ import numpy as np
 from pmemwal import _core
 from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
 from pmemwal.control import ControlFile
-from pmemwal.errors import CorruptionError, StorageError, format_lsn
+from pmemwal.errors import CorruptionError, StorageError, TruncatedError, format_lsn
 from pmemwal.format import first_lsn
 from pmemwal.segments import WalDirectory
 from pmemwal.wal.opening import Opening
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 _SHARED: weakref.WeakSet[WAL] = weakref.WeakSet()  # shared WALs open in this process
+_BAD_POSITION = 2  # wal_status: WAL_BAD_POSITION, not a record's position (native/wal_reader.h)
 
 
 def _after_fork_in_child() -> None:
@@ -272,10 +273,13 @@ class WAL(Opening):
 
         What was appended before the call is flushed first, then read back
         (once an error stopped the writer: what had been flushed).  Payloads
-        are read-only views of the segments where a record lies in one page
-        (valid until the segment is truncated), bytes otherwise.
+        are read-only views of the segments where a record lies in one page,
+        bytes otherwise; a view keeps the bytes it shows for as long as it is
+        held (see ``record``).  CorruptionError where a record is damaged;
+        TruncatedError where a truncation took the records asked for, before
+        or while they are read; ValueError when ``start`` is not a record's LSN.
         """
-        prev, chosen = -1, start is not None
+        prev = -1
         bounds = self._read_bounds(start)
         if bounds is None:
             return
@@ -283,10 +287,7 @@ class WAL(Opening):
         while lsn < end:
             status, _, next_lsn, prev_lsn, length, _, _, payload_lsn, _, void = self._reader.read(lsn, prev)
             if status:
-                reason = _core.status_text(status)
-                if chosen and prev == -1:
-                    raise ValueError(f"no valid record at LSN {format_lsn(lsn)}: {reason}")
-                raise CorruptionError(lsn, lsn // self.segment_size, reason)
+                raise self._read_error(lsn, status, start is not None and prev == -1)
             if not void:  # a void record is a range a dead writer left: no record
                 yield Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
             prev, lsn = lsn, next_lsn
@@ -294,18 +295,65 @@ class WAL(Opening):
     def _read_bounds(self, start: int | None) -> tuple[int, int] | None:
         """(first LSN, end) of a read from ``start`` (None: the oldest record), after
         flushing what was appended (once the writer stopped: up to what had been flushed);
-        None when there is no record to start from."""
+        None when there is no record to start from.  CorruptionError when the oldest
+        segment has records up to the end but its first record cannot be found."""
         self._check_open()
         end = self._core.flushed_lsn if self._core.error else self._core.flush()
-        self._drop_truncated()
-        if start is None:
-            status, start = self._reader.first_record(self._segnos[0])
-            if status:
+        while start is None:
+            self._drop_truncated()
+            segno = self._oldest_segment()
+            if first_lsn(segno, self.segment_size) >= end:
+                return None  # nothing written in it yet: an empty WAL
+            status, found = self._reader.first_record(segno)
+            if not status:
+                return found, end
+            if found >= end:  # a record from a truncated segment ends where the WAL ends
                 return None
+            if segno == self._oldest_segment():  # (else a truncation took it meanwhile)
+                raise CorruptionError(found, found // self.segment_size,
+                                      f"the oldest segment's first record: "
+                                      f"{_core.status_text(status)}")
         return start, end
 
+    def _read_error(self, lsn: int, status: int, asked: bool) -> Exception:
+        """The error for a read at ``lsn`` that failed with ``status``: TruncatedError when a
+        truncation took its segment; ValueError when ``asked`` (the caller named ``lsn``)
+        and no record starts there; CorruptionError otherwise (a record starts there, or
+        damage before it hides whether one does)."""
+        self._drop_truncated()
+        oldest = self._oldest_segment()
+        if lsn // self.segment_size < oldest:
+            return TruncatedError(lsn, first_lsn(oldest, self.segment_size))
+        reason = _core.status_text(status)
+        if asked and not self._may_start_record(lsn, status):
+            return ValueError(f"no record at LSN {format_lsn(lsn)}: {reason}")
+        return CorruptionError(lsn, lsn // self.segment_size, reason)
+
+    def _may_start_record(self, lsn: int, status: int) -> bool:
+        """Whether a record the reader could not read may start at ``lsn``: it is a valid
+        position below the flushed LSN, and following the record headers from the first
+        record of its segment either reaches it or stops at damage first."""
+        if status == _BAD_POSITION or lsn >= self._core.flushed_lsn:
+            return False
+        failed, first = self._reader.first_record(lsn // self.segment_size)
+        if failed:
+            return True  # damage before lsn hides whether a record starts there
+        if first > lsn:
+            return False  # lsn lies in a record that began in an earlier segment
+        failed, end, *_ = self._reader.scan(first, -1, lsn, False)
+        return failed != 0 or end == lsn
+
     def record(self, lsn: int) -> Record:
-        """The record at ``lsn``, whose append has returned; ValueError if none is there.
+        """The record at ``lsn``, whose append has returned.
+
+        ValueError if no record starts there, CorruptionError if the one there is
+        damaged, TruncatedError if a truncation took it.  The payload is a read-only
+        view of the segment where the record lies in one page (bytes otherwise), and
+        keeps the bytes it shows for as long as it is held, after the WAL is closed too:
+        truncation recycles no segment such a view shows (it removes it instead), and
+        ``close()`` puts a private copy under the views alive.  In a shared WAL another
+        process's truncation does not know of this process's views: a view there is
+        valid until any process truncates past its record (docs/SHARED.md).
 
         Direct mode reads it in place, durable or not.  Buffered mode flushes up to it
         first when it is not yet (the record is in the WAL buffer, not in its file); so
@@ -324,7 +372,7 @@ class WAL(Opening):
             raise ValueError(f"no record at LSN {format_lsn(lsn)}: a void range (its writer died "
                              "before finishing it)")
         if status:
-            raise ValueError(f"no valid record at LSN {format_lsn(lsn)}: {_core.status_text(status)}")
+            raise self._read_error(lsn, status, True)
         return Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
 
     def record_heads(self, head_bytes: int, start: int | None = None,
@@ -334,7 +382,8 @@ class WAL(Opening):
         (a uint8 array of shape (n, head_bytes), zero-filled past a shorter payload).
 
         Each record is validated as ``records()`` does, in one native call per batch: what
-        an index over the records' own headers is built from (pmemwal.log).
+        an index over the records' own headers is built from (pmemwal.log), and a
+        failed read raises as ``records()`` does.
         """
         prev = -1
         bounds = self._read_bounds(start)
@@ -350,14 +399,15 @@ class WAL(Opening):
             if last:  # where the chain stands, void records included
                 prev = last
             if status:
-                raise CorruptionError(lsn, lsn // self.segment_size, _core.status_text(status))
+                raise self._read_error(lsn, status, False)
 
     def _payload(self, lsn: int, length: int, payload_lsn: int) -> memoryview:
+        """A record's payload: a copy when it spans pages, else a read-only view of its
+        segment, exported by the segment's SegmentView (which counts the views alive)."""
         if payload_lsn < 0:
             return memoryview(self._reader.payload(lsn))
-        off = payload_lsn % self.segment_size
-        view = memoryview(self._segment_map(payload_lsn // self.segment_size)).toreadonly()
-        return view[off:off + length]
+        return self._payload_view(payload_lsn // self.segment_size,
+                                  payload_lsn % self.segment_size, length)
 
     def stats(self) -> dict[str, int]:
         """Counters since open.
@@ -447,7 +497,8 @@ class WAL(Opening):
                         for seg in table.values()]
             for table in (self._segments, self._read_cache, self._retired):
                 table.clear()
-        for seg in segments:
+        for seg in segments:  # nothing writes to them now: payload views keep a copy
+            seg.detach_views()
             seg.close()
         self._dir.close()
 

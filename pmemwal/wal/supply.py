@@ -13,12 +13,12 @@ files through segments.py's WalDirectory; never removes one (truncation.py does)
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import threading
 import time
 
-from pmemwal.errors import ClosedError, StorageError
+from pmemwal.errors import ClosedError, StorageError, TruncatedError
+from pmemwal.format import first_lsn
 from pmemwal.segments import Segment, storage_errors
 from pmemwal.wal.peers import SharedSegments
 
@@ -183,32 +183,71 @@ class SegmentSupply(SharedSegments):
                 self._growth.made(make_ns / 1e9)
             self._arriving.pop(segno).set()
 
-    def _segment_buffer(self, segno: int) -> mmap.mmap | None:
-        """A mapping of segment ``segno`` for reading, or None when it does not exist.
+    def _segment_buffer(self, segno: int) -> memoryview | None:
+        """A view of segment ``segno``'s mapping for reading, or None when it does not exist.
 
-        A segment on its way in (the background writer opening an existing file, which
-        after a reopen can be the one the WAL ends in) is waited for: it exists, and
+        The view is taken under the segment lock: from then on the mapping cannot be
+        unmapped (a truncation or the read cache closing it leaves it to the view), so a
+        reader in one thread never reads through a mapping another thread let go."""
+        while True:
+            with self._seg_lock:
+                if segno not in self._arriving:
+                    seg = self._mapped_for_reading(segno)
+                    return None if seg is None else memoryview(seg.map)  # type: ignore[arg-type]
+            self._await_arrival(segno)
+
+    def _payload_view(self, segno: int, offset: int, length: int) -> memoryview:
+        """A read-only view of ``length`` bytes at ``offset`` in segment ``segno`` (a record was
+        just read there), exported under the segment lock by the segment's SegmentView, which
+        counts the views alive: truncation recycles no segment with views alive.
+        TruncatedError if a truncation took the segment meanwhile."""
+        while True:
+            with self._seg_lock:
+                if segno not in self._arriving:
+                    seg = self._mapped_for_reading(segno)
+                    if seg is not None:
+                        return memoryview(seg.views or seg.payload_source())[offset:offset + length]
+                    raise TruncatedError(segno * self.segment_size,
+                                         first_lsn(self._oldest_segment(), self.segment_size))
+            self._await_arrival(segno)
+
+    def _await_arrival(self, segno: int) -> None:
+        """Wait until segment ``segno`` is not on its way in (the background writer opening an
+        existing file, which after a reopen can be the one the WAL ends in): it exists, and
         answering None would make the reader report it missing."""
         while (arriving := self._arriving.get(segno)) is not None:
             arriving.wait()
-        with self._seg_lock:
-            seg = self._segments.get(segno)
-            if seg is not None and seg.map is not None:
-                return seg.map
-            seg = self._read_cache.get(segno)
-            if seg is None:
-                if (segno not in self._segnos and not self._made_by_peer(segno)) or segno in self._arriving:
-                    return None
-                seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=False)
-                self._read_cache[segno] = seg
-                while len(self._read_cache) > _READ_CACHE:
-                    self._read_cache.popitem(last=False)[1].close()
-            self._read_cache.move_to_end(segno)
-            return seg.mapping()
 
-    def _segment_map(self, segno: int) -> mmap.mmap:
-        """_segment_buffer for a segment that exists (a record was just read in it);
-        StorageError if a truncation took it meanwhile."""
+    def _mapped_for_reading(self, segno: int) -> Segment | None:
+        """Under the segment lock: segment ``segno``, mapped (``seg.map`` is set), for reading
+        (the attached one, or one in the read cache), or None when it does not exist."""
+        seg = self._segments.get(segno)
+        if seg is not None and seg.map is not None:
+            return seg
+        seg = self._read_cache.get(segno)
+        if seg is None:
+            if segno not in self._segnos and not self._made_by_peer(segno):
+                return None
+            seg = Segment(self._dir.file(segno), segno, self.segment_size, writable=False)
+            self._trim_read_cache()
+            self._read_cache[segno] = seg
+        self._read_cache.move_to_end(segno)
+        if seg.map is None:
+            seg.mapping()
+        return seg
+
+    def _trim_read_cache(self) -> None:
+        """Make room for one more mapping: close the least recently read past _READ_CACHE,
+        except those payload views still show (they stay until truncated, so that
+        truncation sees them)."""
+        for segno in [n for n, seg in self._read_cache.items() if not seg.viewed]:
+            if len(self._read_cache) < _READ_CACHE:
+                return
+            self._read_cache.pop(segno).close()
+
+    def _segment_map(self, segno: int) -> memoryview:
+        """_segment_buffer for a segment that exists; StorageError if a truncation took it
+        meanwhile."""
         mapping = self._segment_buffer(segno)
         if mapping is None:
             raise StorageError(errno.ENOENT, f"segment {segno:016X} was truncated meanwhile",

@@ -112,17 +112,20 @@ class Truncation(Checkpointing):
         plan = []
         for segno in victims:
             self._core.detach(segno)
-            cached = self._read_cache.pop(segno, None)
+            seg, cached = self._segments.pop(segno, None), self._read_cache.pop(segno, None)
+            # A file that payload views still show is removed, not recycled: their mapping
+            # keeps the unlinked file's pages, which nothing writes again.
+            viewed = any(s is not None and s.viewed for s in (seg, cached))
             if cached is not None:
                 cached.close()
             self._segnos.remove(segno)
             new = None
-            if spares < target:
+            if spares < target and not viewed:
                 new = self._segnos[-1] + 1
                 self._segnos.append(new)
                 self._arriving[new] = threading.Event()
                 spares += 1
-            plan.append((segno, new, self._segments.pop(segno, None)))
+            plan.append((segno, new, seg))
         return plan
 
     def _recycle_or_remove(self, plan: list[tuple[int, int | None, Segment | None]]) -> None:

@@ -1,0 +1,233 @@
+"""The read path: which error a failed read raises (damage, a truncated position, a bad LSN),
+reads from several threads at once, and how long a payload view keeps the bytes it shows."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+
+import pytest
+
+import pmemwal
+from conftest import PAGE, SEG, file_bytes, file_write, flip_byte, next_lsn
+from pmemwal.format import first_lsn
+from pmemwal.log_index import INDEX_DIR
+from pmemwal.wal import supply
+
+
+def _payload(i: int, size: int = 200) -> bytes:
+    return (i.to_bytes(4, "little") * (size // 4 + 1))[:size]
+
+
+def _fill(wal: pmemwal.WAL, segments: int, start: int = 0, size: int = 200) -> list[int]:
+    """Append records numbered from ``start`` until ``segments`` more segments are full."""
+    stop = wal.insert_lsn + segments * SEG
+    lsns, i = [], start
+    while wal.insert_lsn < stop:
+        lsns.append(wal.append(_payload(i, size)))
+        i += 1
+    wal.flush()
+    return lsns
+
+
+# ---- damage at the oldest segment's first record -----------------------------------------
+
+def _damage_first_page(wal_dir) -> None:
+    """Garble the page header of segment 0's first data page (after a clean close, open
+    reads nothing and finds nothing wrong)."""
+    file_write(wal_dir, PAGE + 2, bytes([file_bytes(wal_dir, PAGE + 2, 1)[0] ^ 0xFF]))
+
+
+def test_damage_at_the_oldest_segments_first_page_is_corruption_for_every_read(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        _fill(wal, 2)
+    _damage_first_page(wal_dir)
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        with pytest.raises(pmemwal.CorruptionError) as err:
+            list(wal.records())
+        assert err.value.lsn == first_lsn(0, SEG)
+        with pytest.raises(pmemwal.CorruptionError):
+            list(wal.record_heads(8))
+
+
+def test_an_empty_wal_still_reads_as_empty(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        assert list(wal.records()) == [] and list(wal.record_heads(8)) == []
+
+
+def test_a_wal_whose_only_record_left_ends_where_it_ends_reads_as_empty(wal_dir, mode):
+    """The oldest segment holds only the end of a record from a truncated one, and it ends at
+    a page boundary: the next page, where the first record would start, is not written."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        wal.append(b"x" * 100)
+        start, target = wal.insert_lsn, first_lsn(1, SEG) + PAGE
+        length = next(n for n in range(SEG - start, 2 * SEG, 8) if next_lsn(start, n) >= target)
+        assert next_lsn(start, length) == target
+        wal.append(b"y" * length, flush=True)
+        assert wal.truncate(wal.insert_lsn) == 1
+        assert list(wal.records()) == [] and list(wal.record_heads(8)) == []
+
+
+def test_a_log_without_its_index_refuses_to_open_over_a_damaged_first_page(wal_dir, mode):
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=SEG) as log:
+        log.append_many([_payload(i) for i in range(9000)], term=1)
+        log.sync()
+    shutil.rmtree(wal_dir / INDEX_DIR)
+    _damage_first_page(wal_dir)
+    with pytest.raises(pmemwal.CorruptionError):
+        pmemwal.open_log(wal_dir, mode=mode)  # never an empty log that writes entry 1 again
+
+
+# ---- a damaged record, a bad LSN, a truncated LSN: three errors --------------------------
+
+def _damaged_wal(wal_dir, mode) -> list[int]:
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        lsns = _fill(wal, 1)
+    flip_byte(wal_dir, lsns[100] + 40)  # record 100's payload: its checksum fails
+    return lsns
+
+
+def test_a_damaged_record_asked_for_by_its_lsn_is_corruption_not_a_bad_lsn(wal_dir, mode):
+    lsns = _damaged_wal(wal_dir, mode)
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        with pytest.raises(pmemwal.CorruptionError) as err:
+            wal.record(lsns[100])
+        assert err.value.lsn == lsns[100]
+        with pytest.raises(pmemwal.CorruptionError):
+            next(wal.records(lsns[100]))
+        assert bytes(wal.record(lsns[101]).payload) == _payload(101)
+
+
+def test_an_lsn_where_no_record_starts_is_a_value_error(wal_dir, mode):
+    lsns = _damaged_wal(wal_dir, mode)
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        for bad in (lsns[50] + 8, lsns[100] + 8, lsns[150] + 16):
+            with pytest.raises(ValueError):
+                wal.record(bad)
+            with pytest.raises(ValueError):
+                next(wal.records(bad))
+        with pytest.raises(ValueError):
+            wal.record(wal.insert_lsn + 64)
+        with pytest.raises(ValueError):
+            wal.record(lsns[50] + 3)  # not even a record position
+
+
+def test_a_truncated_lsn_is_a_truncated_error(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        lsns = _fill(wal, 3)
+        wal.truncate(first_lsn(2, SEG))
+        for call in (lambda: wal.record(lsns[0]), lambda: next(wal.records(lsns[0]))):
+            with pytest.raises(pmemwal.TruncatedError) as err:
+                call()
+            assert not isinstance(err.value, (ValueError, pmemwal.CorruptionError))
+            assert err.value.lsn == lsns[0] and err.value.first_lsn == wal.first_lsn
+
+
+@pytest.mark.parametrize("recycle", [0, 4])
+def test_a_reader_that_a_truncation_overtakes_gets_a_truncated_error(wal_dir, mode, recycle):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=recycle) as wal:
+        lsns = _fill(wal, 4)
+        reader, heads = wal.records(), wal.record_heads(4, batch=100)
+        assert bytes(next(reader).payload) == _payload(0)
+        assert bytes(next(heads)[2][0]) == _payload(0)[:4]
+        assert wal.truncate(first_lsn(3, SEG)) == 3
+        _fill(wal, 4, start=len(lsns))  # the recycled files written again
+        for read in (reader, heads):
+            with pytest.raises(pmemwal.TruncatedError) as err:
+                for _ in read:
+                    pass
+            assert err.value.lsn < first_lsn(3, SEG) <= err.value.first_lsn
+
+
+# ---- readers in several threads -----------------------------------------------------------
+
+def test_threads_reading_a_wal_of_many_segments_at_once_all_read_it_whole(wal_dir, mode,
+                                                                         monkeypatch):
+    """More segments than the read cache keeps (made small here, so that it happens all
+    the time): each thread's reads open mappings that evict (and close) those another
+    thread is reading through, and the threads take turns inside each other's reads."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        lsns = _fill(wal, 24, size=3000)
+    monkeypatch.setattr(supply, "_READ_CACHE", 2)
+    switch = sys.getswitchinterval()
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        failures: list[BaseException] = []
+        counts: list[int] = []
+
+        def read() -> None:
+            try:
+                counts.append(sum(1 for rec in wal.records() if len(rec.payload) == 3000))
+            except BaseException as exc:  # noqa: BLE001 (reported below)
+                failures.append(exc)
+
+        threads = [threading.Thread(target=read) for _ in range(6)]
+        sys.setswitchinterval(1e-6)  # the threads take turns often
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(switch)
+        assert not failures, failures
+        assert counts == [len(lsns)] * 6
+
+
+# ---- how long a payload view keeps its bytes ----------------------------------------------
+
+def test_a_held_payload_view_keeps_its_bytes_when_its_segment_is_truncated(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=8) as wal:
+        lsns = _fill(wal, 3)
+        held = [wal.record(lsns[0]).payload, next(wal.records(lsns[1])).payload]
+        wal.truncate(first_lsn(3, SEG))
+        _fill(wal, 6, start=len(lsns))  # into whatever files the truncation recycled
+        assert [bytes(v) for v in held] == [_payload(0), _payload(1)]
+        assert wal.stats()["segments_removed"] >= 1  # the one the views show: not reused
+
+
+def test_segments_no_view_shows_are_recycled(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=8) as wal:
+        lsns = _fill(wal, 3)
+        held = wal.record(lsns[0]).payload
+        assert bytes(held) == _payload(0)
+        del held  # released: nothing stops recycling now
+        wal.truncate(first_lsn(3, SEG))
+        assert wal.stats()["segments_recycled"] == 3 and wal.stats()["segments_removed"] == 0
+
+
+def test_a_held_payload_view_keeps_its_bytes_after_close(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        lsns = _fill(wal, 3)
+        held = wal.record(lsns[0]).payload
+    with pmemwal.open(wal_dir, mode=mode, background=False, recycle_segments=8) as wal:
+        wal.truncate(first_lsn(3, SEG))
+        _fill(wal, 6, start=len(lsns))  # another open reuses the files
+    assert bytes(held) == _payload(0)
+
+
+def test_a_held_log_entry_payload_keeps_its_bytes_through_compaction(wal_dir, mode):
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=SEG, background=False,
+                          recycle_segments=8) as log:
+        n = 15000  # about three segments
+        log.append_many([_payload(i) for i in range(n)], term=1, sync=True)
+        held = log.entry(1).payload
+        log.compact(n)
+        log.append_many([_payload(i) for i in range(n, 3 * n)], term=1, sync=True)
+        assert bytes(held) == _payload(0)
+    assert bytes(held) == _payload(0)
+
+
+def test_a_shared_wals_own_truncation_keeps_this_processs_views(wal_dir):
+    """A shared WAL: a truncation in the process that holds the view is bound by it as in a
+    WAL of one process (another process's is not: docs/SHARED.md)."""
+    with pmemwal.open(wal_dir, shared=True, segment_size=SEG, background=False,
+                      recycle_segments=8) as wal:
+        lsns = _fill(wal, 3)
+        held = wal.record(lsns[0]).payload
+        wal.truncate(first_lsn(3, SEG))
+        _fill(wal, 6, start=len(lsns))
+        assert bytes(held) == _payload(0)
