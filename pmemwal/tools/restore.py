@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pmemwal.archive import (DEFAULT_COMMAND_TIMEOUT, ArchiveStatus, CommandArchive, FsspecArchive,
                              fsync_path)
 from pmemwal.errors import ArchiveError, ConfigError, FormatError, format_lsn
-from pmemwal.format import HEADER_SIZE, SegmentHeader, segment_name
+from pmemwal.checkpoint import CheckpointFile
+from pmemwal.format import HEADER_SIZE, SegmentHeader, first_lsn, segment_name
 from pmemwal.segments import RESTORING_NAME, make_directories, sync_directory
 from pmemwal.tools.inspect import WalView, verify
 
@@ -143,7 +144,7 @@ def _restore_into(dest: str, archive, report: RestoreReport, until: int | None,
         if end.kind == "damage":
             where = end.describe(fetcher.header.segment_size)
             report.stopped = f"damage in the archived segments: {where}"
-    _finish(dest, report, fetcher.header.segment_size)
+    _finish(dest, report, fetcher.header)
 
 
 class _Fetcher:
@@ -215,8 +216,11 @@ def _cut(dest: str, lsn: int, segment_size: int, report: RestoreReport) -> None:
     report.cut_lsn = lsn
 
 
-def _finish(dest: str, report: RestoreReport, segment_size: int) -> None:
-    """Sync everything, give the segments restored whole ``.done`` status, count the records."""
+def _finish(dest: str, report: RestoreReport, header: SegmentHeader) -> None:
+    """Sync everything, give the segments restored whole ``.done`` status, count the records,
+    and write the checkpoint at the end verified (the segments say the WAL kept one: open
+    refuses a WAL without it, pmemwal/recovery.py)."""
+    segment_size = header.segment_size
     status = ArchiveStatus(dest)
     cut_segment = report.cut_lsn // segment_size if report.cut_lsn is not None else None
     for segno in report.segments:
@@ -231,3 +235,6 @@ def _finish(dest: str, report: RestoreReport, segment_size: int) -> None:
                            f"{check.summary_line()}")
     report.records, report.first_lsn, report.last_lsn, report.end_lsn = (
         check.records, check.first_lsn, check.last_lsn, check.end_lsn)
+    oldest = report.segments[0]
+    CheckpointFile(dest, header.wal_id, segment_size).write(
+        check.end_lsn or first_lsn(oldest, segment_size), check.last_lsn or 0, oldest)
