@@ -286,7 +286,7 @@ class WAL(Opening):
                 reason = _core.status_text(status)
                 if chosen and prev == -1:
                     raise ValueError(f"no valid record at LSN {format_lsn(lsn)}: {reason}")
-                raise CorruptionError(lsn, lsn // self.segment_size, reason)
+                raise self._damaged(lsn, reason)
             if not void:  # a void record is a range a dead writer left: no record
                 yield Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
             prev, lsn = lsn, next_lsn
@@ -350,7 +350,12 @@ class WAL(Opening):
             if last:  # where the chain stands, void records included
                 prev = last
             if status:
-                raise CorruptionError(lsn, lsn // self.segment_size, _core.status_text(status))
+                raise self._damaged(lsn, _core.status_text(status))
+
+    def _damaged(self, lsn: int, reason: str) -> CorruptionError:
+        """The error of a read that found damage at ``lsn``, noted for close."""
+        self._damage_read = True
+        return CorruptionError(lsn, lsn // self.segment_size, reason)
 
     def _payload(self, lsn: int, length: int, payload_lsn: int) -> memoryview:
         if payload_lsn < 0:
@@ -406,14 +411,20 @@ class WAL(Opening):
         return self._archiver.wait(self._oldest_segment(), self.flushed_lsn, timeout)
 
     def close(self) -> None:
-        """Flush what was appended, then release everything; closing twice is fine."""
+        """Flush what was appended, then release everything; closing twice is fine.
+
+        After a read found damage (CorruptionError), with nothing appended since the
+        open, the checkpoint stays as the open wrote it: an open or a read that refused
+        changes no file, and the older slot, what the WAL was before, is kept for the
+        repair."""
         if self._closed:
             return
         self._closed = True
         point = None
         try:
-            if not self._core.error:  # everything appended so far, made durable
-                point = self._flushed_position()
+            if not self._core.error and not (self._damage_read and
+                                             self._core.insert_lsn == self._opened_at):
+                point = self._flushed_position()  # everything appended so far, made durable
                 self._write_checkpoint(*point)
         finally:
             self._release(point)
