@@ -30,7 +30,10 @@ A slot is written with pwrite and fdatasync once everything below end_lsn is
 durable.  A truncation writes one naming the segment it keeps first *before*
 it removes anything, so a segment below oldest_segno may still exist (a crash
 cut the truncation short) but one at or above it, up to end_lsn's, never
-legitimately goes missing.  Validity rules are in docs/FORMAT.md, "Checkpoint".
+legitimately goes missing.  One that raises oldest_segno goes to both slots, so
+that no valid slot names what the truncation removes.  With no valid slot,
+recovery takes cuts from a damaged slot whose other fields still name this WAL
+(``damaged_cuts``).  Validity rules are in docs/FORMAT.md, "Checkpoint".
 """
 
 from __future__ import annotations
