@@ -164,7 +164,7 @@ class Recovery:
         if cp is None:
             return reason or "no checkpoint (a WAL made before checkpoints, or never opened " \
                 "to the end)"
-        if cp.end_lsn < first_lsn(self._segnos[0], self._size):
+        if cp.end_lsn < first_lsn(self._oldest(cp), self._size):
             return "the checkpoint lies below the oldest segment"
         return None
 

@@ -32,6 +32,8 @@ import pytest
 
 import pmemwal
 from pmemwal import _core, lostfound
+from pmemwal.checkpoint import CheckpointFile
+from pmemwal.format import HEADER_SIZE, SegmentHeader
 from pmemwal.recovery import RecoveryWarning
 from conftest import (PAGE, PAGE_HDR, REC_HDR, SEG, USABLE, assert_chain, expected_end,
                       file_bytes, file_write, first_lsn_of_segment, flip_byte, lsn_of, next_lsn, payload,
@@ -839,3 +841,16 @@ def test_a_refused_open_leaves_every_file_as_it_was(wal_dir, mode):
     with pytest.warns(RecoveryWarning):
         pmemwal.open(wal_dir, mode=mode, on_corruption="truncate").close()
     assert not tmp.exists()
+
+
+def test_a_checkpoint_whose_end_lies_below_its_oldest_segment_is_read_from_that_segment(
+        wal_dir, mode):
+    """A checkpoint naming an end in segment 0 and segment 2 as the oldest (an earlier
+    version's cut wrote such): the end is below the WAL, so every record is read from
+    segment 2, and damage in segment 0 is none of the WAL's."""
+    recs, first = _truncation_cut_short(wal_dir, mode)
+    header = SegmentHeader.unpack(seg_file(wal_dir, 2).read_bytes()[:HEADER_SIZE], "segment 2")
+    CheckpointFile(str(wal_dir), header.wal_id, SEG).write(recs[2][0], recs[1][0], 2)
+    flip_byte(wal_dir, recs[5][0] + REC_HDR + 5)      # in segment 0, past that end
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert _records(wal) == recs[first:] and wal.cuts == 0
