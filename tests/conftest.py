@@ -236,7 +236,7 @@ def as_made_before_checkpoints(wal_path) -> None:
                 header = SegmentHeader.unpack(f.read(HEADER_SIZE), name)
                 f.seek(0)
                 f.write(SegmentHeader(header.segno, header.segment_size, header.wal_id).pack())
-    (directory / CHECKPOINT_NAME).unlink()
+    (directory / CHECKPOINT_NAME).unlink(missing_ok=True)
 
 
 # ---- reading back ----------------------------------------------------------------
