@@ -131,7 +131,8 @@ def _restore_into(dest: str, archive, report: RestoreReport, until: int | None,
                            f"{archive.description} holds no usable segment: {report.stopped}")
     while True:
         with WalView(dest) as view:
-            end = view.scan(until if until is not None else _END).end
+            scanned = view.scan(until if until is not None else _END)
+            end = scanned.end
         if (until is not None and end.kind in ("clean", "torn") and end.lsn < until
                 and not fetcher.done and fetcher.next(None)):
             continue  # the last record before `until` runs into the next segment: fetch it
@@ -144,7 +145,7 @@ def _restore_into(dest: str, archive, report: RestoreReport, until: int | None,
         if end.kind == "damage":
             where = end.describe(fetcher.header.segment_size)
             report.stopped = f"damage in the archived segments: {where}"
-    _finish(dest, report, fetcher.header)
+    _finish(dest, report, fetcher.header, end.lsn, scanned.last_lsn)
 
 
 class _Fetcher:
@@ -216,10 +217,12 @@ def _cut(dest: str, lsn: int, segment_size: int, report: RestoreReport) -> None:
     report.cut_lsn = lsn
 
 
-def _finish(dest: str, report: RestoreReport, header: SegmentHeader) -> None:
-    """Sync everything, give the segments restored whole ``.done`` status, count the records,
-    and write the checkpoint at the end verified (the segments say the WAL kept one: open
-    refuses a WAL without it, pmemwal/recovery.py)."""
+def _finish(dest: str, report: RestoreReport, header: SegmentHeader, end_lsn: int | None,
+            last_lsn: int | None) -> None:
+    """Sync everything, give the segments restored whole ``.done`` status, write the
+    checkpoint at the end the chain was followed to (``end_lsn``, where the record at
+    ``last_lsn`` ends: the archived segments say the WAL kept one, and open refuses them
+    without it, pmemwal/recovery.py), then verify and count the records."""
     segment_size = header.segment_size
     status = ArchiveStatus(dest)
     cut_segment = report.cut_lsn // segment_size if report.cut_lsn is not None else None
@@ -229,12 +232,12 @@ def _finish(dest: str, report: RestoreReport, header: SegmentHeader) -> None:
             status.mark_done(segno)
     status.sync()
     fsync_path(dest)
+    oldest = report.segments[0]
+    CheckpointFile(dest, header.wal_id, segment_size).write(
+        end_lsn if end_lsn is not None else first_lsn(oldest, segment_size), last_lsn or 0, oldest)
     check = verify(dest)
     if not check.ok:
         raise ArchiveError(errno.EIO, f"the restored WAL at {dest} does not verify: "
                            f"{check.summary_line()}")
     report.records, report.first_lsn, report.last_lsn, report.end_lsn = (
         check.records, check.first_lsn, check.last_lsn, check.end_lsn)
-    oldest = report.segments[0]
-    CheckpointFile(dest, header.wal_id, segment_size).write(
-        check.end_lsn or first_lsn(oldest, segment_size), check.last_lsn or 0, oldest)
