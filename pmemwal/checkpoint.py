@@ -30,7 +30,10 @@ A slot is written with pwrite and fdatasync once everything below end_lsn is
 durable.  A truncation writes one naming the segment it keeps first *before*
 it removes anything, so a segment below oldest_segno may still exist (a crash
 cut the truncation short) but one at or above it, up to end_lsn's, never
-legitimately goes missing.  Validity rules are in docs/FORMAT.md, "Checkpoint".
+legitimately goes missing.  One that raises oldest_segno goes to both slots, so
+that no valid slot names what the truncation removes.  With no valid slot,
+recovery takes cuts from a damaged slot whose other fields still name this WAL
+(``damaged_cuts``).  Validity rules are in docs/FORMAT.md, "Checkpoint".
 """
 
 from __future__ import annotations
@@ -95,13 +98,27 @@ class CheckpointFile:
                  if (cp := unpack(body, self._wal_id, self._segment_size)) is not None]
         return max(valid, key=lambda cp: cp.seq) if valid else None
 
+    def damaged_cuts(self) -> int:
+        """The highest ``cuts`` of the slots whose CRC fails but that still name this WAL
+        and keep the rules (what damaged them spared the fields around cuts); 0 if none."""
+        found = [cp.cuts for body in self._slots.read(checked=False)
+                 if (cp := unpack(body, self._wal_id, self._segment_size)) is not None]
+        return max(found, default=0)
+
     def write(self, end_lsn: int, last_lsn: int, oldest_segno: int, clean: bool = False,
               current: Checkpoint | None = None, cuts: int = 0) -> Checkpoint:
         """Write the next slot (after ``current``, the valid one; read when None) and sync it.
-        The caller has made everything below ``end_lsn`` durable.  ``cuts`` never goes down."""
+        The caller has made everything below ``end_lsn`` durable.  ``cuts`` never goes down.
+
+        One that raises oldest_segno (a truncation's, before it removes the segments below)
+        is written to both slots in turn: ``current``, left in the other slot, vouches for
+        those segments, and were the new slot damaged later, recovery would fall back to
+        it and take the segments truncated for deleted."""
         current = current if current is not None else self.read()
         seq = current.seq + 1 if current is not None else 1
         cuts = max(cuts, current.cuts if current is not None else 0)
-        cp = Checkpoint(seq, end_lsn, last_lsn, oldest_segno, clean, time.time_ns(), cuts)
-        self._slots.write(seq % 2, cp.pack(self._wal_id, self._segment_size))
+        raises = current is not None and current.oldest_segno < oldest_segno
+        for seq in (seq, seq + 1) if raises else (seq,):
+            cp = Checkpoint(seq, end_lsn, last_lsn, oldest_segno, clean, time.time_ns(), cuts)
+            self._slots.write(seq % 2, cp.pack(self._wal_id, self._segment_size))
         return cp

@@ -9,11 +9,13 @@ open (CorruptionError) has written nothing.
 - With a valid checkpoint (pmemwal/checkpoint.py), the chain is followed from
   its end_lsn, linked to its last_lsn: the records before it were durable, so
   nothing there is read, and nothing there can be taken for a torn tail.  The
-  segments from its oldest_segno to the one holding its end must exist.
+  segments from its oldest_segno to the one holding its end must exist; those
+  below it (a truncation a crash cut short left them) are no part of the WAL.
 - Without one (a WAL made before checkpoints, or both slots torn: said by a
   warning), or with ``verify="all"``, the chain is followed from the first
   record of the oldest segment, as before; an end found before the checkpoint's
-  end_lsn is then damage to acknowledged records.
+  end_lsn is then damage to acknowledged records.  A missing CHECKPOINT whose
+  segments say the WAL kept one was deleted: refused, as damage is.
 - Past the end x, ``Recovery.run`` decides torn tail or damage on the native
   reader's evidence (``beyond``, native/wal_reader.c: wal_beyond): a valid
   record past x whose durable hint passes x proves that x had been flushed, and
@@ -75,8 +77,10 @@ class Recovery:
 
     def __init__(self, directory: WalDirectory, segnos: list[int], segment_size: int,
                  wal_id: bytes, reader: _core.Reader,
-                 segment: Callable[[int], memoryview | None], checkpoints: CheckpointFile) -> None:
+                 segment: Callable[[int], memoryview | None], checkpoints: CheckpointFile,
+                 checkpointed: bool = False) -> None:
         self._dir = directory
+        self._checkpointed = checkpointed  # a segment header says CHECKPOINT was kept
         self._segnos = segnos
         self._size = segment_size
         self._wal_id = wal_id
@@ -87,11 +91,10 @@ class Recovery:
     def run(self, on_corruption: str, verify: str = "checkpoint") -> Recovered:
         self._cut_durable = False
         cp = self._checkpoints.read()
-        full_scan = self._full_scan_reason(cp, verify)
-        oldest = self._segnos[0] if cp is None else max(self._segnos[0], cp.oldest_segno)
-        if cp is not None and self._check_vouched_segments(cp, on_corruption):
+        full_scan = self._full_scan_reason(cp, verify, on_corruption)
+        oldest = self._oldest(cp)  # (segments below it are no part of the WAL)
+        if cp is not None and self._check_vouched_segments(cp, oldest, on_corruption):
             full_scan = full_scan or "segments the checkpoint vouches for are missing"
-            oldest = self._segnos[0]  # the cut below lands at the first one missing
         if cp is None or not cp.clean:
             self._read_from_disk(cp.end_lsn if cp is not None and full_scan is None else 0)
         if full_scan is None and cp is not None:  # (no reason for a full scan: a checkpoint)
@@ -99,11 +102,11 @@ class Recovery:
             status, x, last, _, _, bad = self._reader.scan(start, prev or -1, _END)
             last = last or prev
         else:
-            status, start = self._reader.first_record(self._segnos[0])
+            status, start = self._reader.first_record(oldest)
             x, last, bad = start, 0, start
             if status == 0:
                 status, x, last, _, _, bad = self._reader.scan(start, -1, _END)
-            if cp is not None and first_lsn(self._segnos[0], self._size) <= x < cp.end_lsn:
+            if cp is not None and first_lsn(oldest, self._size) <= x < cp.end_lsn:
                 self._refuse(on_corruption, x, f"{_core.status_text(status)}, before the "
                              f"checkpoint's end {format_lsn(cp.end_lsn)}: this record had been "
                              "made durable")
@@ -119,10 +122,11 @@ class Recovery:
             aside = self._set_aside(x, pages, min_prev, _core.status_text(status))
         else:
             pages = []
-        cuts = (cp.cuts if cp is not None else 0) + self._cut_durable
+        cuts = (cp.cuts if cp is not None else self._cuts_without_checkpoint()) + \
+            self._cut_durable
         if cp is not None and x < cp.end_lsn:  # a cut below it: the checkpoint goes first,
             # so that no open after a crash starts reading past the zeroed records
-            self._checkpoints.write(x, last, self._segnos[0], current=cp, cuts=cuts)
+            self._checkpoints.write(x, last, oldest, current=cp, cuts=cuts)
         self._wipe_beyond(x, pages)
         return Recovered(x, last, None if full_scan else start, start, full_scan, aside, oldest,
                          cuts)
@@ -147,25 +151,56 @@ class Recovery:
             finally:
                 os.close(fd)
 
-    def _full_scan_reason(self, cp: Checkpoint | None, verify: str) -> str | None:
+    def _full_scan_reason(self, cp: Checkpoint | None, verify: str,
+                          on_corruption: str) -> str | None:
+        if cp is None:
+            reason = self._no_checkpoint_reason(on_corruption)
+            if reason is not None:
+                warnings.warn(f"{self._dir.path}: {reason}; reading every retained record",
+                              RecoveryWarning, stacklevel=5)
         if verify == "all":
             return "verify='all'"
         if cp is None:
-            if not os.path.exists(self._checkpoints.path):
-                return "no checkpoint (a WAL made before checkpoints, or never opened to the end)"
-            reason = "no valid checkpoint slot: both are torn or damaged"
-            warnings.warn(f"{self._dir.path}: {reason}; reading every retained record",
-                          RecoveryWarning, stacklevel=4)
-            return reason
-        if cp.end_lsn < first_lsn(self._segnos[0], self._size):
+            return reason or "no checkpoint (a WAL made before checkpoints, or never opened " \
+                "to the end)"
+        if cp.end_lsn < first_lsn(self._oldest(cp), self._size):
             return "the checkpoint lies below the oldest segment"
         return None
 
-    def _check_vouched_segments(self, cp: Checkpoint, on_corruption: str) -> bool:
+    def _no_checkpoint_reason(self, on_corruption: str) -> str | None:
+        """Why there is no valid checkpoint, to be warned of (None: a WAL made before
+        checkpoints); CorruptionError for a lost CHECKPOINT unless told to truncate."""
+        if self._lost_checkpoint():
+            reason = ("CHECKPOINT is missing, but the segments say this WAL kept one "
+                      "(deleted?): without it, damage to the last acknowledged records "
+                      "cannot be told from a torn tail")
+            if on_corruption == "raise":
+                raise CorruptionError(first_lsn(self._segnos[0], self._size), self._segnos[0],
+                                      reason + " (put it back, or open with on_corruption="
+                                      "'truncate' to read every record and write a new one)")
+            return reason
+        if os.path.exists(self._checkpoints.path):
+            return "no valid checkpoint slot: both are torn or damaged"
+        return None
+
+    def _oldest(self, cp: Checkpoint | None) -> int:
+        """The WAL's oldest segment: the first one there is from the checkpoint's
+        oldest_segno on.  Segments below it that a crash left behind a truncation hold
+        nothing of the WAL (the truncation wrote the checkpoint first): not read, and
+        removed once the open goes on (wal/opening.py, _tidy)."""
+        if cp is None:
+            return self._segnos[0]
+        kept = [n for n in self._segnos if n >= cp.oldest_segno]
+        return kept[0] if kept else self._segnos[0]
+
+    def _check_vouched_segments(self, cp: Checkpoint, oldest: int, on_corruption: str) -> bool:
         """Whether a segment is missing from the checkpoint's oldest to the one holding its
         last byte (truncation writes the checkpoint that drops a segment before it removes
         it): CorruptionError, or with on_corruption="truncate" a warning, and True (the
-        caller then reads every retained record, to cut at the first one missing)."""
+        caller then reads every retained record from ``oldest``).  Missing below every
+        segment there is (the WAL's oldest records gone, the chain from ``oldest`` whole),
+        the WAL begins at ``oldest``: a cut of durable records all the same.  Missing above
+        one, the scan stops at the first one missing and the WAL is cut there."""
         end = cp.end_lsn
         last_segno = end // self._size - (end % self._size == PAGE_SIZE + PAGE_HEADER_SIZE)
         present = set(self._segnos)
@@ -176,11 +211,37 @@ class Recovery:
                 f"segments {missing[0]:016X}..{missing[-1]:016X} are missing ({len(missing)})")
         reason = (f"{what}, but the checkpoint says they held records durable up to "
                   f"{format_lsn(end)}: deleted, with their records")
-        if on_corruption == "raise":
-            raise CorruptionError(first_lsn(missing[0], self._size), missing[0], reason)
-        warnings.warn(f"{self._dir.path}: {reason}; on_corruption='truncate' cuts the WAL at "
-                      "the first one missing", RecoveryWarning, stacklevel=4)
+        if on_corruption == "raise" or oldest < cp.oldest_segno:
+            left = "" if oldest >= cp.oldest_segno else " (and none of the WAL's is left)"
+            raise CorruptionError(first_lsn(missing[0], self._size), missing[0], reason + left)
+        if missing[0] < oldest:
+            self._cut_durable = True
+            cut = (f"their records are lost, and on_corruption='truncate' lets the WAL now "
+                   f"begin in segment {oldest:016X} (counted as a cut)")
+        else:
+            cut = "on_corruption='truncate' cuts the WAL at the first one missing"
+        warnings.warn(f"{self._dir.path}: {reason}; {cut}", RecoveryWarning, stacklevel=4)
         return True
+
+    def _lost_checkpoint(self) -> bool:
+        """Whether CHECKPOINT is missing from a WAL whose segments say it kept one
+        (CHECKPOINTED, pmemwal/format.py).  A new WAL's first segment says so before
+        the open writes its first checkpoint: with nothing ever written in it (its first
+        data page all zeros), a crash came in between, and nothing is lost."""
+        if not self._checkpointed or os.path.exists(self._checkpoints.path):
+            return False
+        seg_map = self._segment(0) if self._segnos == [0] else None
+        return seg_map is None or bool(np.frombuffer(seg_map, np.uint8, PAGE_SIZE, PAGE_SIZE).any())
+
+    def _cuts_without_checkpoint(self) -> int:
+        """The count of cuts to go on from with no valid checkpoint slot: none for a WAL
+        made before checkpoints; with both slots invalid, or CHECKPOINT lost, one more than
+        a damaged slot still shows (the count never goes down), since a scan without a
+        checkpoint cannot tell damage to acknowledged records from a torn tail, and may
+        cut them."""
+        if not os.path.exists(self._checkpoints.path) and not self._lost_checkpoint():
+            return 0
+        return self._checkpoints.damaged_cuts() + 1
 
     def _check_deleted(self, on_corruption: str, status: int, x: int, bad: int) -> None:
         """The chain ran into a segment that is missing although a later one exists

@@ -37,7 +37,8 @@ from typing import Iterator
 
 from pmemwal import _core
 from pmemwal.errors import ClosedError, FormatError, LockedError, NotFoundError, StorageError
-from pmemwal.format import HEADER_SIZE, SegmentHeader, parse_segment_name, segment_name
+from pmemwal.format import (CHECKPOINTED, HEADER_SIZE, SegmentHeader, parse_segment_name,
+                            segment_name)
 from pmemwal.libpmem import buffer_address
 
 LOCK_NAME = "LOCK"
@@ -45,6 +46,7 @@ CONTROL_NAME = "CONTROL"  # a shared WAL's control file (pmemwal/control.py)
 CHECKPOINT_NAME = "CHECKPOINT"  # where recovery starts (pmemwal/checkpoint.py)
 RESTORING_NAME = "RESTORING"  # a restore is building this WAL (pmemwal/tools/restore.py)
 LOST_FOUND_NAME = "lost+found"  # what a cut set aside (pmemwal/lostfound.py)
+INDEX_NAME = "index"  # pmemwal.Log's durable index (pmemwal/log_index.py)
 MAP_SHARED_VALIDATE = 0x03
 MAP_SYNC = 0x80000
 MADV_POPULATE_WRITE = 23  # Linux 5.14+
@@ -53,7 +55,7 @@ _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/archive.py)
 # What a WAL directory holds besides its segments (and their temp files)
 WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
-            ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, "index"}  # index/: pmemwal/log_index.py
+            ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, INDEX_NAME}
 _ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
 
 
@@ -232,11 +234,19 @@ class WalDirectory:
             raise ClosedError("the WAL is closed")
         os.fsync(self.dir_fd)
 
-    def create(self, segno: int, segment_size: int, wal_id: bytes, zero_fill: bool = False) -> None:
+    def header_flags(self) -> int:
+        """The flags of a segment header written now: CHECKPOINTED once the WAL has a
+        CHECKPOINT (pmemwal/format.py).  A stat, at each segment made or recycled."""
+        return CHECKPOINTED if os.path.exists(os.path.join(self.path, CHECKPOINT_NAME)) else 0
+
+    def create(self, segno: int, segment_size: int, wal_id: bytes, zero_fill: bool = False,
+               flags: int | None = None) -> None:
         """A new, fully allocated segment file; ``zero_fill`` writes every byte of it
         instead (PostgreSQL's wal_init_zero): allocated blocks are still unwritten
         (ext4's unwritten extents, tmpfs pages not yet cleared), so the first write to
-        each would cost an appender a page clear or an extent conversion at its sync."""
+        each would cost an appender a page clear or an extent conversion at its sync.
+        ``flags``: its header's (None: ``header_flags()``)."""
+        flags = self.header_flags() if flags is None else flags
         path = self.file(segno)
         tmp = path + ".tmp"
         with storage_errors(f"creating {path}"):
@@ -248,7 +258,7 @@ class WalDirectory:
                         offset += os.pwrite(fd, _ZEROS[:segment_size - offset], offset)
                 else:
                     os.posix_fallocate(fd, 0, segment_size)
-                os.pwrite(fd, SegmentHeader(segno, segment_size, wal_id).pack(), 0)
+                os.pwrite(fd, SegmentHeader(segno, segment_size, wal_id, flags).pack(), 0)
                 os.fdatasync(fd)
             except OSError:
                 os.unlink(tmp)
@@ -273,7 +283,8 @@ class WalDirectory:
             if own:
                 fd = os.open(tmp, os.O_RDWR)
             try:
-                os.pwrite(fd, SegmentHeader(new, segment_size, wal_id).pack(), 0)
+                os.pwrite(fd, SegmentHeader(new, segment_size, wal_id,
+                                            self.header_flags()).pack(), 0)
                 os.fdatasync(fd)
             finally:
                 if own:

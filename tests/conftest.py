@@ -29,8 +29,9 @@ from click.testing import CliRunner
 import pmemwal
 from pmemwal import _core
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
-from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, RECORD_HEADER_SIZE, SegmentHeader,
-                            parse_segment_name, segment_name)
+from pmemwal.format import (HEADER_SIZE, PAGE_HEADER_SIZE, PAGE_SIZE, RECORD_HEADER_SIZE,
+                            SegmentHeader, parse_segment_name, segment_name)
+from pmemwal.segments import CHECKPOINT_NAME
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
@@ -223,6 +224,19 @@ def rewind_checkpoint(wal_path, lsn: int | None = None) -> Checkpoint:
     written = checkpoints.write(lsn, prev_lsn, oldest, clean=False, current=checkpoints.read())
     assert checkpoints.read() == written, "the rewound checkpoint does not read back"
     return written
+
+
+def as_made_before_checkpoints(wal_path) -> None:
+    """Make a closed WAL what a pmemwal without checkpoints left: CHECKPOINT deleted and the
+    CHECKPOINTED flag cleared from every segment header (pmemwal/format.py)."""
+    directory = Path(wal_path)
+    for name in sorted(os.listdir(directory)):
+        if parse_segment_name(name) is not None:
+            with open(directory / name, "r+b") as f:
+                header = SegmentHeader.unpack(f.read(HEADER_SIZE), name)
+                f.seek(0)
+                f.write(SegmentHeader(header.segno, header.segment_size, header.wal_id).pack())
+    (directory / CHECKPOINT_NAME).unlink(missing_ok=True)
 
 
 # ---- reading back ----------------------------------------------------------------

@@ -12,10 +12,12 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 from click.testing import CliRunner
@@ -28,7 +30,7 @@ from pmemwal.slots import SLOT_STRIDE
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.cli import main as cli
 
-from conftest import child_env, seg_file, stream_write
+from conftest import as_made_before_checkpoints, child_env, seg_file, stream_write
 
 N, DAMAGED = 1500, 100
 PATTERNS = ("each", "end", "background", "every500")
@@ -594,3 +596,189 @@ sys.stdin.read()
     with pmemwal.open(wal_dir, mode=mode):                  # closed cleanly just now
         pass
     assert not dropped
+
+
+# ---- what the checkpoint vouches for, and what an open may change -------------------------
+
+SEG = 1 << 20
+
+
+def _tree(path) -> dict[str, str]:
+    """Every file and directory under ``path``, a file with its contents' digest."""
+    out = {}
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            out[os.path.relpath(os.path.join(root, name), path) + "/"] = ""
+        for name in files:
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def _fill(wal_dir, mode: str, segments: int, **opts) -> list[int]:
+    """A closed WAL of 10,000-byte records reaching into segment ``segments``; their LSNs."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False, **opts) as wal:
+        lsns = []
+        while wal.insert_lsn < segments * SEG + 5 * 8192:
+            lsns.append(wal.append(b"%d/" % len(lsns) + bytes(10_000)))
+    return lsns
+
+
+@pytest.mark.parametrize("left", ["CHECKPOINT", "lost+found", "index"])
+def test_a_wal_whose_segments_were_all_deleted_is_not_made_anew(wal_dir, left):
+    """Every segment file deleted, what else the WAL kept still there: open refuses, naming
+    what it found, instead of making a new, empty WAL (another id) over it."""
+    _fill(wal_dir, "direct", 1)
+    for name in os.listdir(wal_dir):
+        if name.endswith(".wal"):
+            os.unlink(wal_dir / name)
+    if left != "CHECKPOINT":
+        os.unlink(wal_dir / "CHECKPOINT")
+        os.mkdir(wal_dir / left)
+    before = _tree(wal_dir)
+    for create in (True, False):
+        with pytest.raises(pmemwal.CorruptionError, match=f"{re.escape(left)}.* no segment file") as info:
+            pmemwal.open(wal_dir, create=create)
+        assert "deleted" in str(info.value)
+        assert _tree(wal_dir) == before, "a refused open changed the directory"
+
+
+def test_a_read_that_found_damage_leaves_the_checkpoint_as_the_open_wrote_it(wal_dir, mode):
+    """Damage before the checkpoint is found by the read: with nothing appended, close
+    rewrites nothing (a refused open changes no file; neither does a read that refused)."""
+    payloads = _payloads(5)[:300]
+    lsns = _write(wal_dir, mode, SEG, "end", payloads)
+    _garble(wal_dir, lsns[DAMAGED], SEG)
+    wal = pmemwal.open(wal_dir, mode=mode, background=False)
+    opened = (wal_dir / "CHECKPOINT").read_bytes()
+    with pytest.raises(pmemwal.CorruptionError):
+        for _ in wal.records():
+            pass
+    wal.close()
+    assert (wal_dir / "CHECKPOINT").read_bytes() == opened
+    with pmemwal.open(wal_dir, mode=mode, background=False):  # no damage read: a clean close
+        pass
+    assert CheckpointFile(str(wal_dir), wal.wal_id, SEG).read().clean
+
+
+def test_a_slot_older_than_a_truncation_does_not_vouch_for_what_it_removed(wal_dir, mode):
+    """The newest slot damaged after a truncation: the other must not name the removed
+    segments (a false "segments deleted" error)."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=0) as wal:
+        lsns = []
+        while wal.insert_lsn < 3 * SEG + 5 * 8192:
+            lsns.append(wal.append(b"%d/" % len(lsns) + bytes(10_000)))
+        wal.checkpoint()
+        assert wal.truncate(2 * SEG) == 2
+        after_truncation = (wal_dir / "CHECKPOINT").read_bytes()
+    (wal_dir / "CHECKPOINT").write_bytes(after_truncation)  # as a crash right after it left it
+    cpf = CheckpointFile(str(wal_dir), wal.wal_id, SEG)
+    newest = cpf.read()
+    assert newest.oldest_segno == 2
+    with open(cpf.path, "r+b") as f:  # damage the newest slot
+        f.seek((newest.seq % 2) * SLOT_STRIDE + 100)
+        f.write(b"\xff" * 8)
+    assert cpf.read().oldest_segno == 2, "a slot from before the truncation vouches"
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        kept = [r.lsn for r in wal.records()]
+    assert kept == [lsn for lsn in lsns if lsn >= kept[0]] and kept[0] < 2 * SEG + 3 * 8192
+
+
+def test_a_deleted_oldest_segment_cut_with_truncate_counts_as_a_cut(wal_dir, mode):
+    """The oldest segment the checkpoint vouches for deleted, the open told to truncate: the
+    records in it are gone, so the cut is counted (a layer's index from before is not
+    used), and the warning says what became of the WAL."""
+    lsns = _fill(wal_dir, mode, 2)
+    os.unlink(seg_file(wal_dir, 0))
+    with pytest.warns(RecoveryWarning, match="segment 0000000000000000 is missing") as caught:
+        wal = pmemwal.open(wal_dir, mode=mode, on_corruption="truncate")
+    text = " ".join(str(w.message) for w in caught)
+    assert "lost" in text and "now begin in segment 0000000000000001" in text
+    with wal:
+        assert wal.cuts == 1
+        kept = [r.lsn for r in wal.records()]   # segment 1's records on, every one
+        assert kept == [lsn for lsn in lsns if lsn >= kept[0]] and SEG < kept[0] < SEG + 2 * 8192
+    with pmemwal.open(wal_dir, mode=mode) as wal:  # the cut holds, and is not counted again
+        assert wal.cuts == 1
+
+
+@pytest.mark.parametrize("damage", ["cuts field kept", "both slots overwritten"])
+def test_cuts_never_goes_down_when_both_slots_are_invalid(wal_dir, mode, damage):
+    """Both slots invalid: recovery goes on from one more than the count a damaged slot
+    still shows (the scan without a checkpoint may cut damaged acknowledged records as a
+    torn tail, so it counts as a cut), never from 0.  With both slots overwritten whole the
+    count is lost with them: it goes on from 1."""
+    lsns = _fill(wal_dir, mode, 1)
+    for round in (1, 2):  # two cuts of durable records
+        _garble(wal_dir, lsns[-10 * round], SEG)
+        with pytest.warns(RecoveryWarning):
+            pmemwal.open(wal_dir, mode=mode, verify="all", on_corruption="truncate").close()
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert wal.cuts == 2
+    with open(wal_dir / "CHECKPOINT", "r+b") as f:
+        for slot in (0, SLOT_STRIDE):
+            if damage == "cuts field kept":   # a CRC that fails, the rest as written
+                f.seek(slot + 508)
+                f.write(b"\0\0\0\0")
+            else:
+                f.seek(slot)
+                f.write(b"\xff" * 512)
+    with pytest.warns(RecoveryWarning, match="no valid checkpoint"):
+        wal = pmemwal.open(wal_dir, mode=mode)
+    with wal:
+        assert wal.cuts == (3 if damage == "cuts field kept" else 1)
+    with pmemwal.open(wal_dir, mode=mode) as wal:   # the open wrote it: valid again
+        assert wal.recovery["full_scan"] is None
+        assert wal.cuts == (3 if damage == "cuts field kept" else 1)
+
+
+def test_a_deleted_checkpoint_is_not_taken_for_a_wal_made_before_checkpoints(wal_dir, mode):
+    """The segments say the WAL kept a CHECKPOINT: without it, damage to the last
+    acknowledged record would be cut as a torn tail, silently.  Open refuses, changing
+    nothing; told to truncate, it reads every record, says so, and counts a cut."""
+    payloads = _payloads(6)[:300]
+    lsns = _write(wal_dir, mode, SEG, "end", payloads)
+    _garble(wal_dir, lsns[-1], SEG)     # the last acknowledged record
+    os.unlink(wal_dir / "CHECKPOINT")
+    before = _tree(wal_dir)
+    for verify in ("checkpoint", "all"):
+        with pytest.raises(pmemwal.CorruptionError, match="CHECKPOINT is missing"):
+            pmemwal.open(wal_dir, mode=mode, verify=verify)
+        assert _tree(wal_dir) == before, "a refused open changed the directory"
+    with pytest.warns(RecoveryWarning, match="CHECKPOINT is missing"):
+        wal = pmemwal.open(wal_dir, mode=mode, on_corruption="truncate")
+    with wal:
+        assert wal.recovery["full_scan"].startswith("CHECKPOINT is missing")
+        assert [bytes(r.payload) for r in wal.records()] == payloads[:-1]
+        assert wal.cuts == 1
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert wal.recovery["full_scan"] is None and wal.cuts == 1
+
+
+def test_a_wal_made_before_checkpoints_opens_as_before(wal_dir, mode):
+    payloads = _payloads(7)[:300]
+    _write(wal_dir, mode, SEG, "end", payloads)
+    as_made_before_checkpoints(wal_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecoveryWarning)
+        wal = pmemwal.open(wal_dir, mode=mode)
+    with wal:
+        assert wal.recovery["full_scan"].startswith("no checkpoint")
+        assert [bytes(r.payload) for r in wal.records()] == payloads and wal.cuts == 0
+        wal.append(b"after")
+    with pmemwal.open(wal_dir, mode=mode) as wal:  # it has a checkpoint now
+        assert wal.recovery["full_scan"] is None
+        assert [bytes(r.payload) for r in wal.records()] == payloads + [b"after"]
+
+
+def test_a_new_wal_cut_short_before_its_first_checkpoint_opens(wal_dir, mode):
+    """A crash between making a new WAL's first segment and writing its first checkpoint:
+    the segment says CHECKPOINTED, no record was ever written, nothing is lost."""
+    pmemwal.open(wal_dir, mode=mode, segment_size=SEG).close()
+    os.unlink(wal_dir / "CHECKPOINT")
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        wal.append(b"first")
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert [bytes(r.payload) for r in wal.records()] == [b"first"]

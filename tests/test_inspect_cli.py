@@ -39,8 +39,9 @@ from pmemwal import _core
 from pmemwal.format import segment_name
 from pmemwal.tools import inspect
 from pmemwal.tools.cli import main
-from conftest import (PAGE, REC_HDR, SEG, cli_runner, file_write, flip_byte, next_lsn, payload,
-                      read_all, rec_size, rewind_checkpoint, seg_file, stream_write)
+from conftest import (PAGE, REC_HDR, SEG, as_made_before_checkpoints, cli_runner, file_write,
+                      flip_byte, next_lsn, payload, read_all, rec_size, rewind_checkpoint,
+                      seg_file, stream_write)
 
 SPANNING = 1_200_000                         # longer than a 1 MiB segment: it crosses into the next
 SIZES = [0, 1, 8168, 20000, SPANNING, 5]
@@ -609,3 +610,36 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(wal_dir, args):
     proc.stdout.close()                          # the reader goes, as head does
     stderr = proc.stderr.read()
     assert proc.wait(60) == 141 and stderr == b""
+
+
+def test_verify_reads_the_wal_from_the_checkpoints_oldest_segment(wal_dir):
+    """Segments a crash left below the checkpoint's oldest (a truncation cut short) are no
+    part of the WAL: damage in them is no problem, as open does not read them either."""
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False, recycle_segments=0) as wal:
+        lsns = []
+        while wal.insert_lsn < 3 * SEG + 5 * PAGE:
+            lsns.append(wal.append(payload(f"v/{len(lsns)}", 10_000)))
+        wal.flush()
+        left = {n: seg_file(wal_dir, n).read_bytes() for n in (0, 1)}
+        wal.truncate(2 * SEG)
+    for n, data in left.items():
+        seg_file(wal_dir, n).write_bytes(data)
+    flip_byte(wal_dir, lsns[3] + REC_HDR + 5)
+    report = inspect.verify(wal_dir)
+    assert report.ok, report.summary_line()
+    assert report.first_lsn >= 2 * SEG and report.records == sum(1 for n in lsns
+                                                                 if n >= report.first_lsn)
+    assert any("below the checkpoint's oldest" in note for note in report.notes)
+
+
+def test_verify_reports_a_deleted_checkpoint(wal_dir):
+    """The segment headers say the WAL kept a CHECKPOINT: without it open refuses, and
+    verify says why; a WAL made before checkpoints verifies as before."""
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        for i in range(50):
+            wal.append(payload(f"c/{i}", 3000))
+    (wal_dir / "CHECKPOINT").unlink()
+    report = inspect.verify(wal_dir)
+    assert not report.ok and "CHECKPOINT is missing" in report.first_problem.reason
+    as_made_before_checkpoints(wal_dir)
+    assert inspect.verify(wal_dir).ok

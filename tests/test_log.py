@@ -20,7 +20,7 @@ from pmemwal import log_replay
 from pmemwal.log import HEADER, MAGIC, SNAPSHOT, VERSION
 from pmemwal.recovery import RecoveryWarning
 
-from conftest import SEG, rewind_checkpoint, seg_file
+from conftest import SEG, as_made_before_checkpoints, rewind_checkpoint, seg_file
 
 
 def open_log(path: Path, **options) -> pmemwal.Log:
@@ -209,7 +209,7 @@ def test_a_missing_leading_segment_is_damage(wal_dir: Path, checkpoint: str) -> 
         if checkpoint == "rewound":
             assert rewind_checkpoint(wal_dir).oldest_segno == 1
         else:
-            (wal_dir / "CHECKPOINT").unlink()
+            as_made_before_checkpoints(wal_dir)
         with pytest.raises(pmemwal.CorruptionError, match="never compacted"):
             open_log(wal_dir)
 

@@ -32,6 +32,8 @@ import pytest
 
 import pmemwal
 from pmemwal import _core, lostfound
+from pmemwal.checkpoint import CheckpointFile
+from pmemwal.format import HEADER_SIZE, SegmentHeader
 from pmemwal.recovery import RecoveryWarning
 from conftest import (PAGE, PAGE_HDR, REC_HDR, SEG, USABLE, assert_chain, expected_end,
                       file_bytes, file_write, first_lsn_of_segment, flip_byte, lsn_of, next_lsn, payload,
@@ -781,3 +783,75 @@ def test_prefault_leaves_no_unwritten_block_in_a_new_segment(wal_dir, mode, pref
         with open(seg_file(wal_dir, 1), "rb") as f:
             first_hole = os.lseek(f.fileno(), 0, os.SEEK_HOLE)
     assert (first_hole == SEG) == prefault
+
+
+# ---- segments below the checkpoint's oldest, and what a refused open leaves ---------------
+
+def _truncation_cut_short(wal_dir, mode):
+    """A WAL whose truncation to segment 2 a crash cut short: the checkpoint names segment 2
+    as the oldest, segments 0 and 1 are still there.  Returns the records from segment 2's
+    first record on (what the WAL holds)."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=0) as wal:
+        recs = []
+        while wal.insert_lsn < 3 * SEG + 5 * PAGE:
+            recs += _append(wal, [10000], f"cut-short/{len(recs)}")
+        wal.flush()
+        left = {n: seg_file(wal_dir, n).read_bytes() for n in (0, 1)}
+        assert wal.truncate(2 * SEG) == 2
+    for n, data in left.items():   # (the removals the crash kept from the disk)
+        seg_file(wal_dir, n).write_bytes(data)
+    first = next(i for i, (lsn, _) in enumerate(recs) if lsn >= first_lsn_of_segment(2))
+    return recs, first
+
+
+@pytest.mark.parametrize("on_corruption", ["raise", "truncate"])
+def test_verify_all_reads_from_the_checkpoints_oldest_segment(wal_dir, mode, on_corruption):
+    """Damage in a segment below the checkpoint's oldest (a truncation a crash cut short
+    left it): those records were truncated, so it is no damage to the WAL.  verify="all"
+    reads from the checkpoint's oldest segment, cuts nothing, and the open finishes the
+    truncation."""
+    recs, first = _truncation_cut_short(wal_dir, mode)
+    flip_byte(wal_dir, recs[3][0] + REC_HDR + 5)      # in segment 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecoveryWarning)
+        wal = pmemwal.open(wal_dir, mode=mode, verify="all", on_corruption=on_corruption)
+    with wal:
+        assert wal.cuts == 0 and wal.recovery["set_aside"] is None
+        assert _records(wal) == recs[first:]
+        more = _append(wal, [500], "after")
+    assert not seg_file(wal_dir, 0).exists() and not seg_file(wal_dir, 1).exists()
+    assert lostfound.entries(wal_dir) == []
+    with pmemwal.open(wal_dir, mode=mode, verify="all") as wal:
+        assert _records(wal)[-1] == more[0]
+
+
+def test_a_refused_open_leaves_every_file_as_it_was(wal_dir, mode):
+    """A temp file of a segment being made, and a deleted segment: the open that refuses
+    removes neither the temp file nor anything else; the one that goes on tidies it."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        while wal.insert_lsn < 2 * SEG + 5 * PAGE:
+            _append(wal, [10000], "refused")
+    seg_file(wal_dir, 1).unlink()
+    tmp = wal_dir / (seg_file(wal_dir, 7).name + ".tmp")
+    tmp.write_bytes(b"a segment being made")
+    before = _dir_digest(wal_dir)
+    with pytest.raises(pmemwal.CorruptionError, match="missing"):
+        pmemwal.open(wal_dir, mode=mode)
+    assert _dir_digest(wal_dir) == before, "a refused open changed the files"
+    with pytest.warns(RecoveryWarning):
+        pmemwal.open(wal_dir, mode=mode, on_corruption="truncate").close()
+    assert not tmp.exists()
+
+
+def test_a_checkpoint_whose_end_lies_below_its_oldest_segment_is_read_from_that_segment(
+        wal_dir, mode):
+    """A checkpoint naming an end in segment 0 and segment 2 as the oldest (an earlier
+    version's cut wrote such): the end is below the WAL, so every record is read from
+    segment 2, and damage in segment 0 is none of the WAL's."""
+    recs, first = _truncation_cut_short(wal_dir, mode)
+    header = SegmentHeader.unpack(seg_file(wal_dir, 2).read_bytes()[:HEADER_SIZE], "segment 2")
+    CheckpointFile(str(wal_dir), header.wal_id, SEG).write(recs[2][0], recs[1][0], 2)
+    flip_byte(wal_dir, recs[5][0] + REC_HDR + 5)      # in segment 0, past that end
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert _records(wal) == recs[first:] and wal.cuts == 0

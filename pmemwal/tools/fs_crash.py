@@ -52,7 +52,7 @@ import pmemwal
 from pmemwal.archive import ArchiveStatus, FsspecArchive
 from pmemwal.archiver import archive_ready
 from pmemwal.errors import FormatError, NotFoundError, WALError
-from pmemwal.format import HEADER_SIZE, SegmentHeader, parse_segment_name
+from pmemwal.format import HEADER_SIZE, SegmentHeader, parse_segment_name, segment_name
 from pmemwal.segments import RESTORING_NAME
 from pmemwal.tools import restore as _restore
 from pmemwal.tools.fs_model import CrashState, Killed, MetadataModel, Recorder
@@ -124,6 +124,18 @@ def _wal_image(state: CrashState, prefix: str, acked: int, where: str,
     return Image(segments, acked, 0, where, files)
 
 
+def _without_checkpointed(data: bytes, segno: int) -> bytes:
+    """A segment's bytes with its header's CHECKPOINTED flag cleared (pmemwal/format.py)."""
+    if len(data) < HEADER_SIZE:
+        return data
+    try:
+        header = SegmentHeader.unpack(data[:HEADER_SIZE], segment_name(segno))
+    except FormatError:
+        return data  # (open judges it)
+    cleared = SegmentHeader(header.segno, header.segment_size, header.wal_id)
+    return cleared.pack()[:HEADER_SIZE] + data[HEADER_SIZE:]
+
+
 def check_wal_state(state: CrashState, work: Workload, directory: Path, where: str,
                     shared: bool = False) -> tuple[str, str]:
     """powerloss.check_image on the state's WAL; a shared WAL is opened shared too."""
@@ -178,6 +190,11 @@ def check_archive_state(state: CrashState, work: Workload, directory: Path,
     # the last record below may run into the WAL's first segment: not the archive's to hold
     need = max(starts)
     image = _wal_image(state, "archive", need, where, others=False)  # (not .partial)
+    # read every record from the oldest, as a restore does: archived segments come without
+    # the WAL's CHECKPOINT, which their headers say it kept (a restore writes one), so they
+    # are opened as a WAL made before checkpoints
+    image.segments = {segno: _without_checkpointed(data, segno)
+                      for segno, data in image.segments.items()}
     proxy = SimpleNamespace(seed=work.seed, lsn_of=work.lsn_of, truncated_to=0, wal=work.wal)
     verdict, detail = check_image(image, proxy, directory)
     if verdict in ("ok", "beyond"):

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pmemwal.archive import (DEFAULT_COMMAND_TIMEOUT, ArchiveStatus, CommandArchive, FsspecArchive,
                              fsync_path)
 from pmemwal.errors import ArchiveError, ConfigError, FormatError, format_lsn
-from pmemwal.format import HEADER_SIZE, SegmentHeader, segment_name
+from pmemwal.checkpoint import CheckpointFile
+from pmemwal.format import HEADER_SIZE, SegmentHeader, first_lsn, segment_name
 from pmemwal.segments import RESTORING_NAME, make_directories, sync_directory
 from pmemwal.tools.inspect import WalView, verify
 
@@ -130,7 +131,8 @@ def _restore_into(dest: str, archive, report: RestoreReport, until: int | None,
                            f"{archive.description} holds no usable segment: {report.stopped}")
     while True:
         with WalView(dest) as view:
-            end = view.scan(until if until is not None else _END).end
+            scanned = view.scan(until if until is not None else _END)
+            end = scanned.end
         if (until is not None and end.kind in ("clean", "torn") and end.lsn < until
                 and not fetcher.done and fetcher.next(None)):
             continue  # the last record before `until` runs into the next segment: fetch it
@@ -143,7 +145,7 @@ def _restore_into(dest: str, archive, report: RestoreReport, until: int | None,
         if end.kind == "damage":
             where = end.describe(fetcher.header.segment_size)
             report.stopped = f"damage in the archived segments: {where}"
-    _finish(dest, report, fetcher.header.segment_size)
+    _finish(dest, report, fetcher.header, end.lsn, scanned.last_lsn)
 
 
 class _Fetcher:
@@ -215,8 +217,13 @@ def _cut(dest: str, lsn: int, segment_size: int, report: RestoreReport) -> None:
     report.cut_lsn = lsn
 
 
-def _finish(dest: str, report: RestoreReport, segment_size: int) -> None:
-    """Sync everything, give the segments restored whole ``.done`` status, count the records."""
+def _finish(dest: str, report: RestoreReport, header: SegmentHeader, end_lsn: int | None,
+            last_lsn: int | None) -> None:
+    """Sync everything, give the segments restored whole ``.done`` status, write the
+    checkpoint at the end the chain was followed to (``end_lsn``, where the record at
+    ``last_lsn`` ends: the archived segments say the WAL kept one, and open refuses them
+    without it, pmemwal/recovery.py), then verify and count the records."""
+    segment_size = header.segment_size
     status = ArchiveStatus(dest)
     cut_segment = report.cut_lsn // segment_size if report.cut_lsn is not None else None
     for segno in report.segments:
@@ -225,6 +232,9 @@ def _finish(dest: str, report: RestoreReport, segment_size: int) -> None:
             status.mark_done(segno)
     status.sync()
     fsync_path(dest)
+    oldest = report.segments[0]
+    CheckpointFile(dest, header.wal_id, segment_size).write(
+        end_lsn if end_lsn is not None else first_lsn(oldest, segment_size), last_lsn or 0, oldest)
     check = verify(dest)
     if not check.ok:
         raise ArchiveError(errno.EIO, f"the restored WAL at {dest} does not verify: "

@@ -310,9 +310,8 @@ class WAL(Opening):
             if found >= end:  # a record from a truncated segment ends where the WAL ends
                 return None
             if segno == self._oldest_segment():  # (else a truncation took it meanwhile)
-                raise CorruptionError(found, found // self.segment_size,
-                                      f"the oldest segment's first record: "
-                                      f"{_core.status_text(status)}")
+                raise self._damaged(found, f"the oldest segment's first record: "
+                                           f"{_core.status_text(status)}")
         return start, end
 
     def _read_error(self, lsn: int, status: int, asked: bool) -> Exception:
@@ -327,7 +326,7 @@ class WAL(Opening):
         reason = _core.status_text(status)
         if asked and not self._may_start_record(lsn, status):
             return ValueError(f"no record at LSN {format_lsn(lsn)}: {reason}")
-        return CorruptionError(lsn, lsn // self.segment_size, reason)
+        return self._damaged(lsn, reason)
 
     def _may_start_record(self, lsn: int, status: int) -> bool:
         """Whether a record the reader could not read may start at ``lsn``: it is a valid
@@ -401,6 +400,11 @@ class WAL(Opening):
             if status:
                 raise self._read_error(lsn, status, False)
 
+    def _damaged(self, lsn: int, reason: str) -> CorruptionError:
+        """The error of a read that found damage at ``lsn``, noted for close."""
+        self._damage_read = True
+        return CorruptionError(lsn, lsn // self.segment_size, reason)
+
     def _payload(self, lsn: int, length: int, payload_lsn: int) -> memoryview:
         """A record's payload: a copy when it spans pages, else a read-only view of its
         segment, exported by the segment's SegmentView (which counts the views alive)."""
@@ -456,14 +460,20 @@ class WAL(Opening):
         return self._archiver.wait(self._oldest_segment(), self.flushed_lsn, timeout)
 
     def close(self) -> None:
-        """Flush what was appended, then release everything; closing twice is fine."""
+        """Flush what was appended, then release everything; closing twice is fine.
+
+        After a read found damage (CorruptionError), with nothing appended since the
+        open, the checkpoint stays as the open wrote it: an open or a read that refused
+        changes no file, and the older slot, what the WAL was before, is kept for the
+        repair."""
         if self._closed:
             return
         self._closed = True
         point = None
         try:
-            if not self._core.error:  # everything appended so far, made durable
-                point = self._flushed_position()
+            if not self._core.error and not (self._damage_read and
+                                             self._core.insert_lsn == self._opened_at):
+                point = self._flushed_position()  # everything appended so far, made durable
                 self._write_checkpoint(*point)
         finally:
             self._release(point)

@@ -22,10 +22,10 @@ import numpy as np
 from pmemwal import _core, libpmem
 from pmemwal.checkpoint import CheckpointFile
 from pmemwal.device import resolve_mode
-from pmemwal.errors import ConfigError, FormatError, NotFoundError
-from pmemwal.format import DEFAULT_SEGMENT_SIZE
+from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundError
+from pmemwal.format import CHECKPOINTED, DEFAULT_SEGMENT_SIZE
 from pmemwal.recovery import Recovery
-from pmemwal.segments import storage_errors
+from pmemwal.segments import CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME, storage_errors
 from pmemwal.wal.peers import _OLDEST
 from pmemwal.wal.rounds import BackgroundRounds
 from pmemwal.wal.state import _weak
@@ -60,10 +60,12 @@ class Opening(BackgroundRounds):
             with storage_errors(f"syncing {self._dir.path}"):
                 self._dir.sync()  # what a killed writer renamed into place, before it is used
             recovered = Recovery(self._dir, self._segnos, self.segment_size, self.wal_id,
-                                 self._reader, self._segment_buffer, self._checkpoints)
+                                 self._reader, self._segment_buffer, self._checkpoints,
+                                 checkpointed=self._checkpointed)
             result = recovered.run(on_corruption, verify)
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
             self._cuts = result.cuts
+            self._tidy(result.oldest_segno)  # (recovery decided: from here on files change)
         self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
                          insert_lsn, prev_lsn, first)
         if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
@@ -74,18 +76,22 @@ class Opening(BackgroundRounds):
             self._cuts = self._checkpoint.cuts if self._checkpoint is not None else 0
         if self._control is not None and first:
             self._dir.share_lock()
+        self._opened_at = self._core.insert_lsn
 
     def _open_segments(self, segment_size: int | None, create: bool = True) -> None:
         """Read and cross-check every segment header, or create the first segment."""
-        self._segnos = self._dir.list_segments()
+        self._segnos = self._dir.list_segments(tidy=False)  # (an open may yet refuse)
         if not self._segnos:
+            self._refuse_without_segments()
             if not self._dir.may_create or not create:
                 raise NotFoundError(errno.ENOENT, "no WAL in this directory (create=False)",
                                     self._dir.path)
             self.segment_size = segment_size or DEFAULT_SEGMENT_SIZE
             self.wal_id = os.urandom(16)
-            self._dir.create(0, self.segment_size, self.wal_id)
+            # (its CHECKPOINT follows before any record: see Recovery, _lost_checkpoint)
+            self._dir.create(0, self.segment_size, self.wal_id, flags=CHECKPOINTED)
             self._segnos = [0]
+            self._checkpointed = True
         else:
             headers = self._dir.read_headers(self._segnos)
             first = headers[0][0]
@@ -99,7 +105,32 @@ class Opening(BackgroundRounds):
                 raise ConfigError(f"segment_size={segment_size}, but the WAL at {self._dir.path} "
                                   f"was made with {first.segment_size}")
             self.segment_size, self.wal_id = first.segment_size, first.wal_id
+            self._checkpointed = any(header.flags & CHECKPOINTED for header, _ in headers)
         self._wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
+
+    def _refuse_without_segments(self) -> None:
+        """No segment file, but what a WAL keeps beside its segments is there: they were
+        deleted, with every record.  A new WAL made over them (another id) would hide that,
+        and its checkpoint would replace the one that names what was lost."""
+        left = [name for name in (CHECKPOINT_NAME, LOST_FOUND_NAME, INDEX_NAME)
+                if os.path.exists(os.path.join(self._dir.path, name))]
+        if left:
+            raise CorruptionError(0, 0, f"{self._dir.path} holds {', '.join(left)} but no "
+                                  "segment file: the segments were deleted, with their records "
+                                  "(restore them, or remove what is left to make a new WAL here)")
+
+    def _tidy(self, oldest: int) -> None:
+        """Once recovery has decided (an open that refuses changes no file): remove the
+        temp files of a segment being made or recycled, and the segments below ``oldest``
+        that a crash left behind a truncation (its checkpoint names ``oldest``: they hold
+        nothing of the WAL; removed oldest first, as truncation does)."""
+        self._dir.list_segments(tidy=True)
+        while self._segnos[0] < oldest:
+            segno = self._segnos.pop(0)
+            cached = self._read_cache.pop(segno, None)
+            if cached is not None:
+                cached.close()
+            self._dir.remove(segno)
 
     def _start_core(self, insert_slots: int, buffer_size: int, max_record_size: int,
                     gil_release_size: int, insert_lsn: int, prev_lsn: int,

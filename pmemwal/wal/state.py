@@ -86,6 +86,9 @@ class WALState:
         self._checkpoint_lock = threading.Lock()  # one checkpoint written at a time
         self._checkpoint: Checkpoint | None = None    # the last one this process read or wrote
         self._cuts = 0  # recoveries that cut durable records (checkpoint.py: cuts)
+        self._opened_at = 0  # the insert LSN the open left (opening.py)
+        self._checkpointed = False  # a segment header says the WAL kept a CHECKPOINT
+        self._damage_read = False  # a read raised CorruptionError (api.py: close)
         self._checkpoint_time = time.monotonic()
         self._position_before = (0, 0)  # the background's position snapshot of its last round
         self._checkpoint_listeners: list[Callable[[int], None]] = []  # after each background one

@@ -18,8 +18,12 @@ The checkpoint (``CHECKPOINT``, pmemwal/checkpoint.py) is read, never written:
 the chain before the checkpoint's end_lsn is damage (those records had been
 made durable), never a torn tail, and a segment missing from the checkpoint's
 oldest_segno up to the one holding its end is a problem (open refuses both).
-A WAL without the file (made before checkpoints) is read as before; one whose
-slots are both invalid is read so too, with a note (open warns and reads it all).
+The chain starts in the oldest segment from the checkpoint's oldest_segno on:
+those below it (a truncation a crash cut short) are no part of the WAL, a note.
+A WAL without the file (made before checkpoints) is read as before, unless a
+segment header says the WAL kept one (CHECKPOINTED): then the missing file is a
+problem, as open refuses it; one whose slots are both invalid is read so too,
+with a note (open warns and reads it all).
 
 Malformed files never raise: each OSError or FormatError met reading them
 becomes a Problem.  Only a path that is no WAL directory at all raises:

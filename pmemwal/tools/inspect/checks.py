@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
-from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, SegmentHeader, parse_segment_name,
-                            segment_name)
+from pmemwal.format import (CHECKPOINTED, PAGE_HEADER_SIZE, PAGE_SIZE, SegmentHeader,
+                            parse_segment_name, segment_name)
 from pmemwal.segments import CHECKPOINT_NAME, RESTORING_NAME, WAL_OWN_NAMES
 from pmemwal.tools.inspect.results import Problem
 
@@ -175,6 +175,21 @@ class DirectoryChecks:
                 missing.update(range(lo, hi + 1))
         return missing
 
+    def _kept_checkpoint(self) -> bool:
+        """Whether a segment header says the WAL kept a CHECKPOINT (CHECKPOINTED), but for
+        a new WAL's only segment with nothing written in it (recovery's exception: a crash
+        before the first checkpoint)."""
+        flagged = any(f.header is not None and f.header.flags & CHECKPOINTED
+                      for f in self._files.values())
+        if not flagged or self.segments != [0]:
+            return flagged
+        try:
+            with open(os.path.join(self.path, segment_name(0)), "rb") as f:
+                f.seek(PAGE_SIZE)
+                return any(f.read(PAGE_SIZE))
+        except OSError:
+            return True
+
     def _read_checkpoint(self, gaps: set[int]) -> None:
         """The checkpoint, read only (after the listing: a truncation writes the one that
         raises oldest_segno before it removes a segment), and the segments it vouches for:
@@ -195,9 +210,19 @@ class DirectoryChecks:
                 self.checkpoint_state = "invalid"
                 self.notes.append(f"{CHECKPOINT_NAME} has no valid slot (both torn or damaged, or "
                                   "another WAL's): open reads every record, with a warning")
+            elif self._kept_checkpoint():
+                self.problems.append(Problem(
+                    "damage", f"{CHECKPOINT_NAME} is missing, but the segment headers say the "
+                    "WAL kept one (deleted?): damage to the last acknowledged records cannot be "
+                    "told from a torn tail"))
             return
         self.checkpoint_state = "valid"
         cp, size = self.checkpoint, self.segment_size
+        below = [n for n in self.segments if n < cp.oldest_segno]
+        if below:
+            self.notes.append(f"segments {below[0]:016X}..{below[-1]:016X} lie below the "
+                              "checkpoint's oldest (a truncation a crash cut short): no part "
+                              "of the WAL, which open removes")
         last_segno = cp.end_lsn // size - (cp.end_lsn % size == PAGE_SIZE + PAGE_HEADER_SIZE)
         present = set(self.segments)
         missing = [n for n in range(cp.oldest_segno, last_segno + 1)

@@ -81,8 +81,12 @@ class WalView(DirectoryChecks, RecordLines):
 
     @property
     def first_segment(self) -> int | None:
-        """The oldest readable segment: the chain starts at its first record."""
-        return self.readable[0] if self.readable else None
+        """The oldest readable segment of the WAL: the chain starts at its first record.
+        Segments below the checkpoint's oldest_segno (a truncation a crash cut short left
+        them) are no part of it, as recovery reads it."""
+        oldest = self.checkpoint.oldest_segno if self.checkpoint is not None else 0
+        kept = [segno for segno in self.readable if segno >= oldest]
+        return kept[0] if kept else (self.readable[0] if self.readable else None)
 
     def records(self, start: int | None = None, limit: int | None = None) -> Records:
         """The valid records from ``start`` (an LSN; None: the first record of the
