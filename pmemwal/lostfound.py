@@ -35,6 +35,7 @@ from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, segment_nam
 from pmemwal.segments import LOST_FOUND_NAME, storage_errors, sync_directory
 
 MANIFEST = "MANIFEST.json"
+_REMOVING = ".removing"  # an entry being removed, renamed away first: see remove
 _REM_LEN = struct.Struct("<I")  # a page header's rem_len, at offset 4
 
 
@@ -180,6 +181,8 @@ def entries(wal_dir: str) -> list[SetAside]:
         return []
     found = []
     for name in sorted(os.listdir(root)):
+        if name.startswith("."):
+            continue  # one being removed (remove)
         path = os.path.join(root, name)
         try:
             with open(os.path.join(path, MANIFEST), "rb") as f:
@@ -191,13 +194,26 @@ def entries(wal_dir: str) -> list[SetAside]:
 
 
 def remove(wal_dir: str, name: str) -> None:
-    """Delete lost+found entry ``name`` and what it holds."""
+    """Delete lost+found entry ``name`` and what it holds.  It is renamed away first (and the
+    directory synced), so that a crash never leaves it listed with part of its files: a
+    put-back whose removal a crash cut short would append its records again if the entry
+    lost its ``RESTORING`` note and kept its manifest."""
     entry = find(wal_dir, name)
+    root = os.path.dirname(entry.path)
+    gone = os.path.join(root, f".{entry.name}{_REMOVING}")
     with storage_errors(f"removing {entry.path}"):
-        for file in os.listdir(entry.path):
-            os.unlink(os.path.join(entry.path, file))
-        os.rmdir(entry.path)
-        sync_directory(os.path.dirname(entry.path))
+        os.rename(entry.path, gone)
+        sync_directory(root)
+        for leftover in os.listdir(root):   # this one, and any a crash left
+            if leftover.startswith(".") and leftover.endswith(_REMOVING):
+                _delete(os.path.join(root, leftover))
+        sync_directory(root)
+
+
+def _delete(path: str) -> None:
+    for file in os.listdir(path):
+        os.unlink(os.path.join(path, file))
+    os.rmdir(path)
 
 
 def find(wal_dir: str, name: str) -> SetAside:

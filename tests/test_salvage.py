@@ -1,0 +1,156 @@
+"""Salvage: what a cut keeps, and what it sets aside in lost+found.
+
+- the header of the page that holds the checkpoint's end is checked on open: damage there is
+  damage to records the checkpoint covers;
+- a cut copies every non-zero page it is about to zero into lost+found, whether or not a record
+  in it still validates;
+- the set-aside starts at the first record after the damage that validates (each record's own
+  CRC), not at the next page whose header is whole: a damaged page header loses no record;
+- a crash inside ``lostfound.remove`` (a put-back's last step) or while recovery zeroes the cut
+  range (children killed with SIGKILL at each step) leaves no record to be appended twice;
+- damage past the checkpoint raises only when a record reserved after the damaged one was
+  flushed follows it (docs/RELIABILITY.md, promise 3).
+
+Damage is done with ordinary file writes at offsets computed from the format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import pmemwal
+from pmemwal import lostfound, putback
+from pmemwal.recovery import RecoveryWarning
+from conftest import (PAGE, PAGE_HDR, REC_HDR, SEG, child_env, file_bytes, file_write, flip_byte,
+                      payload, read_all, rewind_checkpoint, usable_of)
+
+
+def _append(wal, sizes, seed, *, flush_each=False):
+    out = []
+    for i, n in enumerate(sizes):
+        data = payload(f"{seed}/{i}", n)
+        out.append((wal.append(data, flush=flush_each), data))
+    return out
+
+
+def _records(wal_dir, mode, **options):
+    with pmemwal.open(wal_dir, mode=mode, **options) as wal:
+        return [(lsn, data) for lsn, data, _ in read_all(wal)]
+
+
+def _aside(wal_dir):
+    return [rec for e in lostfound.entries(wal_dir) for rec in e.records()]
+
+
+def _page_of(lsn):
+    return lsn - lsn % PAGE
+
+
+# ---- crashes inside lost+found's own steps ----------------------------------------
+
+# A child that runs one lost+found step and SIGKILLs itself at the n-th call of the file
+# operations named, made from inside that step: a real crash at a chosen point.
+_KILLER = r"""
+import functools, json, os, signal, sys, warnings
+import pmemwal
+from pmemwal import lostfound, putback
+spec = json.loads(sys.argv[1])
+calls = [0]
+
+def killing(fn, only):
+    @functools.wraps(fn)
+    def wrapper(*args, **kw):
+        if only is None or only(args):
+            calls[0] += 1
+            if calls[0] == spec["n"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return fn(*args, **kw)
+    return wrapper
+
+def segment_fd(args):
+    path = os.readlink(f"/proc/self/fd/{args[0]}")
+    return path.endswith(".wal") and "lost+found" not in path
+
+def checkpoint_fd(args):
+    return os.readlink(f"/proc/self/fd/{args[0]}").endswith("CHECKPOINT")
+
+def armed(step, names, only=None):
+    saved = {name: getattr(os, name) for name in names}
+    for name in names:
+        setattr(os, name, killing(saved[name], only))
+    try:
+        return step()
+    finally:
+        for name, fn in saved.items():
+            setattr(os, name, fn)
+
+warnings.simplefilter("ignore")
+if spec["step"] == "remove":
+    remove = lostfound.remove
+    lostfound.remove = lambda *a: armed(lambda: remove(*a), ("unlink", "rename", "rmdir"))
+    putback.restore(spec["wal"], spec["name"])
+else:
+    only = segment_fd if spec["step"] == "recover" else checkpoint_fd
+    armed(lambda: pmemwal.open(spec["wal"], on_corruption="truncate", **spec["options"]).close(),
+          ("pwrite", "fdatasync"), only)
+print("done")
+"""
+
+
+def _killed_at(step, wal_dir, n, options=None, **spec):
+    """Run ``step`` in a child killed at its n-th file operation; whether it was."""
+    spec.update(step=step, wal=str(wal_dir), n=n, options=options or {})
+    proc = subprocess.run([sys.executable, "-c", _KILLER, json.dumps(spec)],
+                          env=child_env(), capture_output=True, text=True, timeout=120)
+    if proc.returncode == -signal.SIGKILL:
+        return True
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
+    return False
+
+
+def _damaged_wal(path, n=120, k=30):
+    """A closed WAL of n flushed records whose record k is garbled after a crash-like end:
+    opening it with on_corruption="truncate" keeps records[:k] and sets aside records[k+1:]."""
+    with pmemwal.open(path, mode="buffered", segment_size=SEG, background=False) as wal:
+        recs = _append(wal, [700] * n, "crash", flush_each=True)
+    rewind_checkpoint(path)
+    flip_byte(path, recs[k][0] + REC_HDR + 5)
+    return recs, k
+
+
+def test_a_crash_inside_remove_never_makes_a_put_back_append_twice(shm_tmp):
+    template = shm_tmp / "template"
+    recs, k = _damaged_wal(template)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        pmemwal.open(template, on_corruption="truncate").close()
+    (entry,) = lostfound.entries(template)
+    want = [data for _, data in recs[:k] + recs[k + 1:]]
+    n = 0
+    while True:
+        n += 1
+        wal_dir = shm_tmp / f"try{n}"
+        shutil.copytree(template, wal_dir)
+        killed = _killed_at("remove", wal_dir, n, name=entry.name)
+        for left in lostfound.entries(wal_dir):     # the put-back again, as a user would
+            putback.restore(wal_dir, left.name)
+        assert lostfound.entries(wal_dir) == []
+        with pmemwal.open(wal_dir) as wal:
+            got = [data for _, data, _ in read_all(wal)]
+        assert got == want, f"killed at step {n} of the removal: {len(got)} records, " \
+                            f"{len(want)} written"
+        shutil.rmtree(wal_dir)
+        if not killed:
+            break
+    assert n > 3
+
+
