@@ -71,11 +71,13 @@ static void reader_drop(ReaderObject *r)
 
 static int Reader_init(ReaderObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"segment_size", "wal_id_lo", "getter", NULL};
+    static char *kwlist[] = {"segment_size", "wal_id_lo", "getter", "salvage", NULL};
     unsigned long long seg_size;
     unsigned int wal_id_lo;
     PyObject *getter;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KIO", kwlist, &seg_size, &wal_id_lo, &getter))
+    int salvage = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KIO|p", kwlist, &seg_size, &wal_id_lo, &getter,
+                                     &salvage))
         return -1;
     if (seg_size < 2 * WAL_PAGE_SIZE || (seg_size & (seg_size - 1))) {
         PyErr_SetString(PyExc_ValueError, "segment_size must be a power of two of two pages or more");
@@ -85,6 +87,7 @@ static int Reader_init(ReaderObject *self, PyObject *args, PyObject *kw)
     wal_geom_init(&self->src.g, seg_size, wal_id_lo);
     self->src.segment = reader_segment;
     self->src.ctx = self;
+    self->src.salvage = salvage;
     Py_INCREF(getter);
     Py_XSETREF(self->getter, getter);
     return 0;

@@ -42,6 +42,10 @@ static int page_at(const wal_src *s, uint64_t u, const uint8_t **page, uint64_t 
     if (!base)
         return WAL_NO_SEGMENT;
     const uint8_t *p = base + *page_lsn % s->g.seg_size;
+    if (s->salvage) {
+        *page = p;
+        return WAL_OK;
+    }
     wal_page_hdr h;
     memcpy(&h, p, sizeof(h));
     if (h.magic != WAL_PAGE_MAGIC || h.page_lsn != *page_lsn || h.wal_id_lo != s->g.wal_id_lo ||
@@ -63,7 +67,7 @@ static int walk(const wal_src *s, uint64_t rec_start, uint64_t rec_end, uint64_t
         const uint8_t *page;
         uint64_t page_lsn, in_page = u % WAL_PAGE_USABLE;
         int st = page_at(s, u, &page, &page_lsn);
-        if (st == WAL_OK && rec_end && in_page == 0) {
+        if (st == WAL_OK && rec_end && in_page == 0 && !s->salvage) {
             uint32_t rem = le_load32(page + offsetof(wal_page_hdr, rem_len));
             if (rem != (u == rec_start ? 0 : rec_end - u))
                 st = WAL_BAD_CONT;

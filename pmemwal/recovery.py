@@ -19,9 +19,11 @@ open (CorruptionError) has written nothing.
   record past x whose durable hint passes x proves that x had been flushed, and
   damage is refused (``_refuse``, CorruptionError) unless the caller asked to
   cut there.
-- Any cut first sets aside the valid records past x (``_set_aside``: lost+found),
-  then zeroes the rest of x's page and the later pages that may hold this
-  cycle's bytes (``_wipe_beyond``).
+- Any cut first sets aside the valid records past x and the pages it zeroes
+  (``_set_aside``: lost+found, an entry pending until the end), then zeroes the
+  rest of x's page and the later pages that may hold this cycle's bytes
+  (``_wipe_beyond``), syncs them, and finishes the entry: a rerun after a crash
+  in between finds the pending entry and makes no second one.
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ class Recovery:
             # so that no open after a crash starts reading past the zeroed records
             self._checkpoints.write(x, last, self._segnos[0], current=cp, cuts=cuts)
         self._wipe_beyond(x, pages)
+        if aside is not None:   # (a crash before this: the next recovery finishes it)
+            lostfound.finish(aside)
         return Recovered(x, last, None if full_scan else start, start, full_scan, aside, oldest,
                          cuts)
 
@@ -205,14 +209,16 @@ class Recovery:
                                   "is set aside in lost+found first)")
 
     def _set_aside(self, x: int, pages: list[int], min_prev: int, reason: str) -> str | None:
-        made = lostfound.set_aside(self._dir.path, self._reader, x, pages, min_prev,
-                                   self._segment, self._size, self._wal_id, reason)
+        made = lostfound.set_aside(self._dir.path, x, pages, min_prev, self._segment,
+                                   self._size, self._wal_id, reason, keep=self._cut_durable)
         if made is None:
             return None
         path, found = made
+        lost = _gaps(x, found)
         warnings.warn(f"{self._dir.path}: the WAL ends at {format_lsn(x)} ({reason}); "
                       f"{len(found)} valid record(s) past it set aside in {path} "
-                      "(pmemwal lost-found)", RecoveryWarning, stacklevel=4)
+                      "(pmemwal lost-found)" + (f"; no valid record in {lost}: lost" if lost
+                                                else ""), RecoveryWarning, stacklevel=4)
         return path
 
     def _wipe_beyond(self, end: int, pages: list[int]) -> None:
@@ -241,3 +247,14 @@ class Recovery:
         finally:
             for fd in touched.values():
                 os.close(fd)
+
+
+def _gaps(x: int, found: list[lostfound.Found]) -> str:
+    """The LSN ranges from x to the last record found that no record found covers."""
+    gaps: list[str] = []
+    at = x
+    for f in found:
+        if f.lsn > at:
+            gaps.append(f"{format_lsn(at)}..{format_lsn(f.lsn)}")
+        at = max(at, f.next_lsn)
+    return ", ".join(gaps)

@@ -55,6 +55,64 @@ def _page_of(lsn):
     return lsn - lsn % PAGE
 
 
+def test_a_cut_copies_every_page_it_zeroes(wal_dir, mode):
+    """No record past the cut validates any more: the pages are copied aside all the same."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        recs = _append(wal, [2000] * 20, "copied", flush_each=True)
+    k = 8
+    for lsn, data in recs[k:]:                    # each record's payload garbled
+        flip_byte(wal_dir, lsn + REC_HDR + len(data) // 2)
+    zeroed = sorted({_page_of(lsn) for lsn, _ in recs[k:]})
+    before = {p: file_bytes(wal_dir, p, PAGE) for p in zeroed}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        pmemwal.open(wal_dir, mode=mode, verify="all", on_corruption="truncate").close()
+    (entry,) = lostfound.entries(wal_dir)
+    assert entry.manifest["records"] == []
+    for p, data in before.items():
+        with open(os.path.join(entry.path, f"{p // SEG:016X}.wal"), "rb") as f:
+            f.seek(p % SEG)
+            assert f.read(PAGE) == data, f"page {p} was zeroed without a copy"
+
+
+# ---- every intact record kept or set aside ---------------------------------------
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_damaged_page_header_loses_no_intact_record(wal_dir, seed):
+    """8 random bytes over a page header in the middle of a segment of a closed WAL of
+    3,000 records, then the documented repair: every record is either kept or in lost+found,
+    and none in both."""
+    rng = random.Random(seed)
+    with pmemwal.open(wal_dir, mode="buffered", segment_size=SEG) as wal:
+        recs = _append(wal, [rng.randrange(0, 700) for _ in range(3000)], f"salvage{seed}")
+    assert recs[-1][0] > SEG                     # the damage lies well inside segment 0
+    page = rng.randrange(40, 100) * PAGE
+    file_write(wal_dir, page + rng.randrange(0, 17), rng.randbytes(8))
+
+    with pytest.warns(RecoveryWarning) as caught:
+        wal = pmemwal.open(wal_dir, mode="buffered", verify="all", on_corruption="truncate")
+    with wal:
+        kept = [(lsn, data) for lsn, data, _ in read_all(wal)]
+        cut = wal.insert_lsn
+    aside = _aside(wal_dir)
+    assert kept == recs[:len(kept)]
+    assert sorted(kept + aside) == sorted(recs), "an intact record was neither kept nor set aside"
+    message = " ".join(str(w.message) for w in caught)
+    assert pmemwal.format_lsn(cut) in message and f"{len(aside)} valid record" in message
+
+
+def test_the_warning_names_the_range_that_held_no_valid_record(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        recs = _append(wal, [100] * 30, "range", flush_each=True)
+    for lsn, data in recs[10:13]:               # three records garbled, the rest intact
+        flip_byte(wal_dir, lsn + REC_HDR + 7)
+    with pytest.warns(RecoveryWarning) as caught:
+        pmemwal.open(wal_dir, mode=mode, verify="all", on_corruption="truncate").close()
+    assert _aside(wal_dir) == recs[13:]
+    lost = f"{pmemwal.format_lsn(recs[10][0])}..{pmemwal.format_lsn(recs[13][0])}"
+    assert any(lost in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
 # ---- crashes inside lost+found's own steps ----------------------------------------
 
 # A child that runs one lost+found step and SIGKILLs itself at the n-th call of the file
@@ -152,5 +210,46 @@ def test_a_crash_inside_remove_never_makes_a_put_back_append_twice(shm_tmp):
         if not killed:
             break
     assert n > 3
+
+
+def test_a_crash_while_recovery_zeroes_leaves_one_entry(shm_tmp):
+    template = shm_tmp / "template"
+    recs, k = _damaged_wal(template)
+    n = 0
+    while True:
+        n += 1
+        wal_dir = shm_tmp / f"try{n}"
+        shutil.copytree(template, wal_dir)
+        killed = _killed_at("recover", wal_dir, n)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RecoveryWarning)
+            with pmemwal.open(wal_dir, on_corruption="truncate") as wal:
+                kept = [data for _, data, _ in read_all(wal)]
+        entries = lostfound.entries(wal_dir)
+        assert len(entries) == 1, f"killed at write {n} of the cut: {len(entries)} entries"
+        assert kept + [data for _, data in entries[0].records()] == \
+            [data for _, data in recs[:k] + recs[k + 1:]]
+        shutil.rmtree(wal_dir)
+        if not killed:
+            break
+    assert n > 3
+
+
+def test_a_cut_stopped_before_its_checkpoint_then_passed_over_loses_nothing_later(wal_dir):
+    """A verify="all" cut below the checkpoint, killed after its set-aside and before it wrote
+    the checkpoint: a default open then reads from the old checkpoint, does not cut, and
+    appends.  A later verify="all" cut at the same place must set the new records aside too,
+    not take the pending entry for its own."""
+    with pmemwal.open(wal_dir, mode="buffered", segment_size=SEG, background=False) as wal:
+        recs = _append(wal, [700] * 60, "first", flush_each=True)
+    flip_byte(wal_dir, recs[20][0] + REC_HDR + 5)          # before the clean close's checkpoint
+    assert _killed_at("cut-checkpoint", wal_dir, 1, options={"verify": "all"})
+    with pmemwal.open(wal_dir, mode="buffered") as wal:    # the damage is not read: no cut
+        recs += _append(wal, [700] * 10, "second", flush_each=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        kept = _records(wal_dir, "buffered", verify="all", on_corruption="truncate")
+    assert kept == recs[:20]
+    assert _aside(wal_dir) == recs[21:], "records appended after the stopped cut were lost"
 
 
