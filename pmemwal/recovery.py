@@ -19,6 +19,8 @@ open (CorruptionError) has written nothing.
   record past x whose durable hint passes x proves that x had been flushed, and
   damage is refused (``_refuse``, CorruptionError) unless the caller asked to
   cut there.
+- From a checkpoint, the header of the page that holds its end is checked
+  (``_end_page_damaged``): the scan starts mid-page there and checks none.
 - Any cut first sets aside the valid records past x and the pages it zeroes
   (``_set_aside``: lost+found, an entry pending until the end), then zeroes the
   rest of x's page and the later pages that may hold this cycle's bytes
@@ -39,7 +41,7 @@ import numpy as np
 from pmemwal import _core, lostfound
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.errors import CorruptionError, format_lsn
-from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, first_lsn
+from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, first_lsn, page_header_valid
 from pmemwal.segments import WalDirectory
 
 VERIFY = ("checkpoint", "all")
@@ -97,6 +99,8 @@ class Recovery:
             oldest = self._segnos[0]  # the cut below lands at the first one missing
         if cp is None or not cp.clean:
             self._read_from_disk(cp.end_lsn if cp is not None and full_scan is None else 0)
+        if full_scan is None and cp is not None and self._end_page_damaged(cp.end_lsn):
+            full_scan = "the header of the page that holds the checkpoint's end is damaged"
         if full_scan is None and cp is not None:  # (no reason for a full scan: a checkpoint)
             start, prev = cp.end_lsn, cp.last_lsn
             status, x, last, _, _, bad = self._reader.scan(start, prev or -1, _END)
@@ -165,6 +169,20 @@ class Recovery:
         if cp.end_lsn < first_lsn(self._segnos[0], self._size):
             return "the checkpoint lies below the oldest segment"
         return None
+
+    def _end_page_damaged(self, end: int) -> bool:
+        """Whether the page that holds ``end`` has a damaged header although a record before
+        end wrote it: the scan starts mid-page and checks no header there, and records
+        appended after it would never read.  The records the checkpoint covers in that page
+        are damaged: the full scan finds the first of them.  (At a page's first usable byte
+        the header comes with the record at end, not yet written.)"""
+        seg = self._segment(end // self._size)
+        page = end - end % PAGE_SIZE
+        if end % PAGE_SIZE == PAGE_HEADER_SIZE or seg is None:
+            return False    # (a missing segment: _check_vouched_segments)
+        offset = page % self._size
+        return not page_header_valid(seg[offset:offset + PAGE_HEADER_SIZE], page,
+                                     int.from_bytes(self._wal_id[:4], "little"))
 
     def _check_vouched_segments(self, cp: Checkpoint, on_corruption: str) -> bool:
         """Whether a segment is missing from the checkpoint's oldest to the one holding its

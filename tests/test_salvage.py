@@ -55,6 +55,34 @@ def _page_of(lsn):
     return lsn - lsn % PAGE
 
 
+# ---- the page that holds the checkpoint's end ----------------------------------------
+
+def test_a_damaged_header_of_the_checkpoints_end_page_is_damage(wal_dir, mode):
+    """Recovery starts mid-page at the checkpoint's end: that page's header, written by an
+    earlier record, must be checked there, or records appended after it are unreadable."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG) as wal:
+        recs = _append(wal, [300] * 60, "end-page")
+        end = wal.insert_lsn
+    page = _page_of(end)
+    assert end % PAGE > PAGE_HDR and _page_of(recs[0][0]) < page   # the end lies mid-page
+    covered = [r for r in recs if _page_of(r[0] + REC_HDR + len(r[1]) - 1) >= page]
+    assert len(covered) >= 2
+    file_write(wal_dir, page + 4, random.Random(2).randbytes(8))      # rem_len and page_lsn
+
+    with pytest.raises(pmemwal.CorruptionError) as info:
+        pmemwal.open(wal_dir, mode=mode)
+    assert info.value.lsn <= covered[0][0]
+
+    with pytest.warns(RecoveryWarning, match="set aside"):
+        wal = pmemwal.open(wal_dir, mode=mode, on_corruption="truncate")
+    with wal:
+        kept = [(lsn, data) for lsn, data, _ in read_all(wal)]
+        more = _append(wal, [10, 9000], "after", flush_each=True)
+    assert kept == recs[:len(kept)] and len(kept) < len(recs)
+    assert sorted(kept + _aside(wal_dir)) == sorted(recs), "a covered record was lost"
+    assert _records(wal_dir, mode, verify="all") == kept + more
+
+
 def test_a_cut_copies_every_page_it_zeroes(wal_dir, mode):
     """No record past the cut validates any more: the pages are copied aside all the same."""
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
