@@ -111,7 +111,7 @@ def set_aside(wal_dir: str, x: int, pages: list[int], min_prev: int,
     if pending is not None and {(f.lsn, f.next_lsn, f.length) for f in found} <= held:
         # the same cut, begun before: since then only its zeroing wrote, which removes
         return pending.path, [Found(*r) for r in pending.manifest["records"]]
-    if not found and not keep:
+    if not found and not (keep and _holds_bytes(x, pages, segment, segment_size)):
         return None
     copy = {x - x % PAGE_SIZE} | set(pages)
     for f in found:
@@ -140,6 +140,18 @@ def set_aside(wal_dir: str, x: int, pages: list[int], min_prev: int,
     return target, found
 
 
+def _holds_bytes(x: int, pages: list[int], segment: Callable[[int], mmap.mmap | None],
+                 segment_size: int) -> bool:
+    """Whether anything the cut at x zeroes is not zeros already: x's page from x on, and
+    ``pages``."""
+    for lsn in [x] + pages:
+        seg = segment(lsn // segment_size)
+        offset = lsn % segment_size
+        if seg is not None and seg[offset:offset + PAGE_SIZE - lsn % PAGE_SIZE].strip(b"\0"):
+            return True
+    return False
+
+
 def finish(path: str) -> None:
     """The cut that made the entry at ``path`` has zeroed and synced what it cut: the entry is
     no longer pending."""
@@ -162,7 +174,7 @@ def _copy_pages(path: str, source: mmap.mmap | None, offsets: list[int], size: i
         if source is not None:
             for off in offsets:
                 page = source[off:off + PAGE_SIZE]
-                if any(page):   # (a hole reads as zeros)
+                if page.strip(b"\0"):   # (a hole reads as zeros)
                     os.pwrite(fd, page, off)
         os.fsync(fd)
     finally:

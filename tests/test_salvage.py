@@ -272,6 +272,10 @@ def test_a_cut_stopped_before_its_checkpoint_then_passed_over_loses_nothing_late
         recs = _append(wal, [700] * 60, "first", flush_each=True)
     flip_byte(wal_dir, recs[20][0] + REC_HDR + 5)          # before the clean close's checkpoint
     assert _killed_at("cut-checkpoint", wal_dir, 1, options={"verify": "all"})
+    (pending,) = lostfound.entries(wal_dir)
+    assert pending.pending
+    with pytest.raises(pmemwal.ConfigError, match="pending"):   # its records are in the WAL
+        putback.restore(wal_dir, pending.name)
     with pmemwal.open(wal_dir, mode="buffered") as wal:    # the damage is not read: no cut
         recs += _append(wal, [700] * 10, "second", flush_each=True)
     with warnings.catch_warnings():
@@ -279,5 +283,3 @@ def test_a_cut_stopped_before_its_checkpoint_then_passed_over_loses_nothing_late
         kept = _records(wal_dir, "buffered", verify="all", on_corruption="truncate")
     assert kept == recs[:20]
     assert _aside(wal_dir) == recs[21:], "records appended after the stopped cut were lost"
-
-
