@@ -285,6 +285,22 @@ static int durable_past(const wal_src *s, uint64_t c, uint64_t x)
            rec.prev_lsn >= x;
 }
 
+/* durable_in_page -- durable_past for the records that start in the page at page_lsn,
+ * followed from its first one (c) while they hold: a record reserved after x was flushed
+ * need not be the first of its page.  Returns its LSN, or 0. */
+static uint64_t durable_in_page(const wal_src *s, uint64_t c, uint64_t page_lsn, uint64_t x)
+{
+    wal_record rec;
+    uint64_t prev = WAL_ANY_PREV;
+    while (c < page_lsn + WAL_PAGE_SIZE && wal_read(s, c, prev, &rec) == WAL_OK) {
+        if (rec.durable_hint > x && rec.prev_lsn >= x)
+            return c;
+        prev = c;
+        c = rec.next_lsn;
+    }
+    return 0;
+}
+
 int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t min_prev,
                uint64_t *durable_lsn, uint64_t **pages, size_t *npages)
 {
@@ -325,9 +341,8 @@ int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t min_p
         }
         (*pages)[(*npages)++] = page_lsn;
         uint32_t rem = le_load32(page + offsetof(wal_page_hdr, rem_len));
-        if (!*durable_lsn && rem < WAL_PAGE_USABLE && rem % WAL_ALIGN == 0 &&
-            durable_past(s, wal_lsn(&s->g, u + rem), x))
-            *durable_lsn = wal_lsn(&s->g, u + rem);
+        if (!*durable_lsn && rem < WAL_PAGE_USABLE && rem % WAL_ALIGN == 0)
+            *durable_lsn = durable_in_page(s, wal_lsn(&s->g, u + rem), page_lsn, x);
     }
     return 0;
 }

@@ -283,3 +283,31 @@ def test_a_cut_stopped_before_its_checkpoint_then_passed_over_loses_nothing_late
         kept = _records(wal_dir, "buffered", verify="all", on_corruption="truncate")
     assert kept == recs[:20]
     assert _aside(wal_dir) == recs[21:], "records appended after the stopped cut were lost"
+
+
+# ---- what makes open() raise past the checkpoint --------------------------------
+
+@pytest.mark.parametrize("later", [False, True])
+def test_damage_past_the_checkpoint_raises_only_before_a_record_reserved_after_its_flush(
+        wal_dir, mode, later):
+    """docs/RELIABILITY.md: 1,099 records acknowledged by one flush, then a crash, then record
+    700 garbled.  The records flushed with it prove nothing (a torn tail looks the same): the
+    default open cuts there, with a warning, and sets the valid records past it aside.  A
+    record reserved after that flush (its durable hint passes the damage) makes it raise."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        recs = _append(wal, [200] * 1099, "once")
+        wal.flush()
+        if later:
+            recs += _append(wal, [50], "later", flush_each=True)
+    rewind_checkpoint(wal_dir)                   # a crash: no checkpoint covers them
+    flip_byte(wal_dir, recs[700][0] + REC_HDR + 3)
+    if later:
+        with pytest.raises(pmemwal.CorruptionError) as info:
+            pmemwal.open(wal_dir, mode=mode)
+        assert info.value.lsn == recs[700][0]
+        return
+    with pytest.warns(RecoveryWarning, match="set aside"):
+        wal = pmemwal.open(wal_dir, mode=mode)
+    with wal:
+        assert [(lsn, d) for lsn, d, _ in read_all(wal)] == recs[:700]
+    assert _aside(wal_dir) == recs[701:]
