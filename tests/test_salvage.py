@@ -26,10 +26,12 @@ import sys
 import warnings
 
 import pytest
+from click.testing import CliRunner
 
 import pmemwal
 from pmemwal import lostfound, putback
 from pmemwal.recovery import RecoveryWarning
+from pmemwal.tools.cli import main as cli
 from conftest import (PAGE, PAGE_HDR, REC_HDR, SEG, child_env, file_bytes, file_write, flip_byte,
                       payload, read_all, rewind_checkpoint, usable_of)
 
@@ -274,6 +276,8 @@ def test_a_cut_stopped_before_its_checkpoint_then_passed_over_loses_nothing_late
     assert _killed_at("cut-checkpoint", wal_dir, 1, options={"verify": "all"})
     (pending,) = lostfound.entries(wal_dir)
     assert pending.pending
+    listed = CliRunner().invoke(cli, ["lost-found", str(wal_dir)])
+    assert listed.exit_code == 0 and "pending" in listed.output, listed.output
     with pytest.raises(pmemwal.ConfigError, match="pending"):   # its records are in the WAL
         putback.restore(wal_dir, pending.name)
     with pmemwal.open(wal_dir, mode="buffered") as wal:    # the damage is not read: no cut
