@@ -24,6 +24,7 @@ typedef struct {
     PyObject_HEAD
     wal_geom g;
     PyObject *getter;
+    int salvage; /* page headers unchecked: see wal_src (wal_reader.h) */
 } ReaderObject;
 
 /* One call's segment buffers: each call has its own, on its stack, so that threads reading
@@ -79,6 +80,7 @@ static void call_begin(ReaderObject *r, reader_call *c)
     c->src.g = r->g;
     c->src.segment = reader_segment;
     c->src.ctx = c;
+    c->src.salvage = r->salvage;
     c->getter = r->getter;
     Py_XINCREF(c->getter); /* (a second __init__ may replace the Reader's meanwhile) */
 }
@@ -101,17 +103,20 @@ static PyObject *call_done(reader_call *c, PyObject *result)
 
 static int Reader_init(ReaderObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"segment_size", "wal_id_lo", "getter", NULL};
+    static char *kwlist[] = {"segment_size", "wal_id_lo", "getter", "salvage", NULL};
     unsigned long long seg_size;
     unsigned int wal_id_lo;
     PyObject *getter;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KIO", kwlist, &seg_size, &wal_id_lo, &getter))
+    int salvage = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KIO|p", kwlist, &seg_size, &wal_id_lo, &getter,
+                                     &salvage))
         return -1;
     if (seg_size < 2 * WAL_PAGE_SIZE || (seg_size & (seg_size - 1))) {
         PyErr_SetString(PyExc_ValueError, "segment_size must be a power of two of two pages or more");
         return -1;
     }
     wal_geom_init(&self->g, seg_size, wal_id_lo);
+    self->salvage = salvage;
     Py_INCREF(getter);
     Py_XSETREF(self->getter, getter);
     return 0;

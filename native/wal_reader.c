@@ -42,6 +42,10 @@ static int page_at(const wal_src *s, uint64_t u, const uint8_t **page, uint64_t 
     if (!base)
         return WAL_NO_SEGMENT;
     const uint8_t *p = base + *page_lsn % s->g.seg_size;
+    if (s->salvage) {
+        *page = p;
+        return WAL_OK;
+    }
     wal_page_hdr h;
     memcpy(&h, p, sizeof(h));
     if (h.magic != WAL_PAGE_MAGIC || h.page_lsn != *page_lsn || h.wal_id_lo != s->g.wal_id_lo ||
@@ -63,7 +67,7 @@ static int walk(const wal_src *s, uint64_t rec_start, uint64_t rec_end, uint64_t
         const uint8_t *page;
         uint64_t page_lsn, in_page = u % WAL_PAGE_USABLE;
         int st = page_at(s, u, &page, &page_lsn);
-        if (st == WAL_OK && rec_end && in_page == 0) {
+        if (st == WAL_OK && rec_end && in_page == 0 && !s->salvage) {
             uint32_t rem = le_load32(page + offsetof(wal_page_hdr, rem_len));
             if (rem != (u == rec_start ? 0 : rec_end - u))
                 st = WAL_BAD_CONT;
@@ -281,6 +285,22 @@ static int durable_past(const wal_src *s, uint64_t c, uint64_t x)
            rec.prev_lsn >= x;
 }
 
+/* durable_in_page -- durable_past for the records that start in the page at page_lsn,
+ * followed from its first one (c) while they hold: a record reserved after x was flushed
+ * need not be the first of its page.  Returns its LSN, or 0. */
+static uint64_t durable_in_page(const wal_src *s, uint64_t c, uint64_t page_lsn, uint64_t x)
+{
+    wal_record rec;
+    uint64_t prev = WAL_ANY_PREV;
+    while (c < page_lsn + WAL_PAGE_SIZE && wal_read(s, c, prev, &rec) == WAL_OK) {
+        if (rec.durable_hint > x && rec.prev_lsn >= x)
+            return c;
+        prev = c;
+        c = rec.next_lsn;
+    }
+    return 0;
+}
+
 int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t min_prev,
                uint64_t *durable_lsn, uint64_t **pages, size_t *npages)
 {
@@ -321,9 +341,8 @@ int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t min_p
         }
         (*pages)[(*npages)++] = page_lsn;
         uint32_t rem = le_load32(page + offsetof(wal_page_hdr, rem_len));
-        if (!*durable_lsn && rem < WAL_PAGE_USABLE && rem % WAL_ALIGN == 0 &&
-            durable_past(s, wal_lsn(&s->g, u + rem), x))
-            *durable_lsn = wal_lsn(&s->g, u + rem);
+        if (!*durable_lsn && rem < WAL_PAGE_USABLE && rem % WAL_ALIGN == 0)
+            *durable_lsn = durable_in_page(s, wal_lsn(&s->g, u + rem), page_lsn, x);
     }
     return 0;
 }

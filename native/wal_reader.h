@@ -36,11 +36,16 @@ enum wal_status {
     WAL_SOURCE_ERROR, /* the segment source failed (an exception in the binding) */
 };
 
-/* wal_src -- where the reader finds segments: base of the mapping, or NULL. */
+/* wal_src -- where the reader finds segments: base of the mapping, or NULL.
+ * salvage: page headers are not checked (rules 2 and 3 reduced to "the segment exists"),
+ * for finding the records that a damaged page header alone made unreadable: what a cut
+ * sets aside (pmemwal/lostfound.py).  Each record's own CRC, which covers its prev-link,
+ * still has to match; never set for reading the WAL itself. */
 typedef struct wal_src {
     wal_geom g;
     const uint8_t *(*segment)(void *ctx, uint64_t segno, int *error);
     void *ctx;
+    int salvage;
 } wal_src;
 
 typedef struct wal_record {

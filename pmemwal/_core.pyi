@@ -93,8 +93,10 @@ class Reader:
     """Validates and reads records from mapped segments."""
 
     def __init__(self, segment_size: int, wal_id_lo: int,
-                 getter: Callable[[int], ReadableBuffer | None]) -> None:
-        """getter(segno): a mapping of the segment, or None when it does not exist."""
+                 getter: Callable[[int], ReadableBuffer | None], salvage: bool = False) -> None:
+        """getter(segno): a mapping of the segment, or None when it does not exist.
+        salvage: page headers go unchecked (each record's CRC still must match): for finding
+        the records a damaged page header alone made unreadable, never for the WAL itself."""
     def read(self, lsn: int, expect_prev: int = -1, /
              ) -> tuple[int, int, int, int, int, int, int, int, int, bool]:
         """(status, lsn, next, prev, length, crc, hint, payload_lsn, bad_lsn, void)."""

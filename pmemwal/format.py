@@ -109,6 +109,18 @@ def first_lsn(segno: int, segment_size: int) -> int:
     return segno * segment_size + PAGE_SIZE + PAGE_HEADER_SIZE
 
 
+PAGE_MAGIC = 0x31505750  # "PWP1": a data page's header (native/wal_format.h, wal_page_hdr)
+_PAGE_HEADER = struct.Struct("<IIQI")  # magic, rem_len, page_lsn, wal_id_lo; then u32 crc
+
+
+def page_header_valid(page: bytes, page_lsn: int, wal_id_lo: int) -> bool:
+    """Whether ``page`` (a data page's first 24 bytes or more) has a valid header for the
+    page at ``page_lsn`` of this WAL (validity rule 2, as native/wal_reader.c checks it)."""
+    magic, _, lsn, wal_id = _PAGE_HEADER.unpack_from(page)
+    return (magic == PAGE_MAGIC and lsn == page_lsn and wal_id == wal_id_lo and
+            _CRC.unpack_from(page, _PAGE_HEADER.size)[0] == _core.crc32c(page[:_PAGE_HEADER.size]))
+
+
 def record_size(length: int) -> int:
     """Stream bytes a record of ``length`` payload bytes takes (8-aligned)."""
     return (RECORD_HEADER_SIZE + length + 7) & ~7

@@ -39,6 +39,7 @@ def restore(wal_dir: str, name: str, **wal_options: Unpack[WALOptions]) -> int:
         raise ConfigError("restore puts records back into a WAL that exists: no create option")
     options: WALOptions = {**wal_options, "create": False}
     with open_wal(wal_dir, **options) as wal:
+        _check_finished(wal_dir, name)
         begun = _begun_at(marker)
         done = 0 if begun is None else _already_there(wal, begun, records)
         _check_log_records(wal, entry, records, begun, done)
@@ -49,6 +50,16 @@ def restore(wal_dir: str, name: str, **wal_options: Unpack[WALOptions]) -> int:
             wal.flush()
     lostfound.remove(wal_dir, name)
     return len(records)
+
+
+def _check_finished(wal_dir: str, name: str) -> None:
+    """A pending entry (lostfound.set_aside) whose cut this open did not finish: a crash
+    stopped that cut before it zeroed anything, and its records may still be in the WAL."""
+    if lostfound.find(wal_dir, name).pending:
+        raise ConfigError(f"lost+found entry {name!r} is pending: the open that cut there was "
+                          "stopped before the cut was made, and its records may still be in "
+                          "the WAL; open the WAL as that open did (verify='all', "
+                          "on_corruption='truncate') to finish the cut, or remove the entry")
 
 
 def _begun_at(marker: str) -> int | None:

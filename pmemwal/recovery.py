@@ -21,9 +21,13 @@ open (CorruptionError) has written nothing.
   record past x whose durable hint passes x proves that x had been flushed, and
   damage is refused (``_refuse``, CorruptionError) unless the caller asked to
   cut there.
-- Any cut first sets aside the valid records past x (``_set_aside``: lost+found),
-  then zeroes the rest of x's page and the later pages that may hold this
-  cycle's bytes (``_wipe_beyond``).
+- From a checkpoint, the header of the page that holds its end is checked
+  (``_end_page_damaged``): the scan starts mid-page there and checks none.
+- Any cut first sets aside the valid records past x and the pages it zeroes
+  (``_set_aside``: lost+found, an entry pending until the end), then zeroes the
+  rest of x's page and the later pages that may hold this cycle's bytes
+  (``_wipe_beyond``), syncs them, and finishes the entry: a rerun after a crash
+  in between finds the pending entry and makes no second one.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import numpy as np
 from pmemwal import _core, lostfound
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.errors import CorruptionError, format_lsn
-from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, first_lsn
+from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, first_lsn, page_header_valid
 from pmemwal.segments import WalDirectory
 
 VERIFY = ("checkpoint", "all")
@@ -97,6 +101,8 @@ class Recovery:
             full_scan = full_scan or "segments the checkpoint vouches for are missing"
         if cp is None or not cp.clean:
             self._read_from_disk(cp.end_lsn if cp is not None and full_scan is None else 0)
+        if full_scan is None and cp is not None and self._end_page_damaged(cp.end_lsn):
+            full_scan = "the header of the page that holds the checkpoint's end is damaged"
         if full_scan is None and cp is not None:  # (no reason for a full scan: a checkpoint)
             start, prev = cp.end_lsn, cp.last_lsn
             status, x, last, _, _, bad = self._reader.scan(start, prev or -1, _END)
@@ -128,6 +134,8 @@ class Recovery:
             # so that no open after a crash starts reading past the zeroed records
             self._checkpoints.write(x, last, oldest, current=cp, cuts=cuts)
         self._wipe_beyond(x, pages)
+        if aside is not None:   # (a crash before this: the next recovery finishes it)
+            lostfound.finish(aside)
         return Recovered(x, last, None if full_scan else start, start, full_scan, aside, oldest,
                          cuts)
 
@@ -192,6 +200,20 @@ class Recovery:
             return self._segnos[0]
         kept = [n for n in self._segnos if n >= cp.oldest_segno]
         return kept[0] if kept else self._segnos[0]
+
+    def _end_page_damaged(self, end: int) -> bool:
+        """Whether the page that holds ``end`` has a damaged header although a record before
+        end wrote it: the scan starts mid-page and checks no header there, and records
+        appended after it would never read.  The records the checkpoint covers in that page
+        are damaged: the full scan finds the first of them.  (At a page's first usable byte
+        the header comes with the record at end, not yet written.)"""
+        seg = self._segment(end // self._size)
+        page = end - end % PAGE_SIZE
+        if end % PAGE_SIZE == PAGE_HEADER_SIZE or seg is None:
+            return False    # (a missing segment: _check_vouched_segments)
+        offset = page % self._size
+        return not page_header_valid(bytes(seg[offset:offset + PAGE_HEADER_SIZE]), page,
+                                     int.from_bytes(self._wal_id[:4], "little"))
 
     def _check_vouched_segments(self, cp: Checkpoint, oldest: int, on_corruption: str) -> bool:
         """Whether a segment is missing from the checkpoint's oldest to the one holding its
@@ -265,14 +287,16 @@ class Recovery:
                                   "is set aside in lost+found first)")
 
     def _set_aside(self, x: int, pages: list[int], min_prev: int, reason: str) -> str | None:
-        made = lostfound.set_aside(self._dir.path, self._reader, x, pages, min_prev,
-                                   self._segment, self._size, self._wal_id, reason)
+        made = lostfound.set_aside(self._dir.path, x, pages, min_prev, self._segment,
+                                   self._size, self._wal_id, reason, keep=self._cut_durable)
         if made is None:
             return None
         path, found = made
+        lost = _gaps(x, found)
         warnings.warn(f"{self._dir.path}: the WAL ends at {format_lsn(x)} ({reason}); "
                       f"{len(found)} valid record(s) past it set aside in {path} "
-                      "(pmemwal lost-found)", RecoveryWarning, stacklevel=4)
+                      "(pmemwal lost-found)" + (f"; no valid record in {lost}: lost" if lost
+                                                else ""), RecoveryWarning, stacklevel=4)
         return path
 
     def _wipe_beyond(self, end: int, pages: list[int]) -> None:
@@ -301,3 +325,14 @@ class Recovery:
         finally:
             for fd in touched.values():
                 os.close(fd)
+
+
+def _gaps(x: int, found: list[lostfound.Found]) -> str:
+    """The LSN ranges from x to the last record found that no record found covers."""
+    gaps: list[str] = []
+    at = x
+    for f in found:
+        if f.lsn > at:
+            gaps.append(f"{format_lsn(at)}..{format_lsn(f.lsn)}")
+        at = max(at, f.next_lsn)
+    return ", ".join(gaps)

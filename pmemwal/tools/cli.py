@@ -412,7 +412,7 @@ def lost_found(path: str, dump_name: str | None, restore_name: str | None,
         return
     listing = [{"name": e.name, "cut": e.manifest["cut"], "reason": e.manifest["reason"],
                 "records": len(e.manifest["records"]),
-                "payload_bytes": sum(r[2] for r in e.manifest["records"])}
+                "payload_bytes": sum(r[2] for r in e.manifest["records"]), "pending": e.pending}
                for e in _lostfound.entries(path)]
     if as_json:
         _dump({"path": os.path.abspath(path), "entries": listing})
@@ -420,7 +420,8 @@ def lost_found(path: str, dump_name: str | None, restore_name: str | None,
         click.echo("lost+found is empty")
     for e in [] if as_json else listing:
         click.echo(f"{e['name']}: cut at {e['cut']} ({e['reason']}); {e['records']} record(s), "
-                   f"{e['payload_bytes']} payload bytes")
+                   f"{e['payload_bytes']} payload bytes"
+                   + ("; pending: the cut was stopped before it was made" if e["pending"] else ""))
 
 
 # ---- compare (pmemwal.tools.harness) ----------------------------------------------

@@ -145,8 +145,9 @@ class WAL(Opening):
       archiving (the pause doubles from 0.1 s).
     - A shared WAL's processes each run an archiver if they pass an archive option (the
       same one, as they must): one works at a time, the others wait to take over.
-    - ``on_corruption``: ``"raise"`` CorruptionError when damaged durable
-      records are followed by more, or ``"truncate"`` the WAL at the damage.  Either way,
+    - ``on_corruption``: ``"raise"`` CorruptionError when damaged records are known
+      durable (before the checkpoint, or followed by a record reserved after the flush
+      that covered them), or ``"truncate"`` the WAL at the damage.  Either way,
       valid records past where recovery ends the WAL are first set aside in
       ``lost+found/`` (``pmemwal lost-found``), never only zeroed.
     - ``checkpoint_interval``, ``checkpoint_bytes``: the background writer writes a
