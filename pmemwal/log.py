@@ -297,12 +297,17 @@ class Log(LogReplay):
                     if record.lsn < want:
                         continue
                     raise self._no_record(index, want)  # no record starts where it names
+                if ix.changes != changes:  # a rewind, compaction or reset meanwhile: looked
+                    lsns, changes = self._entry_lsns(index, stop, horizon)  # at after the
+                    at = 0                                  # read, so none comes between
+                    if lsns[0] != want:
+                        raise self._went(index)
                 yield entry_of(index, record, segment_size)
                 index, at = index + 1, at + 1
                 if index == stop:
                     return
-                if at == len(lsns) or ix.changes != changes:  # (a rewind, compaction or
-                    lsns, changes = self._entry_lsns(index, stop, horizon)  # reset meanwhile)
+                if at == len(lsns):
+                    lsns, changes = self._entry_lsns(index, stop, horizon)
                     at = 0
                 want = lsns[at]
             raise self._no_record(index, want)  # the chain ended before it
