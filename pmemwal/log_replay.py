@@ -131,8 +131,7 @@ class LogReplay:
             for lsn, h in zip(lsns.tolist(), head.tolist()):
                 known = self._apply(lsn, h, known)
         ix = self._index  # (an index read from its files may name entries in a lost segment)
-        if self._snapshot[0] < ix.first - 1 or \
-                (ix.count and ix.lsn_at(ix.first) < self.wal.first_lsn):
+        if self._never_compacted() or (ix.count and ix.lsn_at(ix.first) < self.wal.first_lsn):
             raise CorruptionError(self.wal.first_lsn, self.wal.first_lsn // self.wal.segment_size,
                                   f"the log starts at entry {self._index.first}, but entries "
                                   f"after {self._snapshot[0]} were never compacted: a segment "
@@ -173,6 +172,25 @@ class LogReplay:
         else:
             raise FormatError(f"log record at LSN {format_lsn(lsn)} has unknown kind {kind}")
         return True
+
+    def _never_compacted(self) -> tuple[int, int] | None:
+        """The entries below the first that no snapshot covers (first, last), or None: with
+        such a gap the log does not open."""
+        first = self._snapshot[0] + 1
+        return (first, self._index.first - 1) if first < self._index.first else None
+
+    def _gap_after(self, heads: list[tuple[int, int, int, int, int, int]]) \
+            -> tuple[int, int] | None:
+        """The entries a replay would find neither there nor compacted (``_never_compacted``)
+        with log records of these headers appended after the log's own, or None: replay's
+        own rules on a copy of the numbering (no entry of it is read, none is changed)."""
+        trial = LogReplay()
+        trial.wal, trial._snapshot, trial._state_lsn = self.wal, self._snapshot, self._state_lsn
+        trial._index = TieredIndex(self._files, self._index.first, self._index.next)
+        known, lsn = self._known, self.wal.insert_lsn
+        for head in heads:
+            known = trial._apply(lsn, head, known)
+        return trial._never_compacted()
 
     def checkpoint(self) -> int:
         """Make every entry durable, and write the index and the WAL's checkpoint: the next
