@@ -70,6 +70,7 @@ class Log(LogReplay):
     def __init__(self, path: str | os.PathLike[str], **wal_options: Unpack[WALOptions]) -> None:
         self._lock = threading.Lock()
         self._closing = False                   # close has begun: the writer waits no more
+        self._deferred_round = None             # an index round waiting its turn (a thread)
         self._snapshot = (0, 0)                 # (index, term) of the last compacted entry
         self._state = HardState()
         self._state_record = None
@@ -399,6 +400,7 @@ class Log(LogReplay):
                 pass  # a stopped writer, a full disk: the next open replays more
             finally:
                 self.wal.close()
+                self._end_index_rounds()
                 self._files.close()
 
     @property
