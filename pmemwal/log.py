@@ -14,6 +14,7 @@ left in the segment that holds it are skipped by the marker on replay.
 
 from __future__ import annotations
 
+import operator
 import os
 import struct
 import threading
@@ -104,13 +105,14 @@ class Log(LogReplay):
         entry's raises TermError.
         """
         with self._lock:  # the WAL raises ClosedError once closed
-            if term < self._last_term:
-                raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             ix = self._index
             index = ix.next
             try:  # (free on the hot path: a term or an index beyond the format fails to pack)
+                if term < self._last_term:
+                    raise TermError(f"term {term} is below the last entry's term "
+                                    f"{self._last_term}")
                 head = _ENTRY_PREFIX + _INDEX_TERM.pack(index, term)
-            except struct.error:
+            except (struct.error, TypeError):  # (TypeError: a term "2" met the comparison)
                 raise out_of_range(index, term) from None
             lsn = self.wal.append_prefixed(head, payload)
             ix.push(lsn, term)
@@ -124,9 +126,13 @@ class Log(LogReplay):
         """Append entries in one native call; returns their indexes (int64)."""
         with self._lock:
             self._check_open()
-            if term < self._last_term:
-                raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             first = self._index.next
+            try:
+                if term < self._last_term:
+                    raise TermError(f"term {term} is below the last entry's term "
+                                    f"{self._last_term}")
+            except TypeError:  # (a term "2")
+                raise out_of_range(first, term) from None
             try:
                 records = [b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(first + i, term), p))
                            for i, p in enumerate(payloads)]
@@ -198,6 +204,10 @@ class Log(LogReplay):
         returns how many segments went."""
         with self._lock:
             self._check_open()
+            try:
+                term, index = operator.index(term), operator.index(index)
+            except TypeError:  # (2.0 compared fine, then failed to pack: struct.error)
+                raise out_of_range(index, term) from None
             if not 0 <= term <= MAX_TERM:
                 raise out_of_range(index, term)
             if not 0 <= index < MAX_INDEX:  # (the next entry's index must fit too)

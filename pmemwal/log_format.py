@@ -68,6 +68,9 @@ def out_of_range(index: int, term: int) -> LogIndexError | TermError:
         return TermError(f"term must be an int, not {type(term).__name__} {term!r}")
     if not 0 <= term <= MAX_TERM:
         return TermError(f"term {term} does not fit the log: terms are 0..2**64-1")
+    if not hasattr(index, "__index__"):
+        return LogIndexError(f"an entry index must be an int, not {type(index).__name__} "
+                             f"{index!r}")
     return LogIndexError(f"entry {index} does not fit the log: indexes are 0..2**63-1")
 
 

@@ -760,5 +760,13 @@ def test_a_term_that_is_not_an_int_is_a_term_error(wal_dir: Path) -> None:
             log.append(b"x", term=2.0)  # type: ignore[arg-type]
         with pytest.raises(pmemwal.TermError, match="term must be an int"):
             log.append_many([b"x"], term=2.0)  # type: ignore[arg-type]
+        with pytest.raises(pmemwal.TermError, match="term must be an int"):
+            log.append(b"x", term="2")  # type: ignore[arg-type]
+        with pytest.raises(pmemwal.TermError, match="term must be an int"):
+            log.append_many([b"x"], term="2")  # type: ignore[arg-type]
+        with pytest.raises(pmemwal.TermError, match="term must be an int"):
+            log.reset(5, 2.0)  # type: ignore[arg-type]
+        with pytest.raises(pmemwal.LogIndexError, match="index must be an int"):
+            log.reset(5.0, 2)  # type: ignore[arg-type]
         assert log.append(b"b", term=np.uint64(2)) == 2  # type: ignore[arg-type]
         assert contents(log) == [(1, 1, b"a"), (2, 2, b"b")]
