@@ -116,9 +116,11 @@ def _check_log_records(log: Log, entry: lostfound.SetAside, heads: list[_Head],
     entries = [h for h in heads if h[2] == ENTRY]
     what = (f"log records (entries {entries[0][4]}..{entries[-1][4]}, terms "
             f"{entries[0][5]}..{entries[-1][5]})" if entries else "log records")
+    there = (f"the first {done} of them are in the log already (an earlier try put them "
+             "back): of the others, " if done else "")
     how = (f"Nothing was written.  Read them with `pmemwal lost-found {wal.path} --dump "
-           f"{entry.name}`, append what is still wanted through the Log, then drop the "
-           "entry with --remove.")
+           f"{entry.name}`, {there}append what is still wanted through the Log, then drop "
+           "the entry with --remove.")
     later = None if begun is not None else _set_aside_later(wal.path, entry)
     if later is not None:
         raise LogIndexError(f"lost+found entry {entry.name} holds {what}, and {later.name} "

@@ -770,3 +770,26 @@ def test_a_term_that_is_not_an_int_is_a_term_error(wal_dir: Path) -> None:
             log.reset(5.0, 2)  # type: ignore[arg-type]
         assert log.append(b"b", term=np.uint64(2)) == 2  # type: ignore[arg-type]
         assert contents(log) == [(1, 1, b"a"), (2, 2, b"b")]
+
+
+def test_a_refused_repeat_says_which_records_are_in_the_log_already(wal_dir: Path) -> None:
+    """A put-back that got 20 records in, then died; the log appended an entry since.  Run
+    again, it is refused (the log went on), and says that those 20 are in the log already:
+    advice to append what is still wanted must not have them appended twice."""
+    from pmemwal import lostfound, putback
+
+    _cut_at_entry(wal_dir, 0, n=150, before=101)
+    (entry,) = lostfound.entries(wal_dir)
+    kept = [payload for _, payload in entry.records()]
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        with open(os.path.join(entry.path, "RESTORING"), "w") as f:
+            f.write(str(wal.insert_lsn))
+        wal.append_many(kept[:20])
+        wal.flush()
+    with open_log(wal_dir) as log:
+        assert log.last_index == 120
+        log.append(b"next", term=1, sync=True)
+    with pytest.raises(pmemwal.LogIndexError, match="the first 20 of them are in the log"):
+        putback.restore(str(wal_dir), entry.name)
+    with open_log(wal_dir) as log:
+        assert log.last_index == 121
