@@ -14,6 +14,7 @@ left in the segment that holds it are skipped by the marker on replay.
 
 from __future__ import annotations
 
+import operator
 import os
 import struct
 import threading
@@ -70,6 +71,7 @@ class Log(LogReplay):
     def __init__(self, path: str | os.PathLike[str], **wal_options: Unpack[WALOptions]) -> None:
         self._lock = threading.Lock()
         self._closing = False                   # close has begun: the writer waits no more
+        self._deferred_round = None             # an index round waiting its turn (a thread)
         self._snapshot = (0, 0)                 # (index, term) of the last compacted entry
         self._state = HardState()
         self._state_record = None
@@ -103,13 +105,14 @@ class Log(LogReplay):
         entry's raises TermError.
         """
         with self._lock:  # the WAL raises ClosedError once closed
-            if term < self._last_term:
-                raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             ix = self._index
             index = ix.next
             try:  # (free on the hot path: a term or an index beyond the format fails to pack)
+                if term < self._last_term:
+                    raise TermError(f"term {term} is below the last entry's term "
+                                    f"{self._last_term}")
                 head = _ENTRY_PREFIX + _INDEX_TERM.pack(index, term)
-            except struct.error:
+            except (struct.error, TypeError):  # (TypeError: a term "2" met the comparison)
                 raise out_of_range(index, term) from None
             lsn = self.wal.append_prefixed(head, payload)
             ix.push(lsn, term)
@@ -123,9 +126,13 @@ class Log(LogReplay):
         """Append entries in one native call; returns their indexes (int64)."""
         with self._lock:
             self._check_open()
-            if term < self._last_term:
-                raise TermError(f"term {term} is below the last entry's term {self._last_term}")
             first = self._index.next
+            try:
+                if term < self._last_term:
+                    raise TermError(f"term {term} is below the last entry's term "
+                                    f"{self._last_term}")
+            except TypeError:  # (a term "2")
+                raise out_of_range(first, term) from None
             try:
                 records = [b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(first + i, term), p))
                            for i, p in enumerate(payloads)]
@@ -197,6 +204,10 @@ class Log(LogReplay):
         returns how many segments went."""
         with self._lock:
             self._check_open()
+            try:
+                term, index = operator.index(term), operator.index(index)
+            except TypeError:  # (2.0 compared fine, then failed to pack: struct.error)
+                raise out_of_range(index, term) from None
             if not 0 <= term <= MAX_TERM:
                 raise out_of_range(index, term)
             if not 0 <= index < MAX_INDEX:  # (the next entry's index must fit too)
@@ -297,12 +308,17 @@ class Log(LogReplay):
                     if record.lsn < want:
                         continue
                     raise self._no_record(index, want)  # no record starts where it names
+                if ix.changes != changes:  # a rewind, compaction or reset meanwhile: looked
+                    lsns, changes = self._entry_lsns(index, stop, horizon)  # at after the
+                    at = 0                                  # read, so none comes between
+                    if lsns[0] != want:
+                        raise self._went(index)
                 yield entry_of(index, record, segment_size)
                 index, at = index + 1, at + 1
                 if index == stop:
                     return
-                if at == len(lsns) or ix.changes != changes:  # (a rewind, compaction or
-                    lsns, changes = self._entry_lsns(index, stop, horizon)  # reset meanwhile)
+                if at == len(lsns):
+                    lsns, changes = self._entry_lsns(index, stop, horizon)
                     at = 0
                 want = lsns[at]
             raise self._no_record(index, want)  # the chain ended before it
@@ -394,6 +410,7 @@ class Log(LogReplay):
                 pass  # a stopped writer, a full disk: the next open replays more
             finally:
                 self.wal.close()
+                self._end_index_rounds()
                 self._files.close()
 
     @property

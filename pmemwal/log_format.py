@@ -17,6 +17,7 @@ How open replays them is log_replay.py's.
 
 from __future__ import annotations
 
+import operator
 import struct
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
@@ -60,9 +61,16 @@ class HardState(NamedTuple):
 
 def out_of_range(index: int, term: int) -> LogIndexError | TermError:
     """The error for an entry's index or term that its header cannot hold (or a negative
-    index: never the log's)."""
+    index: never the log's).  Only ever called once packing failed: costs the append nothing."""
+    try:  # (2.0, "2": struct's "required argument is not an integer"; numpy's ints are ints)
+        term = operator.index(term)
+    except TypeError:
+        return TermError(f"term must be an int, not {type(term).__name__} {term!r}")
     if not 0 <= term <= MAX_TERM:
         return TermError(f"term {term} does not fit the log: terms are 0..2**64-1")
+    if not hasattr(index, "__index__"):
+        return LogIndexError(f"an entry index must be an int, not {type(index).__name__} "
+                             f"{index!r}")
     return LogIndexError(f"entry {index} does not fit the log: indexes are 0..2**63-1")
 
 

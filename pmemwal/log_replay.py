@@ -50,7 +50,8 @@ from pmemwal.recovery import RecoveryWarning
 from pmemwal.wal import WAL, Record
 
 _SCAN_BATCH = 1 << 16                       # records per native call on open
-_WRITER_WAIT = 0.5      # seconds a background index checkpoint waits for the log's lock
+_WRITER_WAIT = 0.005    # seconds the WAL's writer waits for the log's lock in an index round
+_POLL = 0.005           # seconds between looks at whether close has begun, waiting for it
 # _capture's: the index's state, its entries not stored yet (start, LSNs, terms), and its
 # count of changes then
 _Captured = tuple[IndexState, int, np.ndarray, np.ndarray, int]
@@ -62,6 +63,7 @@ class LogReplay:
     wal: WAL
     _lock: threading.Lock
     _closing: bool
+    _deferred_round: threading.Thread | None
     _snapshot: tuple[int, int]
     _state: HardState
     _state_record: bytes | None
@@ -131,8 +133,7 @@ class LogReplay:
             for lsn, h in zip(lsns.tolist(), head.tolist()):
                 known = self._apply(lsn, h, known)
         ix = self._index  # (an index read from its files may name entries in a lost segment)
-        if self._snapshot[0] < ix.first - 1 or \
-                (ix.count and ix.lsn_at(ix.first) < self.wal.first_lsn):
+        if self._never_compacted() or (ix.count and ix.lsn_at(ix.first) < self.wal.first_lsn):
             raise CorruptionError(self.wal.first_lsn, self.wal.first_lsn // self.wal.segment_size,
                                   f"the log starts at entry {self._index.first}, but entries "
                                   f"after {self._snapshot[0]} were never compacted: a segment "
@@ -173,6 +174,25 @@ class LogReplay:
         else:
             raise FormatError(f"log record at LSN {format_lsn(lsn)} has unknown kind {kind}")
         return True
+
+    def _never_compacted(self) -> tuple[int, int] | None:
+        """The entries below the first that no snapshot covers (first, last), or None: with
+        such a gap the log does not open."""
+        first = self._snapshot[0] + 1
+        return (first, self._index.first - 1) if first < self._index.first else None
+
+    def _gap_after(self, heads: list[tuple[int, int, int, int, int, int]]) \
+            -> tuple[int, int] | None:
+        """The entries a replay would find neither there nor compacted (``_never_compacted``)
+        with log records of these headers appended after the log's own, or None: replay's
+        own rules on a copy of the numbering (no entry of it is read, none is changed)."""
+        trial = LogReplay()
+        trial.wal, trial._snapshot, trial._state_lsn = self.wal, self._snapshot, self._state_lsn
+        trial._index = TieredIndex(self._files, self._index.first, self._index.next)
+        known, lsn = self._known, self.wal.insert_lsn
+        for head in heads:
+            known = trial._apply(lsn, head, known)
+        return trial._never_compacted()
 
     def checkpoint(self) -> int:
         """Make every entry durable, and write the index and the WAL's checkpoint: the next
@@ -219,10 +239,26 @@ class LogReplay:
                     self._lock.release()
 
     def _background_index_checkpoint(self, _end: int) -> None:
-        """The WAL's background writer wrote a checkpoint: the index follows (unless the
-        lock stays taken past _WRITER_WAIT, or close has begun: the next one tries again)."""
-        if not self._lock_for_writer():
-            return
+        """The WAL's background writer wrote a checkpoint: the index follows.  That thread
+        also watches for deleted segments, makes segments ahead and flushes unsynced
+        appends, so it waits for the log's lock no more than _WRITER_WAIT: when the lock
+        stays taken (a compaction, a checkpoint, appends back to back), the round goes on in
+        a thread of the log's own that waits as long as it takes (one at a time: the rounds
+        meanwhile are that one, which stores the index as it then stands)."""
+        if self._lock_for_writer(_WRITER_WAIT):
+            self._index_round()
+        elif not self._closing and (self._deferred_round is None or
+                                    not self._deferred_round.is_alive()):
+            self._deferred_round = threading.Thread(target=self._wait_for_index_round,
+                                                    name="pmemwal-log-index", daemon=True)
+            self._deferred_round.start()
+
+    def _wait_for_index_round(self) -> None:
+        if self._lock_for_writer(None):
+            self._index_round()
+
+    def _index_round(self) -> None:
+        """A background index checkpoint, with the lock taken (and released here)."""
         try:
             if self.wal.closed:
                 return
@@ -235,17 +271,24 @@ class LogReplay:
         except (WALError, OSError) as exc:
             self.index_error = exc  # the next checkpoint tries again; the open replays more
 
-    def _lock_for_writer(self) -> bool:
-        """Take the lock in the WAL writer's thread.  It is waited for: appends hold it only
-        briefly, but threads appending without a sync hold it nearly back to back, and a
-        round that only tried skipped every checkpoint (the index fell behind, and memory
-        grew with the entries not stored).  Never past _WRITER_WAIT, nor once close has
-        begun: close holds the lock while it stops that writer."""
-        deadline = time.monotonic() + _WRITER_WAIT
-        while not self._lock.acquire(timeout=0.005):
-            if self._closing or time.monotonic() > deadline:
+    def _lock_for_writer(self, wait: float | None = _WRITER_WAIT) -> bool:
+        """Take the lock outside a caller's operation, waiting up to ``wait`` seconds (None:
+        as long as it takes), never once close has begun: close holds the lock while it
+        stops the WAL's writer and the log's index thread.  Waited for, not only tried:
+        appends hold it only briefly, but threads appending without a sync hold it nearly
+        back to back, and a round that only tried skipped every checkpoint (the index fell
+        behind, and memory grew with the entries not stored)."""
+        deadline = None if wait is None else time.monotonic() + wait
+        while not self._lock.acquire(timeout=_POLL):
+            if self._closing or (deadline is not None and time.monotonic() >= deadline):
                 return False
         return True
+
+    def _end_index_rounds(self) -> None:
+        """Close, once the WAL's writer stopped (it starts no other): the log's index thread
+        has ended (waiting for the lock close holds, it gives up)."""
+        if self._deferred_round is not None:
+            self._deferred_round.join()
 
     def _term_at(self, index: int) -> int:
         ix = self._index

@@ -6,10 +6,13 @@ to repeat.  Above the WAL (it opens one), which is why it is not in lostfound.py
 imports that module.
 
 A pmemwal.Log's records go back only where its replay reads them as they were written: into
-the log as it stood at the cut (nothing appended since), continuing its entries without a
-gap.  Otherwise the put-back is refused (LogIndexError) and writes nothing: replayed after
-entries appended since, entries with lower indexes would void those (a lower index overrides
-what follows) and take the terms back; after a gap, the log would not open.
+the log as it stood at the cut (nothing appended since, and no entry set aside later at or
+past that cut: the log went on from there), continuing its entries without a gap.  The log
+is opened to check that (its replay's own rules, applied to a copy of its numbering).
+Otherwise the put-back is refused (LogIndexError) and writes nothing: replayed after entries
+appended since, entries with lower indexes would void those (a lower index overrides what
+follows) and take the terms back; after a gap, the log would not open.  A Log's records all
+found at the cut are a put-back that finished: only the entry's removal is left.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import os
 from typing import Unpack
 
 from pmemwal import lostfound
-from pmemwal.errors import ConfigError, CorruptionError, LogIndexError, format_lsn
-from pmemwal.log_format import describe
+from pmemwal.errors import ConfigError, LogIndexError, WALError, format_lsn
+from pmemwal.log import Log
+from pmemwal.log_format import ENTRY, HEADER, describe
 from pmemwal.segments import sync_directory
 from pmemwal.wal import WAL, WALOptions
 from pmemwal.wal import open as open_wal
@@ -38,11 +42,16 @@ def restore(wal_dir: str, name: str, **wal_options: Unpack[WALOptions]) -> int:
     if "create" in wal_options:
         raise ConfigError("restore puts records back into a WAL that exists: no create option")
     options: WALOptions = {**wal_options, "create": False}
+    heads = _log_heads(records)
+    if heads is not None:  # a Log's: checked against the log as its own open reads it
+        with Log(wal_dir, **options) as log:
+            _check_finished(wal_dir, name)
+            begun, done = _progress(log.wal, entry, records, marker, True)
+            if done < len(records):  # (all there: only the removal was left to do)
+                _check_log_records(log, entry, heads, begun, done)
     with open_wal(wal_dir, **options) as wal:
         _check_finished(wal_dir, name)
-        begun = _begun_at(marker)
-        done = 0 if begun is None else _already_there(wal, begun, records)
-        _check_log_records(wal, entry, records, begun, done)
+        begun, done = _progress(wal, entry, records, marker, heads is not None)
         if done == 0:  # (again) from here
             _write_synced_over(marker, str(wal.insert_lsn).encode())
         if done < len(records):
@@ -62,6 +71,19 @@ def _check_finished(wal_dir: str, name: str) -> None:
                           "on_corruption='truncate') to finish the cut, or remove the entry")
 
 
+def _progress(wal: WAL, entry: lostfound.SetAside, records: list[bytes], marker: str,
+              log: bool) -> tuple[int | None, int]:
+    """Where an earlier try began (None: none noted) and how many records it put back.  A
+    Log's go back only at the cut: all of them found there are a put-back whose removal was
+    cut short after its note went (or the same entries appended through the Log again)."""
+    begun = _begun_at(marker)
+    if begun is not None:
+        return begun, _already_there(wal, begun, records)
+    if log and _already_there(wal, entry.cut_lsn, records) == len(records):
+        return None, len(records)
+    return None, 0
+
+
 def _begun_at(marker: str) -> int | None:
     try:
         with open(marker, "rb") as f:
@@ -74,33 +96,51 @@ def _already_there(wal: WAL, lsn: int, records: list[bytes]) -> int:
     """How many of ``records`` the WAL holds from ``lsn`` on, in order (a put-back cut short
     after part of it became durable): those are not appended again."""
     done = 0
-    if lsn >= wal.insert_lsn:
+    if not wal.first_lsn <= lsn < wal.insert_lsn:
         return 0
     try:
         for rec in wal.records(lsn):
             if done == len(records) or bytes(rec.payload) != records[done]:
                 break
             done += 1
-    except (ValueError, CorruptionError):
+    except (ValueError, WALError):
         pass
     return done
 
 
-def _check_log_records(wal: WAL, entry: lostfound.SetAside, records: list[bytes],
+_Head = tuple[int, int, int, int, int, int]
+
+
+def _log_heads(records: list[bytes]) -> list[_Head] | None:
+    """The log record headers of ``records``, or None when not all of them are a Log's."""
+    if not records or any(describe(r) is None for r in records):
+        return None
+    return [HEADER.unpack_from(r) for r in records]
+
+
+def _check_log_records(log: Log, entry: lostfound.SetAside, heads: list[_Head],
                        begun: int | None, done: int) -> None:
-    """LogIndexError when ``records`` are a Log's and would not go back into it as written:
-    the WAL went on since the cut (records other than this put-back's own), or their
-    entries would not follow the log's last one (lost at the cut).  Plain records pass."""
-    heads = [h for h in map(describe, records) if h is not None]
-    if not heads or len(heads) < len(records):
-        return
-    entries = [h for h in heads if h["kind"] == "entry"]
-    what = (f"log records (entries {entries[0]['index']}..{entries[-1]['index']}, terms "
-            f"{entries[0]['term']}..{entries[-1]['term']})" if entries else "log records")
+    """LogIndexError when a Log's records would not go back into it as written: the WAL went
+    on since the cut (records other than this put-back's own), another entry was set aside
+    later at or past this cut (what the log went on with), or replayed after the log's own
+    records they would leave entries missing (lost at the cut): the log would not open."""
+    wal, cut = log.wal, entry.cut_lsn
+    entries = [h for h in heads if h[2] == ENTRY]
+    what = (f"log records (entries {entries[0][4]}..{entries[-1][4]}, terms "
+            f"{entries[0][5]}..{entries[-1][5]})" if entries else "log records")
+    there = (f"the first {done} of them are in the log already (an earlier try put them "
+             "back): of the others, " if done else "")
     how = (f"Nothing was written.  Read them with `pmemwal lost-found {wal.path} --dump "
-           f"{entry.name}`, append what is still wanted through the Log, then drop the "
-           "entry with --remove.")
-    cut = entry.cut_lsn
+           f"{entry.name}`, {there}append what is still wanted through the Log, then drop "
+           "the entry with --remove.")
+    later = None if begun is not None else _set_aside_later(wal.path, entry)
+    if later is not None:
+        raise LogIndexError(f"lost+found entry {entry.name} holds {what}, and {later.name} "
+                            f"was set aside after it, at a cut at {format_lsn(later.cut_lsn)}: "
+                            "the log went on from this cut before that one, and these "
+                            "records are older than what it went on with.  Put back "
+                            f"{later.name} first if it is wanted; this one would then be "
+                            f"refused too.  {how}")
     if _went_on(wal, cut, begun, done):
         raise LogIndexError(f"lost+found entry {entry.name} holds {what}, and the log went "
                             f"on after the cut at {format_lsn(cut)}: replayed after what it "
@@ -108,14 +148,29 @@ def _check_log_records(wal: WAL, entry: lostfound.SetAside, records: list[bytes]
                             f"index overrides what follows) and take terms back.  {how}")
     if begun is not None:
         return  # checked for a gap when this put-back began
-    following = _next_index(wal)
-    for h in heads:
-        if h["kind"] == "entry" and following is not None and _index(h) > following:
-            raise LogIndexError(f"lost+found entry {entry.name} holds {what}, and the log's "
-                                f"next entry is {following}: entries {following}.."
-                                f"{_index(h) - 1} were lost at the cut, and after that gap "
-                                f"the log would not open.  {how}")
-        following = _after(h, following)
+    gap = log._gap_after(heads)
+    if gap is not None:
+        raise LogIndexError(f"lost+found entry {entry.name} holds {what}, and the log's "
+                            f"next entry is {log.last_index + 1}: replayed after its records, "
+                            f"they would start it again at entry {gap[1] + 1}, with entries "
+                            f"{gap[0]}..{gap[1]} neither kept nor compacted (lost at the "
+                            f"cut), and the log would not open.  {how}")
+
+
+def _set_aside_later(wal_dir: str, entry: lostfound.SetAside) -> lostfound.SetAside | None:
+    """Another lost+found entry made after ``entry`` at a cut at or past its own, if any."""
+    made = _made_ns(entry)
+    for other in lostfound.entries(wal_dir):
+        if other.name != entry.name and other.cut_lsn >= entry.cut_lsn \
+                and _made_ns(other) > made:
+            return other
+    return None
+
+
+def _made_ns(entry: lostfound.SetAside) -> int:
+    """When ``entry`` was set aside: its manifest says, and so does its name (cut-ns)."""
+    made, named = entry.manifest.get("made_ns"), entry.name.rpartition("-")[2]
+    return made if isinstance(made, int) else int(named) if named.isdigit() else 0
 
 
 def _went_on(wal: WAL, cut: int, begun: int | None, done: int) -> bool:
@@ -130,36 +185,6 @@ def _went_on(wal: WAL, cut: int, begun: int | None, done: int) -> bool:
         return insert != begun
     mine = [rec.lsn for _, rec in zip(range(done), wal.records(begun))]
     return last != mine[-1]
-
-
-def _next_index(wal: WAL) -> int | None:
-    """The index the log's next entry gets, from its last records back (None: no entry,
-    rewind or snapshot yet: the first entry replay reads fixes the numbering)."""
-    following, lsn = None, wal.position()[1]
-    while lsn and lsn >= wal.first_lsn:
-        record = wal.record(lsn)
-        head = describe(bytes(record.payload))
-        if head is not None and head["kind"] != "state":
-            following = max(following or 0, _index(head) + 1)
-            if head["kind"] != "snapshot" or head.get("reset"):
-                return following  # (a compaction after it moves it up, never down)
-        lsn = record.prev_lsn
-    return following
-
-
-def _after(head: dict[str, object], following: int | None) -> int | None:
-    """The log's next entry index after log record ``head``, by replay's rules."""
-    if head["kind"] == "state":
-        return following
-    if head["kind"] == "snapshot" and not head.get("reset"):
-        return max(following or 0, _index(head) + 1)
-    return _index(head) + 1
-
-
-def _index(head: dict[str, object]) -> int:
-    index = head["index"]
-    assert isinstance(index, int)
-    return index
 
 
 def _write_synced_over(path: str, data: bytes) -> None:

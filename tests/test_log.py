@@ -589,3 +589,207 @@ def test_a_put_back_that_continues_a_log_goes_back(wal_dir: Path) -> None:
     assert putback.restore(str(wal_dir), entry.name) == 50
     with open_log(wal_dir) as log:
         assert contents(log) == [(i, 1, b"p%d" % i) for i in range(1, 151)]
+
+
+def _records_after_a_state(wal_dir: Path, n: int, raw: list[bytes]) -> None:
+    """Entries 1..n (term 1), a state record, then ``raw`` appended as they are; the state
+    record damaged and the log reopened with on_corruption="truncate": lost+found holds
+    ``raw`` (records a damage past several records could leave there)."""
+    from conftest import stream_write
+
+    with open_log(wal_dir) as log:
+        log.append_many([b"p%d" % i for i in range(1, n + 1)], term=1)
+        log.set_state(term=1)
+        state_lsn = log._state_lsn
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        wal.append_many(raw)
+        wal.flush()
+    stream_write(wal_dir, state_lsn + 24 + 8, bytes(b ^ 0xA5 for b in range(16)))
+    with pytest.warns(RecoveryWarning):
+        open_log(wal_dir, verify="all", on_corruption="truncate").close()
+
+
+def test_a_put_back_with_a_gap_behind_a_rewind_is_refused(wal_dir: Path) -> None:
+    """Entries 1..9, and set aside a rewind to 11 then entry 12: replay's rewind above the
+    end changes nothing, so entry 12 would follow 9 with 10 and 11 missing, and the log
+    would not open.  Refused, as replay itself would read them, with nothing written."""
+    from pmemwal import lostfound, putback
+    from pmemwal.log import ENTRY, REWIND
+
+    _records_after_a_state(wal_dir, 9, [HEADER.pack(MAGIC, VERSION, REWIND, 0, 11, 0),
+                                        HEADER.pack(MAGIC, VERSION, ENTRY, 0, 12, 1) + b"x"])
+    (entry,) = lostfound.entries(wal_dir)
+    with pytest.raises(pmemwal.LogIndexError, match="would not open"):
+        putback.restore(str(wal_dir), entry.name)
+    with open_log(wal_dir) as log:
+        assert (log.first_index, log.last_index) == (1, 9)
+    assert [e.name for e in lostfound.entries(wal_dir)] == [entry.name]
+
+
+def test_a_put_back_that_rewinds_then_continues_goes_back(wal_dir: Path) -> None:
+    """Set aside a rewind to 5 then entries 6 and 7: replayed, the log is entries 1..7 again
+    (the rewind voids 6..9 first), and the put-back goes through."""
+    from pmemwal import lostfound, putback
+    from pmemwal.log import ENTRY, REWIND
+
+    _records_after_a_state(wal_dir, 9, [HEADER.pack(MAGIC, VERSION, REWIND, 0, 5, 0),
+                                        HEADER.pack(MAGIC, VERSION, ENTRY, 0, 6, 2) + b"q6",
+                                        HEADER.pack(MAGIC, VERSION, ENTRY, 0, 7, 2) + b"q7"])
+    (entry,) = lostfound.entries(wal_dir)
+    assert putback.restore(str(wal_dir), entry.name) == 3
+    with open_log(wal_dir) as log:
+        assert contents(log) == [(i, 1, b"p%d" % i) for i in range(1, 6)] + \
+            [(6, 2, b"q6"), (7, 2, b"q7")]
+
+
+def _damage_and_cut(wal_dir: Path, lsn: int) -> None:
+    from conftest import stream_write
+
+    stream_write(wal_dir, lsn + 24 + 8, bytes(b ^ 0xA5 for b in range(16)))
+    with pytest.warns(RecoveryWarning):
+        open_log(wal_dir, verify="all", on_corruption="truncate").close()
+
+
+def test_a_put_back_older_than_another_cut_at_the_same_place_is_refused(wal_dir: Path) -> None:
+    """Entries 101..150 (term 1) set aside at a cut; the log went on from there (a state in
+    term 2, entries 101..120 in term 2, acknowledged) and was cut at the same place again.
+    The older entry's stale entries may not go back (they would take the place of the
+    acknowledged ones, which then could not): refused, naming the later entry, which goes
+    back."""
+    from pmemwal import lostfound, putback
+
+    with open_log(wal_dir) as log:
+        for i in range(1, 151):
+            if i == 101:
+                log.set_state(term=1)
+                cut = log._state_lsn
+            log.append(b"old%d" % i, term=1)
+        log.sync()
+    _damage_and_cut(wal_dir, cut)
+    with open_log(wal_dir) as log:
+        log.set_state(term=2)
+        assert log._state_lsn == cut
+        log.append_many([b"new%d" % i for i in range(101, 121)], term=2, sync=True)
+    _damage_and_cut(wal_dir, cut)
+    older, later = lostfound.entries(wal_dir)
+    assert older.cut_lsn == later.cut_lsn == cut
+    with pytest.raises(pmemwal.LogIndexError, match=later.name):
+        putback.restore(str(wal_dir), older.name)
+    assert putback.restore(str(wal_dir), later.name) == 20
+    with pytest.raises(pmemwal.LogIndexError):
+        putback.restore(str(wal_dir), older.name)
+    with open_log(wal_dir) as log:
+        assert contents(log)[100:] == [(i, 2, b"new%d" % i) for i in range(101, 121)]
+
+
+def test_a_finished_put_back_whose_removal_was_cut_short_is_removed(wal_dir: Path) -> None:
+    """A put-back that got every record in, durable, then died before it removed the entry;
+    the log appended an entry since.  Run again, it appends nothing and removes the entry
+    (it refused before, advising to append entries that the log holds).  So too when the
+    removal was cut short after the RESTORING note went, but not the manifest."""
+    from pmemwal import lostfound, putback
+
+    _cut_at_entry(wal_dir, 0, n=150, before=101)
+    (entry,) = lostfound.entries(wal_dir)
+    kept = [payload for _, payload in entry.records()]
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        with open(os.path.join(entry.path, "RESTORING"), "w") as f:
+            f.write(str(wal.insert_lsn))
+        wal.append_many(kept)
+        wal.flush()
+    with open_log(wal_dir) as log:
+        assert log.last_index == 150
+        log.append(b"next", term=1, sync=True)
+    assert putback.restore(str(wal_dir), entry.name) == 50
+    assert lostfound.entries(wal_dir) == []
+    expected = [(i, 1, b"p%d" % i) for i in range(1, 151)] + [(151, 1, b"next")]
+    with open_log(wal_dir) as log:
+        assert contents(log) == expected
+
+
+def test_a_put_back_whose_note_went_but_not_its_manifest_is_removed(wal_dir: Path) -> None:
+    """Every record put back, and the removal cut short after it deleted the RESTORING note
+    (its files go in any order): the log went on since.  Run again, it sees its records at
+    the cut, appends nothing and removes the entry, never advising to append them again."""
+    from pmemwal import lostfound, putback
+
+    _cut_at_entry(wal_dir, 0, n=150, before=101)
+    (entry,) = lostfound.entries(wal_dir)
+    kept = [payload for _, payload in entry.records()]
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        assert wal.insert_lsn == entry.cut_lsn
+        wal.append_many(kept)
+        wal.flush()
+    with open_log(wal_dir) as log:
+        log.append(b"next", term=1, sync=True)
+    assert putback.restore(str(wal_dir), entry.name) == 50
+    assert lostfound.entries(wal_dir) == []
+    with open_log(wal_dir) as log:
+        assert contents(log)[100:] == [(i, 1, b"p%d" % i) for i in range(101, 151)] + \
+            [(151, 1, b"next")]
+
+
+def test_entries_never_yields_an_entry_voided_while_its_record_was_read(wal_dir: Path) -> None:
+    """A rewind (and entries appended again after it) by another thread between entries()'
+    look at the index and its read of the next record: that entry is a LogIndexError, not
+    the voided entry's bytes under an index that names another entry now."""
+    with open_log(wal_dir) as log:
+        log.append_many([b"e%d" % i for i in range(1, 11)], term=1)
+        lsn3 = log._index.lsn_at(3)
+        read = log.wal.records
+
+        def records(start=None):  # another thread's turn, as the record of entry 3 is read
+            for record in read(start):
+                if record.lsn == lsn3:
+                    log.truncate_after(1)
+                    log.append_many([b"f2", b"f3"], term=2)
+                yield record
+
+        log.wal.records = records
+        got = []
+        with pytest.raises(pmemwal.LogIndexError, match="entry 3 went while entries"):
+            for e in log.entries():
+                got.append((e.index, bytes(e.payload)))
+        assert got == [(1, b"e1"), (2, b"e2")]
+
+
+def test_a_term_that_is_not_an_int_is_a_term_error(wal_dir: Path) -> None:
+    with open_log(wal_dir) as log:
+        log.append(b"a", term=1)
+        with pytest.raises(pmemwal.TermError, match="term must be an int"):
+            log.append(b"x", term=2.0)  # type: ignore[arg-type]
+        with pytest.raises(pmemwal.TermError, match="term must be an int"):
+            log.append_many([b"x"], term=2.0)  # type: ignore[arg-type]
+        with pytest.raises(pmemwal.TermError, match="term must be an int"):
+            log.append(b"x", term="2")  # type: ignore[arg-type]
+        with pytest.raises(pmemwal.TermError, match="term must be an int"):
+            log.append_many([b"x"], term="2")  # type: ignore[arg-type]
+        with pytest.raises(pmemwal.TermError, match="term must be an int"):
+            log.reset(5, 2.0)  # type: ignore[arg-type]
+        with pytest.raises(pmemwal.LogIndexError, match="index must be an int"):
+            log.reset(5.0, 2)  # type: ignore[arg-type]
+        assert log.append(b"b", term=np.uint64(2)) == 2  # type: ignore[arg-type]
+        assert contents(log) == [(1, 1, b"a"), (2, 2, b"b")]
+
+
+def test_a_refused_repeat_says_which_records_are_in_the_log_already(wal_dir: Path) -> None:
+    """A put-back that got 20 records in, then died; the log appended an entry since.  Run
+    again, it is refused (the log went on), and says that those 20 are in the log already:
+    advice to append what is still wanted must not have them appended twice."""
+    from pmemwal import lostfound, putback
+
+    _cut_at_entry(wal_dir, 0, n=150, before=101)
+    (entry,) = lostfound.entries(wal_dir)
+    kept = [payload for _, payload in entry.records()]
+    with pmemwal.open(wal_dir, segment_size=SEG) as wal:
+        with open(os.path.join(entry.path, "RESTORING"), "w") as f:
+            f.write(str(wal.insert_lsn))
+        wal.append_many(kept[:20])
+        wal.flush()
+    with open_log(wal_dir) as log:
+        assert log.last_index == 120
+        log.append(b"next", term=1, sync=True)
+    with pytest.raises(pmemwal.LogIndexError, match="the first 20 of them are in the log"):
+        putback.restore(str(wal_dir), entry.name)
+    with open_log(wal_dir) as log:
+        assert log.last_index == 121

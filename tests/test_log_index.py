@@ -356,31 +356,38 @@ def _waiting_for_the_lock(thread) -> bool:
     return False
 
 
-def test_a_background_index_round_waits_for_a_busy_log(wal_dir, monkeypatch):
-    """A background round that finds the log's lock taken (an append in progress) waits for
-    it, then stores the index and lets the stored entries go from memory: it skipped the
-    round, and with appends that never paused it skipped every round."""
-    monkeypatch.setattr(log_replay, "_WRITER_WAIT", 3600.0)  # only the release ends the wait
+def test_a_background_index_round_hands_a_busy_log_to_a_thread_of_its_own(wal_dir):
+    """A background round that finds the log's lock taken (a compaction, a checkpoint, an
+    append in progress) does not hold up the WAL's writer, which also watches for deleted
+    segments, makes segments ahead and flushes unsynced appends: it returns while the lock
+    is still taken, and a thread of the log's own waits for the lock, then stores the index
+    and lets the stored entries go from memory (skipped, with appends that never paused,
+    every round was)."""
     with pmemwal.open_log(wal_dir, segment_size=1 << 20, background=False) as log:
         log.append_many([b"x"] * 1000, term=1)
         writes = log._files.last_seq
-        log._lock.acquire()                 # an append in another thread, in progress
-        round_ = threading.Thread(target=log._background_index_checkpoint, args=(0,))
-        round_.start()
-        while round_.is_alive() and not _waiting_for_the_lock(round_):
-            pass
-        log._lock.release()
-        round_.join()
+        log._lock.acquire()                 # held until the round is over: it must not wait
+        try:
+            round_ = threading.Thread(target=log._background_index_checkpoint, args=(0,))
+            round_.start()
+            round_.join(60)                 # (a bound on a hang, not a timing)
+            assert not round_.is_alive(), "the WAL's writer waits for the log's lock"
+            assert log._files.last_seq == writes
+        finally:
+            log._lock.release()
+        deferred = getattr(log, "_deferred_round", None)
+        assert deferred is not None, "the round was dropped"
+        deferred.join()
         assert log._files.last_seq == writes + 1, "the round wrote no index"
         assert log._index.durable_next == log._index.next == 1001, \
             "the stored entries are still held in memory"
 
 
-def test_background_index_rounds_keep_up_with_unsynced_appends(wal_dir, monkeypatch):
+def test_background_index_rounds_keep_up_with_unsynced_appends(wal_dir):
     """Two threads appending with sync=False without a pause: every background round
-    (driven here, one after another) stores the index, and the entries in memory are then
-    only those appended since the last one."""
-    monkeypatch.setattr(log_replay, "_WRITER_WAIT", 3600.0)
+    (driven here, one after another) stores the index, in the WAL writer's thread or, when
+    the lock stays taken past its short wait, in the log's own thread; the entries in memory
+    are then only those appended since the last one."""
     with pmemwal.open_log(wal_dir, segment_size=1 << 20, background=False) as log:
         stop = threading.Event()
 
@@ -397,6 +404,8 @@ def test_background_index_rounds_keep_up_with_unsynced_appends(wal_dir, monkeypa
                 while len(log) == log._index.durable_next - 1:
                     pass                    # something new to store each round
                 log._background_index_checkpoint(0)
+                if log._deferred_round is not None:
+                    log._deferred_round.join()  # (the lock stayed taken: it went on there)
         finally:
             stop.set()
             for t in threads:
@@ -424,6 +433,30 @@ def test_close_ends_a_background_index_round_waiting_for_the_lock(wal_dir, monke
     closer.start()
     round_.join(60)                         # (a bound on a hang, not a timing)
     assert not round_.is_alive(), "the round still waits for a log that is closing"
+    assert log._files.last_seq == 0
+    log._lock.release()
+    closer.join()
+    assert log.closed
+    with pmemwal.open_log(wal_dir, segment_size=1 << 20) as log:
+        assert log.replayed_from is not None and len(log) == 100
+
+
+def test_close_ends_the_log_index_thread_waiting_for_the_lock(wal_dir):
+    """A round handed to the log's own thread (the lock stayed taken) that still waits when
+    close begins gives up; close ends that thread before it closes the index files, and the
+    index close stores is the one the next open reads."""
+    log = pmemwal.open_log(wal_dir, segment_size=1 << 20, background=False)
+    log.append_many([b"x"] * 100, term=1)
+    log._lock.acquire()
+    log._background_index_checkpoint(0)     # returns: the lock is taken
+    deferred = log._deferred_round
+    assert deferred is not None
+    while deferred.is_alive() and not _waiting_for_the_lock(deferred):
+        pass
+    closer = threading.Thread(target=log.close)
+    closer.start()
+    deferred.join(60)                       # (a bound on a hang, not a timing)
+    assert not deferred.is_alive(), "the log's index thread still waits for a closing log"
     assert log._files.last_seq == 0
     log._lock.release()
     closer.join()
