@@ -63,6 +63,7 @@ class SegmentSupply(SharedSegments):
         deleted segment."""
         if self._core_closed:
             raise ClosedError("the WAL is closed")
+        self._drop_truncated()  # a shared WAL: the list made new ones starts above what went
         if segno < self._segnos[0] or segno < self._oldest_shared():
             return None
         if segno in self._arriving:
@@ -136,13 +137,15 @@ class SegmentSupply(SharedSegments):
 
     def _create_segment(self, segno: int) -> bool:
         """Make segment ``segno``'s file; in a shared WAL, under the files lock and only
-        if no other process made it first.  Returns whether this call made it."""
+        if no other process made it first, nor truncated past it since it was claimed
+        (truncations raise the oldest segment under this lock: a file made below it would
+        be an old segment back from the dead).  Returns whether this call made it."""
         if self._control is None:
             self._dir.create(segno, self.segment_size, self.wal_id,
                              zero_fill=self._prefault and not self._direct)
             return True
         with self._control.files_lock():
-            if os.path.exists(self._dir.file(segno)):
+            if segno < self._oldest_shared() or os.path.exists(self._dir.file(segno)):
                 return False
             self._dir.create(segno, self.segment_size, self.wal_id)
             return True

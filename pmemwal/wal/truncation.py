@@ -154,8 +154,9 @@ class Truncation(Checkpointing):
         if self._control is None:
             self._await_lower(segno)
             return
-        with self._seg_lock:
-            lower = sorted(n for n in self._arriving if n < segno)
+        with self._seg_lock:  # (none below the oldest: this truncation may have taken them)
+            oldest = self._oldest_shared()
+            lower = sorted(n for n in self._arriving if oldest <= n < segno)
         for n in lower:
             if not os.path.exists(self._dir.file(n)):
                 self._dir.create(n, self.segment_size, self.wal_id)
