@@ -120,6 +120,24 @@ def test_the_depth_stays_within_the_cores_segment_table(wal_dir):
             wal._core.set_notify(-1, _core.SEG_TABLE // 2)
 
 
+def test_a_large_recycle_setting_keeps_the_spares_within_the_cores_segment_table(wal_dir):
+    """recycle_segments=1100 and a truncation of 1,100 segments: recycled into spares that
+    far ahead, the 1,025th would take the entry of the segment being written, and appenders
+    would wait for it to be attached again.  The spares are capped like the depth ahead;
+    every segment the appends reach is attached before they do (no segment wait)."""
+    with pmemwal.open(wal_dir, mode="direct", segment_size=SEG, background=False,
+                      recycle_segments=1100, max_wal_size=1 << 40) as wal:
+        while wal.insert_lsn < 1101 * SEG:
+            wal.append(bytes(256 << 10))
+        assert wal.truncate(wal.flush()) == 1101
+        assert wal.stats()["segments_recycled"] <= _core.SEG_TABLE // 4
+        waits = wal.stats()["segment_waits"]
+        for _ in range(2000):
+            wal.append(bytes(4000))
+        assert wal.insert_lsn // SEG > 1101 + 3           # into several spares
+        assert wal.stats()["segment_waits"] == waits
+
+
 def test_a_shared_wals_background_writer_prepares_segments(wal_dir):
     """A shared WAL keeps prepare_segments ready before this process ever truncates (it
     makes no more: another process may be truncating it)."""

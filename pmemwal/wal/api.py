@@ -160,7 +160,8 @@ class WAL(Opening):
     - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
       the ``prepare_segments`` the background writer keeps ready; at least this
       many, and 2.5 times as many as the WAL advances between two truncations (an
-      estimate, as PostgreSQL sizes its recycling), within ``max_wal_size``.
+      estimate, as PostgreSQL sizes its recycling), within ``max_wal_size``; 256 spares
+      at most, with those, whatever this says (the core attaches 1,024 segments at once).
     - ``max_wal_size``: bytes of segments, retained and recycled together, past
       which truncation removes segments instead of recycling them (it never
       removes a segment that was not truncated); a WAL not truncated yet makes

@@ -205,9 +205,11 @@ class Truncation(Checkpointing):
         2.2 times (checkpoint_completion_target and 10 %) for a checkpoint that comes
         late; the background writer makes segments up to twice the typical distance, and
         the margin between the two absorbs truncations that come a few segments early or
-        late, which would otherwise have one make what the other removes."""
+        late, which would otherwise have one make what the other removes.  At most
+        _MAX_AHEAD, whatever recycle_segments says: a spare that far ahead would take the
+        entry of the segment being written in the core's table."""
         wanted = self._spares_within(2.5 * self._truncation_distance, retained)
-        return max(self._recycle_segments, wanted) + self._pipeline_depth()
+        return min(max(self._recycle_segments, wanted) + self._pipeline_depth(), _MAX_AHEAD)
 
     def _spares_within(self, nbytes: float, retained: int) -> int:
         """Segments for ``nbytes`` of WAL, within max_wal_size beside the ``retained``
