@@ -451,7 +451,7 @@ def test_control_file_of_another_wal_or_version(wal_dir, tmp_path):
         with pytest.raises(FormatError, match="another WAL"):
             open_shared(wal_dir)
         own[8] += 1  # another layout version, CRC made to match
-        own[40:44] = pmemwal._core.crc32c(bytes(own[:40])).to_bytes(4, "little")
+        own[44:48] = pmemwal._core.crc32c(bytes(own[:44])).to_bytes(4, "little")
         _replace_control(wal_dir, bytes(own))
         with pytest.raises(FormatError, match="another pmemwal version"):
             open_shared(wal_dir)

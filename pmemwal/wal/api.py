@@ -20,7 +20,7 @@ import numpy as np
 
 from pmemwal import _core
 from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
-from pmemwal.control import ControlFile
+from pmemwal.control import ControlFile, archive_tag
 from pmemwal.errors import CorruptionError, StorageError, format_lsn
 from pmemwal.format import first_lsn
 from pmemwal.segments import WalDirectory
@@ -221,7 +221,7 @@ class WAL(Opening):
         self._dir = WalDirectory(os.fspath(path), create, shared=shared)
         try:
             if shared:
-                self._control = ControlFile(self._dir.path)
+                self._control = ControlFile(self._dir.path, archive_tag(archiving))
                 with self._control.files_lock():
                     self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
                                max_record_size, gil_release_size, verify)
