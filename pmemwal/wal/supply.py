@@ -16,7 +16,6 @@ import errno
 import mmap
 import os
 import threading
-import time
 
 from pmemwal.errors import ClosedError, StorageError
 from pmemwal.segments import Segment, storage_errors
@@ -90,10 +89,10 @@ class SegmentSupply(SharedSegments):
         """Create (where asked), open and map the claimed segments, then attach them."""
         for i, (segno, create) in enumerate(todo):
             try:
-                started = 0
+                growth, started = self._growth, 0.0  # (the make timed by the pace's clock)
                 if create:
                     self._await_lower(segno)
-                    started = time.perf_counter_ns()
+                    started = growth.clock()
                     create = self._create_segment(segno)
                 dsync = not self._direct and self._sync_method == "open_datasync"
                 if not create and self._control is not None:
@@ -133,7 +132,7 @@ class SegmentSupply(SharedSegments):
                         self._arriving.pop(n).set()
                 raise
             self._arrived(segno, seg, created=create,
-                          make_ns=time.perf_counter_ns() - started if create else 0)
+                          make_s=growth.clock() - started if create else 0.0)
 
     def _create_segment(self, segno: int) -> bool:
         """Make segment ``segno``'s file; in a shared WAL, under the files lock and only
@@ -168,9 +167,9 @@ class SegmentSupply(SharedSegments):
             lower[0].wait()
 
     def _arrived(self, segno: int, seg: Segment, *, created: bool = False,
-                 recycled: bool = False, make_ns: int = 0) -> None:
-        """A segment made (in ``make_ns``), opened or recycled into place: into the table
-        and attached."""
+                 recycled: bool = False, make_s: float = 0.0) -> None:
+        """A segment made (in ``make_s`` seconds), opened or recycled into place: into the
+        table and attached."""
         with self._seg_lock:
             if self._core_closed:
                 seg.close()
@@ -181,9 +180,9 @@ class SegmentSupply(SharedSegments):
                     self._core.attach(segno, seg.fd, seg.map)
             self._count("segments_created", created)
             self._count("segments_recycled", recycled)
-            self._count("segment_make_ns", make_ns)
-            if make_ns:
-                self._growth.made(make_ns / 1e9)
+            self._count("segment_make_ns", round(make_s * 1e9))
+            if created:
+                self._growth.made(make_s)
             self._arriving.pop(segno).set()
 
     def _segment_buffer(self, segno: int) -> mmap.mmap | None:
