@@ -32,6 +32,7 @@ PAGE_HEADER_SIZE = _core.PAGE_HEADER_SIZE
 RECORD_HEADER_SIZE = _core.RECORD_HEADER_SIZE
 PAGE_USABLE = PAGE_SIZE - PAGE_HEADER_SIZE
 MAGIC = b"PMEMWAL\0"
+PAGE_MAGIC = 0x31505750  # a data page header's magic, "PWP1" (native/wal_format.h)
 MIN_SEGMENT_SIZE = 1 << 20
 MAX_SEGMENT_SIZE = 1 << 30
 DEFAULT_SEGMENT_SIZE = 16 << 20
@@ -42,6 +43,11 @@ _HEADER = struct.Struct("<8sIIQQ16sQI")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _CRC.size  # 64
 _NAME = re.compile(r"^([0-9A-F]{16})\.wal$")
+
+
+class DamagedHeaderError(FormatError):
+    """A segment header that does not read at all: cut short, bad magic, or its CRC fails
+    (one that reads but says something this WAL refuses is a plain FormatError)."""
 
 
 @dataclass(frozen=True)
@@ -63,13 +69,13 @@ class SegmentHeader:
     def unpack(cls, data: bytes, where: str) -> SegmentHeader:
         """Parse and check a header; FormatError says what is wrong and where."""
         if len(data) < HEADER_SIZE:
-            raise FormatError(f"{where}: too short for a segment header")
+            raise DamagedHeaderError(f"{where}: too short for a segment header")
         magic, version, page_size, seg_size, segno, wal_id, _, _ = _HEADER.unpack_from(data)
         if magic != MAGIC:
-            raise FormatError(f"{where}: not a pmemwal segment (bad magic)")
+            raise DamagedHeaderError(f"{where}: not a pmemwal segment (bad magic)")
         (crc,) = _CRC.unpack_from(data, _HEADER.size)
         if crc != _core.crc32c(data[: _HEADER.size]):
-            raise FormatError(f"{where}: segment header checksum mismatch")
+            raise DamagedHeaderError(f"{where}: segment header checksum mismatch")
         if version != FORMAT_VERSION:
             raise FormatError(f"{where}: format version {version}, this pmemwal reads {FORMAT_VERSION}")
         if page_size != PAGE_SIZE or not is_valid_segment_size(seg_size):

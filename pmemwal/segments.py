@@ -31,12 +31,14 @@ import errno
 import fcntl
 import mmap
 import os
+import struct
 import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
 from pmemwal.errors import ClosedError, FormatError, LockedError, NotFoundError, StorageError
-from pmemwal.format import HEADER_SIZE, SegmentHeader, parse_segment_name, segment_name
+from pmemwal.format import (HEADER_SIZE, PAGE_MAGIC, PAGE_SIZE, SegmentHeader, parse_segment_name,
+                            segment_name)
 from pmemwal.libpmem import buffer_address
 
 LOCK_NAME = "LOCK"
@@ -53,7 +55,8 @@ ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/arch
 # What a WAL directory holds besides its segments (and their temp files)
 WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
             ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, "index"}  # index/: pmemwal/log_index.py
-_ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
+_ZEROS = memoryview(bytes(1 << 20))
+_PAGE_HEADER = struct.Struct("<IIQI")  # a data page's magic, rem_len, page LSN, wal_id_lo  # a new segment's zero fill, a MiB per write
 
 
 def sync_directory(path: str) -> None:
@@ -206,10 +209,11 @@ class WalDirectory:
                 raise FormatError(f"{self.path} holds {name!r}, which is not part of a pmemwal WAL")
         return sorted(segnos)
 
-    def read_headers(self, segnos: list[int]) -> list[tuple[SegmentHeader, int]]:
-        """The checked headers of segment files, and their sizes.  Open reads every one, so
-        this is lean: descriptors relative to the directory's, no file objects."""
-        out = []
+    def read_headers(self, segnos: list[int]) -> list[tuple[SegmentHeader | FormatError, int]]:
+        """The checked headers of segment files (or the FormatError that says why one does
+        not check), and their sizes.  Open reads every one, so this is lean: descriptors
+        relative to the directory's, no file objects."""
+        out: list[tuple[SegmentHeader | FormatError, int]] = []
         for segno in segnos:
             name = segment_name(segno)
             with storage_errors(f"reading {self.file(segno)}"):
@@ -219,11 +223,35 @@ class WalDirectory:
                     size = os.fstat(fd).st_size
                 finally:
                     os.close(fd)
-            header = SegmentHeader.unpack(data, self.file(segno))
+            try:
+                header = SegmentHeader.unpack(data, self.file(segno))
+            except FormatError as exc:
+                out.append((exc, size))
+                continue
             if header.segno != segno:
                 raise FormatError(f"{self.file(segno)}: header says segment {header.segno:016X}")
             out.append((header, size))
         return out
+
+    def holds_pages(self, segno: int, segment_size: int, wal_id_lo: int) -> bool:
+        """Whether segment file ``segno`` has a data page whose header names its own place
+        in this WAL (magic, page LSN, the WAL id's first 4 bytes; the CRC not asked, so that
+        a torn header counts too): a page written since the file became segment ``segno``.
+        A spare's pages are zero, or an older cycle's, whose page LSNs name the segment the
+        file was before it was recycled."""
+        base = segno * segment_size
+        with storage_errors(f"reading {self.file(segno)}"):
+            fd = os.open(segment_name(segno), os.O_RDONLY, dir_fd=self.dir_fd)
+            try:
+                for chunk in range(0, min(os.fstat(fd).st_size, segment_size), 1 << 20):
+                    data = os.pread(fd, 1 << 20, chunk)
+                    for off in range(PAGE_SIZE if chunk == 0 else 0, len(data) - 23, PAGE_SIZE):
+                        magic, _, page_lsn, lo = _PAGE_HEADER.unpack_from(data, off)
+                        if (magic, page_lsn, lo) == (PAGE_MAGIC, base + chunk + off, wal_id_lo):
+                            return True
+            finally:
+                os.close(fd)
+        return False
 
     def sync(self) -> None:
         """Make renames and removals durable."""
