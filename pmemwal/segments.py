@@ -55,8 +55,8 @@ ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/arch
 # What a WAL directory holds besides its segments (and their temp files)
 WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
             ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, "index"}  # index/: pmemwal/log_index.py
-_ZEROS = memoryview(bytes(1 << 20))
-_PAGE_HEADER = struct.Struct("<IIQI")  # a data page's magic, rem_len, page LSN, wal_id_lo  # a new segment's zero fill, a MiB per write
+_ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
+_PAGE_HEADER = struct.Struct("<IIQI")  # a data page's magic, rem_len, page LSN, wal_id_lo
 
 
 def sync_directory(path: str) -> None:

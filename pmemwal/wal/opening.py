@@ -117,12 +117,13 @@ class Opening(BackgroundRounds):
     def _damaged_spares(self, headers: list[tuple[SegmentHeader | FormatError, int]],
                         first: SegmentHeader, recovering: bool) -> dict[int, str]:
         """The segments after the first whose header does not read (DamagedHeaderError) or
-        whose file has the wrong size, but which hold no page written since they became that segment (a spare, made
-        ahead or recycled, never written since: segments.py's ``holds_pages``): {number:
-        what is wrong}.  They hold nothing of the WAL, so they do not keep it from opening:
-        recovery leaves them out, and they are set aside once it has decided
-        (``_set_aside_spares``).  Any other damage is refused (FormatError), as is a
-        damaged spare of a shared WAL that others have open (one of them may have it in use)."""
+        whose file has the wrong size, but which hold no page written since they became
+        that segment (a spare, made ahead or recycled, never written since: segments.py's
+        ``holds_pages``): {number: what is wrong}.  They hold nothing of the WAL, so they
+        do not keep it from opening: recovery leaves them out, and they are set aside once
+        it has decided (``_set_aside_spares``).  Any other damage is refused (FormatError),
+        as is a damaged spare of a shared WAL that others have open (``recovering`` False:
+        one of them may have it in use)."""
         spares = {}
         wal_id_lo = int.from_bytes(first.wal_id[:4], "little")
         for segno, (header, size) in list(zip(self._segnos, headers))[1:]:
