@@ -12,9 +12,14 @@ Segment header, at offset 0 of page 0 of every segment (little-endian):
     16  u64  segment_size   bytes per segment file, a power of two
     24  u64  segno          this file's segment number (its name, in hex)
     32  16s  wal_id         random, made when the WAL was created
-    48  u64  reserved       zero
-    56  u32  reserved       zero
+    48  u64  recycled_from  a spare's: the segment number the file had before it was
+                            recycled, plus 1 (0: made new); zero once it is in use
+    56  u32  flags          bit 0 SPARE: made ahead or recycled, and not written since (the
+                            writer rewrites the header without it, synced, before it
+                            appends to the segment: recovery need not read its pages)
     60  u32  crc            CRC-32C of bytes 0..59
+
+Version 1 headers (bytes 48..59 zero) are read as segments in use.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from dataclasses import dataclass
 from pmemwal import _core
 from pmemwal.errors import FormatError
 
-FORMAT_VERSION = _core.FORMAT_VERSION
+FORMAT_VERSION = _core.FORMAT_VERSION  # what new headers say
+READ_VERSIONS = (1, FORMAT_VERSION)     # 1: no spare flag
+SPARE = 1  # flags bit 0
 PAGE_SIZE = _core.PAGE_SIZE
 PAGE_HEADER_SIZE = _core.PAGE_HEADER_SIZE
 RECORD_HEADER_SIZE = _core.RECORD_HEADER_SIZE
@@ -57,11 +64,14 @@ class SegmentHeader:
     segno: int
     segment_size: int
     wal_id: bytes
+    spare: bool = False
+    recycled_from: int | None = None  # a spare's number before it was recycled
 
     def pack(self) -> bytes:
         """The header page: the 64-byte header, then zeros."""
+        recycled = 0 if self.recycled_from is None else self.recycled_from + 1
         body = _HEADER.pack(MAGIC, FORMAT_VERSION, PAGE_SIZE, self.segment_size, self.segno,
-                            self.wal_id, 0, 0)
+                            self.wal_id, recycled, SPARE if self.spare else 0)
         header = body + _CRC.pack(_core.crc32c(body))
         return header + bytes(PAGE_SIZE - len(header))
 
@@ -70,19 +80,24 @@ class SegmentHeader:
         """Parse and check a header; FormatError says what is wrong and where."""
         if len(data) < HEADER_SIZE:
             raise DamagedHeaderError(f"{where}: too short for a segment header")
-        magic, version, page_size, seg_size, segno, wal_id, _, _ = _HEADER.unpack_from(data)
+        magic, version, page_size, seg_size, segno, wal_id, recycled, flags = \
+            _HEADER.unpack_from(data)
         if magic != MAGIC:
             raise DamagedHeaderError(f"{where}: not a pmemwal segment (bad magic)")
         (crc,) = _CRC.unpack_from(data, _HEADER.size)
         if crc != _core.crc32c(data[: _HEADER.size]):
             raise DamagedHeaderError(f"{where}: segment header checksum mismatch")
-        if version != FORMAT_VERSION:
-            raise FormatError(f"{where}: format version {version}, this pmemwal reads {FORMAT_VERSION}")
+        if version not in READ_VERSIONS:
+            raise FormatError(f"{where}: format version {version}, this pmemwal reads "
+                              f"{' and '.join(map(str, READ_VERSIONS))}")
+        if flags & ~SPARE or (version == 1 and (flags or recycled)):
+            raise FormatError(f"{where}: unknown header flags {flags:#x}")
         if page_size != PAGE_SIZE or not is_valid_segment_size(seg_size):
             raise FormatError(f"{where}: page size {page_size} / segment size {seg_size} not supported")
         if (segno + 1) * seg_size > MAX_LSN:
             raise FormatError(f"{where}: segment number {segno:X} is out of range (LSNs are 63-bit)")
-        return cls(segno, seg_size, wal_id)
+        return cls(segno, seg_size, wal_id, bool(flags & SPARE),
+                   recycled - 1 if recycled else None)
 
 
 def is_valid_segment_size(size: int) -> bool:

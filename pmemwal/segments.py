@@ -259,8 +259,10 @@ class WalDirectory:
             raise ClosedError("the WAL is closed")
         os.fsync(self.dir_fd)
 
-    def create(self, segno: int, segment_size: int, wal_id: bytes, zero_fill: bool = False) -> None:
-        """A new, fully allocated segment file; ``zero_fill`` writes every byte of it
+    def create(self, segno: int, segment_size: int, wal_id: bytes, zero_fill: bool = False,
+               spare: bool = False) -> None:
+        """A new, fully allocated segment file (``spare``: its header says so, until ``arm``
+        rewrites it); ``zero_fill`` writes every byte of it
         instead (PostgreSQL's wal_init_zero): allocated blocks are still unwritten
         (ext4's unwritten extents, tmpfs pages not yet cleared), so the first write to
         each would cost an appender a page clear or an extent conversion at its sync."""
@@ -275,7 +277,7 @@ class WalDirectory:
                         offset += os.pwrite(fd, _ZEROS[:segment_size - offset], offset)
                 else:
                     os.posix_fallocate(fd, 0, segment_size)
-                os.pwrite(fd, SegmentHeader(segno, segment_size, wal_id).pack(), 0)
+                os.pwrite(fd, SegmentHeader(segno, segment_size, wal_id, spare).pack(), 0)
                 os.fdatasync(fd)
             except OSError:
                 os.unlink(tmp)
@@ -285,8 +287,10 @@ class WalDirectory:
             os.rename(tmp, path)
             self.sync()
 
-    def recycle(self, old: int, new: int, segment_size: int, wal_id: bytes, fd: int = -1) -> None:
-        """Reuse segment ``old`` as future segment ``new``: a rename and a new header.
+    def recycle(self, old: int, new: int, segment_size: int, wal_id: bytes, fd: int = -1,
+                spare: bool = False) -> None:
+        """Reuse segment ``old`` as future segment ``new``: a rename and a new header
+        (``spare``: one that says so, and what the file was, until ``arm`` rewrites it).
 
         ``fd``, an open descriptor of the file, is written through when given:
         the file keeps its inode, so open descriptors and mappings stay valid.
@@ -300,13 +304,36 @@ class WalDirectory:
             if own:
                 fd = os.open(tmp, os.O_RDWR)
             try:
-                os.pwrite(fd, SegmentHeader(new, segment_size, wal_id).pack(), 0)
+                header = SegmentHeader(new, segment_size, wal_id, spare, old if spare else None)
+                os.pwrite(fd, header.pack(), 0)
                 os.fdatasync(fd)
             finally:
                 if own:
                     os.close(fd)
             os.rename(tmp, path)
             self.sync()
+
+    def arm(self, segno: int, segment_size: int, wal_id: bytes, fd: int) -> None:
+        """Spare segment ``segno`` (``fd`` open on it) about to be written: its header
+        rewritten as a segment in use, and synced, before any page of it can be (recovery
+        passes by a segment whose header says spare).  A crash tearing this write leaves a
+        header that does not read on a segment that holds nothing: set aside on open."""
+        with storage_errors(f"writing the header of {self.file(segno)}"):
+            os.pwrite(fd, SegmentHeader(segno, segment_size, wal_id).pack()[:HEADER_SIZE], 0)
+            os.fdatasync(fd)
+
+    def is_spare(self, segno: int) -> bool:
+        """Whether segment ``segno``'s header says spare (one that does not read: no)."""
+        with storage_errors(f"reading {self.file(segno)}"):
+            fd = os.open(segment_name(segno), os.O_RDONLY, dir_fd=self.dir_fd)
+            try:
+                data = os.pread(fd, HEADER_SIZE, 0)
+            finally:
+                os.close(fd)
+        try:
+            return SegmentHeader.unpack(data, self.file(segno)).spare
+        except FormatError:
+            return False
 
     def remove(self, segno: int) -> None:
         with storage_errors(f"removing {self.file(segno)}"):
@@ -342,6 +369,7 @@ class Segment:
         self.writable = writable
         self.map: mmap.mmap | None = None
         self.map_sync = False  # whether the mapping is MAP_SYNC (DAX: cache flushes persist)
+        self.spare = False  # its header says spare: not attached to the writer (wal/supply.py)
 
     def mapping(self, *, populate: bool = False, sync: bool = False,
                 populate_from: int = 0) -> mmap.mmap:

@@ -492,8 +492,10 @@ def test_gil_kept_by_small_appends_is_given_up_to_wait(wal_dir, mode):
 
 def test_segment_switch_wakes_the_background_writer_only_for_work(wal_dir, mode):
     """A switch into a segment with the next ``ahead`` attached writes no eventfd; one whose
-    look-ahead reaches a segment not attached does (then the writer has one to prepare)."""
-    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
+    look-ahead reaches a segment not attached does (then the writer has one to prepare).
+    (prepare_segments=3: segments made that far ahead are attached, not left spares.)"""
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                       prepare_segments=3)
     fd = os.eventfd(0, os.EFD_NONBLOCK)
     try:
         for segno in (1, 2, 3):

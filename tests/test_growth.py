@@ -143,9 +143,10 @@ def test_the_depth_stays_within_the_cores_segment_table(wal_dir):
 
 def test_a_large_recycle_setting_keeps_the_spares_within_the_cores_segment_table(wal_dir):
     """recycle_segments=1100 and a truncation of 1,100 segments: recycled into spares that
-    far ahead, the 1,025th would take the entry of the segment being written, and appenders
-    would wait for it to be attached again.  The spares are capped like the depth ahead;
-    every segment the appends reach is attached before they do (no segment wait)."""
+    far ahead, the 1,025th, attached, would take the entry of the segment being written,
+    and appenders would wait for it to be attached again.  The spares are capped like the
+    depth ahead; every segment the appends reach is attached before they do (the
+    background writer's rounds, run by hand: no segment wait)."""
     with pmemwal.open(wal_dir, mode="direct", segment_size=SEG, background=False,
                       recycle_segments=1100, max_wal_size=1 << 40) as wal:
         while wal.insert_lsn < 1101 * SEG:
@@ -155,6 +156,7 @@ def test_a_large_recycle_setting_keeps_the_spares_within_the_cores_segment_table
         waits = wal.stats()["segment_waits"]
         for _ in range(2000):
             wal.append(bytes(4000))
+            wal._prepare_ahead()                           # the background writer's round
         assert wal.insert_lsn // SEG > 1101 + 3           # into several spares
         assert wal.stats()["segment_waits"] == waits
 

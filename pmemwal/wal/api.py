@@ -167,9 +167,10 @@ class WAL(Opening):
       removes a segment that was not truncated); a WAL not truncated yet makes
       at most a quarter of it ahead.
     - ``preallocate``: bytes of WAL made ready when it is opened, ahead of the
-      insert position (segments created, allocated, mapped and attached), so
-      that appending that much creates no segment: a log kept whole up to that
-      size appends at steady-state speed (like a libpmemlog pool's size).
+      insert position (segments created, allocated and mapped; attached as
+      spares are, when the insert position comes near), so that appending that
+      much creates no segment: a log kept whole up to that size appends at
+      steady-state speed (like a libpmemlog pool's size).
     - ``background``: run the background writer (asynchronous flushes and
       segment preparation); without it appenders create segments themselves.
     - ``flush_interval``: seconds between the background writer's flushes.
@@ -177,7 +178,10 @@ class WAL(Opening):
       least.  Until its first truncation a WAL (not shared) keeps ready what it
       grows by in max(0.1 s, 4 times its slowest recent segment make)
       (pmemwal/growth.py): a log that grows slower than the machine makes
-      segments never waits for one.
+      segments never waits for one.  Those further out than prepare_segments (one
+      at least) stay spares, which recovery after a crash does not read; the
+      background writer takes each into use (a header write and a sync) as the
+      insert position comes near.
     - ``prefault``: map direct-mode segments with every page faulted in
       (MADV_POPULATE_WRITE), write buffered-mode ones with zeros when made
       (PostgreSQL's wal_init_zero), and prepare them ahead; False lets

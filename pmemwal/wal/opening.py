@@ -42,7 +42,7 @@ class Opening(BackgroundRounds):
         (the files lock held) is recovered by the process that finds no other has it
         open, which rebuilds the control file; the others join the state it set up."""
         first = self._dir.lock_shared() if self._control is not None else True
-        spares = self._open_segments(segment_size, create=first)
+        damaged, spares = self._open_segments(segment_size, create=first)
         if self._control is not None and mode == "auto":
             mode = "direct"  # the mode shared writing has (msync where not pmem)
         self.mode, self._verdict = resolve_mode(mode, self._dir.path)  # (a brief probe)
@@ -60,10 +60,12 @@ class Opening(BackgroundRounds):
         if first:
             with storage_errors(f"syncing {self._dir.path}"):
                 self._dir.sync()  # what a killed writer renamed into place, before it is used
-            recovered = Recovery(self._dir, self._segnos, self.segment_size, self.wal_id,
-                                 self._reader, self._segment_buffer, self._checkpoints)
+            in_use = [n for n in self._segnos if n not in spares]  # (spares hold nothing)
+            recovered = Recovery(self._dir, in_use or self._segnos[:1], self.segment_size,
+                                 self.wal_id, self._reader, self._segment_buffer,
+                                 self._checkpoints)
             result = recovered.run(on_corruption, verify)
-            self._set_aside_spares(spares)
+            self._set_aside_spares(damaged)
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
             self._cuts = result.cuts
         self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
@@ -77,11 +79,15 @@ class Opening(BackgroundRounds):
         if self._control is not None and first:
             self._dir.share_lock()
 
-    def _open_segments(self, segment_size: int | None, create: bool = True) -> dict[int, str]:
+    def _open_segments(self, segment_size: int | None,
+                       create: bool = True) -> tuple[dict[int, str], set[int]]:
         """Read and cross-check every segment header, or create the first segment.  Returns
-        the damaged spares (``_damaged_spares``), left out of ``_segnos``."""
+        the damaged spares (``_damaged_spares``), left out of ``_segnos``, and the segments
+        whose header says spare (nothing written since they were made or recycled: recovery
+        passes them by)."""
         self._segnos = self._dir.list_segments()
         spares: dict[int, str] = {}
+        flagged: set[int] = set()
         if not self._segnos:
             if not self._dir.may_create or not create:
                 raise NotFoundError(errno.ENOENT, "no WAL in this directory (create=False)",
@@ -103,6 +109,8 @@ class Opening(BackgroundRounds):
                     raise header
                 if header.wal_id != first.wal_id or header.segment_size != first.segment_size:
                     raise FormatError(f"{self._dir.file(segno)} belongs to another WAL")
+                if header.spare:
+                    flagged.add(segno)
                 if size != header.segment_size:
                     raise FormatError(f"{self._dir.file(segno)} is {size} bytes, "
                                       f"expected {header.segment_size}")
@@ -112,7 +120,7 @@ class Opening(BackgroundRounds):
             self.segment_size, self.wal_id = first.segment_size, first.wal_id
             self._segnos = [n for n in self._segnos if n not in spares]
         self._wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
-        return spares
+        return spares, flagged
 
     def _damaged_spares(self, headers: list[tuple[SegmentHeader | FormatError, int]],
                         first: SegmentHeader, recovering: bool) -> dict[int, str]:

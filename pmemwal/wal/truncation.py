@@ -137,8 +137,11 @@ class Truncation(Checkpointing):
                     self._count("segments_removed")
                 else:
                     self._lower_made(new)
+                    spare = self._control is None  # (a shared WAL's peers attach at once)
                     self._dir.recycle(segno, new, self.segment_size, self.wal_id,
-                                      seg.fd if seg else -1)
+                                      seg.fd if seg else -1, spare=spare)
+                    if seg is not None:
+                        seg.spare = spare
                     self._recycled(new, seg)
                 if self._archiver is not None:
                     self._archiver.forget(segno)
