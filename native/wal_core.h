@@ -91,7 +91,7 @@ typedef struct wal_stats {
 } wal_stats;
 
 #define WAL_MAX_PROCS 128
-#define WAL_CTL_VERSION 1
+#define WAL_CTL_VERSION 2
 #define WAL_CTL_HEADER 64          /* bytes of the control file's header (pmemwal/control.py) */
 #define WAL_CTL_LIVENESS 1048576u  /* byte offset of the per-process liveness locks */
 #define WAL_CTL_COUNTERS 8
@@ -124,7 +124,7 @@ typedef struct wal_proc {
  * clean up after it (wal_reap).  Its token in lock words and slot owners is i + 1.
  */
 typedef struct wal_shared {
-    uint8_t header[WAL_CTL_HEADER]; /* magic, version, WAL id, segment size: control.py */
+    uint8_t header[WAL_CTL_HEADER]; /* magic, version, WAL id, segment size, archive: control.py */
     uint32_t nslots;
     _Atomic uint32_t persist;       /* enum wal_persist + 1, as the first process chose; 0: none yet */
 

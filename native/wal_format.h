@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define WAL_FORMAT_VERSION 1
+#define WAL_FORMAT_VERSION 2
 #define WAL_PAGE_SIZE 8192u
 #define WAL_PAGE_HDR 24u                           /* page header bytes */
 #define WAL_PAGE_USABLE (WAL_PAGE_SIZE - WAL_PAGE_HDR) /* 8168 */

@@ -10,12 +10,19 @@ others only check its header and join.
 Header (64 bytes, little-endian), then the core's state:
 
     0  8s   magic          b"PMWALCTL"
-    8  u32  version        _core.CONTROL_VERSION: the layout of what follows
+    8  u32  version        _core.CONTROL_VERSION: the layout of this file, header included
    12  u32  state size     _core.CONTROL_SIZE (this build's layout, header included)
    16  16s  WAL id         the segments' WAL identifier
    32  u64  segment size
-   40  u32  CRC-32C of bytes 0..39
-   44  ...  zero
+   40  u32  archive        0: the processes do not archive; else ``archive_tag`` of the archive
+                           they all name (truncation keeps what it has not shipped: a process
+                           without it, or with another, would remove segments it never got)
+   44  u32  CRC-32C of bytes 0..43
+   48  ...  zero
+
+A later process whose options differ from the first one's where the processes must agree
+(segment size, archive) is refused with ConfigError; one whose header differs otherwise
+(another WAL, another version, damage) with FormatError.
 
 Locks, each dropped by the kernel when its holder dies:
 
@@ -39,27 +46,52 @@ import os
 import struct
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from pmemwal import _core
-from pmemwal.errors import ClosedError, FormatError
+from pmemwal.errors import ClosedError, ConfigError, FormatError
 from pmemwal.segments import close_mapped, storage_errors
 
 CONTROL_NAME = "CONTROL"
 MAGIC = b"PMWALCTL"
-_HEADER = struct.Struct("<8sII16sQ")
+_HEADER = struct.Struct("<8sII16sQI")
+_ARCHIVE = 40  # the archive field's offset
+_CRC = _HEADER.size  # 44
 
 
-def _pack_header(wal_id: bytes, segment_size: int) -> bytes:
-    body = _HEADER.pack(MAGIC, _core.CONTROL_VERSION, _core.CONTROL_SIZE, wal_id, segment_size)
+def archive_tag(spec: dict[str, Any] | None) -> int:
+    """The archive field for a process's archive options (options.py's ``archive_spec``):
+    0 without archiving, else a CRC-32C of the archive's URL or command (never 0)."""
+    if spec is None:
+        return 0
+    name = f"url {spec['url']}" if "url" in spec else f"command {spec['command']}"
+    return _core.crc32c(name.encode("utf-8", "surrogateescape")) or 1
+
+
+def _pack_header(wal_id: bytes, segment_size: int, archive: int) -> bytes:
+    body = _HEADER.pack(MAGIC, _core.CONTROL_VERSION, _core.CONTROL_SIZE, wal_id, segment_size,
+                        archive)
     return body + struct.pack("<I", _core.crc32c(body))
 
 
-class ControlFile:
-    """``CONTROL`` in a WAL directory: its mapping and its files lock."""
+def _archive_mismatch(theirs: int, ours: int) -> str:
+    """Why a process whose archive options differ from its peers' is refused."""
+    if not theirs:
+        return ("the processes sharing this WAL do not archive, and this one would (archive or "
+                "archive_command): every process passes the same archive options, or none")
+    what = "no archive option" if not ours else "another archive"
+    return (f"the processes sharing this WAL archive, and this one names {what}: its "
+            "truncations would remove segments their archiver has not shipped; every process "
+            "passes the same archive (or archive_command)")
 
-    def __init__(self, directory: str) -> None:
+
+class ControlFile:
+    """``CONTROL`` in a WAL directory: its mapping and its files lock; ``archive``: this
+    process's ``archive_tag``."""
+
+    def __init__(self, directory: str, archive: int = 0) -> None:
         self.path = os.path.join(directory, CONTROL_NAME)
+        self.archive = archive
         with storage_errors(f"opening {self.path}"):
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self.map: mmap.mmap | None = None
@@ -88,29 +120,34 @@ class ControlFile:
         with storage_errors(f"writing {self.path}"):
             os.ftruncate(self.fd, 0)  # nothing from an earlier layout survives
             os.ftruncate(self.fd, _core.CONTROL_SIZE)
-            os.pwrite(self.fd, _pack_header(wal_id, segment_size), 0)
+            os.pwrite(self.fd, _pack_header(wal_id, segment_size, self.archive), 0)
         return self._map()
 
     def join(self, wal_id: bytes, segment_size: int) -> mmap.mmap:
         """A later process: the state the processes that have the WAL open share, once its
-        header shows it is this WAL's, of this layout (FormatError otherwise)."""
+        header shows it is this WAL's, of this layout (FormatError otherwise), archived as
+        this process would (ConfigError otherwise).  The version is checked before the CRC,
+        which covers another layout's header differently."""
         with storage_errors(f"reading {self.path}"):
             data = os.pread(self.fd, _core.CONTROL_HEADER, 0)
             size = os.fstat(self.fd).st_size
-        expected = _pack_header(wal_id, segment_size)
+        expected = _pack_header(wal_id, segment_size, self.archive)
         if len(data) < len(expected) or data[:8] != MAGIC:
             raise FormatError(f"{self.path} is not a pmemwal control file")
-        if struct.unpack_from("<I", data, 40)[0] != _core.crc32c(data[:40]):
-            raise FormatError(f"{self.path}: its header is damaged (CRC mismatch)")
         version, state_size = struct.unpack_from("<II", data, 8)
         if (version, state_size) != (_core.CONTROL_VERSION, _core.CONTROL_SIZE):
             raise FormatError(f"{self.path} was made by another pmemwal version (control layout "
                               f"{version}, {state_size} bytes; this one: {_core.CONTROL_VERSION}, "
                               f"{_core.CONTROL_SIZE}): every process must run the same version")
+        if struct.unpack_from("<I", data, _CRC)[0] != _core.crc32c(data[:_CRC]):
+            raise FormatError(f"{self.path}: its header is damaged (CRC mismatch)")
         if data[16:32] != wal_id:
             raise FormatError(f"{self.path} belongs to another WAL")
-        if data[:44] != expected or size < _core.CONTROL_SIZE:
+        if data[:_ARCHIVE] != expected[:_ARCHIVE] or size < _core.CONTROL_SIZE:
             raise FormatError(f"{self.path} does not match the WAL's segments")
+        theirs = struct.unpack_from("<I", data, _ARCHIVE)[0]
+        if theirs != self.archive:
+            raise ConfigError(_archive_mismatch(theirs, self.archive))
         return self._map()
 
     def _map(self) -> mmap.mmap:

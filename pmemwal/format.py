@@ -12,16 +12,21 @@ Segment header, at offset 0 of page 0 of every segment (little-endian):
     16  u64  segment_size   bytes per segment file, a power of two
     24  u64  segno          this file's segment number (its name, in hex)
     32  16s  wal_id         random, made when the WAL was created
-    48  u64  reserved       zero
+    48  u64  recycled_from  a spare's: the segment number the file had before it was
+                            recycled, plus 1 (0: made new); zero once it is in use
     56  u32  flags          bit 0 CHECKPOINTED: the WAL had a CHECKPOINT file when this
                             segment was made (or this is the first segment of a WAL
-                            made with one); other bits zero
+                            made with one);
+                            bit 1 SPARE: made ahead or recycled, and not written since (the
+                            writer rewrites the header without it, synced, before it
+                            appends to the segment: recovery need not read its pages);
+                            other bits zero
     60  u32  crc            CRC-32C of bytes 0..59
 
 CHECKPOINTED is how recovery tells a deleted CHECKPOINT from a WAL made before
-checkpoints (pmemwal/recovery.py).  It was a reserved zero field before: a reader that
-does not know it opens such a WAL as before, and a WAL whose segments lack it is one
-made before checkpoints.
+checkpoints (pmemwal/recovery.py): a WAL whose segments lack it is one made before
+checkpoints.  Version 1 headers (bytes 48..59 zero, written before both flags) are read
+as segments in use, made before checkpoints.
 """
 
 from __future__ import annotations
@@ -33,23 +38,31 @@ from dataclasses import dataclass
 from pmemwal import _core
 from pmemwal.errors import FormatError
 
-FORMAT_VERSION = _core.FORMAT_VERSION
+FORMAT_VERSION = _core.FORMAT_VERSION  # what new headers say
+READ_VERSIONS = (1, FORMAT_VERSION)     # 1: no flags, no recycled_from
+CHECKPOINTED = 1  # header flag: the WAL kept a CHECKPOINT when the segment was made
+SPARE = 2         # header flag: a spare, not written since it was made or recycled
 PAGE_SIZE = _core.PAGE_SIZE
 PAGE_HEADER_SIZE = _core.PAGE_HEADER_SIZE
 RECORD_HEADER_SIZE = _core.RECORD_HEADER_SIZE
 PAGE_USABLE = PAGE_SIZE - PAGE_HEADER_SIZE
 MAGIC = b"PMEMWAL\0"
+PAGE_MAGIC = 0x31505750  # a data page header's magic, "PWP1" (native/wal_format.h)
 MIN_SEGMENT_SIZE = 1 << 20
 MAX_SEGMENT_SIZE = 1 << 30
 DEFAULT_SEGMENT_SIZE = 16 << 20
 MAX_RECORD_LIMIT = 1 << 30  # a record's length field is u32; keep well inside it
 MAX_LSN = 1 << 63  # positions stay well inside the 64-bit LSN
 
-CHECKPOINTED = 1  # segment header flag: the WAL kept a CHECKPOINT when it was made
 _HEADER = struct.Struct("<8sIIQQ16sQI")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _CRC.size  # 64
 _NAME = re.compile(r"^([0-9A-F]{16})\.wal$")
+
+
+class DamagedHeaderError(FormatError):
+    """A segment header that does not read at all: cut short, bad magic, or its CRC fails
+    (one that reads but says something this WAL refuses is a plain FormatError)."""
 
 
 @dataclass(frozen=True)
@@ -59,12 +72,18 @@ class SegmentHeader:
     segno: int
     segment_size: int
     wal_id: bytes
-    flags: int = 0
+    flags: int = 0                    # CHECKPOINTED, SPARE
+    recycled_from: int | None = None  # a spare's number before it was recycled
+
+    @property
+    def spare(self) -> bool:
+        return bool(self.flags & SPARE)
 
     def pack(self) -> bytes:
         """The header page: the 64-byte header, then zeros."""
+        recycled = 0 if self.recycled_from is None else self.recycled_from + 1
         body = _HEADER.pack(MAGIC, FORMAT_VERSION, PAGE_SIZE, self.segment_size, self.segno,
-                            self.wal_id, 0, self.flags)
+                            self.wal_id, recycled, self.flags)
         header = body + _CRC.pack(_core.crc32c(body))
         return header + bytes(PAGE_SIZE - len(header))
 
@@ -72,20 +91,24 @@ class SegmentHeader:
     def unpack(cls, data: bytes, where: str) -> SegmentHeader:
         """Parse and check a header; FormatError says what is wrong and where."""
         if len(data) < HEADER_SIZE:
-            raise FormatError(f"{where}: too short for a segment header")
-        magic, version, page_size, seg_size, segno, wal_id, _, flags = _HEADER.unpack_from(data)
+            raise DamagedHeaderError(f"{where}: too short for a segment header")
+        magic, version, page_size, seg_size, segno, wal_id, recycled, flags = \
+            _HEADER.unpack_from(data)
         if magic != MAGIC:
-            raise FormatError(f"{where}: not a pmemwal segment (bad magic)")
+            raise DamagedHeaderError(f"{where}: not a pmemwal segment (bad magic)")
         (crc,) = _CRC.unpack_from(data, _HEADER.size)
         if crc != _core.crc32c(data[: _HEADER.size]):
-            raise FormatError(f"{where}: segment header checksum mismatch")
-        if version != FORMAT_VERSION:
-            raise FormatError(f"{where}: format version {version}, this pmemwal reads {FORMAT_VERSION}")
+            raise DamagedHeaderError(f"{where}: segment header checksum mismatch")
+        if version not in READ_VERSIONS:
+            raise FormatError(f"{where}: format version {version}, this pmemwal reads "
+                              f"{' and '.join(map(str, READ_VERSIONS))}")
+        if flags & ~(CHECKPOINTED | SPARE) or (version == 1 and (flags or recycled)):
+            raise FormatError(f"{where}: unknown header flags {flags:#x}")
         if page_size != PAGE_SIZE or not is_valid_segment_size(seg_size):
             raise FormatError(f"{where}: page size {page_size} / segment size {seg_size} not supported")
         if (segno + 1) * seg_size > MAX_LSN:
             raise FormatError(f"{where}: segment number {segno:X} is out of range (LSNs are 63-bit)")
-        return cls(segno, seg_size, wal_id, flags)
+        return cls(segno, seg_size, wal_id, flags, recycled - 1 if recycled else None)
 
 
 def is_valid_segment_size(size: int) -> bool:
@@ -109,7 +132,6 @@ def first_lsn(segno: int, segment_size: int) -> int:
     return segno * segment_size + PAGE_SIZE + PAGE_HEADER_SIZE
 
 
-PAGE_MAGIC = 0x31505750  # "PWP1": a data page's header (native/wal_format.h, wal_page_hdr)
 _PAGE_HEADER = struct.Struct("<IIQI")  # magic, rem_len, page_lsn, wal_id_lo; then u32 crc
 
 

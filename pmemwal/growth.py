@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Callable
 
 HORIZON_MIN = 0.1      # seconds of growth kept ready at least ...
 HORIZON_MAKES = 4      # ... and at least this many of the slowest recent makes
@@ -27,15 +28,15 @@ _DECAY = 0.9           # of a larger past estimate, per sample (a burst is held 
 class GrowthPace:
     """The WAL's recent growth rate (bytes/s) and the slowest recent segment make (s)."""
 
-    def __init__(self, clock=time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # seconds: the samples and the makes are timed by it (a test's own)
         self._sample: tuple[float, int] | None = None  # (time, insert LSN) of the last sample
         self.rate = 0.0        # bytes/s: a larger sample at once, a smaller one decays to it
         self.slowest_make = 0.0
 
     def observe(self, insert_lsn: int) -> None:
         """Fold in the insert position now (called by each background round)."""
-        now = self._clock()
+        now = self.clock()
         if self._sample is None:
             self._sample = (now, insert_lsn)
             return

@@ -190,6 +190,27 @@ def write_synced(path: str, data: bytes, flags: int = os.O_EXCL) -> None:
         os.close(fd)
 
 
+def set_aside_segment(wal_dir: str, segno: int, segment_size: int, wal_id: bytes,
+                      reason: str) -> str:
+    """Move segment file ``segno``, a spare that holds no record (wal/opening.py), out of
+    the WAL into an entry of its own, ``<its first LSN, 16 hex>-<time ns>/``, whose manifest
+    lists no record; returns the entry's path.  The file goes first, then the manifest: a
+    crash between leaves an entry without one, which ``entries`` passes over, and the WAL
+    without the file."""
+    name = segment_name(segno)
+    target = os.path.join(wal_dir, LOST_FOUND_NAME, f"{segno * segment_size:016X}-{time.time_ns()}")
+    with storage_errors(f"setting aside {os.path.join(wal_dir, name)} in {target}"):
+        os.makedirs(target)
+        os.rename(os.path.join(wal_dir, name), os.path.join(target, name))
+        manifest = {"cut_lsn": segno * segment_size, "cut": format_lsn(segno * segment_size),
+                    "reason": reason, "wal_id": wal_id.hex(), "segment_size": segment_size,
+                    "made_ns": time.time_ns(), "records": []}
+        write_synced(os.path.join(target, MANIFEST), json.dumps(manifest, indent=1).encode())
+        for directory in (target, os.path.dirname(target), wal_dir):
+            sync_directory(directory)
+    return target
+
+
 # ---- reading what was set aside ------------------------------------------------
 
 @dataclass(frozen=True)

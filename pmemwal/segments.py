@@ -31,13 +31,15 @@ import errno
 import fcntl
 import mmap
 import os
+import struct
 import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
 from pmemwal import _core
 from pmemwal.errors import ClosedError, FormatError, LockedError, NotFoundError, StorageError
-from pmemwal.format import (CHECKPOINTED, HEADER_SIZE, SegmentHeader, parse_segment_name,
+from pmemwal.format import (CHECKPOINTED, HEADER_SIZE, PAGE_MAGIC, PAGE_SIZE, SPARE, SegmentHeader,
+                            parse_segment_name,
                             segment_name)
 from pmemwal.libpmem import buffer_address
 
@@ -57,6 +59,7 @@ ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/arch
 WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
             ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, INDEX_NAME}
 _ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
+_PAGE_HEADER = struct.Struct("<IIQI")  # a data page's magic, rem_len, page LSN, wal_id_lo
 
 
 def sync_directory(path: str) -> None:
@@ -209,10 +212,11 @@ class WalDirectory:
                 raise FormatError(f"{self.path} holds {name!r}, which is not part of a pmemwal WAL")
         return sorted(segnos)
 
-    def read_headers(self, segnos: list[int]) -> list[tuple[SegmentHeader, int]]:
-        """The checked headers of segment files, and their sizes.  Open reads every one, so
-        this is lean: descriptors relative to the directory's, no file objects."""
-        out = []
+    def read_headers(self, segnos: list[int]) -> list[tuple[SegmentHeader | FormatError, int]]:
+        """The checked headers of segment files (or the FormatError that says why one does
+        not check), and their sizes.  Open reads every one, so this is lean: descriptors
+        relative to the directory's, no file objects."""
+        out: list[tuple[SegmentHeader | FormatError, int]] = []
         for segno in segnos:
             name = segment_name(segno)
             with storage_errors(f"reading {self.file(segno)}"):
@@ -222,11 +226,35 @@ class WalDirectory:
                     size = os.fstat(fd).st_size
                 finally:
                     os.close(fd)
-            header = SegmentHeader.unpack(data, self.file(segno))
+            try:
+                header = SegmentHeader.unpack(data, self.file(segno))
+            except FormatError as exc:
+                out.append((exc, size))
+                continue
             if header.segno != segno:
                 raise FormatError(f"{self.file(segno)}: header says segment {header.segno:016X}")
             out.append((header, size))
         return out
+
+    def holds_pages(self, segno: int, segment_size: int, wal_id_lo: int) -> bool:
+        """Whether segment file ``segno`` has a data page whose header names its own place
+        in this WAL (magic, page LSN, the WAL id's first 4 bytes; the CRC not asked, so that
+        a torn header counts too): a page written since the file became segment ``segno``.
+        A spare's pages are zero, or an older cycle's, whose page LSNs name the segment the
+        file was before it was recycled."""
+        base = segno * segment_size
+        with storage_errors(f"reading {self.file(segno)}"):
+            fd = os.open(segment_name(segno), os.O_RDONLY, dir_fd=self.dir_fd)
+            try:
+                for chunk in range(0, min(os.fstat(fd).st_size, segment_size), 1 << 20):
+                    data = os.pread(fd, 1 << 20, chunk)
+                    for off in range(PAGE_SIZE if chunk == 0 else 0, len(data) - 23, PAGE_SIZE):
+                        magic, _, page_lsn, lo = _PAGE_HEADER.unpack_from(data, off)
+                        if (magic, page_lsn, lo) == (PAGE_MAGIC, base + chunk + off, wal_id_lo):
+                            return True
+            finally:
+                os.close(fd)
+        return False
 
     def sync(self) -> None:
         """Make renames and removals durable."""
@@ -240,8 +268,9 @@ class WalDirectory:
         return CHECKPOINTED if os.path.exists(os.path.join(self.path, CHECKPOINT_NAME)) else 0
 
     def create(self, segno: int, segment_size: int, wal_id: bytes, zero_fill: bool = False,
-               flags: int | None = None) -> None:
-        """A new, fully allocated segment file; ``zero_fill`` writes every byte of it
+               flags: int | None = None, spare: bool = False) -> None:
+        """A new, fully allocated segment file (``spare``: its header says so, until ``arm``
+        rewrites it); ``zero_fill`` writes every byte of it
         instead (PostgreSQL's wal_init_zero): allocated blocks are still unwritten
         (ext4's unwritten extents, tmpfs pages not yet cleared), so the first write to
         each would cost an appender a page clear or an extent conversion at its sync.
@@ -258,7 +287,8 @@ class WalDirectory:
                         offset += os.pwrite(fd, _ZEROS[:segment_size - offset], offset)
                 else:
                     os.posix_fallocate(fd, 0, segment_size)
-                os.pwrite(fd, SegmentHeader(segno, segment_size, wal_id, flags).pack(), 0)
+                header = SegmentHeader(segno, segment_size, wal_id, flags | (SPARE if spare else 0))
+                os.pwrite(fd, header.pack(), 0)
                 os.fdatasync(fd)
             except OSError:
                 os.unlink(tmp)
@@ -268,8 +298,10 @@ class WalDirectory:
             os.rename(tmp, path)
             self.sync()
 
-    def recycle(self, old: int, new: int, segment_size: int, wal_id: bytes, fd: int = -1) -> None:
-        """Reuse segment ``old`` as future segment ``new``: a rename and a new header.
+    def recycle(self, old: int, new: int, segment_size: int, wal_id: bytes, fd: int = -1,
+                spare: bool = False) -> None:
+        """Reuse segment ``old`` as future segment ``new``: a rename and a new header
+        (``spare``: one that says so, and what the file was, until ``arm`` rewrites it).
 
         ``fd``, an open descriptor of the file, is written through when given:
         the file keeps its inode, so open descriptors and mappings stay valid.
@@ -283,14 +315,39 @@ class WalDirectory:
             if own:
                 fd = os.open(tmp, os.O_RDWR)
             try:
-                os.pwrite(fd, SegmentHeader(new, segment_size, wal_id,
-                                            self.header_flags()).pack(), 0)
+                header = SegmentHeader(new, segment_size, wal_id,
+                                       self.header_flags() | (SPARE if spare else 0),
+                                       old if spare else None)
+                os.pwrite(fd, header.pack(), 0)
                 os.fdatasync(fd)
             finally:
                 if own:
                     os.close(fd)
             os.rename(tmp, path)
             self.sync()
+
+    def arm(self, segno: int, segment_size: int, wal_id: bytes, fd: int) -> None:
+        """Spare segment ``segno`` (``fd`` open on it) about to be written: its header
+        rewritten as a segment in use, and synced, before any page of it can be (recovery
+        passes by a segment whose header says spare).  A crash tearing this write leaves a
+        header that does not read on a segment that holds nothing: set aside on open."""
+        with storage_errors(f"writing the header of {self.file(segno)}"):
+            header = SegmentHeader(segno, segment_size, wal_id, self.header_flags())
+            os.pwrite(fd, header.pack()[:HEADER_SIZE], 0)
+            os.fdatasync(fd)
+
+    def is_spare(self, segno: int) -> bool:
+        """Whether segment ``segno``'s header says spare (one that does not read: no)."""
+        with storage_errors(f"reading {self.file(segno)}"):
+            fd = os.open(segment_name(segno), os.O_RDONLY, dir_fd=self.dir_fd)
+            try:
+                data = os.pread(fd, HEADER_SIZE, 0)
+            finally:
+                os.close(fd)
+        try:
+            return SegmentHeader.unpack(data, self.file(segno)).spare
+        except FormatError:
+            return False
 
     def remove(self, segno: int) -> None:
         with storage_errors(f"removing {self.file(segno)}"):
@@ -327,6 +384,7 @@ class Segment:
         self.map: mmap.mmap | None = None
         self.map_sync = False  # whether the mapping is MAP_SYNC (DAX: cache flushes persist)
         self.views: _core.SegmentView | None = None  # exports the payload views of the mapping
+        self.spare = False  # its header says spare: not attached to the writer (wal/supply.py)
 
     def mapping(self, *, populate: bool = False, sync: bool = False,
                 populate_from: int = 0) -> mmap.mmap:

@@ -498,6 +498,30 @@ def test_shared_wal_one_archiver_at_a_time_the_next_takes_over(shm_tmp):
     held_in_archive(expected, complete * SEG, records(shm_tmp / "restored"))
 
 
+def test_shared_wal_refuses_a_process_that_archives_otherwise(shm_tmp):
+    """Every process of a shared WAL archives to the same place, or none does: one without
+    the archive option would truncate (remove or recycle) segments not shipped yet, one
+    with another archive would ship part of the WAL there."""
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    arch.mkdir()
+    url = f"file://{arch}"
+    with pmemwal.open(wal_dir, shared=True, segment_size=SEG, archive=url) as first:
+        first.append(b"kept", flush=True)
+        with pytest.raises(ConfigError, match="no archive option"):
+            pmemwal.open(wal_dir, shared=True, segment_size=SEG)
+        with pytest.raises(ConfigError, match="another archive"):
+            pmemwal.open(wal_dir, shared=True, segment_size=SEG, archive=f"file://{shm_tmp}")
+        with pytest.raises(ConfigError, match="another archive"):
+            pmemwal.open(wal_dir, shared=True, segment_size=SEG,
+                         archive_command=f"cp %p {arch}/%f")
+        with pmemwal.open(wal_dir, shared=True, segment_size=SEG, archive=url) as second:
+            assert bytes(second.record(second.first_lsn).payload) == b"kept"
+    with pmemwal.open(wal_dir, shared=True, segment_size=SEG) as first:  # none: none archive
+        with pytest.raises(ConfigError, match="do not archive"):
+            pmemwal.open(wal_dir, shared=True, segment_size=SEG, archive=url)
+        assert first.append(b"still writing", flush=True)
+
+
 # ---- the log, options, stats ------------------------------------------------------------
 
 def test_log_compact_keeps_unarchived_segments(shm_tmp):

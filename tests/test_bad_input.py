@@ -12,11 +12,15 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import pmemwal
-from conftest import CHILD, SEG, child_env, mounted_tmpfs, payload, read_all, run_child, seg_file
+from conftest import (CHILD, PAGE, SEG, child_env, mounted_tmpfs, payload, read_all, run_child,
+                      seg_file)
+from pmemwal import lostfound
+from pmemwal.recovery import RecoveryWarning
 
 
 def _make(wal_dir, mode="buffered", n=5, seed="data", **opts):
@@ -140,6 +144,63 @@ def test_bad_segment_header(wal_dir, damage):
     assert path.read_bytes() == bytes(raw)     # refused, not "repaired"
     path.write_bytes(original)
     _readable(wal_dir, recs)
+
+
+def _wal_with_spares(wal_dir) -> list[int]:
+    """A WAL of 1 MiB segments that ends in segment 3, with spares 4 (made ahead, never
+    written), 5 (recycled from segment 0) and 6 (from 1); its records' LSNs."""
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False, recycle_segments=3,
+                      preallocate=4 * SEG) as wal:
+        lsns = []
+        while wal.insert_lsn < 3 * SEG + 3 * PAGE:
+            lsns.append(wal.append(payload(f"r/{len(lsns)}", 20000), flush=True))
+        assert wal.truncate(2 * SEG) == 2
+        assert sorted(p.name for p in wal_dir.glob("*.wal")) == [
+            seg_file(wal_dir, s).name for s in range(2, 7)]
+    return [lsn for lsn in lsns if lsn >= 2 * SEG]
+
+
+@pytest.mark.parametrize("damage", ["crc", "short_file", "empty_file"])
+@pytest.mark.parametrize("spare", [4, 6])
+def test_a_damaged_spare_past_the_end_is_set_aside(wal_dir, damage, spare):
+    """A spare segment holds nothing of the WAL yet (a recycled file's pages are an older
+    cycle's): a damaged header, or a file cut short, is no reason to refuse the WAL.  It
+    is set aside in lost+found, with a warning, and the WAL opens with every record."""
+    kept = _wal_with_spares(wal_dir)
+    path = seg_file(wal_dir, spare)
+    raw = bytearray(path.read_bytes())
+    if damage == "crc":
+        raw[30] ^= 0x01
+    elif damage == "short_file":
+        raw = raw[:SEG // 2]
+    else:
+        raw = bytearray()
+    path.write_bytes(bytes(raw))
+    with pytest.warns(RecoveryWarning, match=f"{path.name}.*set aside"):
+        with pmemwal.open(wal_dir) as wal:
+            assert [lsn for lsn, _, _ in read_all(wal)] == kept
+            while wal.insert_lsn < 7 * SEG:                 # on through where it was
+                kept.append(wal.append(payload(f"r/{len(kept)}", 20000), flush=True))
+    assert not path.with_suffix(".wal.tmp").exists()
+    entry, = lostfound.entries(str(wal_dir))
+    assert entry.manifest["records"] == [] and path.name in entry.manifest["reason"]
+    assert (Path(entry.path) / path.name).read_bytes() == bytes(raw)   # kept as it was
+    with pmemwal.open(wal_dir, verify="all") as wal:
+        assert [lsn for lsn, _, _ in read_all(wal)] == kept
+
+
+def test_a_damaged_segment_that_held_records_is_still_refused(wal_dir):
+    """Segment 3 holds the WAL's last records: a damaged header there is refused as before,
+    on_corruption="truncate" included, and nothing is moved."""
+    _wal_with_spares(wal_dir)
+    path = seg_file(wal_dir, 3)
+    raw = bytearray(path.read_bytes())
+    raw[30] ^= 0x01
+    path.write_bytes(bytes(raw))
+    for on_corruption in ("raise", "truncate"):
+        with pytest.raises(pmemwal.FormatError, match="checksum"):
+            pmemwal.open(wal_dir, on_corruption=on_corruption)
+    assert path.read_bytes() == bytes(raw) and not (wal_dir / "lost+found").exists()
 
 
 # ---- options ------------------------------------------------------------------------

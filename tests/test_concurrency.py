@@ -48,6 +48,7 @@ from pathlib import Path
 import pytest
 
 import pmemwal
+from pmemwal.growth import GrowthPace
 from _concurrent_child import HDR, make_payload, parse_payload, stress
 from conftest import (HIDDEN_LIBPMEM, PAGE, SEG, assert_chain, child_env, expected_end,
                       first_lsn_of_segment, read_all, rec_size, run_and_kill, seg_file, seg_usable,
@@ -491,8 +492,10 @@ def test_gil_kept_by_small_appends_is_given_up_to_wait(wal_dir, mode):
 
 def test_segment_switch_wakes_the_background_writer_only_for_work(wal_dir, mode):
     """A switch into a segment with the next ``ahead`` attached writes no eventfd; one whose
-    look-ahead reaches a segment not attached does (then the writer has one to prepare)."""
-    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
+    look-ahead reaches a segment not attached does (then the writer has one to prepare).
+    (prepare_segments=3: segments made that far ahead are attached, not left spares.)"""
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                       prepare_segments=3)
     fd = os.eventfd(0, os.EFD_NONBLOCK)
     try:
         for segno in (1, 2, 3):
@@ -590,18 +593,36 @@ def test_recycling_follows_the_distance_between_truncations(wal_dir, mode):
         assert len(wal._segnos) <= 8 + 7                  # the bound, plus the retained window
 
 
+class _Clock:
+    """A clock that moves only when the test moves it (GrowthPace's, which times the WAL's
+    growth and its segment makes)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_the_background_pool_and_truncation_agree_on_jittery_and_late_truncations(wal_dir, mode):
     """The background writer (run here by hand after each record, as it is woken at each
     segment entered) and truncation size the spare pool alike: truncations 5-7 segments
     apart make and remove nothing once the pool is built, and a late one (20 segments)
-    has segments made for it that the next truncations keep rather than remove."""
+    has segments made for it that the next truncations keep rather than remove.
+
+    Until the first truncation the background writer makes segments ahead for the growth
+    it measures (growth.py): timed by a clock of the test's, at 2 ms a record (125 MiB/s,
+    14 segments ahead), so that the pool the truncations start from is the same in every
+    run (by the real clock it followed the machine's pace and load)."""
     record = bytes(seg_usable() // 4)
+    clock = _Clock()
 
     def checkpoints(wal, distances):
         redo = wal.flushed_lsn
         for segments in distances:
             for _ in range(4 * segments):
                 wal.append(record)
+                clock.now += 0.002
                 wal._prepare_ahead()
             wal.truncate(redo)
             redo = wal.flush()
@@ -609,7 +630,10 @@ def test_the_background_pool_and_truncation_agree_on_jittery_and_late_truncation
 
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=0,
                       background=False) as wal:
-        built = checkpoints(wal, [5, 7, 6] * 2)
+        wal._growth = GrowthPace(clock)
+        first = checkpoints(wal, [5])
+        assert first["segments_created"] >= 5 + 14         # the growth's depth, made ahead
+        built = checkpoints(wal, [7, 6, 5, 7, 6])
         steady = checkpoints(wal, [5, 7, 6, 5, 6, 7] * 3)
         assert steady["segments_created"] == built["segments_created"]
         assert steady["segments_removed"] == 0

@@ -136,7 +136,7 @@ def test_crash_states_with_metadata_not_yet_durable_are_many():
 
 # ---- three ordering bugs, put in on purpose ------------------------------------------------------
 
-def _recycle_without_first_sync(self, old, new, segment_size, wal_id, fd=-1):
+def _recycle_without_first_sync(self, old, new, segment_size, wal_id, fd=-1, spare=False):
     """Directory.recycle with the directory sync after its first rename left out."""
     path = self.file(new)
     tmp = path + ".tmp"
@@ -146,7 +146,8 @@ def _recycle_without_first_sync(self, old, new, segment_size, wal_id, fd=-1):
         if own:
             fd = os.open(tmp, os.O_RDWR)
         try:
-            os.pwrite(fd, SegmentHeader(new, segment_size, wal_id).pack(), 0)
+            header = SegmentHeader(new, segment_size, wal_id, spare, old if spare else None)
+            os.pwrite(fd, header.pack(), 0)
             os.fdatasync(fd)
         finally:
             if own:
@@ -155,13 +156,14 @@ def _recycle_without_first_sync(self, old, new, segment_size, wal_id, fd=-1):
         self.sync()
 
 
-def _recycle_header_first(self, old, new, segment_size, wal_id, fd=-1):
+def _recycle_header_first(self, old, new, segment_size, wal_id, fd=-1, spare=False):
     """Directory.recycle writing (and syncing) the new header before its renames."""
     own = fd < 0
     if own:
         fd = os.open(self.file(old), os.O_RDWR)
     try:
-        os.pwrite(fd, SegmentHeader(new, segment_size, wal_id).pack(), 0)
+        header = SegmentHeader(new, segment_size, wal_id, spare, old if spare else None)
+        os.pwrite(fd, header.pack(), 0)
         os.fdatasync(fd)
     finally:
         if own:

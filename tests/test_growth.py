@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 import pmemwal
 from pmemwal import _core
 from pmemwal.growth import HORIZON_MIN, GrowthPace
+from pmemwal.wal.rounds import _BRINGS_PER_ROUND
 
 SEG = 1 << 20
 
@@ -105,6 +107,25 @@ def test_segments_ahead_follow_the_growth_until_the_first_truncation(wal_dir, mo
         assert _segments_ahead(wal) >= 15
 
 
+def test_segment_makes_are_timed_by_the_paces_clock(wal_dir):
+    """The depth follows the slowest recent make, timed by the pace's own clock like the
+    growth: a test that sets the clock decides both, whatever the machine's speed (by the
+    real clock, one make slower than 25 ms under load changed the depth)."""
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False) as wal:
+        clock = FakeClock()
+        wal._growth = GrowthPace(clock)
+        real = wal._dir.create
+
+        def creating_in_half_a_second(*args, **kwargs):
+            clock.now += 0.5
+            return real(*args, **kwargs)
+
+        wal._dir.create = creating_in_half_a_second
+        wal._ensure_segment(1)
+        assert wal._growth.slowest_make == 0.5
+        assert wal.stats()["segment_make_ns"] == 500_000_000
+
+
 def test_the_depth_stays_within_the_cores_segment_table(wal_dir):
     """Made that far ahead, a segment would take the current one's entry in the core's
     table (indexed by number modulo its size): the depth is bounded whatever max_wal_size
@@ -118,6 +139,26 @@ def test_the_depth_stays_within_the_cores_segment_table(wal_dir):
         assert wal._segments_wanted_ahead(wal.insert_lsn, True)[0] == _core.SEG_TABLE // 4
         with pytest.raises(ValueError):
             wal._core.set_notify(-1, _core.SEG_TABLE // 2)
+
+
+def test_a_large_recycle_setting_keeps_the_spares_within_the_cores_segment_table(wal_dir):
+    """recycle_segments=1100 and a truncation of 1,100 segments: recycled into spares that
+    far ahead, the 1,025th, attached, would take the entry of the segment being written,
+    and appenders would wait for it to be attached again.  The spares are capped like the
+    depth ahead; every segment the appends reach is attached before they do (the
+    background writer's rounds, run by hand: no segment wait)."""
+    with pmemwal.open(wal_dir, mode="direct", segment_size=SEG, background=False,
+                      recycle_segments=1100, max_wal_size=1 << 40) as wal:
+        while wal.insert_lsn < 1101 * SEG:
+            wal.append(bytes(256 << 10))
+        assert wal.truncate(wal.flush()) == 1101
+        assert wal.stats()["segments_recycled"] <= _core.SEG_TABLE // 4
+        waits = wal.stats()["segment_waits"]
+        for _ in range(2000):
+            wal.append(bytes(4000))
+            wal._prepare_ahead()                           # the background writer's round
+        assert wal.insert_lsn // SEG > 1101 + 3           # into several spares
+        assert wal.stats()["segment_waits"] == waits
 
 
 def test_a_shared_wals_background_writer_prepares_segments(wal_dir):
@@ -135,23 +176,32 @@ def test_a_shared_wals_background_writer_prepares_segments(wal_dir):
 
 
 def test_a_deep_round_does_not_hold_up_the_flush(wal_dir, monkeypatch):
-    """Slow makes (50 ms each, as on memory the host took back) and a deep pool to make:
-    an asynchronous record is still durable within a few makes, not after all of them."""
-    with pmemwal.open(wal_dir, mode="direct", segment_size=SEG, flush_interval=0.02) as wal:
-        real = wal._dir.create
+    """A deep pool to make (16 segments, as when makes are slow on memory the host took
+    back): an asynchronous record is durable within two rounds' makes (the round under
+    way, and the next: each flushes after a few makes), not after all of them.  Counted
+    in makes begun before the flush covered it, not in time."""
+    with pmemwal.open(wal_dir, mode="direct", segment_size=SEG, flush_interval=0.02,
+                      max_wal_size=64 * SEG) as wal:
+        real, appended, unflushed = wal._dir.create, threading.Event(), []
 
-        def slow(*args, **kwargs):
-            time.sleep(0.05)
+        def counting(*args, **kwargs):
+            if appended.is_set() and wal.flushed_lsn <= lsn:
+                unflushed.append(args[0])
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(wal._dir, "create", slow)
+        monkeypatch.setattr(wal._dir, "create", counting)
         wal._growth.made(1.0)                      # a depth of a quarter of max_wal_size
         wal._growth.rate = 100 * SEG
         lsn = wal.append(b"async")
-        t0 = time.monotonic()
-        while wal.flushed_lsn <= lsn and time.monotonic() - t0 < 10:
+        appended.set()
+        deadline = time.monotonic() + 30
+        while wal.flushed_lsn <= lsn and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert time.monotonic() - t0 < 0.5
+        assert wal.flushed_lsn > lsn
+        assert len(unflushed) <= 2 * _BRINGS_PER_ROUND
+        while wal.stats()["segments_created"] < 16 and time.monotonic() < deadline:
+            time.sleep(0.005)                      # the rest of the pool: it was that deep
+        assert wal.stats()["segments_created"] >= 16 > 2 * _BRINGS_PER_ROUND + 1
 
 
 def _fast_growth(wal: pmemwal.WAL) -> None:

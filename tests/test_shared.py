@@ -24,6 +24,8 @@ import pmemwal
 from pmemwal import ClosedError, ConfigError, FormatError, LockedError
 from pmemwal.tools.torture import shared as shared_torture
 
+from conftest import first_lsn_of_segment, rec_size, seg_usable, usable_of
+
 SEG = 1 << 20
 
 
@@ -125,6 +127,31 @@ def test_truncation_by_one_writer_under_another(wal_dir):
     assert kept and set(l for l in b_lsns if l >= b.first_lsn) <= set(kept)
     a.close()
     b.close()
+
+
+def test_a_process_with_a_stale_segment_list_never_makes_truncated_segments_again(wal_dir):
+    """B opened when the WAL had segment 0 only; A then filled segments 0..4 to their last
+    byte and truncated below 4.  B's next record starts segment 5, which nobody made: B
+    makes it, and only it, never the truncated 1..3 its own list still led up to (a
+    reopen would then find segments older than the checkpoint's oldest, and no records)."""
+    opts = dict(background=False, recycle_segments=0)
+    a, b = open_shared(wal_dir, **opts), open_shared(wal_dir, **opts)
+    record = bytes(100_000)
+    while a.insert_lsn + rec_size(len(record)) < 5 * SEG:
+        a.append(record)
+    left = seg_usable() * 5 - usable_of(a.insert_lsn)  # to segment 4's last byte, exactly
+    a.append(bytes(left - rec_size(0)), flush=True)
+    assert a.insert_lsn == first_lsn_of_segment(5)
+    assert a.truncate(a.insert_lsn) == 4
+    lsn = b.append(b"after", flush=True)
+    assert lsn == first_lsn_of_segment(5)
+    on_disk = sorted(n for n in os.listdir(wal_dir) if n.endswith(".wal"))
+    assert on_disk == [f"{n:016X}.wal" for n in (4, 5)]
+    a.close()
+    b.close()
+    with pmemwal.open(wal_dir, verify="all") as alone:
+        assert [r.lsn for r in alone.records()][-1] == lsn
+        assert bytes(alone.record(lsn).payload) == b"after"
 
 
 # ---- a writer that dies mid-insert ---------------------------------------------------
@@ -424,7 +451,7 @@ def test_control_file_of_another_wal_or_version(wal_dir, tmp_path):
         with pytest.raises(FormatError, match="another WAL"):
             open_shared(wal_dir)
         own[8] += 1  # another layout version, CRC made to match
-        own[40:44] = pmemwal._core.crc32c(bytes(own[:40])).to_bytes(4, "little")
+        own[44:48] = pmemwal._core.crc32c(bytes(own[:44])).to_bytes(4, "little")
         _replace_control(wal_dir, bytes(own))
         with pytest.raises(FormatError, match="another pmemwal version"):
             open_shared(wal_dir)

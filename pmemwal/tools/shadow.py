@@ -185,12 +185,13 @@ class DurableShadow:
             self._written.pop(name, None)
 
     def _follow(self, directory) -> None:
-        """Track segment files as the WAL makes, recycles and removes them: a made
-        or recycled file is synced, so durable as it is, before the core can store
+        """Track segment files as the WAL makes, recycles, arms and removes them: a made,
+        recycled or armed file is synced, so durable as it is, before the core can store
         into it (it attaches it afterwards).  Each file operation and its tracking
         are one step for the images: a checkpointer thread recycles while writers
         run, and an image must not look for a file renamed under it."""
         create, recycle, remove = directory.create, directory.recycle, directory.remove
+        arm = directory.arm
 
         def created(segno: int, *args, **kwargs) -> None:
             with self.lock:
@@ -210,7 +211,13 @@ class DurableShadow:
                 remove(segno)
                 self.forget(segno)
 
+        def armed(segno: int, *args, **kwargs) -> None:  # a spare's header, synced
+            with self.lock:
+                arm(segno, *args, **kwargs)
+                self.track(segno)
+
         directory.create, directory.recycle, directory.remove = created, recycled, removed
+        directory.arm = armed
 
     def _guarded(self, callback: Callable) -> Callable:
         def call(*args) -> None:

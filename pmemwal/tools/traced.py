@@ -97,7 +97,7 @@ def _mutate(mutation: str | None) -> int:
             persist_recovered(self, start, end)
         wal.WAL._persist_recovered = losing
     elif mutation == "recycle-keeps-header":
-        def recycle(self, old, new, segment_size, wal_id, fd=-1):
+        def recycle(self, old, new, segment_size, wal_id, fd=-1, spare=False):
             os.rename(self.file(old), self.file(new))
             self.sync()
         segments.WalDirectory.recycle = recycle

@@ -20,7 +20,7 @@ import numpy as np
 
 from pmemwal import _core
 from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
-from pmemwal.control import ControlFile
+from pmemwal.control import ControlFile, archive_tag
 from pmemwal.errors import CorruptionError, StorageError, TruncatedError, format_lsn
 from pmemwal.format import first_lsn
 from pmemwal.segments import WalDirectory
@@ -162,15 +162,17 @@ class WAL(Opening):
     - ``recycle_segments``: truncated segments kept, renamed, for reuse, beyond
       the ``prepare_segments`` the background writer keeps ready; at least this
       many, and 2.5 times as many as the WAL advances between two truncations (an
-      estimate, as PostgreSQL sizes its recycling), within ``max_wal_size``.
+      estimate, as PostgreSQL sizes its recycling), within ``max_wal_size``; 256 spares
+      at most, with those, whatever this says (the core attaches 1,024 segments at once).
     - ``max_wal_size``: bytes of segments, retained and recycled together, past
       which truncation removes segments instead of recycling them (it never
       removes a segment that was not truncated); a WAL not truncated yet makes
       at most a quarter of it ahead.
     - ``preallocate``: bytes of WAL made ready when it is opened, ahead of the
-      insert position (segments created, allocated, mapped and attached), so
-      that appending that much creates no segment: a log kept whole up to that
-      size appends at steady-state speed (like a libpmemlog pool's size).
+      insert position (segments created, allocated and mapped; attached as
+      spares are, when the insert position comes near), so that appending that
+      much creates no segment: a log kept whole up to that size appends at
+      steady-state speed (like a libpmemlog pool's size).
     - ``background``: run the background writer (asynchronous flushes and
       segment preparation); without it appenders create segments themselves.
     - ``flush_interval``: seconds between the background writer's flushes.
@@ -178,7 +180,10 @@ class WAL(Opening):
       least.  Until its first truncation a WAL (not shared) keeps ready what it
       grows by in max(0.1 s, 4 times its slowest recent segment make)
       (pmemwal/growth.py): a log that grows slower than the machine makes
-      segments never waits for one.
+      segments never waits for one.  Those further out than prepare_segments (one
+      at least) stay spares, which recovery after a crash does not read; the
+      background writer takes each into use (a header write and a sync) as the
+      insert position comes near.
     - ``prefault``: map direct-mode segments with every page faulted in
       (MADV_POPULATE_WRITE), write buffered-mode ones with zeros when made
       (PostgreSQL's wal_init_zero), and prepare them ahead; False lets
@@ -222,7 +227,7 @@ class WAL(Opening):
         self._dir = WalDirectory(os.fspath(path), create, shared=shared)
         try:
             if shared:
-                self._control = ControlFile(self._dir.path)
+                self._control = ControlFile(self._dir.path, archive_tag(archiving))
                 with self._control.files_lock():
                     self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
                                max_record_size, gil_release_size, verify)

@@ -16,15 +16,16 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import warnings
 
 import numpy as np
 
-from pmemwal import _core, libpmem
+from pmemwal import _core, libpmem, lostfound
 from pmemwal.checkpoint import CheckpointFile
 from pmemwal.device import resolve_mode
 from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundError
-from pmemwal.format import CHECKPOINTED, DEFAULT_SEGMENT_SIZE
-from pmemwal.recovery import Recovery
+from pmemwal.format import CHECKPOINTED, DEFAULT_SEGMENT_SIZE, DamagedHeaderError, SegmentHeader
+from pmemwal.recovery import Recovery, RecoveryWarning
 from pmemwal.segments import CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME, storage_errors
 from pmemwal.wal.peers import _OLDEST
 from pmemwal.wal.rounds import BackgroundRounds
@@ -41,7 +42,7 @@ class Opening(BackgroundRounds):
         (the files lock held) is recovered by the process that finds no other has it
         open, which rebuilds the control file; the others join the state it set up."""
         first = self._dir.lock_shared() if self._control is not None else True
-        self._open_segments(segment_size, create=first)
+        damaged, spares = self._open_segments(segment_size, create=first)
         if self._control is not None and mode == "auto":
             mode = "direct"  # the mode shared writing has (msync where not pmem)
         self.mode, self._verdict = resolve_mode(mode, self._dir.path)  # (a brief probe)
@@ -59,10 +60,12 @@ class Opening(BackgroundRounds):
         if first:
             with storage_errors(f"syncing {self._dir.path}"):
                 self._dir.sync()  # what a killed writer renamed into place, before it is used
-            recovered = Recovery(self._dir, self._segnos, self.segment_size, self.wal_id,
-                                 self._reader, self._segment_buffer, self._checkpoints,
-                                 checkpointed=self._checkpointed)
+            in_use = [n for n in self._segnos if n not in spares]  # (spares hold nothing)
+            recovered = Recovery(self._dir, in_use or self._segnos[:1], self.segment_size,
+                                 self.wal_id, self._reader, self._segment_buffer,
+                                 self._checkpoints, checkpointed=self._checkpointed)
             result = recovered.run(on_corruption, verify)
+            self._set_aside_spares(damaged)
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
             self._cuts = result.cuts
             self._tidy(result.oldest_segno)  # (recovery decided: from here on files change)
@@ -78,9 +81,15 @@ class Opening(BackgroundRounds):
             self._dir.share_lock()
         self._opened_at = self._core.insert_lsn
 
-    def _open_segments(self, segment_size: int | None, create: bool = True) -> None:
-        """Read and cross-check every segment header, or create the first segment."""
+    def _open_segments(self, segment_size: int | None,
+                       create: bool = True) -> tuple[dict[int, str], set[int]]:
+        """Read and cross-check every segment header, or create the first segment.  Returns
+        the damaged spares (``_damaged_spares``), left out of ``_segnos``, and the segments
+        whose header says spare (nothing written since they were made or recycled: recovery
+        passes them by)."""
         self._segnos = self._dir.list_segments(tidy=False)  # (an open may yet refuse)
+        spares: dict[int, str] = {}
+        flagged: set[int] = set()
         if not self._segnos:
             self._refuse_without_segments()
             if not self._dir.may_create or not create:
@@ -95,9 +104,18 @@ class Opening(BackgroundRounds):
         else:
             headers = self._dir.read_headers(self._segnos)
             first = headers[0][0]
+            if isinstance(first, FormatError):
+                raise first
+            spares = self._damaged_spares(headers, first, create)
             for segno, (header, size) in zip(self._segnos, headers):
+                if segno in spares:
+                    continue
+                if isinstance(header, FormatError):
+                    raise header
                 if header.wal_id != first.wal_id or header.segment_size != first.segment_size:
                     raise FormatError(f"{self._dir.file(segno)} belongs to another WAL")
+                if header.spare:
+                    flagged.add(segno)
                 if size != header.segment_size:
                     raise FormatError(f"{self._dir.file(segno)} is {size} bytes, "
                                       f"expected {header.segment_size}")
@@ -105,8 +123,47 @@ class Opening(BackgroundRounds):
                 raise ConfigError(f"segment_size={segment_size}, but the WAL at {self._dir.path} "
                                   f"was made with {first.segment_size}")
             self.segment_size, self.wal_id = first.segment_size, first.wal_id
-            self._checkpointed = any(header.flags & CHECKPOINTED for header, _ in headers)
+            self._checkpointed = any(isinstance(header, SegmentHeader) and header.flags & CHECKPOINTED
+                                    for header, _ in headers)
+            self._segnos = [n for n in self._segnos if n not in spares]
         self._wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
+        return spares, flagged
+
+    def _damaged_spares(self, headers: list[tuple[SegmentHeader | FormatError, int]],
+                        first: SegmentHeader, recovering: bool) -> dict[int, str]:
+        """The segments after the first whose header does not read (DamagedHeaderError) or
+        whose file has the wrong size, but which hold no page written since they became
+        that segment (a spare, made ahead or recycled, never written since: segments.py's
+        ``holds_pages``): {number: what is wrong}.  They hold nothing of the WAL, so they
+        do not keep it from opening: recovery leaves them out, and they are set aside once
+        it has decided (``_set_aside_spares``).  Any other damage is refused (FormatError),
+        as is a damaged spare of a shared WAL that others have open (``recovering`` False:
+        one of them may have it in use)."""
+        spares = {}
+        wal_id_lo = int.from_bytes(first.wal_id[:4], "little")
+        for segno, (header, size) in list(zip(self._segnos, headers))[1:]:
+            if isinstance(header, DamagedHeaderError):
+                why = str(header)
+            elif isinstance(header, FormatError):
+                continue  # (it reads, and says what this WAL refuses: refused below)
+            elif size != first.segment_size and header.wal_id == first.wal_id:
+                why = f"{self._dir.file(segno)} is {size} bytes, expected {first.segment_size}"
+            else:
+                continue
+            if recovering and not self._dir.holds_pages(segno, first.segment_size, wal_id_lo):
+                spares[segno] = why
+        return spares
+
+    def _set_aside_spares(self, spares: dict[int, str]) -> None:
+        """Move the damaged spares recovery left out into lost+found, each an entry of its
+        own that lists no record, and say so (RecoveryWarning).  After recovery: a refused
+        open moves nothing."""
+        for segno, why in spares.items():
+            reason = (f"{why}: a spare past the end of the WAL, holding none of its records, "
+                      "set aside")
+            path = lostfound.set_aside_segment(self._dir.path, segno, self.segment_size,
+                                               self.wal_id, reason)
+            warnings.warn(f"{self._dir.path}: {reason} in {path}", RecoveryWarning, stacklevel=5)
 
     def _refuse_without_segments(self) -> None:
         """No segment file, but what a WAL keeps beside its segments is there: they were

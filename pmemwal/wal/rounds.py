@@ -72,7 +72,12 @@ class BackgroundRounds(Truncation):
         for segno in range(current, current + ahead + 1):
             if growing and not self._growing() or self._truncating():
                 return  # a truncation came meanwhile: its pool, not the growth, decides
-            if segno in self._segments or segno in self._arriving:
+            if segno in self._arriving:
+                continue
+            seg = self._segments.get(segno)
+            if seg is not None:  # a spare once it is near: armed and attached
+                if seg.spare and self._near(segno):
+                    self._ensure_segment(segno)
                 continue
             if segno > current + make_ahead and segno not in self._segnos and \
                     not os.path.exists(self._dir.file(segno)):

@@ -80,6 +80,7 @@ class WALState:
         self._seg_lock = threading.RLock()      # the segment table; appenders may need it
         self._arriving: dict[int, threading.Event] = {}  # segments being made, opened or recycled
         self._retired: dict[tuple[int, int], Segment] = {}  # shared: truncated, mapped, by inode
+        self._needed = 0  # the furthest segment the core asked for (supply.py: _near)
         # checkpoints.py
         self._checkpoint_interval = checkpoint_interval
         self._checkpoint_bytes = checkpoint_bytes

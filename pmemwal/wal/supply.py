@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 
 from pmemwal.errors import ClosedError, StorageError, TruncatedError
 from pmemwal.format import first_lsn
@@ -32,6 +31,7 @@ class SegmentSupply(SharedSegments):
         """The core's call: an appender (or a flush) reached segment ``segno`` before it was
         attached, and waits for it (counted: the background writer should have made it)."""
         self._count("segment_waits")
+        self._needed = max(self._needed, segno)  # (attached however far ahead: _near)
         self._ensure_segment(segno)
 
     def _ensure_segment(self, segno: int) -> None:
@@ -63,14 +63,13 @@ class SegmentSupply(SharedSegments):
         deleted segment."""
         if self._core_closed:
             raise ClosedError("the WAL is closed")
+        self._drop_truncated()  # a shared WAL: the list made new ones starts above what went
         if segno < self._segnos[0] or segno < self._oldest_shared():
             return None
         if segno in self._arriving:
             return self._arriving[segno]
         if segno in self._segments:
-            if hasattr(self, "_core"):
-                seg = self._segments[segno]
-                self._core.attach(segno, seg.fd, seg.map)
+            self._attach(segno, self._segments[segno])
             return None
         if self._archiver is not None and hasattr(self, "_core") and \
                 segno > self._core.insert_lsn // self.segment_size:
@@ -89,11 +88,12 @@ class SegmentSupply(SharedSegments):
         """Create (where asked), open and map the claimed segments, then attach them."""
         for i, (segno, create) in enumerate(todo):
             try:
-                started = 0
+                growth, started, spare = self._growth, 0.0, False  # (timed by the pace's clock)
                 if create:
                     self._await_lower(segno)
-                    started = time.perf_counter_ns()
-                    create = self._create_segment(segno)
+                    started = growth.clock()
+                    spare = self._control is None and not self._near(segno)
+                    create = self._create_segment(segno, spare)
                 dsync = not self._direct and self._sync_method == "open_datasync"
                 if not create and self._control is not None:
                     # Made by another process, which may have renamed it into place and not
@@ -104,8 +104,10 @@ class SegmentSupply(SharedSegments):
                         self._dir.sync()
                 seg = None if create else self._recycled_here(segno)
                 try:
-                    seg = seg or Segment(self._dir.file(segno), segno, self.segment_size,
-                                         writable=True, dsync=dsync)
+                    if seg is None:
+                        seg = Segment(self._dir.file(segno), segno, self.segment_size,
+                                      writable=True, dsync=dsync)
+                        seg.spare = spare if create else self._dir.is_spare(segno)
                 except StorageError as exc:
                     if exc.errno != errno.ENOENT or segno >= self._oldest_shared():
                         raise
@@ -132,17 +134,19 @@ class SegmentSupply(SharedSegments):
                         self._arriving.pop(n).set()
                 raise
             self._arrived(segno, seg, created=create,
-                          make_ns=time.perf_counter_ns() - started if create else 0)
+                          make_s=growth.clock() - started if create else 0.0)
 
-    def _create_segment(self, segno: int) -> bool:
+    def _create_segment(self, segno: int, spare: bool = False) -> bool:
         """Make segment ``segno``'s file; in a shared WAL, under the files lock and only
-        if no other process made it first.  Returns whether this call made it."""
+        if no other process made it first, nor truncated past it since it was claimed
+        (truncations raise the oldest segment under this lock: a file made below it would
+        be an old segment back from the dead).  Returns whether this call made it."""
         if self._control is None:
             self._dir.create(segno, self.segment_size, self.wal_id,
-                             zero_fill=self._prefault and not self._direct)
+                             zero_fill=self._prefault and not self._direct, spare=spare)
             return True
         with self._control.files_lock():
-            if os.path.exists(self._dir.file(segno)):
+            if segno < self._oldest_shared() or os.path.exists(self._dir.file(segno)):
                 return False
             self._dir.create(segno, self.segment_size, self.wal_id)
             return True
@@ -165,23 +169,46 @@ class SegmentSupply(SharedSegments):
             lower[0].wait()
 
     def _arrived(self, segno: int, seg: Segment, *, created: bool = False,
-                 recycled: bool = False, make_ns: int = 0) -> None:
-        """A segment made (in ``make_ns``), opened or recycled into place: into the table
-        and attached."""
+                 recycled: bool = False, make_s: float = 0.0) -> None:
+        """A segment made (in ``make_s`` seconds), opened or recycled into place: into the
+        table and attached."""
         with self._seg_lock:
             if self._core_closed:
                 seg.close()
             else:
                 seg.segno = segno
                 self._segments[segno] = seg
-                if hasattr(self, "_core"):
-                    self._core.attach(segno, seg.fd, seg.map)
+                self._attach(segno, seg)
             self._count("segments_created", created)
             self._count("segments_recycled", recycled)
-            self._count("segment_make_ns", make_ns)
-            if make_ns:
-                self._growth.made(make_ns / 1e9)
+            self._count("segment_make_ns", round(make_s * 1e9))
+            if created:
+                self._growth.made(make_s)
             self._arriving.pop(segno).set()
+
+    def _near(self, segno: int) -> bool:
+        """Whether segment ``segno`` is one the writer may append to soon: at most
+        prepare_segments (one at least) past the insert position, or past the furthest one
+        the core asked for (a batch reserved at once reaches further than the insert
+        position read here).  Those are attached to the core; a spare further out stays a
+        spare, which recovery need not read."""
+        if not hasattr(self, "_core"):
+            return True  # (the open: the segment it goes on in)
+        current = max(self._core.insert_lsn // self.segment_size, self._needed)
+        return segno <= current + max(self._prepare_segments, 1)
+
+    def _attach(self, segno: int, seg: Segment) -> None:
+        """Attach segment ``segno`` to the core (segment lock held) when it is near; a spare
+        is armed first (segments.py: its header rewritten and synced before the writer
+        can store to it), one further out is left as it is."""
+        if not hasattr(self, "_core"):
+            return
+        if seg.spare:
+            if not self._near(segno):
+                return
+            self._dir.arm(segno, self.segment_size, self.wal_id, seg.fd)
+            seg.spare = False
+        self._core.attach(segno, seg.fd, seg.map)
 
     def _segment_buffer(self, segno: int) -> memoryview | None:
         """A view of segment ``segno``'s mapping for reading, or None when it does not exist.

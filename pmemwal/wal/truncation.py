@@ -140,8 +140,11 @@ class Truncation(Checkpointing):
                     self._count("segments_removed")
                 else:
                     self._lower_made(new)
+                    spare = self._control is None  # (a shared WAL's peers attach at once)
                     self._dir.recycle(segno, new, self.segment_size, self.wal_id,
-                                      seg.fd if seg else -1)
+                                      seg.fd if seg else -1, spare=spare)
+                    if seg is not None:
+                        seg.spare = spare
                     self._recycled(new, seg)
                 if self._archiver is not None:
                     self._archiver.forget(segno)
@@ -157,8 +160,9 @@ class Truncation(Checkpointing):
         if self._control is None:
             self._await_lower(segno)
             return
-        with self._seg_lock:
-            lower = sorted(n for n in self._arriving if n < segno)
+        with self._seg_lock:  # (none below the oldest: this truncation may have taken them)
+            oldest = self._oldest_shared()
+            lower = sorted(n for n in self._arriving if oldest <= n < segno)
         for n in lower:
             if not os.path.exists(self._dir.file(n)):
                 self._dir.create(n, self.segment_size, self.wal_id)
@@ -207,9 +211,11 @@ class Truncation(Checkpointing):
         2.2 times (checkpoint_completion_target and 10 %) for a checkpoint that comes
         late; the background writer makes segments up to twice the typical distance, and
         the margin between the two absorbs truncations that come a few segments early or
-        late, which would otherwise have one make what the other removes."""
+        late, which would otherwise have one make what the other removes.  At most
+        _MAX_AHEAD, whatever recycle_segments says: a spare that far ahead would take the
+        entry of the segment being written in the core's table."""
         wanted = self._spares_within(2.5 * self._truncation_distance, retained)
-        return max(self._recycle_segments, wanted) + self._pipeline_depth()
+        return min(max(self._recycle_segments, wanted) + self._pipeline_depth(), _MAX_AHEAD)
 
     def _spares_within(self, nbytes: float, retained: int) -> int:
         """Segments for ``nbytes`` of WAL, within max_wal_size beside the ``retained``
