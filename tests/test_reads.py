@@ -3,7 +3,11 @@ reads from several threads at once, and how long a payload view keeps the bytes 
 
 from __future__ import annotations
 
+import errno
+import mmap
+import os
 import shutil
+import subprocess
 import sys
 import threading
 
@@ -11,6 +15,7 @@ import pytest
 
 import pmemwal
 from conftest import PAGE, SEG, file_bytes, file_write, flip_byte, next_lsn
+from pmemwal import _core, putback, segments
 from pmemwal.format import first_lsn
 from pmemwal.log_index import INDEX_DIR
 from pmemwal.wal import supply
@@ -231,3 +236,54 @@ def test_a_shared_wals_own_truncation_keeps_this_processs_views(wal_dir):
         wal.truncate(first_lsn(3, SEG))
         _fill(wal, 6, start=len(lsns))
         assert bytes(held) == _payload(0)
+
+
+# ---- what lands between the steps of one read ---------------------------------------------
+
+
+# ---- reads after close --------------------------------------------------------------------
+
+
+# ---- close releases everything, whatever fails --------------------------------------------
+
+
+# ---- a bad LSN on an undamaged WAL --------------------------------------------------------
+
+
+# ---- SegmentView and Reader refuse what they cannot work with -----------------------------
+
+def test_a_segment_view_takes_only_whole_pages_at_a_page_boundary():
+    area = mmap.mmap(-1, 4 * mmap.PAGESIZE)
+    for bad in (bytearray(100), memoryview(area)[8:8 + mmap.PAGESIZE],
+                memoryview(area)[:mmap.PAGESIZE + 8]):
+        with pytest.raises(ValueError):
+            _core.SegmentView(bad)
+    view = _core.SegmentView(memoryview(area)[mmap.PAGESIZE:3 * mmap.PAGESIZE])
+    assert view.release()
+
+
+def test_a_reader_never_initialised_refuses_every_call():
+    script = """
+import pmemwal._core as c
+r = c.Reader.__new__(c.Reader)  # __init__ never ran
+for call in (lambda: r.read(0), lambda: r.payload(0), lambda: r.scan(0, -1, 100),
+             lambda: r.heads(0, -1, 100, 8, 10), lambda: r.first_record(0),
+             lambda: r.beyond(0, 0, 0)):
+    try:
+        call()
+    except RuntimeError:
+        continue
+    raise SystemExit("no error")
+print("refused")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)  # (a crash here must not take the test run with it)
+    assert done.returncode == 0 and done.stdout.strip() == "refused", (done.returncode,
+                                                                      done.stderr)
+
+
+# ---- held views and the read cache --------------------------------------------------------
+
+
+# ---- callers of the reads -----------------------------------------------------------------
+
