@@ -240,6 +240,43 @@ def test_a_shared_wals_own_truncation_keeps_this_processs_views(wal_dir):
 
 # ---- what lands between the steps of one read ---------------------------------------------
 
+class _ReaderThen:
+    """The WAL's own reader, with ``act`` run once right after (``after``) or right before
+    one call of ``method``: what another thread would do at that point of a read."""
+
+    def __init__(self, wal: pmemwal.WAL, method: str, act, after: bool = True) -> None:
+        self._real, self._method, self._act, self._after = wal._reader, method, act, after
+
+    def __getattr__(self, name: str):
+        call = getattr(self._real, name)
+        if name != self._method or self._act is None:
+            return call
+
+        def wrapped(*args):
+            act, self._act = self._act, None
+            if not self._after:
+                act()
+            result = call(*args)
+            if self._after:
+                act()
+            return result
+        return wrapped
+
+
+@pytest.mark.parametrize("size", [200, 20000])  # in one page (a view), across pages (a copy)
+def test_a_truncation_between_reading_a_record_and_its_payload_is_a_truncated_error(
+        wal_dir, mode, size):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=8) as wal:
+        lsns = _fill(wal, 4, size=size)
+        for call in (lambda: wal.record(lsns[1]), lambda: next(wal.records(lsns[1]))):
+            wal._reader = _ReaderThen(wal, "read", lambda: wal.truncate(first_lsn(wal.first_lsn // SEG + 1, SEG)))
+            with pytest.raises(pmemwal.TruncatedError) as err:
+                call()
+            assert err.value.lsn == lsns[1] and err.value.first_lsn == wal.first_lsn
+            wal._reader = wal._reader._real
+            lsns[1] = next(wal.records()).lsn  # the oldest record now: read it again
+
 
 # ---- reads after close --------------------------------------------------------------------
 
@@ -248,6 +285,33 @@ def test_a_shared_wals_own_truncation_keeps_this_processs_views(wal_dir):
 
 
 # ---- a bad LSN on an undamaged WAL --------------------------------------------------------
+
+def test_an_lsn_inside_a_record_covering_a_segment_at_the_wals_end_is_a_value_error(wal_dir,
+                                                                                    mode):
+    """The record covers segment 1 and ends at a page boundary where the WAL ends: segment 1
+    has no first record, and the page after the record is not written yet."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        wal.append(b"x" * 100)
+        start, target = wal.insert_lsn, first_lsn(2, SEG) + PAGE
+        length = next(n for n in range(SEG, 3 * SEG, 8) if next_lsn(start, n) >= target)
+        assert next_lsn(start, length) == target
+        big = wal.append(b"y" * length, flush=True)
+        for bad in (first_lsn(1, SEG) + 4 * PAGE + 64, big + 64):
+            with pytest.raises(ValueError):
+                wal.record(bad)
+        assert len(wal.record(big).payload) == length
+
+
+def test_a_truncation_while_a_bad_lsn_is_looked_into_is_a_truncated_error(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=8) as wal:
+        lsns = _fill(wal, 4)
+        wal._reader = _ReaderThen(wal, "first_record",
+                                  lambda: wal.truncate(first_lsn(2, SEG)), after=False)
+        with pytest.raises(pmemwal.TruncatedError) as err:
+            wal.record(lsns[5] + 8)
+        assert err.value.lsn == lsns[5] + 8
+        assert not wal._damage_read  # no damage was read
 
 
 # ---- SegmentView and Reader refuse what they cannot work with -----------------------------

@@ -320,14 +320,27 @@ class WAL(Opening):
         truncation took its segment; ValueError when ``asked`` (the caller named ``lsn``)
         and no record starts there; CorruptionError otherwise (a record starts there, or
         damage before it hides whether one does)."""
+        truncated = self._truncated(lsn)
+        if truncated is not None:
+            return truncated
+        reason = _core.status_text(status)
+        no_record = asked and not self._may_start_record(lsn, status)
+        # A truncation that lands after the check above makes the lookups fail too: what
+        # looks like damage (or no record) may be the segment gone meanwhile.
+        truncated = self._truncated(lsn)
+        if truncated is not None:
+            return truncated
+        if no_record:
+            return ValueError(f"no record at LSN {format_lsn(lsn)}: {reason}")
+        return self._damaged(lsn, reason)
+
+    def _truncated(self, lsn: int) -> TruncatedError | None:
+        """TruncatedError when a truncation took ``lsn``'s segment, else None."""
         self._drop_truncated()
         oldest = self._oldest_segment()
         if lsn // self.segment_size < oldest:
             return TruncatedError(lsn, first_lsn(oldest, self.segment_size))
-        reason = _core.status_text(status)
-        if asked and not self._may_start_record(lsn, status):
-            return ValueError(f"no record at LSN {format_lsn(lsn)}: {reason}")
-        return self._damaged(lsn, reason)
+        return None
 
     def _may_start_record(self, lsn: int, status: int) -> bool:
         """Whether a record the reader could not read may start at ``lsn``: it is a valid
@@ -336,8 +349,11 @@ class WAL(Opening):
         if status == _BAD_POSITION or lsn >= self._core.flushed_lsn:
             return False
         failed, first = self._reader.first_record(lsn // self.segment_size)
-        if failed:
-            return True  # damage before lsn hides whether a record starts there
+        if failed:  # (first: where the lookup failed)
+            # At or past the flushed end: the segment is all one record's continuation up
+            # to where the WAL ends (the page after it is not written yet); else damage
+            # before lsn hides whether a record starts there.
+            return first < self._core.flushed_lsn
         if first > lsn:
             return False  # lsn lies in a record that began in an earlier segment
         failed, end, *_ = self._reader.scan(first, -1, lsn, False)
@@ -409,10 +425,13 @@ class WAL(Opening):
     def _payload(self, lsn: int, length: int, payload_lsn: int) -> memoryview:
         """A record's payload: a copy when it spans pages, else a read-only view of its
         segment, exported by the segment's SegmentView (which counts the views alive)."""
-        if payload_lsn < 0:
+        if payload_lsn >= 0:
+            return self._payload_view(lsn, payload_lsn, length)
+        try:
             return memoryview(self._reader.payload(lsn))
-        return self._payload_view(payload_lsn // self.segment_size,
-                                  payload_lsn % self.segment_size, length)
+        except ValueError:  # read again: the error it fails with says why (a truncation...)
+            status = self._reader.read(lsn, -1)[0]
+            raise self._read_error(lsn, status or _BAD_POSITION, False) from None
 
     def stats(self) -> dict[str, int]:
         """Counters since open.

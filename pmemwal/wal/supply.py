@@ -196,19 +196,20 @@ class SegmentSupply(SharedSegments):
                     return None if seg is None else memoryview(seg.map)  # type: ignore[arg-type]
             self._await_arrival(segno)
 
-    def _payload_view(self, segno: int, offset: int, length: int) -> memoryview:
-        """A read-only view of ``length`` bytes at ``offset`` in segment ``segno`` (a record was
-        just read there), exported under the segment lock by the segment's SegmentView, which
-        counts the views alive: truncation recycles no segment with views alive.
+    def _payload_view(self, lsn: int, payload_lsn: int, length: int) -> memoryview:
+        """A read-only view of the ``length`` payload bytes at ``payload_lsn`` of the record at
+        ``lsn`` (just read), exported under the segment lock by the segment's SegmentView,
+        which counts the views alive: truncation recycles no segment with views alive.
         TruncatedError if a truncation took the segment meanwhile."""
+        segno, offset = divmod(payload_lsn, self.segment_size)
         while True:
             with self._seg_lock:
                 if segno not in self._arriving:
                     seg = self._mapped_for_reading(segno)
                     if seg is not None:
                         return memoryview(seg.views or seg.payload_source())[offset:offset + length]
-                    raise TruncatedError(segno * self.segment_size,
-                                         first_lsn(self._oldest_segment(), self.segment_size))
+                    raise TruncatedError(lsn, first_lsn(self._oldest_segment(),
+                                                        self.segment_size))
             self._await_arrival(segno)
 
     def _await_arrival(self, segno: int) -> None:
