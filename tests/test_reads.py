@@ -278,10 +278,113 @@ def test_a_truncation_between_reading_a_record_and_its_payload_is_a_truncated_er
             lsns[1] = next(wal.records()).lsn  # the oldest record now: read it again
 
 
+def test_three_readers_a_truncating_appender_and_close_see_only_typed_errors(wal_dir, mode):
+    """Records of many sizes (many span pages), truncated under the readers all along,
+    then the WAL closed under them: every read returns a whole record or raises
+    TruncatedError or ClosedError, and a payload held through all of it keeps its bytes."""
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=4)
+    _fill(wal, 4)
+    failures: list[BaseException] = []
+    held: list[tuple[int, memoryview]] = []
+    reads = threading.Barrier(4)
+
+    def append() -> None:
+        i = 0
+        for i in range(1, 30001):
+            wal.append(_payload(i, 100 + (i * 37) % 3000))
+            if i % 2000 == 0:
+                wal.truncate(wal.flush() - 3 * SEG)
+        reads.wait()  # the readers have read through truncations: close under them now
+        wal.close()
+
+    def read() -> None:
+        waited = False
+        try:
+            while True:
+                try:
+                    for n, rec in enumerate(wal.records()):
+                        i = int.from_bytes(bytes(rec.payload[:4]), "little")
+                        assert bytes(rec.payload) == _payload(i, len(rec.payload)), rec.lsn
+                        if n % 997 == 0:
+                            held.append((i, rec.payload))
+                except pmemwal.TruncatedError:
+                    pass
+                if not waited:
+                    waited = True
+                    reads.wait()
+        except pmemwal.ClosedError:
+            if not waited:
+                reads.wait()
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            failures.append(exc)
+            reads.abort()
+
+    threads = [threading.Thread(target=append)] + [threading.Thread(target=read) for _ in range(3)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+        wal.close()
+    assert not failures, failures
+    with pmemwal.open(wal_dir, mode=mode, recycle_segments=8) as again:  # the files reused
+        again.truncate(again.flush())
+        _fill(again, 6, start=10**6)
+    assert all(bytes(v) == _payload(i, len(v)) for i, v in held)
+
+
 # ---- reads after close --------------------------------------------------------------------
+
+def test_a_records_iterator_resumed_after_close_raises_closed_error(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        _fill(wal, 3)
+        reader, heads = wal.records(), wal.record_heads(4, batch=10)
+        next(reader), next(heads)
+    for read in (reader, heads):
+        with pytest.raises(pmemwal.ClosedError):
+            next(read)
+    assert not wal._read_cache and not wal._segments  # nothing mapped again after close
+
+
+def test_a_read_that_close_overtakes_raises_closed_error(wal_dir, mode):
+    """close() lands between a read of a record and the view of its payload: the view is
+    refused (one taken after close would never be detached, and would show what another
+    open writes into the file next)."""
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
+    lsns = _fill(wal, 3)
+    wal._reader = _ReaderThen(wal, "read", wal.close)
+    with pytest.raises(pmemwal.ClosedError):
+        next(wal.records(lsns[1]))
+    assert not wal._read_cache and not wal._segments
 
 
 # ---- close releases everything, whatever fails --------------------------------------------
+
+def test_a_close_whose_detach_fails_still_releases_the_wal_and_says_so(wal_dir, mode,
+                                                                     monkeypatch):
+    """A view's private copy cannot be made (no memory for it): close raises that error, and
+    every segment and the directory lock are released all the same."""
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
+    lsns = _fill(wal, 3)
+    held = [wal.record(lsns[0]).payload, wal.record(lsns[-1]).payload]
+
+    def no_memory(seg: segments.Segment) -> None:
+        if seg.viewed:
+            raise OSError(errno.ENOMEM, "no memory for the private copy")
+    monkeypatch.setattr(segments.Segment, "detach_views", no_memory)
+    with pytest.raises(OSError) as err:
+        wal.close()
+    assert err.value.errno == errno.ENOMEM
+    monkeypatch.undo()
+    wal.close()  # closed already: nothing more to do
+    assert wal.closed and not wal._read_cache and not wal._segments
+    with pmemwal.open(wal_dir, mode=mode, background=False) as again:  # the lock was let go
+        assert bytes(again.record(lsns[0]).payload) == _payload(0)
+    del held
 
 
 # ---- a bad LSN on an undamaged WAL --------------------------------------------------------

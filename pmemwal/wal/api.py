@@ -23,7 +23,7 @@ from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
 from pmemwal.control import ControlFile
 from pmemwal.errors import CorruptionError, StorageError, TruncatedError, format_lsn
 from pmemwal.format import first_lsn
-from pmemwal.segments import WalDirectory
+from pmemwal.segments import Segment, WalDirectory
 from pmemwal.wal.opening import Opening
 from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
                                  DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
@@ -527,10 +527,25 @@ class WAL(Opening):
                         for seg in table.values()]
             for table in (self._segments, self._read_cache, self._retired):
                 table.clear()
-        for seg in segments:  # nothing writes to them now: payload views keep a copy
-            seg.detach_views()
+        try:
+            self._close_segments(segments)
+        finally:
+            self._dir.close()  # (the directory lock: let go whatever failed above)
+
+    @staticmethod
+    def _close_segments(segments: list[Segment]) -> None:
+        """Close every segment, nothing writing to them now: the payload views alive keep a
+        private copy.  One that fails (no memory for the copy) stops no other from closing:
+        the first error is raised after all were closed (its views show the file still)."""
+        error: BaseException | None = None
+        for seg in segments:
+            try:
+                seg.detach_views()
+            except BaseException as exc:  # noqa: BLE001 (raised below, once all are closed)
+                error = error or exc
             seg.close()
-        self._dir.close()
+        if error is not None:
+            raise error
 
     def _mark_clean(self, point: tuple[int, int] | None) -> None:
         """Close, the core closed and truncations shut out: a one-process WAL with nothing

@@ -221,7 +221,11 @@ class SegmentSupply(SharedSegments):
 
     def _mapped_for_reading(self, segno: int) -> Segment | None:
         """Under the segment lock: segment ``segno``, mapped (``seg.map`` is set), for reading
-        (the attached one, or one in the read cache), or None when it does not exist."""
+        (the attached one, or one in the read cache), or None when it does not exist.
+        ClosedError once close began releasing the segments: a mapping made after it would
+        never be let go, nor its payload views detached."""
+        if self._core_closed:
+            raise ClosedError("the WAL is closed")
         seg = self._segments.get(segno)
         if seg is not None and seg.map is not None:
             return seg
