@@ -451,6 +451,21 @@ print("refused")
 
 # ---- held views and the read cache --------------------------------------------------------
 
+def test_held_views_of_many_segments_keep_one_descriptor_each_at_most(wal_dir, mode,
+                                                                      monkeypatch):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        _fill(wal, 12)
+    monkeypatch.setattr(supply, "_READ_CACHE", 2)
+    with pmemwal.open(wal_dir, mode=mode, background=False) as wal:
+        before = len(os.listdir("/proc/self/fd"))
+        held, last = [], -1
+        for rec in wal.records():
+            if rec.lsn // SEG != last:
+                held.append(rec.payload)
+                last = rec.lsn // SEG
+        assert len(held) >= 12
+        assert len(os.listdir("/proc/self/fd")) - before <= len(held)
+
 
 # ---- callers of the reads -----------------------------------------------------------------
 

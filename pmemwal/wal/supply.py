@@ -239,6 +239,7 @@ class SegmentSupply(SharedSegments):
         self._read_cache.move_to_end(segno)
         if seg.map is None:
             seg.mapping()
+            seg.close_fd()  # the mapping keeps the pages: one descriptor less per cached one
         return seg
 
     def _trim_read_cache(self) -> None:
