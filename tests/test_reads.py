@@ -15,7 +15,7 @@ import pytest
 
 import pmemwal
 from conftest import PAGE, SEG, file_bytes, file_write, flip_byte, next_lsn
-from pmemwal import _core, putback, segments
+from pmemwal import _core, segments
 from pmemwal.format import first_lsn
 from pmemwal.log_index import INDEX_DIR
 from pmemwal.wal import supply
@@ -269,8 +269,12 @@ def test_a_truncation_between_reading_a_record_and_its_payload_is_a_truncated_er
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
                       recycle_segments=8) as wal:
         lsns = _fill(wal, 4, size=size)
+
+        def truncate_past_it() -> None:
+            wal.truncate(first_lsn(wal.first_lsn // SEG + 1, SEG))
+
         for call in (lambda: wal.record(lsns[1]), lambda: next(wal.records(lsns[1]))):
-            wal._reader = _ReaderThen(wal, "read", lambda: wal.truncate(first_lsn(wal.first_lsn // SEG + 1, SEG)))
+            wal._reader = _ReaderThen(wal, "read", truncate_past_it)
             with pytest.raises(pmemwal.TruncatedError) as err:
                 call()
             assert err.value.lsn == lsns[1] and err.value.first_lsn == wal.first_lsn
@@ -465,7 +469,3 @@ def test_held_views_of_many_segments_keep_one_descriptor_each_at_most(wal_dir, m
                 last = rec.lsn // SEG
         assert len(held) >= 12
         assert len(os.listdir("/proc/self/fd")) - before <= len(held)
-
-
-# ---- callers of the reads -----------------------------------------------------------------
-
