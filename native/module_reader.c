@@ -17,6 +17,7 @@
 #include "wal_reader.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define READER_CACHE 4
 
@@ -73,16 +74,22 @@ static const uint8_t *reader_segment(void *ctx, uint64_t segno, int *error)
     return c->view[i].buf;
 }
 
-/* call_begin -- a call's source over the Reader's geometry and getter. */
-static void call_begin(ReaderObject *r, reader_call *c)
+/* call_begin -- a call's source over the Reader's geometry and getter; -1 (RuntimeError)
+ * for a Reader whose __init__ never ran (no geometry: its arithmetic would divide by zero). */
+static int call_begin(ReaderObject *r, reader_call *c)
 {
     memset(c, 0, sizeof(*c));
+    if (!r->getter) {
+        PyErr_SetString(PyExc_RuntimeError, "Reader: not initialised");
+        return -1;
+    }
     c->src.g = r->g;
     c->src.segment = reader_segment;
     c->src.ctx = c;
     c->src.salvage = r->salvage;
     c->getter = r->getter;
     Py_XINCREF(c->getter); /* (a second __init__ may replace the Reader's meanwhile) */
+    return 0;
 }
 
 /* call_done -- release the call's buffers (never kept between calls) and return result. */
@@ -139,7 +146,8 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "K|L", &lsn, &expect))
         return NULL;
     reader_call c;
-    call_begin(self, &c);
+    if (call_begin(self, &c) < 0)
+        return NULL;
     wal_record r;
     int st = wal_read(&c.src, lsn, expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, &r);
     return call_done(&c, Py_BuildValue("(iKKKIIKLKN)", st, r.lsn, r.next_lsn, r.prev_lsn,
@@ -155,7 +163,8 @@ static PyObject *Reader_payload(ReaderObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "K", &lsn))
         return NULL;
     reader_call c;
-    call_begin(self, &c);
+    if (call_begin(self, &c) < 0)
+        return NULL;
     wal_record r;
     int st = wal_read(&c.src, lsn, WAL_ANY_PREV, &r);
     PyObject *out = NULL;
@@ -179,7 +188,8 @@ static PyObject *Reader_scan(ReaderObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "KLK|p", &lsn, &expect, &stop, &check_body))
         return NULL;
     reader_call c;
-    call_begin(self, &c);
+    if (call_begin(self, &c) < 0)
+        return NULL;
     wal_scan_result r;
     (check_body ? wal_scan : wal_follow)(&c.src, lsn,
                                          expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, stop, &r);
@@ -206,7 +216,8 @@ static PyObject *Reader_heads(ReaderObject *self, PyObject *args)
         return NULL;
     }
     reader_call c;
-    call_begin(self, &c);
+    if (call_begin(self, &c) < 0)
+        return NULL;
     PyObject *lsns = PyBytes_FromStringAndSize(NULL, max * 8);
     PyObject *lens = PyBytes_FromStringAndSize(NULL, max * 4);
     PyObject *heads = PyBytes_FromStringAndSize(NULL, max * head);
@@ -255,7 +266,8 @@ static PyObject *Reader_first_record(ReaderObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "K", &segno))
         return NULL;
     reader_call c;
-    call_begin(self, &c);
+    if (call_begin(self, &c) < 0)
+        return NULL;
     uint64_t lsn = 0;
     int st = wal_first_record(&c.src, segno, &lsn);
     return call_done(&c, Py_BuildValue("(iK)", st, lsn));
@@ -268,7 +280,8 @@ static PyObject *Reader_beyond(ReaderObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "KKK", &x, &last, &min_prev))
         return NULL;
     reader_call c;
-    call_begin(self, &c);
+    if (call_begin(self, &c) < 0)
+        return NULL;
     uint64_t durable = 0, *pages = NULL;
     size_t n = 0;
     int rc = wal_beyond(&c.src, x, last, min_prev, &durable, &pages, &n);
@@ -339,6 +352,16 @@ static int SegmentView_init(SegmentViewObject *self, PyObject *args, PyObject *k
     }
     if (PyObject_GetBuffer(mapping, &self->base, PyBUF_SIMPLE) < 0)
         return -1;
+    /* detach() remaps whole pages over base.buf: a buffer that starts inside a page, or ends
+     * inside one, would have its neighbours' pages replaced too (the owner's next page). */
+    long page = sysconf(_SC_PAGESIZE);
+    if ((uintptr_t)self->base.buf % (uintptr_t)page || self->base.len == 0 ||
+        self->base.len % page) {
+        PyBuffer_Release(&self->base);
+        PyErr_SetString(PyExc_ValueError, "SegmentView: the mapping must be whole pages at a "
+                                          "page boundary");
+        return -1;
+    }
     self->has_base = 1;
     return 0;
 }

@@ -442,6 +442,13 @@ class Segment:
         if self.views is not None:
             self.views.detach()
 
+    def close_fd(self) -> None:
+        """Close the descriptor of a segment mapped for reading alone: the mapping keeps the
+        file's pages (Python's mmap holds a descriptor of its own until it is unmapped)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
     def close(self) -> None:
         """Unmap and close; a mapping still exported to a payload view lives on until it dies."""
         if self.views is not None and self.views.release():

@@ -3,7 +3,11 @@ reads from several threads at once, and how long a payload view keeps the bytes 
 
 from __future__ import annotations
 
+import errno
+import mmap
+import os
 import shutil
+import subprocess
 import sys
 import threading
 
@@ -11,6 +15,7 @@ import pytest
 
 import pmemwal
 from conftest import PAGE, SEG, file_bytes, file_write, flip_byte, next_lsn
+from pmemwal import _core, segments
 from pmemwal.format import first_lsn
 from pmemwal.log_index import INDEX_DIR
 from pmemwal.wal import supply
@@ -231,3 +236,236 @@ def test_a_shared_wals_own_truncation_keeps_this_processs_views(wal_dir):
         wal.truncate(first_lsn(3, SEG))
         _fill(wal, 6, start=len(lsns))
         assert bytes(held) == _payload(0)
+
+
+# ---- what lands between the steps of one read ---------------------------------------------
+
+class _ReaderThen:
+    """The WAL's own reader, with ``act`` run once right after (``after``) or right before
+    one call of ``method``: what another thread would do at that point of a read."""
+
+    def __init__(self, wal: pmemwal.WAL, method: str, act, after: bool = True) -> None:
+        self._real, self._method, self._act, self._after = wal._reader, method, act, after
+
+    def __getattr__(self, name: str):
+        call = getattr(self._real, name)
+        if name != self._method or self._act is None:
+            return call
+
+        def wrapped(*args):
+            act, self._act = self._act, None
+            if not self._after:
+                act()
+            result = call(*args)
+            if self._after:
+                act()
+            return result
+        return wrapped
+
+
+@pytest.mark.parametrize("size", [200, 20000])  # in one page (a view), across pages (a copy)
+def test_a_truncation_between_reading_a_record_and_its_payload_is_a_truncated_error(
+        wal_dir, mode, size):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=8) as wal:
+        lsns = _fill(wal, 4, size=size)
+
+        def truncate_past_it() -> None:
+            wal.truncate(first_lsn(wal.first_lsn // SEG + 1, SEG))
+
+        for call in (lambda: wal.record(lsns[1]), lambda: next(wal.records(lsns[1]))):
+            wal._reader = _ReaderThen(wal, "read", truncate_past_it)
+            with pytest.raises(pmemwal.TruncatedError) as err:
+                call()
+            assert err.value.lsn == lsns[1] and err.value.first_lsn == wal.first_lsn
+            wal._reader = wal._reader._real
+            lsns[1] = next(wal.records()).lsn  # the oldest record now: read it again
+
+
+def test_three_readers_a_truncating_appender_and_close_see_only_typed_errors(wal_dir, mode):
+    """Records of many sizes (many span pages), truncated under the readers all along,
+    then the WAL closed under them: every read returns a whole record or raises
+    TruncatedError or ClosedError, and a payload held through all of it keeps its bytes."""
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, recycle_segments=4)
+    _fill(wal, 4)
+    failures: list[BaseException] = []
+    held: list[tuple[int, memoryview]] = []
+    reads = threading.Barrier(4)
+
+    def append() -> None:
+        i = 0
+        for i in range(1, 30001):
+            wal.append(_payload(i, 100 + (i * 37) % 3000))
+            if i % 2000 == 0:
+                wal.truncate(wal.flush() - 3 * SEG)
+        reads.wait()  # the readers have read through truncations: close under them now
+        wal.close()
+
+    def read() -> None:
+        waited = False
+        try:
+            while True:
+                try:
+                    for n, rec in enumerate(wal.records()):
+                        i = int.from_bytes(bytes(rec.payload[:4]), "little")
+                        assert bytes(rec.payload) == _payload(i, len(rec.payload)), rec.lsn
+                        if n % 997 == 0:
+                            held.append((i, rec.payload))
+                except pmemwal.TruncatedError:
+                    pass
+                if not waited:
+                    waited = True
+                    reads.wait()
+        except pmemwal.ClosedError:
+            if not waited:
+                reads.wait()
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            failures.append(exc)
+            reads.abort()
+
+    threads = [threading.Thread(target=append)] + [threading.Thread(target=read) for _ in range(3)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+        wal.close()
+    assert not failures, failures
+    with pmemwal.open(wal_dir, mode=mode, recycle_segments=8) as again:  # the files reused
+        again.truncate(again.flush())
+        _fill(again, 6, start=10**6)
+    assert all(bytes(v) == _payload(i, len(v)) for i, v in held)
+
+
+# ---- reads after close --------------------------------------------------------------------
+
+def test_a_records_iterator_resumed_after_close_raises_closed_error(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        _fill(wal, 3)
+        reader, heads = wal.records(), wal.record_heads(4, batch=10)
+        next(reader), next(heads)
+    for read in (reader, heads):
+        with pytest.raises(pmemwal.ClosedError):
+            next(read)
+    assert not wal._read_cache and not wal._segments  # nothing mapped again after close
+
+
+def test_a_read_that_close_overtakes_raises_closed_error(wal_dir, mode):
+    """close() lands between a read of a record and the view of its payload: the view is
+    refused (one taken after close would never be detached, and would show what another
+    open writes into the file next)."""
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
+    lsns = _fill(wal, 3)
+    wal._reader = _ReaderThen(wal, "read", wal.close)
+    with pytest.raises(pmemwal.ClosedError):
+        next(wal.records(lsns[1]))
+    assert not wal._read_cache and not wal._segments
+
+
+# ---- close releases everything, whatever fails --------------------------------------------
+
+def test_a_close_whose_detach_fails_still_releases_the_wal_and_says_so(wal_dir, mode,
+                                                                     monkeypatch):
+    """A view's private copy cannot be made (no memory for it): close raises that error, and
+    every segment and the directory lock are released all the same."""
+    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
+    lsns = _fill(wal, 3)
+    held = [wal.record(lsns[0]).payload, wal.record(lsns[-1]).payload]
+
+    def no_memory(seg: segments.Segment) -> None:
+        if seg.viewed:
+            raise OSError(errno.ENOMEM, "no memory for the private copy")
+    monkeypatch.setattr(segments.Segment, "detach_views", no_memory)
+    with pytest.raises(OSError) as err:
+        wal.close()
+    assert err.value.errno == errno.ENOMEM
+    monkeypatch.undo()
+    wal.close()  # closed already: nothing more to do
+    assert wal.closed and not wal._read_cache and not wal._segments
+    with pmemwal.open(wal_dir, mode=mode, background=False) as again:  # the lock was let go
+        assert bytes(again.record(lsns[0]).payload) == _payload(0)
+    del held
+
+
+# ---- a bad LSN on an undamaged WAL --------------------------------------------------------
+
+def test_an_lsn_inside_a_record_covering_a_segment_at_the_wals_end_is_a_value_error(wal_dir,
+                                                                                    mode):
+    """The record covers segment 1 and ends at a page boundary where the WAL ends: segment 1
+    has no first record, and the page after the record is not written yet."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        wal.append(b"x" * 100)
+        start, target = wal.insert_lsn, first_lsn(2, SEG) + PAGE
+        length = next(n for n in range(SEG, 3 * SEG, 8) if next_lsn(start, n) >= target)
+        assert next_lsn(start, length) == target
+        big = wal.append(b"y" * length, flush=True)
+        for bad in (first_lsn(1, SEG) + 4 * PAGE + 64, big + 64):
+            with pytest.raises(ValueError):
+                wal.record(bad)
+        assert len(wal.record(big).payload) == length
+
+
+def test_a_truncation_while_a_bad_lsn_is_looked_into_is_a_truncated_error(wal_dir, mode):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=8) as wal:
+        lsns = _fill(wal, 4)
+        wal._reader = _ReaderThen(wal, "first_record",
+                                  lambda: wal.truncate(first_lsn(2, SEG)), after=False)
+        with pytest.raises(pmemwal.TruncatedError) as err:
+            wal.record(lsns[5] + 8)
+        assert err.value.lsn == lsns[5] + 8
+        assert not wal._damage_read  # no damage was read
+
+
+# ---- SegmentView and Reader refuse what they cannot work with -----------------------------
+
+def test_a_segment_view_takes_only_whole_pages_at_a_page_boundary():
+    area = mmap.mmap(-1, 4 * mmap.PAGESIZE)
+    for bad in (bytearray(100), memoryview(area)[8:8 + mmap.PAGESIZE],
+                memoryview(area)[:mmap.PAGESIZE + 8]):
+        with pytest.raises(ValueError):
+            _core.SegmentView(bad)
+    view = _core.SegmentView(memoryview(area)[mmap.PAGESIZE:3 * mmap.PAGESIZE])
+    assert view.release()
+
+
+def test_a_reader_never_initialised_refuses_every_call():
+    script = """
+import pmemwal._core as c
+r = c.Reader.__new__(c.Reader)  # __init__ never ran
+for call in (lambda: r.read(0), lambda: r.payload(0), lambda: r.scan(0, -1, 100),
+             lambda: r.heads(0, -1, 100, 8, 10), lambda: r.first_record(0),
+             lambda: r.beyond(0, 0, 0)):
+    try:
+        call()
+    except RuntimeError:
+        continue
+    raise SystemExit("no error")
+print("refused")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)  # (a crash here must not take the test run with it)
+    assert done.returncode == 0 and done.stdout.strip() == "refused", (done.returncode,
+                                                                      done.stderr)
+
+
+# ---- held views and the read cache --------------------------------------------------------
+
+def test_held_views_of_many_segments_keep_one_descriptor_each_at_most(wal_dir, mode,
+                                                                      monkeypatch):
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        _fill(wal, 12)
+    monkeypatch.setattr(supply, "_READ_CACHE", 2)
+    with pmemwal.open(wal_dir, mode=mode, background=False) as wal:
+        before = len(os.listdir("/proc/self/fd"))
+        held, last = [], -1
+        for rec in wal.records():
+            if rec.lsn // SEG != last:
+                held.append(rec.payload)
+                last = rec.lsn // SEG
+        assert len(held) >= 12
+        assert len(os.listdir("/proc/self/fd")) - before <= len(held)

@@ -23,7 +23,7 @@ from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
 from pmemwal.control import ControlFile, archive_tag
 from pmemwal.errors import CorruptionError, StorageError, TruncatedError, format_lsn
 from pmemwal.format import first_lsn
-from pmemwal.segments import WalDirectory
+from pmemwal.segments import Segment, WalDirectory
 from pmemwal.wal.opening import Opening
 from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
                                  DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
@@ -325,14 +325,27 @@ class WAL(Opening):
         truncation took its segment; ValueError when ``asked`` (the caller named ``lsn``)
         and no record starts there; CorruptionError otherwise (a record starts there, or
         damage before it hides whether one does)."""
+        truncated = self._truncated(lsn)
+        if truncated is not None:
+            return truncated
+        reason = _core.status_text(status)
+        no_record = asked and not self._may_start_record(lsn, status)
+        # A truncation that lands after the check above makes the lookups fail too: what
+        # looks like damage (or no record) may be the segment gone meanwhile.
+        truncated = self._truncated(lsn)
+        if truncated is not None:
+            return truncated
+        if no_record:
+            return ValueError(f"no record at LSN {format_lsn(lsn)}: {reason}")
+        return self._damaged(lsn, reason)
+
+    def _truncated(self, lsn: int) -> TruncatedError | None:
+        """TruncatedError when a truncation took ``lsn``'s segment, else None."""
         self._drop_truncated()
         oldest = self._oldest_segment()
         if lsn // self.segment_size < oldest:
             return TruncatedError(lsn, first_lsn(oldest, self.segment_size))
-        reason = _core.status_text(status)
-        if asked and not self._may_start_record(lsn, status):
-            return ValueError(f"no record at LSN {format_lsn(lsn)}: {reason}")
-        return self._damaged(lsn, reason)
+        return None
 
     def _may_start_record(self, lsn: int, status: int) -> bool:
         """Whether a record the reader could not read may start at ``lsn``: it is a valid
@@ -341,8 +354,11 @@ class WAL(Opening):
         if status == _BAD_POSITION or lsn >= self._core.flushed_lsn:
             return False
         failed, first = self._reader.first_record(lsn // self.segment_size)
-        if failed:
-            return True  # damage before lsn hides whether a record starts there
+        if failed:  # (first: where the lookup failed)
+            # At or past the flushed end: the segment is all one record's continuation up
+            # to where the WAL ends (the page after it is not written yet); else damage
+            # before lsn hides whether a record starts there.
+            return first < self._core.flushed_lsn
         if first > lsn:
             return False  # lsn lies in a record that began in an earlier segment
         failed, end, *_ = self._reader.scan(first, -1, lsn, False)
@@ -414,10 +430,13 @@ class WAL(Opening):
     def _payload(self, lsn: int, length: int, payload_lsn: int) -> memoryview:
         """A record's payload: a copy when it spans pages, else a read-only view of its
         segment, exported by the segment's SegmentView (which counts the views alive)."""
-        if payload_lsn < 0:
+        if payload_lsn >= 0:
+            return self._payload_view(lsn, payload_lsn, length)
+        try:
             return memoryview(self._reader.payload(lsn))
-        return self._payload_view(payload_lsn // self.segment_size,
-                                  payload_lsn % self.segment_size, length)
+        except ValueError:  # read again: the error it fails with says why (a truncation...)
+            status = self._reader.read(lsn, -1)[0]
+            raise self._read_error(lsn, status or _BAD_POSITION, False) from None
 
     def stats(self) -> dict[str, int]:
         """Counters since open.
@@ -513,10 +532,25 @@ class WAL(Opening):
                         for seg in table.values()]
             for table in (self._segments, self._read_cache, self._retired):
                 table.clear()
-        for seg in segments:  # nothing writes to them now: payload views keep a copy
-            seg.detach_views()
+        try:
+            self._close_segments(segments)
+        finally:
+            self._dir.close()  # (the directory lock: let go whatever failed above)
+
+    @staticmethod
+    def _close_segments(segments: list[Segment]) -> None:
+        """Close every segment, nothing writing to them now: the payload views alive keep a
+        private copy.  One that fails (no memory for the copy) stops no other from closing:
+        the first error is raised after all were closed (its views show the file still)."""
+        error: BaseException | None = None
+        for seg in segments:
+            try:
+                seg.detach_views()
+            except BaseException as exc:  # noqa: BLE001 (raised below, once all are closed)
+                error = error or exc
             seg.close()
-        self._dir.close()
+        if error is not None:
+            raise error
 
     def _mark_clean(self, point: tuple[int, int] | None) -> None:
         """Close, the core closed and truncations shut out: a one-process WAL with nothing

@@ -223,19 +223,20 @@ class SegmentSupply(SharedSegments):
                     return None if seg is None else memoryview(seg.map)  # type: ignore[arg-type]
             self._await_arrival(segno)
 
-    def _payload_view(self, segno: int, offset: int, length: int) -> memoryview:
-        """A read-only view of ``length`` bytes at ``offset`` in segment ``segno`` (a record was
-        just read there), exported under the segment lock by the segment's SegmentView, which
-        counts the views alive: truncation recycles no segment with views alive.
+    def _payload_view(self, lsn: int, payload_lsn: int, length: int) -> memoryview:
+        """A read-only view of the ``length`` payload bytes at ``payload_lsn`` of the record at
+        ``lsn`` (just read), exported under the segment lock by the segment's SegmentView,
+        which counts the views alive: truncation recycles no segment with views alive.
         TruncatedError if a truncation took the segment meanwhile."""
+        segno, offset = divmod(payload_lsn, self.segment_size)
         while True:
             with self._seg_lock:
                 if segno not in self._arriving:
                     seg = self._mapped_for_reading(segno)
                     if seg is not None:
                         return memoryview(seg.views or seg.payload_source())[offset:offset + length]
-                    raise TruncatedError(segno * self.segment_size,
-                                         first_lsn(self._oldest_segment(), self.segment_size))
+                    raise TruncatedError(lsn, first_lsn(self._oldest_segment(),
+                                                        self.segment_size))
             self._await_arrival(segno)
 
     def _await_arrival(self, segno: int) -> None:
@@ -247,7 +248,11 @@ class SegmentSupply(SharedSegments):
 
     def _mapped_for_reading(self, segno: int) -> Segment | None:
         """Under the segment lock: segment ``segno``, mapped (``seg.map`` is set), for reading
-        (the attached one, or one in the read cache), or None when it does not exist."""
+        (the attached one, or one in the read cache), or None when it does not exist.
+        ClosedError once close began releasing the segments: a mapping made after it would
+        never be let go, nor its payload views detached."""
+        if self._core_closed:
+            raise ClosedError("the WAL is closed")
         seg = self._segments.get(segno)
         if seg is not None and seg.map is not None:
             return seg
@@ -261,6 +266,7 @@ class SegmentSupply(SharedSegments):
         self._read_cache.move_to_end(segno)
         if seg.map is None:
             seg.mapping()
+            seg.close_fd()  # the mapping keeps the pages: one descriptor less per cached one
         return seg
 
     def _trim_read_cache(self) -> None:
