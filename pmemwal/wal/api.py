@@ -274,7 +274,9 @@ class WAL(Opening):
     def flush(self, lsn: int | None = None) -> int:
         """Make every record up to and including the one at ``lsn`` (None: all) durable.
 
-        Returns the flushed LSN: every byte below it is durable.
+        Returns the flushed LSN: every byte below it is durable.  A writer that holds an
+        insertion below ``lsn`` and is alive but does not run: StalledWriterError after
+        ``wait_timeout`` seconds; a signal's exception (KeyboardInterrupt) as it comes.
         """
         return self._core.flush(lsn)
 
@@ -417,7 +419,13 @@ class WAL(Opening):
         return self._archiver.wait(self._oldest_segment(), self.flushed_lsn, timeout)
 
     def close(self) -> None:
-        """Flush what was appended, then release everything; closing twice is fine."""
+        """Flush what was appended, then release everything; closing twice is fine.
+
+        Another writer that is alive and does not run (a stopped process of a shared WAL)
+        holding that flush up past ``wait_timeout``: StalledWriterError, raised after
+        everything is released (the WAL is closed; what was not flushed is up to the other
+        processes' flushes).  Calls of other threads still waiting in the core then end
+        with ClosedError."""
         if self._closed:
             return
         self._closed = True
