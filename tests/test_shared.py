@@ -669,8 +669,12 @@ def test_sigint_reaches_a_process_waiting_for_a_stopped_writer(wal_dir, hook):
         child, _ = _stopped_child(wal, wal_dir, hook)
         waiter.stdin.write("go\n")
         waiter.stdin.flush()
-        while not _waiting_in_the_core(waiter.pid, hook):
+        for _ in range(20_000):     # (a bound: a waiter that spins never sleeps there)
+            if _waiting_in_the_core(waiter.pid, hook):
+                break
             time.sleep(0.001)
+        else:
+            pytest.fail("the waiter never slept in the core's wait")
         waiter.send_signal(signal.SIGINT)
         assert waiter.wait(20) == 0, "SIGINT did not end the wait"
         lsn = json.loads(waiter.stdout.readline())
