@@ -55,6 +55,8 @@ typedef struct call_ctx {
     PyObject *callback;
     PyObject *exc_type, *exc_value, *exc_tb;
     PyThreadState *released; /* the GIL was given up: the state to restore; NULL: held */
+    int32_t stalled_pid;     /* a wait gave up (-ETIMEDOUT): the writer it waited for */
+    uint64_t wait_ns;        /* ... after this many ns */
 } call_ctx;
 
 /* release_gil -- wal_env.will_wait: let other Python threads run while the core waits. */
@@ -71,6 +73,32 @@ static void regain_gil(call_ctx *cc)
         PyEval_RestoreThread(cc->released);
         cc->released = NULL;
     }
+}
+
+/* keep_exception -- the first exception raised in a callback, for raise_rc. */
+static void keep_exception(call_ctx *cc)
+{
+    if (!cc->exc_type)
+        PyErr_Fetch(&cc->exc_type, &cc->exc_value, &cc->exc_tb);
+    else
+        PyErr_Clear();
+}
+
+/* interrupted -- wal_env.interrupted, from a wait the call may give up (nothing reserved,
+ * or a flush): run the signal handlers (the main thread's SIGINT: KeyboardInterrupt), the
+ * GIL taken for that; nonzero when one raised, which the call then raises. */
+static int interrupted(void *ctx)
+{
+    call_ctx *cc = ctx;
+    PyThreadState *released = cc->released;
+    if (released)
+        PyEval_RestoreThread(released);
+    int raised = PyErr_CheckSignals() < 0;
+    if (raised)
+        keep_exception(cc);
+    if (released)
+        cc->released = PyEval_SaveThread();
+    return raised;
 }
 
 static PyObject *raise_stopped(const char *fmt, int err, const char *what)
@@ -99,6 +127,14 @@ static PyObject *raise_rc(wal_core *core, int rc, call_ctx *cc)
                                                 (unsigned long long)core->max_record));
     if (rc == -EINVAL)
         return PyErr_Format(PyExc_ValueError, "invalid argument");
+    if (rc == -ETIMEDOUT && cc) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "waited %.3g s for the writer with pid %d, which holds an "
+                 "insertion or the reservation lock and is alive but not running (stopped, "
+                 "paused, or in a debugger): gave up (wait_timeout)",
+                 (double)cc->wait_ns / 1e9, (int)cc->stalled_pid);
+        return raise_named("StalledWriterError", Py_BuildValue("(is)", (int)cc->stalled_pid, msg));
+    }
     int stop = -atomic_load(&core->error);
     if (rc == -WAL_ESTOPPED)
         return raise_stopped("the writer stopped after an earlier error: %s (%s); "
@@ -116,6 +152,7 @@ typedef struct {
     wal_core *core;
     PyObject *segment_cb;
     uint64_t gil_release_size; /* appends of this many payload bytes give up the GIL first */
+    uint64_t wait_ns;          /* a wait for one writer gives up after this long; 0: never */
     Py_buffer ring;
     Py_buffer control;              /* shared: the control file's mapping */
     Py_buffer views[WAL_SEG_TABLE]; /* direct: the attached mappings */
@@ -131,10 +168,7 @@ static int need_segment(void *ctx, uint64_t segno)
     if (r) {
         Py_DECREF(r);
     } else {
-        if (!cc->exc_type)
-            PyErr_Fetch(&cc->exc_type, &cc->exc_value, &cc->exc_tb);
-        else
-            PyErr_Clear();
+        keep_exception(cc);
         rc = -EIO;
     }
     PyGILState_Release(st);
@@ -206,8 +240,9 @@ static void Core_dealloc(CoreObject *self)
 /* CORE_ENV -- a core call's environment, holding the GIL; `bytes` of payload to copy
  * at least gil_release_size give it up at once. */
 #define CORE_ENV(cc, bytes) \
-    call_ctx cc = {self->segment_cb, NULL, NULL, NULL, NULL}; \
-    wal_env env = {need_segment, release_gil, &cc}; \
+    call_ctx cc = {self->segment_cb, NULL, NULL, NULL, NULL, 0, self->wait_ns}; \
+    wal_env env = {need_segment, release_gil, &cc, 0, interrupted, self->wait_ns, \
+                   &cc.stalled_pid}; \
     if ((uint64_t)(bytes) >= self->gil_release_size) \
         release_gil(&cc)
 
@@ -253,6 +288,20 @@ static PyObject *Core_set_notify(CoreObject *self, PyObject *args)
     if (fd != atomic_load(&self->core->notify_fd))
         atomic_store(&self->core->notify_first, 1);
     atomic_store(&self->core->notify_fd, fd);
+    Py_RETURN_NONE;
+}
+
+/* set_wait_timeout(seconds) -- how long a wait the caller may give up (for a slot, the
+ * reservation lock, insertions in a flush) waits for one writer: then StalledWriterError.
+ * 0: forever. */
+static PyObject *Core_set_wait_timeout(CoreObject *self, PyObject *args)
+{
+    double seconds;
+    if (!PyArg_ParseTuple(args, "d", &seconds))
+        return NULL;
+    if (!(seconds >= 0 && seconds < 1e9))
+        return PyErr_Format(PyExc_ValueError, "wait timeout: seconds, 0 or more");
+    self->wait_ns = (uint64_t)(seconds * 1e9);
     Py_RETURN_NONE;
 }
 
@@ -342,6 +391,21 @@ static int parse_flush_flag(PyObject *const *args, Py_ssize_t nargs, PyObject *k
     return *flush < 0 ? -1 : 0;
 }
 
+/* name_appended -- the exception of an append whose record was appended and whose flush
+ * then failed or was given up (a timeout, a signal): its `lsn` names the record, not
+ * known durable, so that the caller can flush it again or look for it. */
+static void name_appended(uint64_t lsn)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *n = PyLong_FromUnsignedLongLong(lsn);
+    if (!n || PyObject_SetAttrString(value, "lsn", n) < 0)
+        PyErr_Clear();
+    Py_XDECREF(n);
+    PyErr_Restore(type, value, tb);
+}
+
 /* append(data, flush=False) -> lsn: one record; with flush, durable before returning. */
 static PyObject *Core_append(CoreObject *self, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames)
@@ -354,12 +418,17 @@ static PyObject *Core_append(CoreObject *self, PyObject *const *args, Py_ssize_t
     uint64_t len = (uint64_t)view.len, lsn = 0, flushed;
     CORE_ENV(cc, len);
     int rc = wal_insert(self->core, &env, NULL, NULL, &buf, &len, 1, &lsn);
+    int appended = !rc;
     if (!rc && flush)
         rc = wal_commit(self->core, &env, lsn, wal_rec_size(len), &flushed);
     regain_gil(&cc);
     PyBuffer_Release(&view);
-    if (rc)
-        return raise_rc(self->core, rc, &cc);
+    if (rc) {
+        raise_rc(self->core, rc, &cc);
+        if (appended)
+            name_appended(lsn);
+        return NULL;
+    }
     return PyLong_FromUnsignedLongLong(lsn);
 }
 
@@ -694,6 +763,8 @@ static PyMethodDef Core_methods[] = {
     {"flush_ready", (PyCFunction)Core_flush_ready, METH_NOARGS, "flush_ready() -> flushed lsn"},
     {"set_notify", (PyCFunction)Core_set_notify, METH_VARARGS, "set_notify(eventfd, ahead=0)"},
     {"set_serial", (PyCFunction)Core_set_serial, METH_VARARGS, "set_serial(on)"},
+    {"set_wait_timeout", (PyCFunction)Core_set_wait_timeout, METH_VARARGS,
+     "set_wait_timeout(seconds): a wait for one writer gives up after it (0: never)"},
     {"share", (PyCFunction)Core_share, METH_VARARGS, "share(control_mapping, fd, init)"},
     {"reap_dead", (PyCFunction)Core_reap_dead, METH_NOARGS, "reap_dead() -> processes reaped"},
     {"agree_persist", (PyCFunction)Core_agree_persist, METH_VARARGS,

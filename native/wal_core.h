@@ -63,6 +63,14 @@ typedef struct wal_env {
     void (*will_wait)(void *ctx);
     void *ctx;
     int background; /* the background writer's flush: its waits are counted apart */
+    /* A wait the caller may give up -- for a slot or the reservation lock (nothing reserved
+     * yet), for insertions in a flush -- checks these every few ms.  interrupted (may be
+     * NULL): nonzero when the caller must stop (a signal's handler raised): -EINTR.
+     * wait_ns (0: none): how long it waits for one writer, then -ETIMEDOUT with that
+     * writer's pid in *stalled_pid (shared: the process's; else this process's). */
+    int (*interrupted)(void *ctx);
+    uint64_t wait_ns;
+    int32_t *stalled_pid;
 } wal_env;
 
 typedef struct wal_seg_entry {
@@ -96,6 +104,7 @@ typedef struct wal_stats {
 #define WAL_CTL_LIVENESS 1048576u  /* byte offset of the per-process liveness locks */
 #define WAL_CTL_COUNTERS 8
 #define WAL_NO_HOLDER UINT32_MAX
+#define WAL_LOCK_WAITERS 0x80000000u /* insert_lock: a waiter sleeps; the unlock wakes one */
 
 enum wal_proc_state { WAL_PROC_FREE, WAL_PROC_ALIVE };
 
@@ -128,8 +137,8 @@ typedef struct wal_shared {
     uint32_t nslots;
     _Atomic uint32_t persist;       /* enum wal_persist + 1, as the first process chose; 0: none yet */
 
-    /* reservation: a spinlock (holder's token) around two integers and the holder's slot,
-     * all in one cache line */
+    /* reservation: a spinlock (holder's token, and WAL_LOCK_WAITERS while a waiter sleeps
+     * on it: a futex) around two integers and the holder's slot, all in one cache line */
     _Alignas(64) _Atomic uint32_t insert_lock;
     uint32_t holder_slot;    /* the slot the reservation lock's holder fills, or none */
     _Atomic uint64_t cur_u;  /* next free usable position: read without the lock */
@@ -165,6 +174,8 @@ typedef struct wal_core {
     _Atomic int failing;     /* claimed by the first failure: it sets error_what, then error */
     char error_what[64];     /* what failed: written before error is published */
     _Atomic int closed;
+    _Atomic uint32_t calls;  /* calls that read the state outside a slot (flushes, reaps, the
+                                position): a shared WAL's close waits for them (leave_shared) */
     int forked;              /* a child's copy after fork(): touches nothing shared */
 
     wal_shared *sh;          /* &own, or the control file's mapping (shared) */

@@ -31,9 +31,12 @@
 #define PMEMWAL_CORE_INTERNAL_H
 
 #include <errno.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <stdio.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "wal_core.h"
 
@@ -46,6 +49,21 @@
  * the register allocation of the whole append path), and wal_flush.c inlines it where the
  * one file did (frontier, not wait_insertions). */
 void backoff(const wal_env *env, unsigned *spins);
+
+/* wal_wait -- one wait the caller may give up (wal_env): its back-offs so far, and when
+ * its checks began (the timeout counts from there). */
+typedef struct wal_wait {
+    unsigned spins;
+    uint64_t since;
+} wal_wait;
+
+/* wal_flush.c: one round of such a wait for the work of `owner` (a token; 0: not known):
+ * back off, and every few ms clean up after owner if it died (reap) and check whether to
+ * give up: 0 to wait on; -WAL_ECLOSED once this core is closed (so close never waits for
+ * another process), -EINTR when env->interrupted says so, -ETIMEDOUT past env->wait_ns
+ * (owner's pid in *env->stalled_pid).  wait_check: those checks alone, now. */
+int wait_more(wal_core *c, const wal_env *env, wal_wait *w, uint32_t owner);
+int wait_check(wal_core *c, const wal_env *env, wal_wait *w, uint32_t owner);
 
 /* wal_core.c: the shared state of a WAL with nothing appended yet (wal_share's too). */
 void shared_init(wal_shared *sh, uint32_t nslots);
@@ -88,6 +106,45 @@ static inline void will_wait(const wal_env *env)
 static inline int reap_due(const wal_core *c, unsigned spins)
 {
     return c->shared && spins >= REAP_AFTER && (spins - REAP_AFTER) % REAP_EVERY == 0;
+}
+
+/* enter_call / leave_call -- around a call that reads the state outside a slot of its own
+ * (a flush, a reap, the position): a shared WAL's close switches the core to its private
+ * copy of the state only once none is inside (leave_shared).  seq_cst, both sides: either
+ * the call sees closed, or close sees the call. */
+static inline int enter_call(wal_core *c)
+{
+    atomic_fetch_add(&c->calls, 1);
+    if (!atomic_load(&c->closed))
+        return 0;
+    atomic_fetch_sub(&c->calls, 1);
+    return -WAL_ECLOSED;
+}
+
+static inline void leave_call(wal_core *c)
+{
+    atomic_fetch_sub_explicit(&c->calls, 1, memory_order_release);
+}
+
+/* futex_wait / futex_wake -- sleep while *word == val (at most timeout_ns), wake one
+ * sleeper; shared: the word is in the control file's mapping, which other processes map. */
+static inline void futex_wait(_Atomic uint32_t *word, uint32_t val, long timeout_ns, int shared)
+{
+    struct timespec ts = {0, timeout_ns};
+    syscall(SYS_futex, word, shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
+}
+
+static inline void futex_wake(_Atomic uint32_t *word, int shared)
+{
+    syscall(SYS_futex, word, shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+/* release_reservation -- free the reservation lock, waking a sleeper if one said so. */
+static inline void release_reservation(wal_core *c)
+{
+    if (__builtin_expect(atomic_exchange_explicit(&c->sh->insert_lock, 0, memory_order_release) &
+                         WAL_LOCK_WAITERS, 0))
+        futex_wake(&c->sh->insert_lock, c->shared);
 }
 
 static inline uint64_t load_cur(const wal_core *c)

@@ -36,6 +36,42 @@ void backoff(const wal_env *env, unsigned *spins)
         nanosleep(&(struct timespec){0, 50000}, NULL);
 }
 
+/* owner_pid -- the process whose work a wait waits for: a shared WAL's process entry names
+ * it; a token of this process's own, or none known, names this process. */
+static int32_t owner_pid(wal_core *c, uint32_t owner)
+{
+    if (c->shared && owner >= 1 && owner <= WAL_MAX_PROCS && owner != c->token)
+        return c->sh->procs[owner - 1].pid;
+    return owner == WAL_SLOT_ABANDONED ? 0 : (int32_t)getpid();
+}
+
+int wait_check(wal_core *c, const wal_env *env, wal_wait *w, uint32_t owner)
+{
+    if (c->shared)
+        reap(c, env, owner & ~WAL_LOCK_WAITERS);
+    if (atomic_load(&c->closed))
+        return -WAL_ECLOSED;
+    if (env && env->interrupted && env->interrupted(env->ctx))
+        return -EINTR;
+    uint64_t now = now_ns();
+    if (!w->since) {
+        w->since = now;
+    } else if (env && env->wait_ns && now - w->since >= env->wait_ns) {
+        if (env->stalled_pid)
+            *env->stalled_pid = owner_pid(c, owner & ~WAL_LOCK_WAITERS);
+        return -ETIMEDOUT;
+    }
+    return 0;
+}
+
+int wait_more(wal_core *c, const wal_env *env, wal_wait *w, uint32_t owner)
+{
+    backoff(env, &w->spins);
+    if (w->spins < REAP_AFTER || (w->spins - REAP_AFTER) % REAP_EVERY)
+        return 0;
+    return wait_check(c, env, w, owner);
+}
+
 /* injected -- the test hook (wal_inject_fault): the negative errno this call of op
  * fails with, or 0.  Callers hold write_lock. */
 static inline int injected(wal_core *c, enum wal_op op)
@@ -51,32 +87,49 @@ static inline int injected(wal_core *c, enum wal_op op)
     return -f->err;
 }
 
-/* frontier -- lowest position still being inserted (by start or by progress). */
-static uint64_t frontier(wal_core *c, const wal_env *env, int by_progress)
+/* wait_slot -- one back-off of a wait for slot i's insertion; abortable: a wait the caller
+ * may give up (wait_more), else one inside an insertion, which only reaps. */
+static inline int wait_slot(wal_core *c, const wal_env *env, wal_wait *w, uint32_t i,
+                            int abortable)
+{
+    uint32_t owner = atomic_load(&c->sh->slots[i].owner);
+    if (abortable)
+        return wait_more(c, env, w, owner);
+    backoff(env, &w->spins);
+    if (reap_due(c, w->spins))
+        reap(c, env, owner);
+    return 0;
+}
+
+/* frontier -- lowest position still being inserted (by start or by progress), in *out. */
+static int frontier(wal_core *c, const wal_env *env, int by_progress, int abortable,
+                    uint64_t *out)
 {
     uint64_t lowest = load_cur(c);
     for (uint32_t i = 0; i < c->nslots; i++) {
         _Atomic uint64_t *pos = by_progress ? &c->sh->slots[i].progress : &c->sh->slots[i].start;
         uint64_t v;
-        unsigned spins = 0;
+        wal_wait w = {0};
         while ((v = atomic_load(pos)) == WAL_POS_RESERVING) {
-            backoff(env, &spins);
-            if (reap_due(c, spins))
-                reap(c, env, atomic_load(&c->sh->slots[i].owner));
+            int rc = wait_slot(c, env, &w, i, abortable);
+            if (rc)
+                return rc;
         }
         if (v < lowest)
             lowest = v;
     }
-    return lowest;
+    *out = lowest;
+    return 0;
 }
 
-/* wait_insertions -- until no insertion below limit is in progress. */
-static int wait_insertions(wal_core *c, const wal_env *env, uint64_t limit, int by_progress)
+/* wait_insertions -- until no insertion below limit is in progress (abortable: wait_slot). */
+static int wait_insertions(wal_core *c, const wal_env *env, uint64_t limit, int by_progress,
+                           int abortable)
 {
     uint64_t t0 = 0;
     for (uint32_t i = 0; i < c->nslots; i++) {
         _Atomic uint64_t *pos = by_progress ? &c->sh->slots[i].progress : &c->sh->slots[i].start;
-        unsigned spins = 0;
+        wal_wait w = {0};
         for (;;) {
             uint64_t v = atomic_load(pos);
             if (v == WAL_POS_FREE || (v != WAL_POS_RESERVING && v >= limit))
@@ -85,9 +138,9 @@ static int wait_insertions(wal_core *c, const wal_env *env, uint64_t limit, int 
                 return -WAL_ESTOPPED;
             if (!t0)
                 t0 = now_ns();
-            backoff(env, &spins);
-            if (reap_due(c, spins))
-                reap(c, env, atomic_load(&c->sh->slots[i].owner));
+            int rc = wait_slot(c, env, &w, i, abortable);
+            if (rc)
+                return rc;
         }
     }
     if (t0) /* the background writer's waits delay no caller: counted apart */
@@ -229,14 +282,14 @@ static int persist_range(wal_core *c, const wal_env *env, uint64_t from, uint64_
 /* write_upto -- buffered: hand everything below usable position u to the OS. */
 int write_upto(wal_core *c, const wal_env *env, uint64_t u)
 {
-    int rc = wait_insertions(c, env, u, 1);
+    int rc = wait_insertions(c, env, u, 1, 0); /* inside an insertion: not given up */
     if (rc)
         return rc;
     will_wait(env); /* for the lock, then pwrite */
     pthread_mutex_lock(&c->write_lock);
     uint64_t written = atomic_load(&c->sh->written_u);
-    if (written < u && !(rc = stopped(c))) {
-        uint64_t to = frontier(c, env, 1);
+    uint64_t to;
+    if (written < u && !(rc = stopped(c)) && !(rc = frontier(c, env, 1, 0, &to))) {
         rc = write_range(c, env, written, to);
         if (!rc)
             atomic_store(&c->sh->written_u, to);
@@ -252,17 +305,23 @@ static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t
 
 int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flushed_lsn)
 {
+    int rc = enter_call(c);
+    if (rc)
+        return rc;
     uint64_t limit = load_cur(c);
     if (upto_lsn == WAL_FLUSH_READY) {
-        limit = frontier(c, env, 0); /* below it, no insertion is in progress */
+        rc = frontier(c, env, 0, 1, &limit); /* below it, no insertion is in progress */
     } else if (upto_lsn != UINT64_MAX) {
         int64_t u = wal_usable(&c->geom, upto_lsn);
         if (u < 0 || (uint64_t)u > limit)
-            return -EINVAL; /* not a position in the WAL appended so far */
-        if ((uint64_t)u < limit)
+            rc = -EINVAL; /* not a position in the WAL appended so far */
+        else if ((uint64_t)u < limit)
             limit = (uint64_t)u + 1;
     }
-    return flush_below(c, env, limit, 0, flushed_lsn);
+    if (!rc)
+        rc = flush_below(c, env, limit, 0, flushed_lsn);
+    leave_call(c);
+    return rc;
 }
 
 /* COMMIT_SPINS -- how long a commit waits for the record before it to be committed
@@ -310,7 +369,11 @@ int wal_commit(wal_core *c, const wal_env *env, uint64_t lsn, uint64_t size, uin
         *flushed_lsn = wal_lsn(&c->geom, seen);
         return 0;
     }
-    return flush_below(c, env, u + 1, end, flushed_lsn);
+    if ((rc = enter_call(c)))
+        return rc;
+    rc = flush_below(c, env, u + 1, end, flushed_lsn);
+    leave_call(c);
+    return rc;
 }
 
 /* flush_below -- make durable everything below usable position limit, and as much more
@@ -327,9 +390,10 @@ static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t
     if (flushed < limit && c->persist == WAL_PERSIST_PMEM) {
         /* Inserters persisted their own records before leaving their slots: a
          * flush only waits for them, then moves flushed_u forward, no lock. */
-        if ((rc = wait_insertions(c, env, limit, 0)))
+        uint64_t to = end;
+        if ((rc = wait_insertions(c, env, limit, 0, 1)) ||
+            (!to && (rc = frontier(c, env, 0, 1, &to))))
             return rc;
-        uint64_t to = end ? end : frontier(c, env, 0);
         atomic_fetch_add_explicit(&c->me->flush_requests, 1, memory_order_relaxed);
         while (flushed < to &&
                !atomic_compare_exchange_weak(&c->sh->flushed_u, &flushed, to))
@@ -338,7 +402,7 @@ static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t
                                   memory_order_relaxed);
         flushed = flushed < to ? to : flushed;
     } else if (flushed < limit) {
-        if ((rc = wait_insertions(c, env, limit, 0)))
+        if ((rc = wait_insertions(c, env, limit, 0, 1)))
             return rc;
         will_wait(env); /* for the lock, then the system calls */
         pthread_mutex_lock(&c->write_lock);
@@ -348,8 +412,9 @@ static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t
         } else if (flushed >= limit) {
             c->me->coalesced++;
         } else {
-            uint64_t to = frontier(c, env, 0); /* everyone complete below: flush them too */
-            if (c->direct) {
+            uint64_t to; /* everyone complete below: flush them too */
+            if ((rc = frontier(c, env, 0, 1, &to))) {
+            } else if (c->direct) {
                 rc = persist_range(c, env, flushed, to);
             } else {
                 uint64_t written = atomic_load(&c->sh->written_u);

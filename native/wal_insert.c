@@ -38,28 +38,64 @@
 
 #include "crc32c.h"
 
-/* insert_lock / insert_unlock -- the reservation spinlock, holding the holder's token; a
- * waiter yields after a short spin, since the holder may have been preempted (threads >
- * cores), and in a shared WAL checks in time whether the holder died holding it. */
-static inline void insert_lock(wal_core *c, const wal_env *env)
+/* LOCK_SPINS -- how long a waiter spins on the reservation lock before it sleeps: the
+ * holder's critical section is a few dozen ns, unless it was preempted or stopped.
+ * LOCK_NAP_NS -- a sleeper's longest nap: the pace of its checks (wait_check), which also
+ * find a holder that died holding the lock (nobody would wake the sleeper then). */
+#define LOCK_SPINS 128u
+#define LOCK_NAP_NS 2000000L
+
+/* wait_reservation -- insert_lock's wait, out of line: spin briefly, then sleep on the lock
+ * word (a futex) with its waiters bit set, so that the unlock wakes one sleeper; no
+ * sched_yield loop, which burns a core while a stopped holder holds the lock.  A waiter
+ * that slept takes the lock with the bit set: others may sleep still.  0, or why it gave
+ * up (wait_check): the caller holds a slot, and nothing reserved. */
+static __attribute__((noinline)) int wait_reservation(wal_core *c, const wal_env *env)
 {
-    unsigned spins = 0;
-    uint32_t free_ = 0;
-    while (!atomic_compare_exchange_weak_explicit(&c->sh->insert_lock, &free_, c->token,
-                                                  memory_order_acquire, memory_order_relaxed)) {
-        if (++spins < 128)
+    _Atomic uint32_t *lock = &c->sh->insert_lock;
+    uint32_t mine = c->token;
+    wal_wait w = {0};
+    for (unsigned spins = 0;;) {
+        uint32_t v = 0;
+        if (atomic_compare_exchange_weak_explicit(lock, &v, mine, memory_order_acquire,
+                                                  memory_order_relaxed))
+            return 0;
+        if (v == 0)
+            continue; /* a spurious failure */
+        if (++spins < LOCK_SPINS) {
             cpu_relax();
-        else
-            sched_yield();
-        if (reap_due(c, spins) && free_ && free_ != c->token)
-            reap(c, env, free_);
-        free_ = 0;
+            continue;
+        }
+        will_wait(env);
+        if (!(v & WAL_LOCK_WAITERS)) {
+            uint32_t flagged = v | WAL_LOCK_WAITERS;
+            if (!atomic_compare_exchange_strong(lock, &v, flagged))
+                continue; /* freed or taken meanwhile: look again */
+            v = flagged;
+        }
+        futex_wait(lock, v, LOCK_NAP_NS, c->shared);
+        mine = c->token | WAL_LOCK_WAITERS;
+        int rc = wait_check(c, env, &w, v);
+        if (rc)
+            return rc;
     }
+}
+
+/* insert_lock / insert_unlock -- the reservation spinlock, holding the holder's token; in
+ * a shared WAL a waiter checks in time whether the holder died holding it (wait_check). */
+static inline int insert_lock(wal_core *c, const wal_env *env)
+{
+    uint32_t free_ = 0;
+    if (__builtin_expect(atomic_compare_exchange_weak_explicit(&c->sh->insert_lock, &free_,
+                                                               c->token, memory_order_acquire,
+                                                               memory_order_relaxed), 1))
+        return 0;
+    return wait_reservation(c, env);
 }
 
 static inline void insert_unlock(wal_core *c)
 {
-    atomic_store_explicit(&c->sh->insert_lock, 0, memory_order_release);
+    release_reservation(c);
 }
 
 /* hook_due -- whether the stall or die test hook fires here (wal_inject_fault). */
@@ -142,6 +178,28 @@ static int try_slots(wal_core *c, uint32_t first, wal_slot **out)
     return 0;
 }
 
+/* wait_for_slot -- acquire_slot's wait, when every slot is taken, out of line; nothing is
+ * reserved yet, so it may give up (wait_check; the owner it names is the hinted slot's). */
+static __attribute__((noinline)) int wait_for_slot(wal_core *c, const wal_env *env,
+                                                   wal_slot **out, uint64_t *waited)
+{
+    uint64_t t0 = now_ns();
+    wal_wait w = {0};
+    while (!try_slots(c, slot_hint, out)) {
+        int rc = stopped(c);
+        if (rc)
+            return rc;
+        backoff(env, &w.spins);
+        if (w.spins >= REAP_AFTER && (w.spins - REAP_AFTER) % REAP_EVERY == 0) {
+            wal_reap_dead(c, env);
+            if ((rc = wait_check(c, env, &w, atomic_load(&c->sh->slots[slot_hint % c->nslots].owner))))
+                return rc;
+        }
+    }
+    *waited = now_ns() - t0;
+    return 0;
+}
+
 /* acquire_slot -- take an insertion slot and mark it "reserving". */
 static int acquire_slot(wal_core *c, const wal_env *env, wal_slot **out)
 {
@@ -151,17 +209,9 @@ static int acquire_slot(wal_core *c, const wal_env *env, wal_slot **out)
     }
     uint64_t waited = 0;
     if (!try_slots(c, slot_hint, out)) {
-        uint64_t t0 = now_ns();
-        unsigned spins = 0;
-        while (!try_slots(c, slot_hint, out)) {
-            int rc = stopped(c);
-            if (rc)
-                return rc;
-            backoff(env, &spins);
-            if (reap_due(c, spins))
-                wal_reap_dead(c, env);
-        }
-        waited = now_ns() - t0;
+        int rc = wait_for_slot(c, env, out, &waited);
+        if (rc)
+            return rc;
     }
     wal_slot *s = *out;
     s->acquire_wait_ns += waited;
@@ -412,7 +462,8 @@ static int flush_range(wal_core *c, const wal_env *env, uint64_t from, uint64_t 
 
 /* reserve -- stage one: the whole critical section.  It reserves only where every segment
  * the range needs is attached (else it returns 0 and the position in *start, reserving
- * nothing: the caller attaches them and tries again), so that a failure to make one leaves
+ * nothing: the caller attaches them and tries again; a negative errno: it gave up waiting
+ * for the lock, reserving nothing), so that a failure to make one leaves
  * no hole; checking under the lock spares a read of the insert position's cache line before
  * it, which other processes write.  The slot is filled and published before the position
  * moves, and the holder's slot is named first, so that a process finding the holder dead
@@ -422,7 +473,9 @@ static inline int reserve(wal_core *c, const wal_env *env, wal_slot *slot, uint6
                           uint64_t last_off, uint64_t *prev, uint64_t *start_out)
 {
     wal_shared *sh = c->sh;
-    insert_lock(c, env);
+    int rc = insert_lock(c, env);
+    if (__builtin_expect(rc, 0))
+        return rc;
     uint64_t start = *start_out = atomic_load_explicit(&sh->cur_u, memory_order_relaxed);
     if (!segments_ready(c, start, size)) {
         insert_unlock(c);
@@ -506,17 +559,19 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
 {
     int rc;
     wal_slot *slot;
-    uint64_t prev_u, u;
+    uint64_t prev_u = 0, u = 0; /* (set when reserve returns 1) */
     for (;;) {
         if ((rc = acquire_slot(c, env, &slot)))
             return rc;
-        if (reserve(c, env, slot, total, last_off, &prev_u, &u))
+        if ((rc = reserve(c, env, slot, total, last_off, &prev_u, &u)) > 0)
             break;
-        /* Segments to attach first: without the slot, which flushes would wait for. */
+        /* Segments to attach first: without the slot, which flushes would wait for (or
+         * the wait for the lock given up: nothing reserved). */
         release_slot(slot);
-        if ((rc = ensure_segments(c, env, u, total)))
+        if (rc || (rc = ensure_segments(c, env, u, total)))
             return rc;
     }
+    rc = 0;
     uint64_t start_u = u;
     stall_here(c, env, WAL_OP_STALL);
     /* Nothing streamed: flush the whole range once at the end rather than each
@@ -624,12 +679,19 @@ int void_slot(wal_core *c, const wal_env *env, wal_slot *slot)
 
 int wal_position(wal_core *c, const wal_env *env, uint64_t *insert_lsn, uint64_t *prev_lsn)
 {
-    if (atomic_load(&c->closed) || c->forked)
+    if (c->forked)
         return -WAL_ECLOSED;
-    insert_lock(c, env);
+    int rc = enter_call(c);
+    if (rc)
+        return rc;
+    if ((rc = insert_lock(c, env))) {
+        leave_call(c);
+        return rc;
+    }
     uint64_t u = atomic_load_explicit(&c->sh->cur_u, memory_order_relaxed);
     uint64_t p = c->sh->prev_u;
     insert_unlock(c);
+    leave_call(c);
     *insert_lsn = wal_lsn(&c->geom, u);
     *prev_lsn = p == WAL_NO_PREV ? 0 : wal_lsn(&c->geom, p);
     return 0;

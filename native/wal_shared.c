@@ -35,7 +35,7 @@ static int liveness_lock(int fd, uint32_t i, short type)
 static void repair_reservation(wal_core *c, uint32_t token)
 {
     wal_shared *sh = c->sh;
-    if (atomic_load(&sh->insert_lock) != token)
+    if ((atomic_load(&sh->insert_lock) & ~WAL_LOCK_WAITERS) != token)
         return;
     if (sh->holder_slot < WAL_MAX_SLOTS) {
         wal_slot *s = &sh->slots[sh->holder_slot];
@@ -47,7 +47,7 @@ static void repair_reservation(wal_core *c, uint32_t token)
         } /* else it had reserved nothing */
         sh->holder_slot = WAL_NO_HOLDER;
     }
-    atomic_store(&sh->insert_lock, 0);
+    release_reservation(c); /* and wake a sleeper: nobody else would */
 }
 
 /* close_slots -- void and free every slot whose owner is `owner`, claiming each first
@@ -103,11 +103,12 @@ int reap(wal_core *c, const wal_env *env, uint32_t token)
 int wal_reap_dead(wal_core *c, const wal_env *env)
 {
     int n = 0;
-    if (!c->shared)
+    if (!c->shared || enter_call(c))
         return 0;
     for (uint32_t i = 0; i < WAL_MAX_PROCS; i++)
         n += reap(c, env, i + 1);
     reap(c, env, WAL_SLOT_ABANDONED);
+    leave_call(c);
     return n;
 }
 
@@ -149,8 +150,13 @@ enum wal_persist wal_agree_persist(wal_core *c, enum wal_persist wanted)
     return (enum wal_persist)(agreed - 1);
 }
 
-/* leave_shared -- a shared WAL's close: wait for this process's insertions (the other
- * processes' go on), then leave the entry free and the state read from here on local. */
+/* leave_shared -- a shared WAL's close (closed is set): wait for this process's insertions
+ * (the other processes' go on) and for its calls in flight (enter_call), then leave the
+ * entry free and the state read from here on local.  None of them waits for another
+ * process now: a wait they may give up sees closed within a few ms (wait_check), and one
+ * inside an insertion only waits for an insertion below its own, which the dead are reaped
+ * from.  A call that read the shared state as the switch came would otherwise go on in the
+ * private copy, whose slots are all free: a flush would pass peers' insertions. */
 void leave_shared(wal_core *c)
 {
     for (uint32_t i = 0; i < c->nslots; i++) {
@@ -158,6 +164,9 @@ void leave_shared(wal_core *c)
         while (atomic_load(&c->sh->slots[i].owner) == c->token)
             backoff(NULL, &spins);
     }
+    unsigned spins = 0;
+    while (atomic_load(&c->calls))
+        backoff(NULL, &spins);
     pthread_mutex_lock(&c->write_lock);
     pthread_mutex_unlock(&c->write_lock);
     wal_shared *sh = c->sh;

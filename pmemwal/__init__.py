@@ -16,8 +16,9 @@ if _os.environ.get("PMEMWAL_TRACED_CORE") == "1":  # the power-loss simulator's 
 
 from pmemwal.device import ProbeResult, probe
 from pmemwal.errors import (ArchiveError, ClosedError, ConfigError, CorruptionError, FormatError, LockedError,
-                            LogIndexError, NotFoundError, RecordTooLargeError, StorageError, TermError,
-                            TruncatedError, WALError, WriterStoppedError, format_lsn)
+                            LogIndexError, NotFoundError, RecordTooLargeError, StalledWriterError,
+                            StorageError, TermError, TruncatedError, WALError, WriterStoppedError,
+                            format_lsn)
 from pmemwal.wal import WAL, Record, open
 from pmemwal.log import Entry, HardState, Log, open_log
 
@@ -26,6 +27,6 @@ __all__ = [
     "open_log", "Log", "Entry", "HardState", "LogIndexError", "TermError",
     "WALError", "CorruptionError", "FormatError", "LockedError", "ClosedError",
     "NotFoundError", "ConfigError", "RecordTooLargeError", "StorageError", "WriterStoppedError",
-    "ArchiveError", "TruncatedError",
+    "ArchiveError", "TruncatedError", "StalledWriterError",
 ]
 __version__ = "0.1.0"

@@ -11,6 +11,8 @@
     ├── RecordTooLargeError  a record over max_record_size (also ValueError)
     ├── LogIndexError        pmemwal.Log: an entry index outside the log (also IndexError)
     ├── TermError            pmemwal.Log: a term going backwards (also ValueError)
+    ├── StalledWriterError   another writer, alive but not running, held a wait up past
+    │                        wait_timeout (also TimeoutError)
     └── StorageError         the file system failed: ENOSPC, EIO (also OSError)
         └── WriterStoppedError   ...in a way that stopped the writer: reopen to go on
 
@@ -18,6 +20,8 @@ This module imports nothing from pmemwal, so the C extension can load it.
 """
 
 from __future__ import annotations
+
+import errno
 
 
 class WALError(Exception):
@@ -77,6 +81,22 @@ class LogIndexError(WALError, IndexError):
 
 class TermError(WALError, ValueError):
     """A term lower than the log's last one (pmemwal.Log): terms never go backwards."""
+
+
+class StalledWriterError(WALError, TimeoutError):
+    """A wait for another writer outlasted ``wait_timeout``: a process of a shared WAL (or
+    a thread of this one) that holds an insertion below what the call needed, or the
+    reservation lock, is alive but does not run (SIGSTOP, a debugger, a paused container).
+    ``pid`` names it.  The call gave up where nothing was half done: an append that raises
+    it appended nothing, and a flush made nothing durable that it would not have.  An
+    ``append(..., flush=True)`` whose record was appended before its flush gave up sets
+    ``lsn`` to that record's LSN (not known durable: ``flush(lsn)`` again); else ``lsn`` is
+    None."""
+
+    def __init__(self, pid: int, message: str) -> None:
+        super().__init__(errno.ETIMEDOUT, message)
+        self.pid = pid
+        self.lsn: int | None = None
 
 
 class StorageError(WALError, OSError):

@@ -21,7 +21,9 @@ import time
 import pytest
 
 import pmemwal
-from pmemwal import ClosedError, ConfigError, FormatError, LockedError
+from conftest import next_lsn
+from pmemwal import ClosedError, ConfigError, FormatError, LockedError, StalledWriterError
+from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.torture import shared as shared_torture
 
 from conftest import first_lsn_of_segment, rec_size, seg_usable, usable_of
@@ -513,3 +515,213 @@ def test_fork_child_refuses_the_parents_wal(wal_dir):
     assert payloads(peer) == [b"parent", b"child, own handle", b"parent again"]
     peer.close()
     wal.close()
+
+
+# ---- close while a thread of the same process waits in a flush -----------------------
+
+def _sleeping_in_the_core(tid: int) -> bool:
+    """Whether thread ``tid`` of this process sleeps in a system call other than a futex
+    wait (the GIL's): inside the core's back-off, waiting for another process."""
+    try:
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            fields = f.read().split()
+    except FileNotFoundError:
+        return False
+    return bool(fields) and fields[0] not in ("running", "202")
+
+
+def _thread_waiting_in_the_core(target) -> tuple[threading.Thread, list]:
+    """A thread running ``target`` (a call that waits in the core), started and seen
+    waiting there; its result or exception lands in the returned list."""
+    got: list = []
+
+    def run():
+        try:
+            got.append(target())
+        except BaseException as exc:  # reported to the test
+            got.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    while not (t.native_id and _sleeping_in_the_core(t.native_id)) and t.is_alive():
+        time.sleep(0.001)
+    return t, got
+
+
+def _wait_reserved(wal, child_lsn: int) -> None:
+    """Until the stalled child (_stalled_child, hook "stall") has reserved its batch: the
+    insert position has moved past the record it acknowledged at ``child_lsn``."""
+    while wal.insert_lsn <= next_lsn(child_lsn, len(b"before the death")):
+        time.sleep(0.001)
+
+
+def test_the_core_closing_under_a_waiting_flush_acknowledges_nothing_past_a_peer(wal_dir):
+    """A flush of one thread waits for a live peer's unfinished insertion while another
+    thread closes the core.  Close switched the core to its private copy of the state
+    under the flush: it went on waiting on the peer's slot, with reaping off (forever, once
+    the peer died), and read the later slots from the copy, all free (past a second peer's
+    insertion).  It must end with ClosedError, and close must not wait for the peer."""
+    wal = open_shared(wal_dir, background=False)
+    mine = wal.append(b"mine")
+    child, child_lsn = _stalled_child(wal_dir, "stall")
+    try:
+        _wait_reserved(wal, child_lsn)
+        after = wal.append(b"after the peer's reservation")
+        t, got = _thread_waiting_in_the_core(lambda: wal.flush(after))
+        assert t.is_alive() and not got, got
+        wal._core.close()               # what close() does once its own flush is done
+        t.join(10)
+        assert not t.is_alive(), "the flush went on waiting after close"
+        assert len(got) == 1 and isinstance(got[0], ClosedError), got
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(ClosedError):    # its core is closed already
+        wal.close()
+    # nobody closed the dead child's range: recovery ends the WAL there and sets aside
+    # the record after it, which no flush acknowledged
+    with pytest.warns(RecoveryWarning, match="set aside"), \
+            pmemwal.open(wal_dir, shared=True, segment_size=SEG) as again:
+        assert payloads(again) == [b"mine", b"before the death"]
+    assert mine < child_lsn < after
+
+
+# ---- a writer that stalls alive ----------------------------------------------------
+
+def _stopped_child(wal, path: str, hook: str) -> tuple[subprocess.Popen, int]:
+    """A child stalled in an insertion (hook "stall": its space reserved; "stall_locked":
+    inside the reservation lock), then stopped with SIGSTOP: alive, and never running."""
+    child, child_lsn = _stalled_child(path, hook)
+    if hook == "stall":
+        _wait_reserved(wal, child_lsn)
+    else:
+        _wait_holding_the_lock(child.pid)
+    child.send_signal(signal.SIGSTOP)
+    return child, child_lsn
+
+
+def _wait_holding_the_lock(pid: int) -> None:
+    """Until the child (hook "stall_locked") sleeps in pause(), the reservation lock held."""
+    while True:
+        with open(f"/proc/{pid}/syscall") as f:
+            if f.read().split()[0] == "34":     # pause
+                return
+        time.sleep(0.001)
+
+
+def _kill(child: subprocess.Popen) -> None:
+    child.kill()
+    child.wait()
+
+
+def test_a_stopped_writer_holds_a_flush_up_to_the_timeout_naming_it(wal_dir):
+    """A peer stopped mid-insert held every flush above it up for good, and so close().
+    Each gives up after wait_timeout with StalledWriterError naming the peer's pid; an
+    append(flush=True) says which LSN it appended; close still releases the WAL."""
+    wal = open_shared(wal_dir, background=False, wait_timeout=0.3)
+    first = wal.append(b"first", flush=True)
+    child, _ = _stopped_child(wal, wal_dir, "stall")
+    try:
+        after = wal.append(b"after the stopped one")
+        with pytest.raises(StalledWriterError) as flushed:
+            wal.flush(after)
+        assert flushed.value.pid == child.pid and flushed.value.lsn is None
+        assert isinstance(flushed.value, TimeoutError) and f"pid {child.pid}" in str(flushed.value)
+        with pytest.raises(StalledWriterError) as committed:
+            wal.append(b"committed", flush=True)
+        assert committed.value.pid == child.pid and committed.value.lsn > after
+        assert wal.flushed_lsn <= after     # nothing passed the stopped insertion
+        with pytest.raises(StalledWriterError):
+            wal.close()
+        assert wal.closed
+        with pytest.raises(ClosedError):
+            wal.append(b"closed")
+    finally:
+        _kill(child)
+    # the records after the dead child's range were never flushed: set aside at the hole
+    with pytest.warns(RecoveryWarning, match="set aside"), \
+            pmemwal.open(wal_dir, shared=True, segment_size=SEG) as again:
+        assert payloads(again) == [b"first", b"before the death"]
+        assert again.append(b"again", flush=True) > first
+
+
+@pytest.mark.parametrize("hook", ["stall", "stall_locked"])
+def test_a_wait_for_a_stopped_writer_sleeps(wal_dir, hook):
+    """Waiters on the reservation lock spun on sched_yield while its stopped holder kept it
+    (half a core each).  A wait for a stopped writer -- for its insertion, or for the lock
+    -- sleeps: a loose bound on the CPU it takes, not a measure of speed."""
+    wal = open_shared(wal_dir, background=False, wait_timeout=1.0)
+    child, _ = _stopped_child(wal, wal_dir, hook)
+    try:
+        cpu, wall = time.thread_time(), time.monotonic()
+        with pytest.raises(StalledWriterError) as waited:
+            wal.append(b"waits", flush=True)
+        cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
+        assert waited.value.pid == child.pid
+        assert cpu < 0.2 * wall, f"{cpu:.3f} s of CPU in {wall:.3f} s of waiting"
+    finally:
+        _kill(child)
+    wal.close()
+
+
+_INTERRUPTED = r"""
+import json, os, sys, pmemwal
+spec = json.loads(sys.argv[1])
+wal = pmemwal.open(spec["path"], shared=True, segment_size=spec["seg"], background=False,
+                   wait_timeout=None)
+print(json.dumps([wal.append(b"acknowledged %d" % i, flush=True) for i in range(20)]), flush=True)
+sys.stdin.readline()                            # the other writer is stopped now
+try:
+    wal.append(b"interrupted", flush=True)     # waits for the stopped writer: no limit
+    print(json.dumps("returned"), flush=True)
+except KeyboardInterrupt as exc:
+    print(json.dumps(getattr(exc, "lsn", None)), flush=True)
+os._exit(0)                                     # (close would wait again)
+"""
+
+
+@pytest.mark.parametrize("hook", ["stall", "stall_locked"])
+def test_sigint_reaches_a_process_waiting_for_a_stopped_writer(wal_dir, hook):
+    """SIGINT landed only once the stopped peer died, after the append had succeeded, and
+    its LSN was lost.  The wait runs the signal handlers: KeyboardInterrupt comes at once,
+    carrying the LSN of the record appended (appended only past the reservation lock), and
+    every acknowledged record is there after."""
+    wal = open_shared(wal_dir, background=False)
+    waiter = subprocess.Popen([sys.executable, "-c", _INTERRUPTED,
+                               json.dumps({"path": wal_dir, "seg": SEG})],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        acknowledged = json.loads(waiter.stdout.readline())
+        child, _ = _stopped_child(wal, wal_dir, hook)
+        waiter.stdin.write("go\n")
+        waiter.stdin.flush()
+        for _ in range(20_000):     # (a bound: a waiter that spins never sleeps there)
+            if _waiting_in_the_core(waiter.pid, hook):
+                break
+            time.sleep(0.001)
+        else:
+            pytest.fail("the waiter never slept in the core's wait")
+        waiter.send_signal(signal.SIGINT)
+        assert waiter.wait(20) == 0, "SIGINT did not end the wait"
+        lsn = json.loads(waiter.stdout.readline())
+    finally:
+        for proc in (waiter, child):
+            if proc is not None and proc.poll() is None:
+                _kill(proc)
+    if hook == "stall":
+        assert isinstance(lsn, int) and lsn > max(acknowledged)
+    else:
+        assert lsn is None                      # interrupted before it reserved anything
+    wal.close()
+    with pmemwal.open(wal_dir, shared=True, segment_size=SEG) as again:
+        kept = {r.lsn: bytes(r.payload) for r in again.records()}
+    assert [kept.get(l) for l in acknowledged] == [b"acknowledged %d" % i for i in range(20)]
+
+
+def _waiting_in_the_core(pid: int, hook: str) -> bool:
+    """Whether process ``pid``'s main thread sleeps in the core's wait: a futex on the
+    reservation lock ("stall_locked"), else its back-off's nanosleep."""
+    with open(f"/proc/{pid}/syscall") as f:
+        call = f.read().split()[0]
+    return call == "202" if hook == "stall_locked" else call in ("35", "230")

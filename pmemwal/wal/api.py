@@ -29,7 +29,8 @@ from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
                                  DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
                                  DEFAULT_GIL_RELEASE_SIZE, DEFAULT_MAX_PENDING,
                                  DEFAULT_MAX_RECORD_SIZE, DEFAULT_MAX_WAL_SIZE,
-                                 archive_spec, check_checkpoint_options, check_wal_options)
+                                 DEFAULT_WAIT_TIMEOUT, archive_spec, check_checkpoint_options,
+                                 check_wait_timeout, check_wal_options)
 from pmemwal.wal.state import COUNTERS
 
 if TYPE_CHECKING:
@@ -74,7 +75,8 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          archive_timeout: float = DEFAULT_COMMAND_TIMEOUT,
          archive_max_pending: int = DEFAULT_MAX_PENDING, archive_backoff: float = 10.0,
          checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
-         checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES, verify: str = "checkpoint") -> WAL:
+         checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES, verify: str = "checkpoint",
+         wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT) -> WAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
@@ -88,7 +90,7 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
                archive_options=archive_options, archive_timeout=archive_timeout,
                archive_max_pending=archive_max_pending, archive_backoff=archive_backoff,
                checkpoint_interval=checkpoint_interval, checkpoint_bytes=checkpoint_bytes,
-               verify=verify)
+               verify=verify, wait_timeout=wait_timeout)
 
 
 class WAL(Opening):
@@ -192,6 +194,12 @@ class WAL(Opening):
       many bytes give up the GIL before copying; smaller ones keep it unless they
       must wait (for a slot, another insertion, a system call), since handing the
       GIL over costs more than inserting them.  0 always gives it up.
+    - ``wait_timeout``: seconds that an append, a flush (``flush``, ``append(...,
+      flush=True)``, ``checkpoint``, ``records``) or ``close`` waits for one other writer
+      (another process of a shared WAL, or a thread of this one) that holds an insertion
+      below what it needs, or the reservation lock, and is alive but does not run (stopped
+      by SIGSTOP or a debugger, a paused container); then StalledWriterError, naming its
+      pid (None: wait as long as it takes).  A writer that died never holds anyone up.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: str = "auto", create: bool = True,
@@ -211,12 +219,14 @@ class WAL(Opening):
                  archive_backoff: float = 10.0,
                  checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
                  checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES,
-                 verify: str = "checkpoint") -> None:
+                 verify: str = "checkpoint",
+                 wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT) -> None:
         check_wal_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                           sync_method, on_corruption, recycle_segments, flush_interval,
                           prepare_segments, gil_release_size, max_wal_size, preallocate, persist,
                           insertion, shared)
         check_checkpoint_options(checkpoint_interval, checkpoint_bytes, verify)
+        check_wait_timeout(wait_timeout)
         archiving = archive_spec(archive, archive_command, restore_command, archive_options,
                                  archive_timeout, archive_max_pending, archive_backoff, background)
         self._init_state(insertion=insertion, prepare_segments=prepare_segments,
@@ -234,6 +244,7 @@ class WAL(Opening):
             else:
                 self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
                            max_record_size, gil_release_size, verify)
+            self._core.set_wait_timeout(wait_timeout or 0)
             if archiving is not None:  # (only a WAL that archives loads the archiver)
                 from pmemwal.archiver import Archiver
                 self._archiver = Archiver(self._dir.path, archiving, self.segment_size,
@@ -270,7 +281,9 @@ class WAL(Opening):
     def flush(self, lsn: int | None = None) -> int:
         """Make every record up to and including the one at ``lsn`` (None: all) durable.
 
-        Returns the flushed LSN: every byte below it is durable.
+        Returns the flushed LSN: every byte below it is durable.  A writer that holds an
+        insertion below ``lsn`` and is alive but does not run: StalledWriterError after
+        ``wait_timeout`` seconds; a signal's exception (KeyboardInterrupt) as it comes.
         """
         return self._core.flush(lsn)
 
@@ -490,7 +503,13 @@ class WAL(Opening):
         After a read found damage (CorruptionError), with nothing appended since the
         open, the checkpoint stays as the open wrote it: an open or a read that refused
         changes no file, and the older slot, what the WAL was before, is kept for the
-        repair."""
+        repair.
+
+        Another writer that is alive and does not run (a stopped process of a shared WAL)
+        holding that flush up past ``wait_timeout``: StalledWriterError, raised after
+        everything is released (the WAL is closed; what was not flushed is up to the other
+        processes' flushes).  Calls of other threads still waiting in the core then end
+        with ClosedError."""
         if self._closed:
             return
         self._closed = True
@@ -515,10 +534,11 @@ class WAL(Opening):
 
     def _release(self, point: tuple[int, int] | None = None) -> None:
         _SHARED.discard(self)
-        with self._truncate_lock, self._seg_lock:  # no segment is attached after this
-            self._core_closed = True
-            if hasattr(self, "_core"):
-                self._core.close()
+        with self._truncate_lock:
+            with self._seg_lock:  # no segment is attached after this
+                self._core_closed = True
+            if hasattr(self, "_core"):  # (without the segment lock: the core's close waits
+                self._core.close()      # for calls in flight, which may need it to give up)
                 self._mark_clean(point)
         if self._background is not None:  # after the core: no appender can notify it now
             self._background.stop()

@@ -38,6 +38,11 @@ DEFAULT_CHECKPOINT_BYTES = 64 << 20
 # (docs/PERFORMANCE.md, "Threads and processes"; 8 KiB before issue 29: the history is in
 # docs/notes/2026-12-performance-notebook.md §8.1 and §15.3).
 DEFAULT_GIL_RELEASE_SIZE = 32 << 10
+# How long a call waits for one other writer that holds an insertion it needs, or the
+# reservation lock, before StalledWriterError: far above any insertion's time (a 1 GiB
+# record copies in well under a second) or a pause of a loaded machine, short enough that a
+# stopped peer (SIGSTOP, a debugger, a paused container) does not hang its group for good.
+DEFAULT_WAIT_TIMEOUT = 30.0
 
 
 class WALOptions(TypedDict, total=False):
@@ -73,6 +78,7 @@ class WALOptions(TypedDict, total=False):
     checkpoint_interval: float
     checkpoint_bytes: int
     verify: str
+    wait_timeout: float | None
 
 
 def check_checkpoint_options(interval: float, nbytes: int, verify: str) -> None:
@@ -83,6 +89,12 @@ def check_checkpoint_options(interval: float, nbytes: int, verify: str) -> None:
         raise ConfigError(f"checkpoint_bytes={nbytes!r}: a positive number of bytes")
     if verify not in VERIFY:
         raise ConfigError(f"verify={verify!r}: one of {', '.join(VERIFY)}")
+
+
+def check_wait_timeout(timeout: float | None) -> None:
+    """ConfigError for a wait_timeout pmemwal.open would refuse."""
+    if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout <= 1e6):
+        raise ConfigError(f"wait_timeout={timeout!r}: seconds, above 0 (None: no limit)")
 
 
 def archive_spec(url: str | None, command: str | None, restore_command: str | None,
