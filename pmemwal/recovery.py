@@ -99,6 +99,8 @@ class Recovery:
         oldest = self._oldest(cp)  # (segments below it are no part of the WAL)
         if cp is not None and self._check_vouched_segments(cp, oldest, on_corruption):
             full_scan = full_scan or "segments the checkpoint vouches for are missing"
+        if cp is not None and oldest not in self._segnos:
+            return self._nothing_left(cp)
         if cp is None or not cp.clean:
             self._read_from_disk(cp.end_lsn if cp is not None and full_scan is None else 0)
         if full_scan is None and cp is not None and self._end_page_damaged(cp.end_lsn):
@@ -199,7 +201,17 @@ class Recovery:
         if cp is None:
             return self._segnos[0]
         kept = [n for n in self._segnos if n >= cp.oldest_segno]
-        return kept[0] if kept else self._segnos[0]
+        return kept[0] if kept else cp.oldest_segno  # (never made: _nothing_left)
+
+    def _nothing_left(self, cp: Checkpoint) -> Recovered:
+        """No segment from the checkpoint's oldest on, and it vouches for none
+        (``_check_vouched_segments`` refused otherwise): a truncation to the first byte of a
+        segment not made yet wrote the checkpoint naming it, and a crash came before that
+        segment was.  Every record was truncated, none is lost: the WAL goes on at that
+        segment's first byte, which the open makes (wal/opening.py, _tidy)."""
+        start = max(cp.end_lsn, first_lsn(cp.oldest_segno, self._size))
+        last = cp.last_lsn if start == cp.end_lsn else 0
+        return Recovered(start, last, start, start, None, None, cp.oldest_segno, cp.cuts)
 
     def _end_page_damaged(self, end: int) -> bool:
         """Whether the page that holds ``end`` has a damaged header although a record before
@@ -233,8 +245,9 @@ class Recovery:
                 f"segments {missing[0]:016X}..{missing[-1]:016X} are missing ({len(missing)})")
         reason = (f"{what}, but the checkpoint says they held records durable up to "
                   f"{format_lsn(end)}: deleted, with their records")
-        if on_corruption == "raise" or oldest < cp.oldest_segno:
-            left = "" if oldest >= cp.oldest_segno else " (and none of the WAL's is left)"
+        none_left = oldest not in present
+        if on_corruption == "raise" or none_left:
+            left = " (and none of the WAL's is left)" if none_left else ""
             raise CorruptionError(first_lsn(missing[0], self._size), missing[0], reason + left)
         if missing[0] < oldest:
             self._cut_durable = True

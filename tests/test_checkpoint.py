@@ -30,7 +30,8 @@ from pmemwal.slots import SLOT_STRIDE
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.cli import main as cli
 
-from conftest import as_made_before_checkpoints, child_env, seg_file, stream_write
+from conftest import (PAGE, PAGE_HDR, REC_HDR, as_made_before_checkpoints, child_env,
+                      first_lsn_of_segment, seg_file, stream_write)
 
 N, DAMAGED = 1500, 100
 PATTERNS = ("each", "end", "background", "every500")
@@ -782,3 +783,50 @@ def test_a_new_wal_cut_short_before_its_first_checkpoint_opens(wal_dir, mode):
         wal.append(b"first")
     with pmemwal.open(wal_dir, mode=mode) as wal:
         assert [bytes(r.payload) for r in wal.records()] == [b"first"]
+
+
+def _ending_at_a_segment_boundary(wal_dir, mode: str) -> tuple[bytes, int, int]:
+    """A closed WAL whose last record ends at the first byte of segment 1, not made yet:
+    (its id, that end, the last record's LSN)."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=0) as wal:
+        target = first_lsn_of_segment(1, SEG)
+        while True:  # the bytes of the record stream left in segment 0
+            insert = wal.insert_lsn
+            page_off = insert % PAGE
+            pages_after = (SEG - (insert - page_off) - PAGE) // PAGE
+            left = (PAGE - page_off) + pages_after * (PAGE - PAGE_HDR)
+            if left < 60_000:
+                break
+            wal.append(bytes(20_000))
+        last = wal.append(bytes(left - REC_HDR), flush=True)
+        assert wal.position() == (target, last)
+    assert sorted(n for n in os.listdir(wal_dir) if n.endswith(".wal")) == [seg_file(wal_dir, 0).name]
+    return wal.wal_id, target, last
+
+
+@pytest.mark.parametrize("left", ["segment 0 left", "every segment removed"])
+def test_a_truncation_cut_short_at_a_segment_boundary_keeps_its_cut(wal_dir, mode, left):
+    """The flushed LSN at the first byte of segment 1, not made yet: a truncation there writes
+    the checkpoint naming segment 1 oldest, and a crash comes before segment 1 exists (after
+    segment 0's removal or before it).  Nothing was lost: the open makes segment 1, the WAL
+    goes on at the same LSN with no record, and the oldest segment never goes back down (the
+    truncated records would rejoin the WAL)."""
+    wal_id, end, last = _ending_at_a_segment_boundary(wal_dir, mode)
+    cpf = CheckpointFile(str(wal_dir), wal_id, SEG)
+    cpf.write(end, last, 1)     # the truncation's checkpoint, then the crash
+    if left == "every segment removed":
+        os.unlink(seg_file(wal_dir, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecoveryWarning)
+        wal = pmemwal.open(wal_dir, mode=mode)
+    with wal:
+        assert wal.position() == (end, last), "the LSNs go on where they were"
+        assert [r.lsn for r in wal.records()] == []
+        assert cpf.read().oldest_segno == 1
+        assert not seg_file(wal_dir, 0).exists() and seg_file(wal_dir, 1).exists()
+        after = wal.append(b"after")
+    assert after == end
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert [(r.lsn, bytes(r.payload)) for r in wal.records()] == [(end, b"after")]
+        assert wal.recovery["full_scan"] is None and cpf.read().oldest_segno == 1

@@ -20,10 +20,10 @@ import os
 import numpy as np
 
 from pmemwal import _core, libpmem
-from pmemwal.checkpoint import CheckpointFile
+from pmemwal.checkpoint import CheckpointFile, read_any
 from pmemwal.device import resolve_mode
 from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundError
-from pmemwal.format import CHECKPOINTED, DEFAULT_SEGMENT_SIZE
+from pmemwal.format import CHECKPOINTED, DEFAULT_SEGMENT_SIZE, first_lsn
 from pmemwal.recovery import Recovery
 from pmemwal.segments import CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME, storage_errors
 from pmemwal.wal.peers import _OLDEST
@@ -82,6 +82,8 @@ class Opening(BackgroundRounds):
         """Read and cross-check every segment header, or create the first segment."""
         self._segnos = self._dir.list_segments(tidy=False)  # (an open may yet refuse)
         if not self._segnos:
+            if self._checkpoint_without_segments(segment_size):
+                return
             self._refuse_without_segments()
             if not self._dir.may_create or not create:
                 raise NotFoundError(errno.ENOENT, "no WAL in this directory (create=False)",
@@ -108,6 +110,26 @@ class Opening(BackgroundRounds):
             self._checkpointed = any(header.flags & CHECKPOINTED for header, _ in headers)
         self._wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
 
+    def _checkpoint_without_segments(self, segment_size: int | None) -> bool:
+        """Whether a valid CHECKPOINT vouches for no segment (its end at or below the first
+        byte of its oldest segment): a truncation to the first byte of a segment not made
+        yet removed every older one, and a crash came before that segment was made.  No
+        record was lost: the WAL is the checkpoint's (its id, its LSNs, its count of cuts),
+        and its oldest segment is made once recovery has decided (``_tidy``)."""
+        found = read_any(self._dir.path)
+        if found is None:
+            return False
+        wal_id, size, cp = found
+        if cp.end_lsn > first_lsn(cp.oldest_segno, size):
+            return False    # (it vouches for segments: _refuse_without_segments)
+        if segment_size is not None and segment_size != size:
+            raise ConfigError(f"segment_size={segment_size}, but the WAL at {self._dir.path} "
+                              f"was made with {size}")
+        self.segment_size, self.wal_id = size, wal_id
+        self._wal_id_lo = int.from_bytes(wal_id[:4], "little")
+        self._checkpointed = True
+        return True
+
     def _refuse_without_segments(self) -> None:
         """No segment file, but what a WAL keeps beside its segments is there: they were
         deleted, with every record.  A new WAL made over them (another id) would hide that,
@@ -123,14 +145,18 @@ class Opening(BackgroundRounds):
         """Once recovery has decided (an open that refuses changes no file): remove the
         temp files of a segment being made or recycled, and the segments below ``oldest``
         that a crash left behind a truncation (its checkpoint names ``oldest``: they hold
-        nothing of the WAL; removed oldest first, as truncation does)."""
+        nothing of the WAL; removed oldest first, as truncation does).  Segment ``oldest``
+        is made if it never was (Recovery, _nothing_left)."""
         self._dir.list_segments(tidy=True)
-        while self._segnos[0] < oldest:
+        while self._segnos and self._segnos[0] < oldest:
             segno = self._segnos.pop(0)
             cached = self._read_cache.pop(segno, None)
             if cached is not None:
                 cached.close()
             self._dir.remove(segno)
+        if not self._segnos:    # (the checkpoint's oldest was never made: Recovery, _nothing_left)
+            self._dir.create(oldest, self.segment_size, self.wal_id)
+            self._segnos = [oldest]
 
     def _start_core(self, insert_slots: int, buffer_size: int, max_record_size: int,
                     gil_release_size: int, insert_lsn: int, prev_lsn: int,
