@@ -130,8 +130,8 @@ class Recovery:
             aside = self._set_aside(x, pages, min_prev, _core.status_text(status))
         else:
             pages = []
-        cuts = (cp.cuts if cp is not None else self._cuts_without_checkpoint()) + \
-            self._cut_durable
+        cuts = cp.cuts + self._cut_durable if cp is not None else \
+            self._cuts_without_checkpoint()
         if cp is not None and x < cp.end_lsn:  # a cut below it: the checkpoint goes first,
             # so that no open after a crash starts reading past the zeroed records
             self._checkpoints.write(x, last, oldest, current=cp, cuts=cuts)
@@ -269,13 +269,13 @@ class Recovery:
         return seg_map is None or bool(np.frombuffer(seg_map, np.uint8, PAGE_SIZE, PAGE_SIZE).any())
 
     def _cuts_without_checkpoint(self) -> int:
-        """The count of cuts to go on from with no valid checkpoint slot: none for a WAL
-        made before checkpoints; with both slots invalid, or CHECKPOINT lost, one more than
-        a damaged slot still shows (the count never goes down), since a scan without a
-        checkpoint cannot tell damage to acknowledged records from a torn tail, and may
-        cut them."""
+        """The count of cuts with no valid checkpoint slot, this recovery's included: for a
+        WAL made before checkpoints, one if it cut durable records; with both slots invalid,
+        or CHECKPOINT lost, one more than a damaged slot still shows (the count never goes
+        down), since a scan without a checkpoint cannot tell damage to acknowledged records
+        from a torn tail, and may cut them.  One recovery counts one cut at most."""
         if not os.path.exists(self._checkpoints.path) and not self._lost_checkpoint():
-            return 0
+            return int(self._cut_durable)
         return self._checkpoints.damaged_cuts() + 1
 
     def _check_deleted(self, on_corruption: str, status: int, x: int, bad: int) -> None:

@@ -830,3 +830,20 @@ def test_a_truncation_cut_short_at_a_segment_boundary_keeps_its_cut(wal_dir, mod
     with pmemwal.open(wal_dir, mode=mode) as wal:
         assert [(r.lsn, bytes(r.payload)) for r in wal.records()] == [(end, b"after")]
         assert wal.recovery["full_scan"] is None and cpf.read().oldest_segno == 1
+
+
+def test_one_recovery_counts_one_cut(wal_dir, mode):
+    """Both slots invalid (a scan without a checkpoint may cut) and a middle segment deleted
+    (a cut of durable records) in one open told to truncate: cuts counts recoveries that cut,
+    one more, not two."""
+    _fill(wal_dir, mode, 3, recycle_segments=0)
+    with open(wal_dir / "CHECKPOINT", "r+b") as f:
+        for slot in (0, SLOT_STRIDE):   # a CRC that fails, the fields as written
+            f.seek(slot + 508)
+            f.write(b"\0\0\0\0")
+    os.unlink(seg_file(wal_dir, 1))
+    with pytest.warns(RecoveryWarning, match="no valid checkpoint"):
+        wal = pmemwal.open(wal_dir, mode=mode, on_corruption="truncate")
+    with wal:
+        assert wal.cuts == 1
+        assert wal.insert_lsn < SEG
