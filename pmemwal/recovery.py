@@ -120,21 +120,26 @@ class Recovery:
                              "made durable")
         self._check_deleted(on_corruption, status, x, bad)
         aside = None
-        if not (cp is not None and cp.clean and full_scan is None and x == cp.end_lsn):
+        aside_needed = not (cp is not None and cp.clean and full_scan is None and x == cp.end_lsn)
+        if aside_needed:
             # (after a clean close with nothing past it, nothing of this cycle lies past x)
             min_prev = first_lsn(self._segnos[0], self._size)
             durable, pages = self._reader.beyond(x, self._segnos[-1], min_prev)
             if durable:
                 self._refuse(on_corruption, x, f"{_core.status_text(status)}; the valid record "
                              f"at {format_lsn(durable)} was written after this one was flushed")
-            aside = self._set_aside(x, pages, min_prev, _core.status_text(status))
         else:
             pages = []
-        cuts = cp.cuts + self._cut_durable if cp is not None else \
+        before, counts = (cp.cuts, self._cut_durable) if cp is not None else \
             self._cuts_without_checkpoint()
-        if cp is not None and x < cp.end_lsn:  # a cut below it: the checkpoint goes first,
-            # so that no open after a crash starts reading past the zeroed records
-            self._checkpoints.write(x, last, oldest, current=cp, cuts=cuts)
+        cuts = before + counts
+        if aside_needed:
+            aside, counted = self._set_aside(x, pages, min_prev, _core.status_text(status),
+                                             cuts if counts else None)
+            if counted is not None:  # the same cut, by an open a crash stopped: counted once
+                cuts = before if counted <= before else max(cuts, counted)
+        if cp is not None and (x < cp.end_lsn or cuts > cp.cuts):
+            self._checkpoint_cut(cp, x, last, oldest, cuts)
         self._wipe_beyond(x, pages)
         if aside is not None:   # (a crash before this: the next recovery finishes it)
             lostfound.finish(aside)
@@ -268,15 +273,16 @@ class Recovery:
         seg_map = self._segment(0) if self._segnos == [0] else None
         return seg_map is None or bool(np.frombuffer(seg_map, np.uint8, PAGE_SIZE, PAGE_SIZE).any())
 
-    def _cuts_without_checkpoint(self) -> int:
-        """The count of cuts with no valid checkpoint slot, this recovery's included: for a
-        WAL made before checkpoints, one if it cut durable records; with both slots invalid,
-        or CHECKPOINT lost, one more than a damaged slot still shows (the count never goes
-        down), since a scan without a checkpoint cannot tell damage to acknowledged records
-        from a torn tail, and may cut them.  One recovery counts one cut at most."""
+    def _cuts_without_checkpoint(self) -> tuple[int, bool]:
+        """With no valid checkpoint slot: the count of cuts before this recovery, and
+        whether it counts as one.  A WAL made before checkpoints: none before, and one if it
+        cut durable records; with both slots invalid, or CHECKPOINT lost, what a damaged
+        slot still shows (the count never goes down), and one, since a scan without a
+        checkpoint cannot tell damage to acknowledged records from a torn tail, and may cut
+        them.  One recovery counts one cut at most."""
         if not os.path.exists(self._checkpoints.path) and not self._lost_checkpoint():
-            return int(self._cut_durable)
-        return self._checkpoints.damaged_cuts() + 1
+            return 0, self._cut_durable
+        return self._checkpoints.damaged_cuts(), True
 
     def _check_deleted(self, on_corruption: str, status: int, x: int, bad: int) -> None:
         """The chain ran into a segment that is missing although a later one exists
@@ -299,18 +305,33 @@ class Recovery:
                                   "on_corruption='truncate' to cut the WAL here; what follows "
                                   "is set aside in lost+found first)")
 
-    def _set_aside(self, x: int, pages: list[int], min_prev: int, reason: str) -> str | None:
+    def _checkpoint_cut(self, cp: Checkpoint, x: int, last: int, oldest: int,
+                        cuts: int) -> None:
+        """Before zeroing: a checkpoint that no open after a crash reads past the zeroed
+        records from (a cut below the checkpoint: at the cut), and that keeps the count of
+        cuts (a cut past it: at its own end, what lies below x is not synced yet); else a
+        crash after the zeroing would leave a torn tail there, and the cut uncounted."""
+        end, last = (x, last) if x < cp.end_lsn else (cp.end_lsn, cp.last_lsn)
+        self._checkpoints.write(end, last, oldest, current=cp, cuts=cuts)
+
+    def _set_aside(self, x: int, pages: list[int], min_prev: int, reason: str,
+                   cuts: int | None) -> tuple[str | None, int | None]:
+        """The lost+found entry of the cut at x (None: nothing to keep), and the count of
+        cuts it records: ``cuts`` for a new one (None: the cut does not count), or for a
+        pending one, made by an open that a crash stopped, the count that cut brought,
+        whether or not that open's checkpoint got to keep it."""
         made = lostfound.set_aside(self._dir.path, x, pages, min_prev, self._segment,
-                                   self._size, self._wal_id, reason, keep=self._cut_durable)
+                                   self._size, self._wal_id, reason, keep=self._cut_durable,
+                                   cuts=cuts)
         if made is None:
-            return None
-        path, found = made
+            return None, None
+        path, found, counted = made
         lost = _gaps(x, found)
         warnings.warn(f"{self._dir.path}: the WAL ends at {format_lsn(x)} ({reason}); "
                       f"{len(found)} valid record(s) past it set aside in {path} "
                       "(pmemwal lost-found)" + (f"; no valid record in {lost}: lost" if lost
                                                 else ""), RecoveryWarning, stacklevel=4)
-        return path
+        return path, counted
 
     def _wipe_beyond(self, end: int, pages: list[int]) -> None:
         """Zero the rest of the end's page and the later pages ``beyond`` named.

@@ -13,6 +13,7 @@ import hashlib
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -847,3 +848,53 @@ def test_one_recovery_counts_one_cut(wal_dir, mode):
     with wal:
         assert wal.cuts == 1
         assert wal.insert_lsn < SEG
+
+
+_KILLED_AT = {  # where an open that cuts durable records past the checkpoint is killed
+    "before its checkpoint": ("pmemwal.checkpoint", "CheckpointFile", "write"),
+    "before the zeroing": ("pmemwal.recovery", "Recovery", "_wipe_beyond"),
+    "before the entry is finished": ("pmemwal.lostfound", None, "finish"),
+    "before the open's checkpoint": ("pmemwal.wal.opening", "Opening", "_start_core"),
+}
+
+
+@pytest.mark.parametrize("step", list(_KILLED_AT))
+def test_a_cut_past_the_checkpoint_is_counted_once_whatever_step_a_kill_stops(wal_dir, mode,
+                                                                              step):
+    """Damage to flushed records past the checkpoint, cut with truncate by an open killed
+    (SIGKILL) at each step of the cut: the next open told to truncate ends the WAL where the
+    whole open does, with the cut counted once (a cut forgotten would let a layer's index
+    from before it be used) and one finished lost+found entry."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        lsns = [wal.append(bytes([i]) * 3000, flush=True) for i in range(40)]
+        copies = [wal_dir.parent / name for name in ("whole", "killed")]
+        for copy in copies:   # (the checkpoint the open wrote, with nothing in it)
+            shutil.copytree(wal_dir, copy, ignore=shutil.ignore_patterns("LOCK"))
+    for copy in copies:
+        _garble(copy, lsns[10], SEG)
+    with pytest.warns(RecoveryWarning):
+        wal = pmemwal.open(copies[0], mode=mode, on_corruption="truncate")
+    with wal:
+        assert wal.cuts == 1
+        whole = [(r.lsn, bytes(r.payload)) for r in wal.records()]
+    module, owner, name = _KILLED_AT[step]
+    code = f"""
+import importlib, os, signal, warnings
+import pmemwal
+warnings.simplefilter("ignore")
+module = importlib.import_module({module!r})
+owner = getattr(module, {owner!r}) if {owner!r} else module
+setattr(owner, {name!r}, lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL))
+pmemwal.open({str(copies[1])!r}, mode={mode!r}, on_corruption="truncate", background=False)
+"""
+    assert subprocess.run([sys.executable, "-c", code], env=child_env()).returncode == -9
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        wal = pmemwal.open(copies[1], mode=mode, on_corruption="truncate")
+    with wal:
+        assert [(r.lsn, bytes(r.payload)) for r in wal.records()] == whole
+        assert wal.cuts == 1
+    entries = lostfound.entries(str(copies[1]))
+    assert len(entries) == 1 and not entries[0].pending
+    with pmemwal.open(copies[1], mode=mode) as wal:
+        assert wal.cuts == 1
