@@ -246,8 +246,7 @@ class Recovery:
         missing = [n for n in range(cp.oldest_segno, last_segno + 1) if n not in present]
         if not missing:
             return False
-        what = (f"segment {missing[0]:016X} is missing" if len(missing) == 1 else
-                f"segments {missing[0]:016X}..{missing[-1]:016X} are missing ({len(missing)})")
+        what = _missing_text(missing)
         reason = (f"{what}, but the checkpoint says they held records durable up to "
                   f"{format_lsn(end)}: deleted, with their records")
         none_left = oldest not in present
@@ -359,6 +358,18 @@ class Recovery:
         finally:
             for fd in touched.values():
                 os.close(fd)
+
+
+def _missing_text(missing: list[int]) -> str:
+    """Which segments are missing, in words: a range only where it has no gap."""
+    first, last, n = missing[0], missing[-1], len(missing)
+    if n == 1:
+        return f"segment {first:016X} is missing"
+    if last - first + 1 == n:
+        return f"segments {first:016X}..{last:016X} are missing ({n})"
+    if n <= 8:
+        return f"segments {', '.join(f'{s:016X}' for s in missing)} are missing"
+    return f"{n} of the segments from {first:016X} to {last:016X} are missing"
 
 
 def _gaps(x: int, found: list[lostfound.Found]) -> str:

@@ -627,7 +627,7 @@ def _fill(wal_dir, mode: str, segments: int, **opts) -> list[int]:
     return lsns
 
 
-@pytest.mark.parametrize("left", ["CHECKPOINT", "lost+found", "index"])
+@pytest.mark.parametrize("left", ["CHECKPOINT", "lost+found", "index", "archive_status"])
 def test_a_wal_whose_segments_were_all_deleted_is_not_made_anew(wal_dir, left):
     """Every segment file deleted, what else the WAL kept still there: open refuses, naming
     what it found, instead of making a new, empty WAL (another id) over it."""
@@ -898,3 +898,14 @@ pmemwal.open({str(copies[1])!r}, mode={mode!r}, on_corruption="truncate", backgr
     assert len(entries) == 1 and not entries[0].pending
     with pmemwal.open(copies[1], mode=mode) as wal:
         assert wal.cuts == 1
+
+
+def test_missing_segments_with_a_gap_are_named_each(wal_dir, mode):
+    """Segments 1 and 3 deleted, 2 still there: the error names each, not a range that
+    reads as if 2 were missing too."""
+    _fill(wal_dir, mode, 4, recycle_segments=0)
+    for segno in (1, 3):
+        os.unlink(seg_file(wal_dir, segno))
+    with pytest.raises(pmemwal.CorruptionError,
+                       match="segments 0000000000000001, 0000000000000003 are missing"):
+        pmemwal.open(wal_dir, mode=mode)

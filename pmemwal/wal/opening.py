@@ -25,7 +25,8 @@ from pmemwal.device import resolve_mode
 from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundError
 from pmemwal.format import CHECKPOINTED, DEFAULT_SEGMENT_SIZE, first_lsn
 from pmemwal.recovery import Recovery
-from pmemwal.segments import CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME, storage_errors
+from pmemwal.segments import (ARCHIVE_STATUS_NAME, CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME,
+                              storage_errors)
 from pmemwal.wal.peers import _OLDEST
 from pmemwal.wal.rounds import BackgroundRounds
 from pmemwal.wal.state import _weak
@@ -134,7 +135,8 @@ class Opening(BackgroundRounds):
         """No segment file, but what a WAL keeps beside its segments is there: they were
         deleted, with every record.  A new WAL made over them (another id) would hide that,
         and its checkpoint would replace the one that names what was lost."""
-        left = [name for name in (CHECKPOINT_NAME, LOST_FOUND_NAME, INDEX_NAME)
+        left = [name for name in (CHECKPOINT_NAME, LOST_FOUND_NAME, INDEX_NAME,
+                                  ARCHIVE_STATUS_NAME)
                 if os.path.exists(os.path.join(self._dir.path, name))]
         if left:
             raise CorruptionError(0, 0, f"{self._dir.path} holds {', '.join(left)} but no "
@@ -145,15 +147,23 @@ class Opening(BackgroundRounds):
         """Once recovery has decided (an open that refuses changes no file): remove the
         temp files of a segment being made or recycled, and the segments below ``oldest``
         that a crash left behind a truncation (its checkpoint names ``oldest``: they hold
-        nothing of the WAL; removed oldest first, as truncation does).  Segment ``oldest``
-        is made if it never was (Recovery, _nothing_left)."""
+        nothing of the WAL; removed oldest first, as truncation does, with their archive
+        status, archiving or not).  Segment ``oldest`` is made if it never was (Recovery,
+        _nothing_left)."""
         self._dir.list_segments(tidy=True)
+        status = None
+        if self._segnos and self._segnos[0] < oldest and \
+                os.path.isdir(os.path.join(self._dir.path, ARCHIVE_STATUS_NAME)):
+            from pmemwal.archive import ArchiveStatus
+            status = ArchiveStatus(self._dir.path, create=False)
         while self._segnos and self._segnos[0] < oldest:
             segno = self._segnos.pop(0)
             cached = self._read_cache.pop(segno, None)
             if cached is not None:
                 cached.close()
             self._dir.remove(segno)
+            if status is not None:
+                status.forget(segno)
         if not self._segnos:    # (the checkpoint's oldest was never made: Recovery, _nothing_left)
             self._dir.create(oldest, self.segment_size, self.wal_id)
             self._segnos = [oldest]
