@@ -82,9 +82,10 @@ class Recovery:
     def __init__(self, directory: WalDirectory, segnos: list[int], segment_size: int,
                  wal_id: bytes, reader: _core.Reader,
                  segment: Callable[[int], memoryview | None], checkpoints: CheckpointFile,
-                 checkpointed: bool = False) -> None:
+                 checkpointed: bool = False, header_cuts: int = 0) -> None:
         self._dir = directory
         self._checkpointed = checkpointed  # a segment header says CHECKPOINT was kept
+        self._header_cuts = header_cuts  # the highest count of cuts a segment header holds
         self._segnos = segnos
         self._size = segment_size
         self._wal_id = wal_id
@@ -275,13 +276,15 @@ class Recovery:
     def _cuts_without_checkpoint(self) -> tuple[int, bool]:
         """With no valid checkpoint slot: the count of cuts before this recovery, and
         whether it counts as one.  A WAL made before checkpoints: none before, and one if it
-        cut durable records; with both slots invalid, or CHECKPOINT lost, what a damaged
-        slot still shows (the count never goes down), and one, since a scan without a
+        cut durable records; with both slots invalid, or CHECKPOINT lost, the highest count
+        a damaged slot or a segment header still shows (the newest segment's holds the
+        checkpoint's: wal/opening.py, _keep_cuts), and one, since a scan without a
         checkpoint cannot tell damage to acknowledged records from a torn tail, and may cut
-        them.  One recovery counts one cut at most."""
+        them: the count goes past every value a layer's index was stored with.  One
+        recovery counts one cut at most."""
         if not os.path.exists(self._checkpoints.path) and not self._lost_checkpoint():
             return 0, self._cut_durable
-        return self._checkpoints.damaged_cuts(), True
+        return max(self._checkpoints.damaged_cuts(), self._header_cuts), True
 
     def _check_deleted(self, on_corruption: str, status: int, x: int, bad: int) -> None:
         """The chain ran into a segment that is missing although a later one exists

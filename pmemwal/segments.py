@@ -115,6 +115,7 @@ class WalDirectory:
     def __init__(self, path: str, create: bool, shared: bool = False) -> None:
         self.path = os.path.abspath(path)
         self.may_create = create
+        self.cuts = 0   # the WAL's count of cuts, for the headers written (pmemwal/format.py)
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise FormatError(f"{self.path} is a file, not a WAL directory")
         if not os.path.isdir(self.path):
@@ -258,7 +259,8 @@ class WalDirectory:
                         offset += os.pwrite(fd, _ZEROS[:segment_size - offset], offset)
                 else:
                     os.posix_fallocate(fd, 0, segment_size)
-                os.pwrite(fd, SegmentHeader(segno, segment_size, wal_id, flags).pack(), 0)
+                os.pwrite(fd, SegmentHeader(segno, segment_size, wal_id, flags,
+                                            self.cuts).pack(), 0)
                 os.fdatasync(fd)
             except OSError:
                 os.unlink(tmp)
@@ -283,8 +285,8 @@ class WalDirectory:
             if own:
                 fd = os.open(tmp, os.O_RDWR)
             try:
-                os.pwrite(fd, SegmentHeader(new, segment_size, wal_id,
-                                            self.header_flags()).pack(), 0)
+                os.pwrite(fd, SegmentHeader(new, segment_size, wal_id, self.header_flags(),
+                                            self.cuts).pack(), 0)
                 os.fdatasync(fd)
             finally:
                 if own:

@@ -62,11 +62,14 @@ class Opening(BackgroundRounds):
                 self._dir.sync()  # what a killed writer renamed into place, before it is used
             recovered = Recovery(self._dir, self._segnos, self.segment_size, self.wal_id,
                                  self._reader, self._segment_buffer, self._checkpoints,
-                                 checkpointed=self._checkpointed)
+                                 checkpointed=self._checkpointed,
+                                 header_cuts=self._header_cuts)
             result = recovered.run(on_corruption, verify)
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
-            self._cuts = result.cuts
+            self._cuts = self._dir.cuts = result.cuts
             self._tidy(result.oldest_segno)  # (recovery decided: from here on files change)
+            if self._cuts > self._header_cuts:
+                self._keep_cuts(insert_lsn // self.segment_size)
         self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
                          insert_lsn, prev_lsn, first)
         if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
@@ -75,6 +78,7 @@ class Opening(BackgroundRounds):
         else:
             self._checkpoint = self._checkpoints.read()
             self._cuts = self._checkpoint.cuts if self._checkpoint is not None else 0
+            self._dir.cuts = self._cuts
         if self._control is not None and first:
             self._dir.share_lock()
         self._opened_at = self._core.insert_lsn
@@ -109,6 +113,7 @@ class Opening(BackgroundRounds):
                                   f"was made with {first.segment_size}")
             self.segment_size, self.wal_id = first.segment_size, first.wal_id
             self._checkpointed = any(header.flags & CHECKPOINTED for header, _ in headers)
+            self._header_cuts = max(header.cuts for header, _ in headers)
         self._wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
 
     def _checkpoint_without_segments(self, segment_size: int | None) -> bool:
@@ -167,6 +172,22 @@ class Opening(BackgroundRounds):
         if not self._segnos:    # (the checkpoint's oldest was never made: Recovery, _nothing_left)
             self._dir.create(oldest, self.segment_size, self.wal_id)
             self._segnos = [oldest]
+
+    def _keep_cuts(self, current: int) -> None:
+        """Give the newest segment a header holding the count of cuts recovery raised, before
+        a checkpoint names it (a count kept in the checkpoint alone would go with a deleted
+        CHECKPOINT, and come back to a value a layer's index was stored with: Recovery,
+        _cuts_without_checkpoint).  A spare past ``current``, the segment of the end, holds
+        nothing of the WAL: it is remade under a temp name, renamed into place; else the
+        next segment is made.  Truncation never removes the newest segment, and every
+        segment made or recycled later holds the count, so some header always does."""
+        newest = self._segnos[-1]
+        if newest > current:
+            self._dir.recycle(newest, newest, self.segment_size, self.wal_id)
+        else:
+            self._dir.create(newest + 1, self.segment_size, self.wal_id)
+            self._segnos.append(newest + 1)
+        self._header_cuts = self._cuts
 
     def _start_core(self, insert_slots: int, buffer_size: int, max_record_size: int,
                     gil_release_size: int, insert_lsn: int, prev_lsn: int,
