@@ -12,20 +12,20 @@ Segment header, at offset 0 of page 0 of every segment (little-endian):
     16  u64  segment_size   bytes per segment file, a power of two
     24  u64  segno          this file's segment number (its name, in hex)
     32  16s  wal_id         random, made when the WAL was created
-    48  u64  cuts           the WAL's count of cuts (the checkpoint's) when this segment
-                            was made or recycled
+    48  u64  reserved       zero
     56  u32  flags          bit 0 CHECKPOINTED: the WAL had a CHECKPOINT file when this
                             segment was made (or this is the first segment of a WAL
-                            made with one); other bits zero
+                            made with one); bits 16..31 CUTS: the WAL's count of cuts
+                            (the checkpoint's) when it was made or recycled, at most
+                            65535; other bits zero
     60  u32  crc            CRC-32C of bytes 0..59
 
 CHECKPOINTED is how recovery tells a deleted CHECKPOINT from a WAL made before
-checkpoints (pmemwal/recovery.py).  cuts is the count recovery goes on from when no
+checkpoints (pmemwal/recovery.py).  CUTS is the count recovery goes on from when no
 checkpoint slot is left: the newest segment always holds the count (an open that raised it
 makes or remakes a segment past its end, wal/opening.py), so a count an index was stored
-with never comes back.  Both were reserved zero fields before: a reader that does not know
-them opens such a WAL as before, and a WAL whose segments lack them is one made before
-checkpoints.
+with never comes back.  Both were zero bits before: a reader that does not know them opens
+such a WAL as before, and a WAL whose segments lack them is one made before checkpoints.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ MAX_RECORD_LIMIT = 1 << 30  # a record's length field is u32; keep well inside i
 MAX_LSN = 1 << 63  # positions stay well inside the 64-bit LSN
 
 CHECKPOINTED = 1  # segment header flag: the WAL kept a CHECKPOINT when it was made
+_CUTS_SHIFT, _CUTS_MAX = 16, 0xFFFF  # the flags' high half: the count of cuts (CUTS)
 _HEADER = struct.Struct("<8sIIQQ16sQI")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _CRC.size  # 64
@@ -64,12 +65,13 @@ class SegmentHeader:
     segment_size: int
     wal_id: bytes
     flags: int = 0
-    cuts: int = 0
+    cuts: int = 0       # CUTS (the flags' high half)
 
     def pack(self) -> bytes:
         """The header page: the 64-byte header, then zeros."""
+        flags = self.flags | min(self.cuts, _CUTS_MAX) << _CUTS_SHIFT
         body = _HEADER.pack(MAGIC, FORMAT_VERSION, PAGE_SIZE, self.segment_size, self.segno,
-                            self.wal_id, self.cuts, self.flags)
+                            self.wal_id, 0, flags)
         header = body + _CRC.pack(_core.crc32c(body))
         return header + bytes(PAGE_SIZE - len(header))
 
@@ -78,7 +80,7 @@ class SegmentHeader:
         """Parse and check a header; FormatError says what is wrong and where."""
         if len(data) < HEADER_SIZE:
             raise FormatError(f"{where}: too short for a segment header")
-        magic, version, page_size, seg_size, segno, wal_id, cuts, flags = _HEADER.unpack_from(data)
+        magic, version, page_size, seg_size, segno, wal_id, _, flags = _HEADER.unpack_from(data)
         if magic != MAGIC:
             raise FormatError(f"{where}: not a pmemwal segment (bad magic)")
         (crc,) = _CRC.unpack_from(data, _HEADER.size)
@@ -90,7 +92,8 @@ class SegmentHeader:
             raise FormatError(f"{where}: page size {page_size} / segment size {seg_size} not supported")
         if (segno + 1) * seg_size > MAX_LSN:
             raise FormatError(f"{where}: segment number {segno:X} is out of range (LSNs are 63-bit)")
-        return cls(segno, seg_size, wal_id, flags, cuts)
+        return cls(segno, seg_size, wal_id, flags & ~(_CUTS_MAX << _CUTS_SHIFT),
+                   flags >> _CUTS_SHIFT)
 
 
 def is_valid_segment_size(size: int) -> bool:
