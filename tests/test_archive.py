@@ -655,7 +655,7 @@ def test_segments_a_truncation_left_behind_go_with_their_status(shm_tmp):
         end, last = wal.position()
     status_dir = wal_dir / "archive_status"
     assert (status_dir / f"{segment_name(1)}.done").exists()
-    CheckpointFile(str(wal_dir), wal.wal_id, SEG).write(end, last, 2)  # the truncation's, then the crash
+    CheckpointFile(str(wal_dir), wal.wal_id, SEG).write(end, last, 2)  # a truncation's; a crash
     with pmemwal.open(wal_dir) as wal:      # (archiving or not)
         assert wal.first_lsn > 2 * SEG
     assert not seg_file(wal_dir, 0).exists() and not seg_file(wal_dir, 1).exists()
