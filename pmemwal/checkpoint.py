@@ -43,6 +43,7 @@ import struct
 import time
 from dataclasses import dataclass
 
+from pmemwal.format import is_valid_segment_size
 from pmemwal.segments import CHECKPOINT_NAME
 from pmemwal.slots import SlotPair
 
@@ -83,6 +84,23 @@ def unpack(body: bytes | None, wal_id: bytes, segment_size: int) -> Checkpoint |
     return Checkpoint(seq, end, last, oldest, bool(flags & CLEAN), when, cuts)
 
 
+def read_any(directory: str) -> tuple[bytes, int, Checkpoint] | None:
+    """The checkpoint in ``directory``, with the WAL id and segment size its slot names
+    (None: no file, or no valid slot): what a WAL whose segment files are all gone still
+    says of itself (wal/opening.py)."""
+    found = []
+    for body in SlotPair(os.path.join(directory, CHECKPOINT_NAME)).read():
+        if body is not None:
+            wal_id, segment_size = _BODY.unpack_from(body)[4:6]
+            cp = unpack(body, wal_id, segment_size)
+            if cp is not None and is_valid_segment_size(segment_size):
+                found.append((cp.seq, wal_id, segment_size, cp))
+    if not found:
+        return None
+    _, wal_id, segment_size, cp = max(found, key=lambda f: f[0])
+    return wal_id, segment_size, cp
+
+
 class CheckpointFile:
     """``CHECKPOINT`` in one WAL directory: read the current slot, write the next."""
 
@@ -108,7 +126,9 @@ class CheckpointFile:
     def write(self, end_lsn: int, last_lsn: int, oldest_segno: int, clean: bool = False,
               current: Checkpoint | None = None, cuts: int = 0) -> Checkpoint:
         """Write the next slot (after ``current``, the valid one; read when None) and sync it.
-        The caller has made everything below ``end_lsn`` durable.  ``cuts`` never goes down.
+        The caller has made everything below ``end_lsn`` durable.  ``cuts`` and
+        ``oldest_segno`` never go down (the segments below a truncation's oldest hold
+        records the WAL no longer has: a crash may leave them, never let them rejoin it).
 
         One that raises oldest_segno (a truncation's, before it removes the segments below)
         is written to both slots in turn: ``current``, left in the other slot, vouches for
@@ -117,6 +137,7 @@ class CheckpointFile:
         current = current if current is not None else self.read()
         seq = current.seq + 1 if current is not None else 1
         cuts = max(cuts, current.cuts if current is not None else 0)
+        oldest_segno = max(oldest_segno, current.oldest_segno if current is not None else 0)
         raises = current is not None and current.oldest_segno < oldest_segno
         for seq in (seq, seq + 1) if raises else (seq,):
             cp = Checkpoint(seq, end_lsn, last_lsn, oldest_segno, clean, time.time_ns(), cuts)

@@ -20,13 +20,17 @@ Segment header, at offset 0 of page 0 of every segment (little-endian):
                             bit 1 SPARE: made ahead or recycled, and not written since (the
                             writer rewrites the header without it, synced, before it
                             appends to the segment: recovery need not read its pages);
+                            bits 16..31 CUTS: the WAL's count of cuts (the checkpoint's)
+                            when it was made, recycled or taken into use, at most 65535;
                             other bits zero
     60  u32  crc            CRC-32C of bytes 0..59
 
 CHECKPOINTED is how recovery tells a deleted CHECKPOINT from a WAL made before
 checkpoints (pmemwal/recovery.py): a WAL whose segments lack it is one made before
-checkpoints.  Version 1 headers (bytes 48..59 zero, written before both flags) are read
-as segments in use, made before checkpoints.
+checkpoints.  CUTS is the count recovery goes on from when no checkpoint slot is left: the
+newest segment always holds the count (an open that raised it makes or remakes a segment
+past its end, wal/opening.py), so a count an index was stored with never comes back.
+Version 1 headers (written before SPARE and recycled_from) are read as segments in use.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from pmemwal import _core
 from pmemwal.errors import FormatError
 
 FORMAT_VERSION = _core.FORMAT_VERSION  # what new headers say
-READ_VERSIONS = (1, FORMAT_VERSION)     # 1: no flags, no recycled_from
+READ_VERSIONS = (1, FORMAT_VERSION)     # 1: no SPARE, no recycled_from
 CHECKPOINTED = 1  # header flag: the WAL kept a CHECKPOINT when the segment was made
 SPARE = 2         # header flag: a spare, not written since it was made or recycled
 PAGE_SIZE = _core.PAGE_SIZE
@@ -54,6 +58,7 @@ DEFAULT_SEGMENT_SIZE = 16 << 20
 MAX_RECORD_LIMIT = 1 << 30  # a record's length field is u32; keep well inside it
 MAX_LSN = 1 << 63  # positions stay well inside the 64-bit LSN
 
+_CUTS_SHIFT, _CUTS_MAX = 16, 0xFFFF  # the flags' high half: the count of cuts (CUTS)
 _HEADER = struct.Struct("<8sIIQQ16sQI")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _CRC.size  # 64
@@ -74,6 +79,7 @@ class SegmentHeader:
     wal_id: bytes
     flags: int = 0                    # CHECKPOINTED, SPARE
     recycled_from: int | None = None  # a spare's number before it was recycled
+    cuts: int = 0                     # CUTS (the flags' high half)
 
     @property
     def spare(self) -> bool:
@@ -83,7 +89,8 @@ class SegmentHeader:
         """The header page: the 64-byte header, then zeros."""
         recycled = 0 if self.recycled_from is None else self.recycled_from + 1
         body = _HEADER.pack(MAGIC, FORMAT_VERSION, PAGE_SIZE, self.segment_size, self.segno,
-                            self.wal_id, recycled, self.flags)
+                            self.wal_id, recycled,
+                            self.flags | min(self.cuts, _CUTS_MAX) << _CUTS_SHIFT)
         header = body + _CRC.pack(_core.crc32c(body))
         return header + bytes(PAGE_SIZE - len(header))
 
@@ -102,13 +109,14 @@ class SegmentHeader:
         if version not in READ_VERSIONS:
             raise FormatError(f"{where}: format version {version}, this pmemwal reads "
                               f"{' and '.join(map(str, READ_VERSIONS))}")
-        if flags & ~(CHECKPOINTED | SPARE) or (version == 1 and (flags or recycled)):
+        flags, cuts = flags & ~(_CUTS_MAX << _CUTS_SHIFT), flags >> _CUTS_SHIFT
+        if flags & ~(CHECKPOINTED | SPARE) or (version == 1 and (flags & SPARE or recycled)):
             raise FormatError(f"{where}: unknown header flags {flags:#x}")
         if page_size != PAGE_SIZE or not is_valid_segment_size(seg_size):
             raise FormatError(f"{where}: page size {page_size} / segment size {seg_size} not supported")
         if (segno + 1) * seg_size > MAX_LSN:
             raise FormatError(f"{where}: segment number {segno:X} is out of range (LSNs are 63-bit)")
-        return cls(segno, seg_size, wal_id, flags, recycled - 1 if recycled else None)
+        return cls(segno, seg_size, wal_id, flags, recycled - 1 if recycled else None, cuts)
 
 
 def is_valid_segment_size(size: int) -> bool:

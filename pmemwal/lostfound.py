@@ -8,7 +8,8 @@ and synced:
 
     CUTTING              present until the cut has zeroed and synced what it cut (finish)
     MANIFEST.json        cut_lsn, reason, wal_id (hex), segment_size, the pages copied, the
-                         records found (lsn, next_lsn, length), made_ns
+                         records found (lsn, next_lsn, length), made_ns, cuts (the WAL's
+                         count of cuts with this one; null: no cut of durable records)
     <segment>.wal        a sparse copy of each segment involved: its header page and the
                          copied pages at their own offsets, holes elsewhere
 
@@ -94,12 +95,15 @@ def _positions(x: int, pages: list[int]) -> Iterator[int]:
 
 def set_aside(wal_dir: str, x: int, pages: list[int], min_prev: int,
               segment: Callable[[int], memoryview | mmap.mmap | None], segment_size: int, wal_id: bytes,
-              reason: str, keep: bool = False) -> tuple[str, list[Found]] | None:
+              reason: str, keep: bool = False,
+              cuts: int | None = None) -> tuple[str, list[Found], int | None] | None:
     """Copy every page the cut at ``x`` is about to zero (x's page and ``pages``) that is not
     all zeros, and the pages the valid records past x span, into a new lost+found entry,
-    synced; returns its path and the records, or None when there is nothing to keep: no
-    valid record past x, and not ``keep`` (a cut of records known durable keeps its pages
-    even when no record in them validates any more).
+    synced; returns its path, the records and the count of cuts it records, or None when
+    there is nothing to keep: no valid record past x, and not ``keep`` (a cut of records
+    known durable keeps its pages even when no record in them validates any more).
+    ``cuts``: the WAL's count of cuts with this one (None: the cut is no cut of durable
+    records), recorded so that a recovery rerun after a crash counts the cut once.
 
     The entry is made pending (``CUTTING``) until the caller has zeroed and synced what it
     cuts (``finish``): a recovery that a crash stopped in between finds the same cut, and
@@ -110,7 +114,8 @@ def set_aside(wal_dir: str, x: int, pages: list[int], min_prev: int,
     held = set() if pending is None else {tuple(r) for r in pending.manifest["records"]}
     if pending is not None and {(f.lsn, f.next_lsn, f.length) for f in found} <= held:
         # the same cut, begun before: since then only its zeroing wrote, which removes
-        return pending.path, [Found(*r) for r in pending.manifest["records"]]
+        return (pending.path, [Found(*r) for r in pending.manifest["records"]],
+                pending.manifest.get("cuts"))
     if not found and not (keep and _holds_bytes(x, pages, segment, segment_size)):
         return None
     copy = {x - x % PAGE_SIZE} | set(pages)
@@ -129,7 +134,7 @@ def set_aside(wal_dir: str, x: int, pages: list[int], min_prev: int,
         manifest = {"cut_lsn": x, "cut": format_lsn(x), "reason": reason, "wal_id": wal_id.hex(),
                     "segment_size": segment_size, "made_ns": time.time_ns(),
                     "pages": sorted(copy),
-                    "records": [[f.lsn, f.next_lsn, f.length] for f in found]}
+                    "records": [[f.lsn, f.next_lsn, f.length] for f in found], "cuts": cuts}
         write_synced(os.path.join(target, MANIFEST), json.dumps(manifest, indent=1).encode())
         for directory in (target, os.path.dirname(target), wal_dir):
             sync_directory(directory)
@@ -137,7 +142,7 @@ def set_aside(wal_dir: str, x: int, pages: list[int], min_prev: int,
         # a cut at x stopped before it zeroed anything, whose open then went on without
         # cutting there (other options), and appended more: this entry holds all it held
         remove(wal_dir, pending.name)
-    return target, found
+    return target, found, cuts
 
 
 def _holds_bytes(x: int, pages: list[int], segment: Callable[[int], memoryview | mmap.mmap | None],

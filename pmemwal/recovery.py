@@ -82,9 +82,10 @@ class Recovery:
     def __init__(self, directory: WalDirectory, segnos: list[int], segment_size: int,
                  wal_id: bytes, reader: _core.Reader,
                  segment: Callable[[int], memoryview | None], checkpoints: CheckpointFile,
-                 checkpointed: bool = False) -> None:
+                 checkpointed: bool = False, header_cuts: int = 0) -> None:
         self._dir = directory
         self._checkpointed = checkpointed  # a segment header says CHECKPOINT was kept
+        self._header_cuts = header_cuts  # the highest count of cuts a segment header holds
         self._segnos = segnos
         self._size = segment_size
         self._wal_id = wal_id
@@ -99,6 +100,8 @@ class Recovery:
         oldest = self._oldest(cp)  # (segments below it are no part of the WAL)
         if cp is not None and self._check_vouched_segments(cp, oldest, on_corruption):
             full_scan = full_scan or "segments the checkpoint vouches for are missing"
+        if cp is not None and oldest not in self._segnos:
+            return self._nothing_left(cp)
         if cp is None or not cp.clean:
             self._read_from_disk(cp.end_lsn if cp is not None and full_scan is None else 0)
         if full_scan is None and cp is not None and self._end_page_damaged(cp.end_lsn):
@@ -118,21 +121,26 @@ class Recovery:
                              "made durable")
         self._check_deleted(on_corruption, status, x, bad)
         aside = None
-        if not (cp is not None and cp.clean and full_scan is None and x == cp.end_lsn):
+        aside_needed = not (cp is not None and cp.clean and full_scan is None and x == cp.end_lsn)
+        if aside_needed:
             # (after a clean close with nothing past it, nothing of this cycle lies past x)
             min_prev = first_lsn(self._segnos[0], self._size)
             durable, pages = self._reader.beyond(x, self._segnos[-1], min_prev)
             if durable:
                 self._refuse(on_corruption, x, f"{_core.status_text(status)}; the valid record "
                              f"at {format_lsn(durable)} was written after this one was flushed")
-            aside = self._set_aside(x, pages, min_prev, _core.status_text(status))
         else:
             pages = []
-        cuts = (cp.cuts if cp is not None else self._cuts_without_checkpoint()) + \
-            self._cut_durable
-        if cp is not None and x < cp.end_lsn:  # a cut below it: the checkpoint goes first,
-            # so that no open after a crash starts reading past the zeroed records
-            self._checkpoints.write(x, last, oldest, current=cp, cuts=cuts)
+        before, counts = (cp.cuts, self._cut_durable) if cp is not None else \
+            self._cuts_without_checkpoint()
+        cuts = before + counts
+        if aside_needed:
+            aside, counted = self._set_aside(x, pages, min_prev, _core.status_text(status),
+                                             cuts if counts else None)
+            if counted is not None:  # the same cut, by an open a crash stopped: counted once
+                cuts = before if counted <= before else max(cuts, counted)
+        if cp is not None and (x < cp.end_lsn or cuts > cp.cuts):
+            self._checkpoint_cut(cp, x, last, oldest, cuts)
         self._wipe_beyond(x, pages)
         if aside is not None:   # (a crash before this: the next recovery finishes it)
             lostfound.finish(aside)
@@ -199,7 +207,17 @@ class Recovery:
         if cp is None:
             return self._segnos[0]
         kept = [n for n in self._segnos if n >= cp.oldest_segno]
-        return kept[0] if kept else self._segnos[0]
+        return kept[0] if kept else cp.oldest_segno  # (never made: _nothing_left)
+
+    def _nothing_left(self, cp: Checkpoint) -> Recovered:
+        """No segment from the checkpoint's oldest on, and it vouches for none
+        (``_check_vouched_segments`` refused otherwise): a truncation to the first byte of a
+        segment not made yet wrote the checkpoint naming it, and a crash came before that
+        segment was.  Every record was truncated, none is lost: the WAL goes on at that
+        segment's first byte, which the open makes (wal/opening.py, _tidy)."""
+        start = max(cp.end_lsn, first_lsn(cp.oldest_segno, self._size))
+        last = cp.last_lsn if start == cp.end_lsn else 0
+        return Recovered(start, last, start, start, None, None, cp.oldest_segno, cp.cuts)
 
     def _end_page_damaged(self, end: int) -> bool:
         """Whether the page that holds ``end`` has a damaged header although a record before
@@ -229,12 +247,12 @@ class Recovery:
         missing = [n for n in range(cp.oldest_segno, last_segno + 1) if n not in present]
         if not missing:
             return False
-        what = (f"segment {missing[0]:016X} is missing" if len(missing) == 1 else
-                f"segments {missing[0]:016X}..{missing[-1]:016X} are missing ({len(missing)})")
+        what = _missing_text(missing)
         reason = (f"{what}, but the checkpoint says they held records durable up to "
                   f"{format_lsn(end)}: deleted, with their records")
-        if on_corruption == "raise" or oldest < cp.oldest_segno:
-            left = "" if oldest >= cp.oldest_segno else " (and none of the WAL's is left)"
+        none_left = oldest not in present
+        if on_corruption == "raise" or none_left:
+            left = " (and none of the WAL's is left)" if none_left else ""
             raise CorruptionError(first_lsn(missing[0], self._size), missing[0], reason + left)
         if missing[0] < oldest:
             self._cut_durable = True
@@ -255,15 +273,18 @@ class Recovery:
         seg_map = self._segment(0) if self._segnos == [0] else None
         return seg_map is None or bool(np.frombuffer(seg_map, np.uint8, PAGE_SIZE, PAGE_SIZE).any())
 
-    def _cuts_without_checkpoint(self) -> int:
-        """The count of cuts to go on from with no valid checkpoint slot: none for a WAL
-        made before checkpoints; with both slots invalid, or CHECKPOINT lost, one more than
-        a damaged slot still shows (the count never goes down), since a scan without a
-        checkpoint cannot tell damage to acknowledged records from a torn tail, and may
-        cut them."""
+    def _cuts_without_checkpoint(self) -> tuple[int, bool]:
+        """With no valid checkpoint slot: the count of cuts before this recovery, and
+        whether it counts as one.  A WAL made before checkpoints: none before, and one if it
+        cut durable records; with both slots invalid, or CHECKPOINT lost, the highest count
+        a damaged slot or a segment header still shows (the newest segment's holds the
+        checkpoint's: wal/opening.py, _keep_cuts), and one, since a scan without a
+        checkpoint cannot tell damage to acknowledged records from a torn tail, and may cut
+        them: the count goes past every value a layer's index was stored with.  One
+        recovery counts one cut at most."""
         if not os.path.exists(self._checkpoints.path) and not self._lost_checkpoint():
-            return 0
-        return self._checkpoints.damaged_cuts() + 1
+            return 0, self._cut_durable
+        return max(self._checkpoints.damaged_cuts(), self._header_cuts), True
 
     def _check_deleted(self, on_corruption: str, status: int, x: int, bad: int) -> None:
         """The chain ran into a segment that is missing although a later one exists
@@ -286,18 +307,33 @@ class Recovery:
                                   "on_corruption='truncate' to cut the WAL here; what follows "
                                   "is set aside in lost+found first)")
 
-    def _set_aside(self, x: int, pages: list[int], min_prev: int, reason: str) -> str | None:
+    def _checkpoint_cut(self, cp: Checkpoint, x: int, last: int, oldest: int,
+                        cuts: int) -> None:
+        """Before zeroing: a checkpoint that no open after a crash reads past the zeroed
+        records from (a cut below the checkpoint: at the cut), and that keeps the count of
+        cuts (a cut past it: at its own end, what lies below x is not synced yet); else a
+        crash after the zeroing would leave a torn tail there, and the cut uncounted."""
+        end, last = (x, last) if x < cp.end_lsn else (cp.end_lsn, cp.last_lsn)
+        self._checkpoints.write(end, last, oldest, current=cp, cuts=cuts)
+
+    def _set_aside(self, x: int, pages: list[int], min_prev: int, reason: str,
+                   cuts: int | None) -> tuple[str | None, int | None]:
+        """The lost+found entry of the cut at x (None: nothing to keep), and the count of
+        cuts it records: ``cuts`` for a new one (None: the cut does not count), or for a
+        pending one, made by an open that a crash stopped, the count that cut brought,
+        whether or not that open's checkpoint got to keep it."""
         made = lostfound.set_aside(self._dir.path, x, pages, min_prev, self._segment,
-                                   self._size, self._wal_id, reason, keep=self._cut_durable)
+                                   self._size, self._wal_id, reason, keep=self._cut_durable,
+                                   cuts=cuts)
         if made is None:
-            return None
-        path, found = made
+            return None, None
+        path, found, counted = made
         lost = _gaps(x, found)
         warnings.warn(f"{self._dir.path}: the WAL ends at {format_lsn(x)} ({reason}); "
                       f"{len(found)} valid record(s) past it set aside in {path} "
                       "(pmemwal lost-found)" + (f"; no valid record in {lost}: lost" if lost
                                                 else ""), RecoveryWarning, stacklevel=4)
-        return path
+        return path, counted
 
     def _wipe_beyond(self, end: int, pages: list[int]) -> None:
         """Zero the rest of the end's page and the later pages ``beyond`` named.
@@ -325,6 +361,18 @@ class Recovery:
         finally:
             for fd in touched.values():
                 os.close(fd)
+
+
+def _missing_text(missing: list[int]) -> str:
+    """Which segments are missing, in words: a range only where it has no gap."""
+    first, last, n = missing[0], missing[-1], len(missing)
+    if n == 1:
+        return f"segment {first:016X} is missing"
+    if last - first + 1 == n:
+        return f"segments {first:016X}..{last:016X} are missing ({n})"
+    if n <= 8:
+        return f"segments {', '.join(f'{s:016X}' for s in missing)} are missing"
+    return f"{n} of the segments from {first:016X} to {last:016X} are missing"
 
 
 def _gaps(x: int, found: list[lostfound.Found]) -> str:

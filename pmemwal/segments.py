@@ -118,6 +118,7 @@ class WalDirectory:
     def __init__(self, path: str, create: bool, shared: bool = False) -> None:
         self.path = os.path.abspath(path)
         self.may_create = create
+        self.cuts = 0   # the WAL's count of cuts, for the headers written (pmemwal/format.py)
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise FormatError(f"{self.path} is a file, not a WAL directory")
         if not os.path.isdir(self.path):
@@ -287,7 +288,8 @@ class WalDirectory:
                         offset += os.pwrite(fd, _ZEROS[:segment_size - offset], offset)
                 else:
                     os.posix_fallocate(fd, 0, segment_size)
-                header = SegmentHeader(segno, segment_size, wal_id, flags | (SPARE if spare else 0))
+                header = SegmentHeader(segno, segment_size, wal_id, flags | (SPARE if spare else 0),
+                                       cuts=self.cuts)
                 os.pwrite(fd, header.pack(), 0)
                 os.fdatasync(fd)
             except OSError:
@@ -317,7 +319,7 @@ class WalDirectory:
             try:
                 header = SegmentHeader(new, segment_size, wal_id,
                                        self.header_flags() | (SPARE if spare else 0),
-                                       old if spare else None)
+                                       old if spare else None, self.cuts)
                 os.pwrite(fd, header.pack(), 0)
                 os.fdatasync(fd)
             finally:
@@ -332,7 +334,8 @@ class WalDirectory:
         passes by a segment whose header says spare).  A crash tearing this write leaves a
         header that does not read on a segment that holds nothing: set aside on open."""
         with storage_errors(f"writing the header of {self.file(segno)}"):
-            header = SegmentHeader(segno, segment_size, wal_id, self.header_flags())
+            header = SegmentHeader(segno, segment_size, wal_id, self.header_flags(),
+                                   cuts=self.cuts)
             os.pwrite(fd, header.pack()[:HEADER_SIZE], 0)
             os.fdatasync(fd)
 

@@ -21,6 +21,7 @@ import pytest
 import pmemwal
 from conftest import SEG, TESTS_DIR, payload, seg_file
 from pmemwal import _core
+from pmemwal.checkpoint import CheckpointFile
 from pmemwal.errors import ArchiveError, ConfigError, StorageError
 from pmemwal.format import segment_name
 from pmemwal.tools.cli import main as cli
@@ -663,3 +664,25 @@ def test_a_restore_cut_short_leaves_no_wal_and_a_rerun_starts_over(archived, shm
     with pmemwal.open(dest) as wal:
         got = [(r.lsn, bytes(r.payload)) for r in wal.records()]
     assert got and got == expected[:len(got)]
+
+
+def test_segments_a_truncation_left_behind_go_with_their_status(shm_tmp):
+    """A crash between a truncation's checkpoint and its removals leaves archived segments
+    below the oldest: the open removes them, and their status files with them (a .done left
+    behind would stay forever)."""
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    arch.mkdir()
+    with pmemwal.open(wal_dir, segment_size=SEG, archive=f"file://{arch}",
+                      recycle_segments=0) as wal:
+        append_segments(wal, 2.2, "left")
+        assert wal.wait_archived(20)
+        end, last = wal.position()
+    status_dir = wal_dir / "archive_status"
+    assert (status_dir / f"{segment_name(1)}.done").exists()
+    CheckpointFile(str(wal_dir), wal.wal_id, SEG).write(end, last, 2)  # a truncation's; a crash
+    with pmemwal.open(wal_dir) as wal:      # (archiving or not)
+        assert wal.first_lsn > 2 * SEG
+    assert not seg_file(wal_dir, 0).exists() and not seg_file(wal_dir, 1).exists()
+    left = [name for name in os.listdir(status_dir) if name.startswith((segment_name(0),
+                                                                          segment_name(1)))]
+    assert left == []

@@ -13,6 +13,7 @@ import hashlib
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,11 +27,13 @@ import pmemwal
 import pmemwal.slots
 from pmemwal import lostfound, putback
 from pmemwal.checkpoint import CheckpointFile
+from pmemwal.format import CHECKPOINTED, SegmentHeader
 from pmemwal.slots import SLOT_STRIDE
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.cli import main as cli
 
-from conftest import as_made_before_checkpoints, child_env, seg_file, stream_write
+from conftest import (PAGE, PAGE_HDR, REC_HDR, as_made_before_checkpoints, child_env,
+                      first_lsn_of_segment, seg_file, stream_write)
 
 N, DAMAGED = 1500, 100
 PATTERNS = ("each", "end", "background", "every500")
@@ -625,7 +628,7 @@ def _fill(wal_dir, mode: str, segments: int, **opts) -> list[int]:
     return lsns
 
 
-@pytest.mark.parametrize("left", ["CHECKPOINT", "lost+found", "index"])
+@pytest.mark.parametrize("left", ["CHECKPOINT", "lost+found", "index", "archive_status"])
 def test_a_wal_whose_segments_were_all_deleted_is_not_made_anew(wal_dir, left):
     """Every segment file deleted, what else the WAL kept still there: open refuses, naming
     what it found, instead of making a new, empty WAL (another id) over it."""
@@ -709,7 +712,7 @@ def test_cuts_never_goes_down_when_both_slots_are_invalid(wal_dir, mode, damage)
     """Both slots invalid: recovery goes on from one more than the count a damaged slot
     still shows (the scan without a checkpoint may cut damaged acknowledged records as a
     torn tail, so it counts as a cut), never from 0.  With both slots overwritten whole the
-    count is lost with them: it goes on from 1."""
+    count is the newest segment header's, as the open that raised it left it."""
     lsns = _fill(wal_dir, mode, 1)
     for round in (1, 2):  # two cuts of durable records
         _garble(wal_dir, lsns[-10 * round], SEG)
@@ -728,10 +731,10 @@ def test_cuts_never_goes_down_when_both_slots_are_invalid(wal_dir, mode, damage)
     with pytest.warns(RecoveryWarning, match="no valid checkpoint"):
         wal = pmemwal.open(wal_dir, mode=mode)
     with wal:
-        assert wal.cuts == (3 if damage == "cuts field kept" else 1)
+        assert wal.cuts == 3
     with pmemwal.open(wal_dir, mode=mode) as wal:   # the open wrote it: valid again
         assert wal.recovery["full_scan"] is None
-        assert wal.cuts == (3 if damage == "cuts field kept" else 1)
+        assert wal.cuts == 3
 
 
 def test_a_deleted_checkpoint_is_not_taken_for_a_wal_made_before_checkpoints(wal_dir, mode):
@@ -782,3 +785,165 @@ def test_a_new_wal_cut_short_before_its_first_checkpoint_opens(wal_dir, mode):
         wal.append(b"first")
     with pmemwal.open(wal_dir, mode=mode) as wal:
         assert [bytes(r.payload) for r in wal.records()] == [b"first"]
+
+
+def _ending_at_a_segment_boundary(wal_dir, mode: str) -> tuple[bytes, int, int]:
+    """A closed WAL whose last record ends at the first byte of segment 1, not in place yet:
+    (its id, that end, the last record's LSN)."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      recycle_segments=0) as wal:
+        target = first_lsn_of_segment(1, SEG)
+        while True:  # the bytes of the record stream left in segment 0
+            insert = wal.insert_lsn
+            page_off = insert % PAGE
+            pages_after = (SEG - (insert - page_off) - PAGE) // PAGE
+            left = (PAGE - page_off) + pages_after * (PAGE - PAGE_HDR)
+            if left < 60_000:
+                break
+            wal.append(bytes(20_000))
+        last = wal.append(bytes(left - REC_HDR), flush=True)
+        assert wal.position() == (target, last)
+    for name in os.listdir(wal_dir):    # (any made ahead: segment 1 is not in place yet)
+        if name.endswith(".wal") and name != seg_file(wal_dir, 0).name:
+            os.unlink(wal_dir / name)
+    return wal.wal_id, target, last
+
+
+@pytest.mark.parametrize("left", ["segment 0 left", "every segment removed"])
+def test_a_truncation_cut_short_at_a_segment_boundary_keeps_its_cut(wal_dir, mode, left):
+    """The flushed LSN at the first byte of segment 1, not made yet: a truncation there writes
+    the checkpoint naming segment 1 oldest, and a crash comes before segment 1 exists (after
+    segment 0's removal or before it).  Nothing was lost: the open makes segment 1, the WAL
+    goes on at the same LSN with no record, and the oldest segment never goes back down (the
+    truncated records would rejoin the WAL)."""
+    wal_id, end, last = _ending_at_a_segment_boundary(wal_dir, mode)
+    cpf = CheckpointFile(str(wal_dir), wal_id, SEG)
+    cpf.write(end, last, 1)     # the truncation's checkpoint, then the crash
+    if left == "every segment removed":
+        os.unlink(seg_file(wal_dir, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecoveryWarning)
+        wal = pmemwal.open(wal_dir, mode=mode)
+    with wal:
+        assert wal.position() == (end, last), "the LSNs go on where they were"
+        assert [r.lsn for r in wal.records()] == []
+        assert cpf.read().oldest_segno == 1
+        assert not seg_file(wal_dir, 0).exists() and seg_file(wal_dir, 1).exists()
+        after = wal.append(b"after")
+    assert after == end
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert [(r.lsn, bytes(r.payload)) for r in wal.records()] == [(end, b"after")]
+        assert wal.recovery["full_scan"] is None and cpf.read().oldest_segno == 1
+
+
+def test_one_recovery_counts_one_cut(wal_dir, mode):
+    """Both slots invalid (a scan without a checkpoint may cut) and a middle segment deleted
+    (a cut of durable records) in one open told to truncate: cuts counts recoveries that cut,
+    one more, not two."""
+    _fill(wal_dir, mode, 3, recycle_segments=0)
+    with open(wal_dir / "CHECKPOINT", "r+b") as f:
+        for slot in (0, SLOT_STRIDE):   # a CRC that fails, the fields as written
+            f.seek(slot + 508)
+            f.write(b"\0\0\0\0")
+    os.unlink(seg_file(wal_dir, 1))
+    with pytest.warns(RecoveryWarning, match="no valid checkpoint"):
+        wal = pmemwal.open(wal_dir, mode=mode, on_corruption="truncate")
+    with wal:
+        assert wal.cuts == 1
+        assert wal.insert_lsn < SEG
+
+
+_KILLED_AT = {  # where an open that cuts durable records past the checkpoint is killed
+    "before its checkpoint": ("pmemwal.checkpoint", "CheckpointFile", "write"),
+    "before the zeroing": ("pmemwal.recovery", "Recovery", "_wipe_beyond"),
+    "before the entry is finished": ("pmemwal.lostfound", None, "finish"),
+    "before the open's checkpoint": ("pmemwal.wal.opening", "Opening", "_start_core"),
+}
+
+
+@pytest.mark.parametrize("step", list(_KILLED_AT))
+def test_a_cut_past_the_checkpoint_is_counted_once_whatever_step_a_kill_stops(wal_dir, mode,
+                                                                              step):
+    """Damage to flushed records past the checkpoint, cut with truncate by an open killed
+    (SIGKILL) at each step of the cut: the next open told to truncate ends the WAL where the
+    whole open does, with the cut counted once (a cut forgotten would let a layer's index
+    from before it be used) and one finished lost+found entry."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        lsns = [wal.append(bytes([i]) * 3000, flush=True) for i in range(40)]
+        copies = [wal_dir.parent / name for name in ("whole", "killed")]
+        for copy in copies:   # (the checkpoint the open wrote, with nothing in it)
+            shutil.copytree(wal_dir, copy, ignore=shutil.ignore_patterns("LOCK"))
+    for copy in copies:
+        _garble(copy, lsns[10], SEG)
+    with pytest.warns(RecoveryWarning):
+        wal = pmemwal.open(copies[0], mode=mode, on_corruption="truncate")
+    with wal:
+        assert wal.cuts == 1
+        whole = [(r.lsn, bytes(r.payload)) for r in wal.records()]
+    module, owner, name = _KILLED_AT[step]
+    code = f"""
+import importlib, os, signal, warnings
+import pmemwal
+warnings.simplefilter("ignore")
+module = importlib.import_module({module!r})
+owner = getattr(module, {owner!r}) if {owner!r} else module
+setattr(owner, {name!r}, lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL))
+pmemwal.open({str(copies[1])!r}, mode={mode!r}, on_corruption="truncate", background=False)
+"""
+    assert subprocess.run([sys.executable, "-c", code], env=child_env()).returncode == -9
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        wal = pmemwal.open(copies[1], mode=mode, on_corruption="truncate")
+    with wal:
+        assert [(r.lsn, bytes(r.payload)) for r in wal.records()] == whole
+        assert wal.cuts == 1
+    entries = lostfound.entries(str(copies[1]))
+    assert len(entries) == 1 and not entries[0].pending
+    with pmemwal.open(copies[1], mode=mode) as wal:
+        assert wal.cuts == 1
+
+
+def test_missing_segments_with_a_gap_are_named_each(wal_dir, mode):
+    """Segments 1 and 3 deleted, 2 still there: the error names each, not a range that
+    reads as if 2 were missing too."""
+    _fill(wal_dir, mode, 4, recycle_segments=0)
+    for segno in (1, 3):
+        os.unlink(seg_file(wal_dir, segno))
+    with pytest.raises(pmemwal.CorruptionError,
+                       match="segments 0000000000000001, 0000000000000003 are missing"):
+        pmemwal.open(wal_dir, mode=mode)
+
+
+@pytest.mark.parametrize("since", ["nothing since", "segments made and truncated since"])
+def test_a_deleted_checkpoint_never_brings_cuts_back_to_a_count_seen_before(wal_dir, mode,
+                                                                           since):
+    """A WAL whose count of cuts is 1 (a layer's index stored then says 1) loses its
+    CHECKPOINT: the open told to truncate reads every record and counts a cut, to 2.  Back at
+    1, the index made before would be used though this scan may have cut what it describes
+    (the segment headers keep the count: it survives the checkpoint file)."""
+    lsns = _fill(wal_dir, mode, 1)
+    _garble(wal_dir, lsns[-10], SEG)
+    with pytest.warns(RecoveryWarning):
+        pmemwal.open(wal_dir, mode=mode, verify="all", on_corruption="truncate").close()
+    with pmemwal.open(wal_dir, mode=mode, recycle_segments=1) as wal:
+        assert wal.cuts == 1
+        if since != "nothing since":
+            while wal.insert_lsn < 4 * SEG:
+                wal.append(bytes(10_000))
+            wal.checkpoint()
+            assert wal.truncate(wal.insert_lsn) >= 3
+    os.unlink(wal_dir / "CHECKPOINT")
+    with pytest.warns(RecoveryWarning, match="CHECKPOINT is missing"):
+        wal = pmemwal.open(wal_dir, mode=mode, on_corruption="truncate")
+    with wal:
+        assert wal.cuts == 2
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert wal.cuts == 2
+
+
+def test_a_segment_header_keeps_the_count_of_cuts_beside_its_flags():
+    header = SegmentHeader(3, SEG, bytes(range(16)), CHECKPOINTED, 7)
+    assert SegmentHeader.unpack(header.pack(), "header") == header
+    big = SegmentHeader(3, SEG, bytes(range(16)), 0, 1 << 20)  # more than the field holds
+    assert SegmentHeader.unpack(big.pack(), "header") == SegmentHeader(3, SEG, bytes(range(16)),
+                                                                       0, 0xFFFF)

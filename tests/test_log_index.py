@@ -463,3 +463,29 @@ def test_close_ends_the_log_index_thread_waiting_for_the_lock(wal_dir):
     assert log.closed
     with pmemwal.open_log(wal_dir, segment_size=1 << 20) as log:
         assert log.replayed_from is not None and len(log) == 100
+
+
+def test_an_index_is_not_used_after_the_wal_lost_its_checkpoint(wal_dir, mode):
+    """A log whose WAL was cut once stores its index at cuts 1; then CHECKPOINT is deleted,
+    and the open told to truncate reads every record without one, which may cut what the
+    index describes: the count goes on to 2, never back to 1, and the index is not used."""
+    from test_checkpoint import _garble
+
+    seg = 1 << 20
+    with pmemwal.open_log(wal_dir, mode=mode, segment_size=seg) as log:
+        log.append_many([os.urandom(500) for _ in range(500)], term=1)
+        cut = log.wal.position()[0]
+        log.append_many([os.urandom(500) for _ in range(500)], term=1)
+    _garble(wal_dir, cut, seg)
+    with pytest.warns(RecoveryWarning):
+        log = pmemwal.open_log(wal_dir, mode=mode, verify="all", on_corruption="truncate")
+    with log:
+        log.append_many([b"after" * 100] * 10, term=1)
+    with pmemwal.open_log(wal_dir, mode=mode) as log:   # the index, stored at cuts 1, is used
+        assert log.replayed_from is not None and log.wal.cuts == 1
+    os.unlink(wal_dir / "CHECKPOINT")
+    with pytest.warns(RecoveryWarning, match="CHECKPOINT is missing"):
+        log = pmemwal.open_log(wal_dir, mode=mode, on_corruption="truncate")
+    with log:
+        assert log.wal.cuts == 2 and log.replayed_from is None
+        assert log.last_index == 510

@@ -502,8 +502,7 @@ class WAL(Opening):
 
         After a read found damage (CorruptionError), with nothing appended since the
         open, the checkpoint stays as the open wrote it: an open or a read that refused
-        changes no file, and the older slot, what the WAL was before, is kept for the
-        repair.
+        changes no file.
 
         Another writer that is alive and does not run (a stopped process of a shared WAL)
         holding that flush up past ``wait_timeout``: StalledWriterError, raised after

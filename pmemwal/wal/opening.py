@@ -21,12 +21,14 @@ import warnings
 import numpy as np
 
 from pmemwal import _core, libpmem, lostfound
-from pmemwal.checkpoint import CheckpointFile
+from pmemwal.checkpoint import CheckpointFile, read_any
 from pmemwal.device import resolve_mode
 from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundError
-from pmemwal.format import CHECKPOINTED, DEFAULT_SEGMENT_SIZE, DamagedHeaderError, SegmentHeader
+from pmemwal.format import (CHECKPOINTED, DEFAULT_SEGMENT_SIZE, DamagedHeaderError, SegmentHeader,
+                            first_lsn)
 from pmemwal.recovery import Recovery, RecoveryWarning
-from pmemwal.segments import CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME, storage_errors
+from pmemwal.segments import (ARCHIVE_STATUS_NAME, CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME,
+                              storage_errors)
 from pmemwal.wal.peers import _OLDEST
 from pmemwal.wal.rounds import BackgroundRounds
 from pmemwal.wal.state import _weak
@@ -63,12 +65,15 @@ class Opening(BackgroundRounds):
             in_use = [n for n in self._segnos if n not in spares]  # (spares hold nothing)
             recovered = Recovery(self._dir, in_use or self._segnos[:1], self.segment_size,
                                  self.wal_id, self._reader, self._segment_buffer,
-                                 self._checkpoints, checkpointed=self._checkpointed)
+                                 self._checkpoints, checkpointed=self._checkpointed,
+                                 header_cuts=self._header_cuts)
             result = recovered.run(on_corruption, verify)
             self._set_aside_spares(damaged)
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
-            self._cuts = result.cuts
+            self._cuts = self._dir.cuts = result.cuts
             self._tidy(result.oldest_segno)  # (recovery decided: from here on files change)
+            if self._cuts > self._header_cuts:
+                self._keep_cuts(insert_lsn // self.segment_size, spares)
         self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
                          insert_lsn, prev_lsn, first)
         if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
@@ -77,6 +82,7 @@ class Opening(BackgroundRounds):
         else:
             self._checkpoint = self._checkpoints.read()
             self._cuts = self._checkpoint.cuts if self._checkpoint is not None else 0
+            self._dir.cuts = self._cuts
         if self._control is not None and first:
             self._dir.share_lock()
         self._opened_at = self._core.insert_lsn
@@ -91,6 +97,8 @@ class Opening(BackgroundRounds):
         spares: dict[int, str] = {}
         flagged: set[int] = set()
         if not self._segnos:
+            if self._checkpoint_without_segments(segment_size):
+                return spares, flagged
             self._refuse_without_segments()
             if not self._dir.may_create or not create:
                 raise NotFoundError(errno.ENOENT, "no WAL in this directory (create=False)",
@@ -125,6 +133,8 @@ class Opening(BackgroundRounds):
             self.segment_size, self.wal_id = first.segment_size, first.wal_id
             self._checkpointed = any(isinstance(header, SegmentHeader) and header.flags & CHECKPOINTED
                                     for header, _ in headers)
+            self._header_cuts = max(header.cuts for header, _ in headers
+                                    if isinstance(header, SegmentHeader))
             self._segnos = [n for n in self._segnos if n not in spares]
         self._wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
         return spares, flagged
@@ -165,11 +175,32 @@ class Opening(BackgroundRounds):
                                                self.wal_id, reason)
             warnings.warn(f"{self._dir.path}: {reason} in {path}", RecoveryWarning, stacklevel=5)
 
+    def _checkpoint_without_segments(self, segment_size: int | None) -> bool:
+        """Whether a valid CHECKPOINT vouches for no segment (its end at or below the first
+        byte of its oldest segment): a truncation to the first byte of a segment not made
+        yet removed every older one, and a crash came before that segment was made.  No
+        record was lost: the WAL is the checkpoint's (its id, its LSNs, its count of cuts),
+        and its oldest segment is made once recovery has decided (``_tidy``)."""
+        found = read_any(self._dir.path)
+        if found is None:
+            return False
+        wal_id, size, cp = found
+        if cp.end_lsn > first_lsn(cp.oldest_segno, size):
+            return False    # (it vouches for segments: _refuse_without_segments)
+        if segment_size is not None and segment_size != size:
+            raise ConfigError(f"segment_size={segment_size}, but the WAL at {self._dir.path} "
+                              f"was made with {size}")
+        self.segment_size, self.wal_id = size, wal_id
+        self._wal_id_lo = int.from_bytes(wal_id[:4], "little")
+        self._checkpointed = True
+        return True
+
     def _refuse_without_segments(self) -> None:
         """No segment file, but what a WAL keeps beside its segments is there: they were
         deleted, with every record.  A new WAL made over them (another id) would hide that,
         and its checkpoint would replace the one that names what was lost."""
-        left = [name for name in (CHECKPOINT_NAME, LOST_FOUND_NAME, INDEX_NAME)
+        left = [name for name in (CHECKPOINT_NAME, LOST_FOUND_NAME, INDEX_NAME,
+                                  ARCHIVE_STATUS_NAME)
                 if os.path.exists(os.path.join(self._dir.path, name))]
         if left:
             raise CorruptionError(0, 0, f"{self._dir.path} holds {', '.join(left)} but no "
@@ -180,14 +211,44 @@ class Opening(BackgroundRounds):
         """Once recovery has decided (an open that refuses changes no file): remove the
         temp files of a segment being made or recycled, and the segments below ``oldest``
         that a crash left behind a truncation (its checkpoint names ``oldest``: they hold
-        nothing of the WAL; removed oldest first, as truncation does)."""
+        nothing of the WAL; removed oldest first, as truncation does, with their archive
+        status, archiving or not).  Segment ``oldest`` is made if it never was (Recovery,
+        _nothing_left)."""
         self._dir.list_segments(tidy=True)
-        while self._segnos[0] < oldest:
+        status = None
+        if self._segnos and self._segnos[0] < oldest and \
+                os.path.isdir(os.path.join(self._dir.path, ARCHIVE_STATUS_NAME)):
+            from pmemwal.archive import ArchiveStatus
+            status = ArchiveStatus(self._dir.path, create=False)
+        while self._segnos and self._segnos[0] < oldest:
             segno = self._segnos.pop(0)
             cached = self._read_cache.pop(segno, None)
             if cached is not None:
                 cached.close()
             self._dir.remove(segno)
+            if status is not None:
+                status.forget(segno)
+        if not self._segnos:    # (the checkpoint's oldest was never made: Recovery, _nothing_left)
+            self._dir.create(oldest, self.segment_size, self.wal_id)
+            self._segnos = [oldest]
+
+    def _keep_cuts(self, current: int, spares: set[int]) -> None:
+        """Give the newest segment a header holding the count of cuts recovery raised, before
+        a checkpoint names it (a count kept in the checkpoint alone would go with a deleted
+        CHECKPOINT, and come back to a value a layer's index was stored with: Recovery,
+        _cuts_without_checkpoint).  A spare past ``current``, the segment of the end, holds
+        nothing of the WAL: it is remade under a temp name, renamed into place; else the
+        next segment is made.  Truncation never removes the newest segment, and every
+        segment made or recycled later holds the count, so some header always does.
+        ``spares``: the segments whose header says spare (a remade one stays one)."""
+        newest = self._segnos[-1]
+        if newest > current:
+            self._dir.recycle(newest, newest, self.segment_size, self.wal_id,
+                              spare=newest in spares)
+        else:
+            self._dir.create(newest + 1, self.segment_size, self.wal_id)
+            self._segnos.append(newest + 1)
+        self._header_cuts = self._cuts
 
     def _start_core(self, insert_slots: int, buffer_size: int, max_record_size: int,
                     gil_release_size: int, insert_lsn: int, prev_lsn: int,

@@ -89,6 +89,7 @@ class WALState:
         self._cuts = 0  # recoveries that cut durable records (checkpoint.py: cuts)
         self._opened_at = 0  # the insert LSN the open left (opening.py)
         self._checkpointed = False  # a segment header says the WAL kept a CHECKPOINT
+        self._header_cuts = 0  # the highest count of cuts a segment header holds
         self._damage_read = False  # a read raised CorruptionError (api.py: close)
         self._checkpoint_time = time.monotonic()
         self._position_before = (0, 0)  # the background's position snapshot of its last round
