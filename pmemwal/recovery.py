@@ -125,7 +125,7 @@ class Recovery:
             if durable:
                 self._refuse(on_corruption, x, f"{_core.status_text(status)}; the valid record "
                              f"at {format_lsn(durable)} was written after this one was flushed")
-            aside = self._set_aside(x, pages, min_prev, _core.status_text(status))
+            aside = self._set_aside(x, pages, last, min_prev, _core.status_text(status))
         else:
             pages = []
         cuts = (cp.cuts if cp is not None else self._cuts_without_checkpoint()) + \
@@ -134,8 +134,8 @@ class Recovery:
             # so that no open after a crash starts reading past the zeroed records
             self._checkpoints.write(x, last, oldest, current=cp, cuts=cuts)
         self._wipe_beyond(x, pages)
-        if aside is not None:   # (a crash before this: the next recovery finishes it)
-            lostfound.finish(aside)
+        # (a crash before this: the next recovery finishes it, and the pending entries past x)
+        lostfound.finish(self._dir.path, x, self._wal_id, aside)
         return Recovered(x, last, None if full_scan else start, start, full_scan, aside, oldest,
                          cuts)
 
@@ -286,8 +286,9 @@ class Recovery:
                                   "on_corruption='truncate' to cut the WAL here; what follows "
                                   "is set aside in lost+found first)")
 
-    def _set_aside(self, x: int, pages: list[int], min_prev: int, reason: str) -> str | None:
-        made = lostfound.set_aside(self._dir.path, x, pages, min_prev, self._segment,
+    def _set_aside(self, x: int, pages: list[int], last: int, min_prev: int,
+                   reason: str) -> str | None:
+        made = lostfound.set_aside(self._dir.path, x, pages, last, min_prev, self._segment,
                                    self._size, self._wal_id, reason, keep=self._cut_durable)
         if made is None:
             return None
