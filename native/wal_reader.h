@@ -110,8 +110,9 @@ typedef struct wal_found {
  * position from x to the end of x's page and in the usable area of every page of pages[]
  * (ascending; those past x's page), each chain followed while it holds.  A chain's first
  * record must link at or past floor and link (the record before x; WAL_ANY_PREV: none), and
- * when the record at x is invalid but its header plausible, the positions inside the extent
- * it claims are not tried (an image its payload carries is no record).  *out (malloc'ed,
+ * when the record at x is invalid but its header plausible, a chain starting inside the extent
+ * it claims must link to x itself, and none is tried there once a valid record at the
+ * extent's end links to x (an image its payload carries is no record).  *out (malloc'ed,
  * *nout of them, ascending) is the caller's to free; returns 0 or -ENOMEM. */
 int wal_salvage(const wal_src *s, uint64_t x, const uint64_t *pages, size_t npages, uint64_t link,
                 uint64_t floor, wal_found **out, size_t *nout);

@@ -434,18 +434,32 @@ def test_a_record_image_inside_a_damaged_record_is_not_set_aside(wal_dir):
 def test_a_record_image_in_the_cut_page_proves_no_flush(wal_dir):
     """A torn last record whose payload carries, in its own page, an image whose durable hint
     passes it: no record was written after the damaged one, so the open cuts a torn tail
-    instead of refusing (the image lies inside the damaged record's extent)."""
+    instead of refusing (the image lies inside the damaged record's extent, and does not link
+    to the damaged record itself)."""
     with pmemwal.open(wal_dir, mode="buffered", segment_size=SEG, background=False) as wal:
         before = _append(wal, [100] * 5, "a", flush_each=True)
         r = wal.insert_lsn
         assert PAGE - r % PAGE > 3000                         # room for the image in r's page
-        _carrier(wal, 1000, _image(r, b"x" * 40), n=4000)
+        _carrier(wal, 1000, _image(r + 8, b"x" * 40), n=4000)
     rewind_checkpoint(wal_dir)
     flip_byte(wal_dir, r + REC_HDR + 3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RecoveryWarning)
         assert _records(wal_dir, "buffered") == before
     assert _aside(wal_dir) == []
+
+
+def test_a_damaged_length_loses_no_record_it_claims_to_cover(wal_dir, mode):
+    """The damage is to a record's length (claiming 256 bytes more, its header otherwise
+    plausible): the records inside the extent it claims are genuine, and are set aside."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        recs = _append(wal, [100] * 30, "length")          # one flush: a torn tail
+    rewind_checkpoint(wal_dir)
+    file_write(wal_dir, recs[10][0] + 4, struct.pack("<I", 100 + 256))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        assert _records(wal_dir, mode) == recs[:10]
+    assert _aside(wal_dir) == recs[11:]
 
 
 # ---- the position scan on arbitrary damage ---------------------------------------
