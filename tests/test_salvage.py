@@ -194,6 +194,10 @@ if spec["step"] == "remove":
     remove = lostfound.remove
     lostfound.remove = lambda *a: armed(lambda: remove(*a), ("unlink", "rename", "rmdir"))
     putback.restore(spec["wal"], spec["name"])
+elif spec["step"] == "finish":
+    finish = lostfound.finish
+    lostfound.finish = lambda *a: armed(lambda: finish(*a), ("write", "rename", "unlink", "rmdir"))
+    pmemwal.open(spec["wal"], on_corruption="truncate", **spec["options"]).close()
 else:
     only = segment_fd if spec["step"] == "recover" else checkpoint_fd
     armed(lambda: pmemwal.open(spec["wal"], on_corruption="truncate", **spec["options"]).close(),
@@ -530,3 +534,32 @@ def test_a_cut_below_a_stopped_cut_leaves_each_record_in_one_entry(shm_tmp):
         assert [d for d in held if held.count(d) > 1] == [], f"killed at write {n}"
         assert sorted(kept + held) == sorted(d for _, d in recs[:10] + recs[11:k] + recs[k + 1:])
         shutil.rmtree(wal_dir)
+
+
+def test_a_crash_while_a_cut_resolves_pending_entries_loses_nothing(shm_tmp):
+    """The cut below a stopped one (above) killed at each file operation of its finish (the
+    pending entry trimmed, removed, finished): the next open, which finds the same cut, ends
+    with no entry pending and every record past the cut in exactly one entry."""
+    template = shm_tmp / "template"
+    recs, k = _damaged_wal(template)
+    assert _killed_at("recover", template, 4)
+    flip_byte(template, recs[10][0] + REC_HDR + 5)
+    want = sorted(d for _, d in recs[:10] + recs[11:k] + recs[k + 1:])
+    n = 0
+    while True:
+        n += 1
+        wal_dir = shm_tmp / f"try{n}"
+        shutil.copytree(template, wal_dir)
+        killed = _killed_at("finish", wal_dir, n, options={"verify": "all"})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RecoveryWarning)
+            kept = [d for _, d in _records(wal_dir, "buffered", verify="all",
+                                           on_corruption="truncate")]
+        held = _held(wal_dir)
+        assert not any(e.pending for e in lostfound.entries(wal_dir)), f"killed at step {n}"
+        assert [d for d in held if held.count(d) > 1] == [], f"killed at step {n}"
+        assert sorted(kept + held) == want, f"killed at step {n}"
+        shutil.rmtree(wal_dir)
+        if not killed:
+            break
+    assert n > 3
