@@ -334,8 +334,8 @@ int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t min_p
     *npages = 0;
     if (!(*pages = malloc(cap * sizeof(uint64_t))))
         return -ENOMEM;
-    /* records later in x's own page (found by trying every aligned position), past the
-     * extent the damaged record at x claims */
+    /* records later in x's own page (found by trying every aligned position); inside the
+     * extent the damaged record at x claims, only its successor (claimed_end) */
     uint64_t page_end = x - x % WAL_PAGE_SIZE + WAL_PAGE_SIZE;
     int confirmed;
     uint64_t extent = claimed_end(s, x, WAL_ANY_PREV, min_prev, &confirmed);
@@ -392,7 +392,8 @@ static int push(wal_found **out, size_t *n, size_t *cap, const wal_record *r)
 }
 
 /* chain -- follow the chain from start while it holds, its first record linked at or past
- * floor (and to exact, unless WAL_ANY_PREV), appending each record (not void) to *out; returns where it broke, or 0 with *err. */
+ * floor (and to exact, unless WAL_ANY_PREV), appending each record (not void) to *out;
+ * returns where it broke, or 0 with *err. */
 static uint64_t chain(const wal_src *s, uint64_t start, uint64_t floor, uint64_t exact,
                       wal_found **out, size_t *n, size_t *cap, int *err)
 {
@@ -402,7 +403,8 @@ static uint64_t chain(const wal_src *s, uint64_t start, uint64_t floor, uint64_t
     if (read_record(s, start, WAL_ANY_PREV, &r, 0) != WAL_OK || r.prev_lsn < floor ||
         (exact != WAL_ANY_PREV && r.prev_lsn != exact))
         return start;
-    while (read_record(s, lsn, prev, &r, 1) == WAL_OK && (prev != WAL_ANY_PREV || r.prev_lsn >= floor)) {
+    while (read_record(s, lsn, prev, &r, 1) == WAL_OK &&
+           (prev != WAL_ANY_PREV || r.prev_lsn >= floor)) {
         if (r.type != WAL_REC_VOID && (*err = push(out, n, cap, &r)))
             return 0;
         prev = lsn;
