@@ -295,6 +295,122 @@ static PyObject *Reader_beyond(ReaderObject *self, PyObject *args)
     return call_done(&c, list ? Py_BuildValue("(KN)", durable, list) : NULL);
 }
 
+/* A salvage call's segments, taken from the getter up front so that the scan runs without
+ * the GIL: from segno lo, n of them (have[i]: the getter gave a whole segment). */
+typedef struct {
+    uint64_t lo;
+    size_t n;
+    Py_buffer *view;
+    char *have;
+} salvage_segments;
+
+static const uint8_t *salvage_segment(void *ctx, uint64_t segno, int *error)
+{
+    (void)error;
+    salvage_segments *t = ctx;
+    if (segno < t->lo || segno - t->lo >= t->n || !t->have[segno - t->lo])
+        return NULL;
+    return t->view[segno - t->lo].buf;
+}
+
+static void salvage_release(salvage_segments *t)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (t->have[i])
+            PyBuffer_Release(&t->view[i]);
+    PyMem_Free(t->view);
+    PyMem_Free(t->have);
+}
+
+/* salvage_take -- the getter's buffer of every segment from lo through hi. */
+static int salvage_take(ReaderObject *self, salvage_segments *t, uint64_t lo, uint64_t hi)
+{
+    t->lo = lo;
+    t->n = 0;
+    t->view = PyMem_Calloc(hi - lo + 1, sizeof(Py_buffer));
+    t->have = PyMem_Calloc(hi - lo + 1, 1);
+    if (!t->view || !t->have) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint64_t segno = lo; segno <= hi; segno++, t->n++) {
+        PyObject *obj = PyObject_CallFunction(self->getter, "K", (unsigned long long)segno);
+        if (!obj)
+            return -1;
+        int rc = obj == Py_None ? 0 : PyObject_GetBuffer(obj, &t->view[t->n], PyBUF_SIMPLE);
+        Py_DECREF(obj);
+        if (rc < 0)
+            return -1;
+        if (obj != Py_None && (uint64_t)t->view[t->n].len < self->g.seg_size)
+            PyBuffer_Release(&t->view[t->n]); /* a short file holds no complete segment */
+        else if (obj != Py_None)
+            t->have[t->n] = 1;
+    }
+    return 0;
+}
+
+/* salvage(x, pages, link, floor) -> [(lsn, next_lsn, length, crc)]: wal_salvage over the
+ * segments from x's through the one after the last page's, scanned without the GIL. */
+static PyObject *Reader_salvage(ReaderObject *self, PyObject *args)
+{
+    unsigned long long x, floor;
+    long long link;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "KOLK", &x, &seq, &link, &floor))
+        return NULL;
+    PyObject *fast = PySequence_Fast(seq, "salvage: pages must be a sequence of LSNs");
+    if (!fast)
+        return NULL;
+    Py_ssize_t npages = PySequence_Fast_GET_SIZE(fast);
+    uint64_t *pages = PyMem_Malloc((npages ? npages : 1) * sizeof(uint64_t)), hi = x;
+    salvage_segments t = {0};
+    PyObject *list = NULL;
+    if (!pages) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < npages; i++) {
+        pages[i] = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (PyErr_Occurred())
+            goto done;
+        if (i && pages[i] <= pages[i - 1]) {
+            PyErr_SetString(PyExc_ValueError, "salvage: pages must ascend");
+            goto done;
+        }
+        if (pages[i] > hi)
+            hi = pages[i];
+    }
+    if (salvage_take(self, &t, x / self->g.seg_size, hi / self->g.seg_size + 1) < 0)
+        goto done;
+    wal_src src = {self->g, salvage_segment, &t, 1};
+    wal_found *found = NULL;
+    size_t n = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = wal_salvage(&src, x, pages, (size_t)npages, link < 0 ? WAL_ANY_PREV : (uint64_t)link,
+                     floor, &found, &n);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        PyErr_NoMemory();
+    } else if ((list = PyList_New((Py_ssize_t)n))) {
+        for (size_t i = 0; i < n; i++) {
+            PyObject *item = Py_BuildValue("(KKII)", found[i].lsn, found[i].next_lsn,
+                                           found[i].length, found[i].crc);
+            if (!item) {
+                Py_CLEAR(list);
+                break;
+            }
+            PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+        }
+    }
+    free(found);
+done:
+    salvage_release(&t);
+    PyMem_Free(pages);
+    Py_DECREF(fast);
+    return list;
+}
+
 static PyMethodDef Reader_methods[] = {
     {"read", (PyCFunction)Reader_read, METH_VARARGS, "read(lsn, expect_prev=-1) -> tuple"},
     {"payload", (PyCFunction)Reader_payload, METH_VARARGS, "payload(lsn) -> bytes"},
@@ -305,6 +421,8 @@ static PyMethodDef Reader_methods[] = {
      "heads(lsn, expect_prev, stop_lsn, head_bytes, max_count) -> (status, next, last, lsns, lengths, heads)"},
     {"first_record", (PyCFunction)Reader_first_record, METH_VARARGS, "first_record(segno) -> (status, lsn)"},
     {"beyond", (PyCFunction)Reader_beyond, METH_VARARGS, "beyond(x, last_segno, min_prev) -> (durable_lsn, pages)"},
+    {"salvage", (PyCFunction)Reader_salvage, METH_VARARGS,
+     "salvage(x, pages, link, floor) -> [(lsn, next_lsn, length, crc)]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -275,14 +275,39 @@ static int holds_record_of_cycle(uint64_t page_lsn, const uint8_t *page, uint64_
     return 0;
 }
 
+/* claimed_end -- where the record whose header lies at x claims to end, when that header is
+ * plausible: rules 1-4 for its bytes (its type known, its prev-link link, or below x and at or
+ * past floor when link is WAL_ANY_PREV) and every segment its extent runs through exists;
+ * otherwise x.  *confirmed: a valid record at that end links to x (its length is then not the
+ * damage).  The record may be damaged (its CRC unchecked): a valid-looking record image that
+ * its payload carries is no record of the WAL, and the searches past a cut trust no record
+ * inside the extent, but one linked to x itself while the extent is unconfirmed (x's genuine
+ * successor, had the damage been to x's length). */
+static uint64_t claimed_end(const wal_src *s, uint64_t x, uint64_t link, uint64_t floor,
+                            int *confirmed)
+{
+    wal_record r;
+    *confirmed = 0;
+    if (read_record(s, x, link, &r, 0) != WAL_OK || r.prev_lsn < floor)
+        return x;
+    for (uint64_t segno = x / s->g.seg_size; segno <= (r.next_lsn - 1) / s->g.seg_size; segno++) {
+        int err = 0;
+        if (!s->segment(s->ctx, segno, &err) || err)
+            return x;
+    }
+    uint64_t end = r.next_lsn;
+    *confirmed = read_record(s, end, x, &r, 1) == WAL_OK;
+    return end;
+}
+
 /* durable_past -- a valid record at c written after the one at x was flushed:
  * its hint passes x, and it links to x or later (a stale record left in a
- * recycled page links back into the older cycle). */
-static int durable_past(const wal_src *s, uint64_t c, uint64_t x)
+ * recycled page links back into the older cycle), or to x itself when exact. */
+static int durable_past(const wal_src *s, uint64_t c, uint64_t x, int exact)
 {
     wal_record rec;
     return wal_read(s, c, WAL_ANY_PREV, &rec) == WAL_OK && rec.durable_hint > x &&
-           rec.prev_lsn >= x;
+           (exact ? rec.prev_lsn == x : rec.prev_lsn >= x);
 }
 
 /* durable_in_page -- durable_past for the records that start in the page at page_lsn,
@@ -309,10 +334,14 @@ int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t min_p
     *npages = 0;
     if (!(*pages = malloc(cap * sizeof(uint64_t))))
         return -ENOMEM;
-    /* records later in x's own page (found by trying every aligned position) */
+    /* records later in x's own page (found by trying every aligned position); inside the
+     * extent the damaged record at x claims, only its successor (claimed_end) */
     uint64_t page_end = x - x % WAL_PAGE_SIZE + WAL_PAGE_SIZE;
-    for (uint64_t c = x + WAL_ALIGN; c + WAL_REC_HDR <= page_end && !*durable_lsn; c += WAL_ALIGN)
-        if (durable_past(s, c, x))
+    int confirmed;
+    uint64_t extent = claimed_end(s, x, WAL_ANY_PREV, min_prev, &confirmed);
+    for (uint64_t c = confirmed ? extent : x + WAL_ALIGN; c + WAL_REC_HDR <= page_end &&
+         !*durable_lsn; c += WAL_ALIGN)
+        if (durable_past(s, c, x, c < extent))
             *durable_lsn = c;
     /* then every later page: the first record of those with a valid header */
     int64_t xu = wal_usable(&s->g, x);
@@ -345,4 +374,86 @@ int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t min_p
             *durable_lsn = durable_in_page(s, wal_lsn(&s->g, u + rem), page_lsn, x);
     }
     return 0;
+}
+
+/* push -- append one record found to *out (grown as needed). */
+static int push(wal_found **out, size_t *n, size_t *cap, const wal_record *r)
+{
+    if (*n == *cap) {
+        size_t more = *cap ? 2 * *cap : 64;
+        wal_found *grown = realloc(*out, more * sizeof(wal_found));
+        if (!grown)
+            return -ENOMEM;
+        *out = grown;
+        *cap = more;
+    }
+    (*out)[(*n)++] = (wal_found){r->lsn, r->next_lsn, r->length, r->crc};
+    return 0;
+}
+
+/* chain -- follow the chain from start while it holds, its first record linked at or past
+ * floor (and to exact, unless WAL_ANY_PREV), appending each record (not void) to *out;
+ * returns where it broke, or 0 with *err. */
+static uint64_t chain(const wal_src *s, uint64_t start, uint64_t floor, uint64_t exact,
+                      wal_found **out, size_t *n, size_t *cap, int *err)
+{
+    uint64_t lsn = start, prev = WAL_ANY_PREV;
+    wal_record r;
+    /* the first record's link checked before its CRC: a long claimed length costs nothing */
+    if (read_record(s, start, WAL_ANY_PREV, &r, 0) != WAL_OK || r.prev_lsn < floor ||
+        (exact != WAL_ANY_PREV && r.prev_lsn != exact))
+        return start;
+    while (read_record(s, lsn, prev, &r, 1) == WAL_OK &&
+           (prev != WAL_ANY_PREV || r.prev_lsn >= floor)) {
+        if (r.type != WAL_REC_VOID && (*err = push(out, n, cap, &r)))
+            return 0;
+        prev = lsn;
+        lsn = r.next_lsn;
+    }
+    return lsn;
+}
+
+int wal_salvage(const wal_src *s, uint64_t x, const uint64_t *pages, size_t npages, uint64_t link,
+                uint64_t floor, wal_found **out, size_t *nout)
+{
+    size_t cap = 0;
+    int err = 0;
+    *out = NULL;
+    *nout = 0;
+    if (link != WAL_ANY_PREV && link > floor)
+        floor = link;
+    wal_record r;
+    int confirmed = 0;
+    uint64_t extent = read_record(s, x, WAL_ANY_PREV, &r, 1) == WAL_OK ? x
+                      : claimed_end(s, x, link, floor, &confirmed);
+    uint64_t reach = confirmed ? extent : x;
+    uint64_t page = x - x % WAL_PAGE_SIZE, from = x;
+    for (size_t i = 0;; i++) {
+        uint64_t end = page + WAL_PAGE_SIZE;
+        int source_err = 0; /* (a failing source fails each read below as well) */
+        const uint8_t *base = s->segment(s->ctx, page / s->g.seg_size, &source_err);
+        const uint8_t *bytes = base && !source_err ? base + page % s->g.seg_size : NULL;
+        for (uint64_t c = from > reach ? from : reach; c < end; c += WAL_ALIGN) {
+            /* most positions hold no known type: rejected without the reader's page walk */
+            if (bytes && c + WAL_REC_HDR <= end) {
+                uint32_t info = le_load32(bytes + (c - page) + offsetof(wal_rec_hdr, info));
+                if (info != WAL_REC_DATA && info != WAL_REC_VOID)
+                    continue;
+            }
+            uint64_t broke = chain(s, c, floor, c < extent ? x : WAL_ANY_PREV, out, nout, &cap,
+                                   &err);
+            if (err)
+                return err;
+            if (broke > c) /* (positions below it lie inside the records found) */
+                c = broke - WAL_ALIGN;
+            if (broke > reach)
+                reach = broke;
+        }
+        while (i < npages && pages[i] <= x)
+            i++;
+        if (i >= npages)
+            return 0;
+        page = pages[i];
+        from = page + WAL_PAGE_HDR;
+    }
 }

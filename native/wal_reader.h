@@ -99,4 +99,22 @@ int wal_first_record(const wal_src *s, uint64_t segno, uint64_t *lsn);
 int wal_beyond(const wal_src *s, uint64_t x, uint64_t last_segno, uint64_t min_prev,
                uint64_t *durable_lsn, uint64_t **pages, size_t *npages);
 
+/* wal_found -- a record wal_salvage found. */
+typedef struct wal_found {
+    uint64_t lsn, next_lsn;
+    uint32_t length, crc;
+} wal_found;
+
+/* wal_salvage -- the valid records (not void) at or past a cut at x, as far as their own
+ * bytes tell (read through a salvage source: page headers unchecked): tried at every aligned
+ * position from x to the end of x's page and in the usable area of every page of pages[]
+ * (ascending; those past x's page), each chain followed while it holds.  A chain's first
+ * record must link at or past floor and link (the record before x; WAL_ANY_PREV: none), and
+ * when the record at x is invalid but its header plausible, a chain starting inside the extent
+ * it claims must link to x itself, and none is tried there once a valid record at the
+ * extent's end links to x (an image its payload carries is no record).  *out (malloc'ed,
+ * *nout of them, ascending) is the caller's to free; returns 0 or -ENOMEM. */
+int wal_salvage(const wal_src *s, uint64_t x, const uint64_t *pages, size_t npages, uint64_t link,
+                uint64_t floor, wal_found **out, size_t *nout);
+
 #endif

@@ -10,7 +10,7 @@ loads it under the name ``pmemwal._core``, so this one stub covers both.  Only t
 has ``_trace`` and ``_trace_forget`` (its ``TRACED`` is 1).
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Literal, final
 
 from _typeshed import ReadableBuffer, WriteableBuffer
@@ -114,6 +114,10 @@ class Reader:
         """(status, lsn)."""
     def beyond(self, x: int, last_segno: int, min_prev: int, /) -> tuple[int, list[int]]:
         """(durable_lsn, the LSNs of the pages after x's page to wipe)."""
+    def salvage(self, x: int, pages: Sequence[int], link: int, floor: int, /
+                ) -> list[tuple[int, int, int, int]]:
+        """(lsn, next_lsn, length, crc) of each valid record past a cut at x (a salvage
+        reader's: lostfound.records_past), the scan run without the GIL."""
 
 class SegmentView:
     """Exports read-only payload views of a segment mapping and counts them."""

@@ -8,7 +8,7 @@ and synced:
 
     CUTTING              present until the cut has zeroed and synced what it cut (finish)
     MANIFEST.json        cut_lsn, reason, wal_id (hex), segment_size, the pages copied, the
-                         records found (lsn, next_lsn, length), made_ns, cuts (the WAL's
+                         records found (lsn, next_lsn, length, crc), made_ns, cuts (the WAL's
                          count of cuts with this one; null: no cut of durable records)
     <segment>.wal        a sparse copy of each segment involved: its header page and the
                          copied pages at their own offsets, holes elsewhere
@@ -20,8 +20,11 @@ as it reads a WAL; nothing else is copied, so a set-aside after a crash costs a
 few pages, not segments.  Nothing is set aside when no valid record lies past
 the cut and the cut is not of records known durable (a torn record alone is no
 loss).  A crash between the set-aside and the end of the zeroing leaves the
-entry pending; the next recovery, which finds the same cut, finishes it instead
-of making a second entry.
+entry pending; the next recovery, which finds the same cut (the same records,
+by their CRCs, and no byte the entry lacks), finishes it instead of making a
+second entry.  Every cut, once its zeroing is synced, resolves the pending
+entries of cuts at or past its own (finish): none is left pending for a cut
+that no open will make again, and no record is held by two entries.
 
 ``pmemwal lost-found WAL`` lists them; ``--dump``, ``--restore`` (append the
 records again, in order, as new records of the WAL: putback.py) and ``--remove`` act on one.
@@ -34,12 +37,15 @@ import mmap
 import os
 import struct
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
+
 from pmemwal import _core
 from pmemwal.errors import FormatError, format_lsn
-from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, segment_name
+from pmemwal.format import PAGE_SIZE, segment_name
 from pmemwal.segments import LOST_FOUND_NAME, storage_errors, sync_directory
 
 MANIFEST = "MANIFEST.json"
@@ -50,50 +56,34 @@ _REM_LEN = struct.Struct("<I")  # a page header's rem_len, at offset 4
 
 @dataclass(frozen=True)
 class Found:
-    """A valid record past a cut."""
+    """A valid record past a cut: where it lies, and its CRC (what it holds, to tell one
+    record from another written at the same LSN later)."""
 
     lsn: int
     next_lsn: int
     length: int
+    crc: int
 
 
-def records_past(x: int, pages: list[int], min_prev: int,
-                 segment: Callable[[int], memoryview | mmap.mmap | None], segment_size: int,
-                 wal_id_lo: int) -> list[Found]:
+def records_past(x: int, pages: list[int], link: int, floor: int,
+                 segment: Callable[[int], memoryview | mmap.mmap | bytearray | None],
+                 segment_size: int, wal_id_lo: int) -> list[Found]:
     """The valid records (not void) of this cycle at or past ``x``, as far as their own bytes
     tell: tried at every aligned position from x to the end of x's page and in every page of
-    ``pages``, each chain followed while it holds.  Page headers are not checked (a salvage
-    reader): a damaged page header alone must not lose the records in its page, and each
-    record's CRC, which covers its prev-link, still has to match.  A chain's first record must
-    link at or past ``min_prev`` (the first LSN of the oldest segment): an older cycle's record
-    in a recycled segment links below it, and is no record of this WAL.  ``segment``: a
-    segment's mapping, or None."""
+    ``pages``, each chain followed while it holds (natively: Reader.salvage, wal_salvage).
+    Page headers are not checked (a salvage reader): a damaged page header alone must not
+    lose the records in its page, and each record's CRC, which covers its prev-link, still has
+    to match.  A chain's first record must link at or past ``link`` (the last valid record
+    before x; 0: none) and ``floor`` (the first LSN of the oldest segment: an older cycle's
+    record in a recycled segment links below it).  When the record at x is invalid but its
+    header plausible, no position inside the extent it claims is tried: a record image that
+    its payload carries is no record of the WAL.  ``segment``: a segment's mapping, or None."""
     reader = _core.Reader(segment_size, wal_id_lo, segment, salvage=True)
-    found: dict[int, Found] = {}
-    reach = x                       # positions below it lie inside a record found
-    for start in _positions(x, pages):
-        if start < reach:
-            continue
-        lsn, prev = start, -1
-        while lsn not in found:
-            status, _, next_lsn, prev_lsn, length, _, _, _, _, void = reader.read(lsn, prev)
-            if status or (prev == -1 and prev_lsn < min_prev):
-                break
-            if not void:
-                found[lsn] = Found(lsn, next_lsn, length)
-            prev, lsn = lsn, next_lsn
-        reach = max(reach, lsn)
-    return sorted(found.values(), key=lambda f: f.lsn)
+    later = sorted(p for p in pages if p > x)
+    return [Found(*r) for r in reader.salvage(x, later, link or -1, floor)]
 
 
-def _positions(x: int, pages: list[int]) -> Iterator[int]:
-    """Every aligned position of the usable areas from x on, in x's page and in ``pages``."""
-    yield from range(x, x - x % PAGE_SIZE + PAGE_SIZE, 8)
-    for page_lsn in sorted(p for p in pages if p > x):
-        yield from range(page_lsn + PAGE_HEADER_SIZE, page_lsn + PAGE_SIZE, 8)
-
-
-def set_aside(wal_dir: str, x: int, pages: list[int], min_prev: int,
+def set_aside(wal_dir: str, x: int, pages: list[int], link: int, floor: int,
               segment: Callable[[int], memoryview | mmap.mmap | None], segment_size: int, wal_id: bytes,
               reason: str, keep: bool = False,
               cuts: int | None = None) -> tuple[str, list[Found], int | None] | None:
@@ -102,25 +92,25 @@ def set_aside(wal_dir: str, x: int, pages: list[int], min_prev: int,
     synced; returns its path, the records and the count of cuts it records, or None when
     there is nothing to keep: no valid record past x, and not ``keep`` (a cut of records
     known durable keeps its pages even when no record in them validates any more).
-    ``cuts``: the WAL's count of cuts with this one (None: the cut is no cut of durable
-    records), recorded so that a recovery rerun after a crash counts the cut once.
+    ``link`` and ``floor``: records_past.  ``cuts``: the WAL's count of cuts with this one
+    (None: the cut is no cut of durable records), recorded so that a recovery rerun after a
+    crash counts the cut once.
 
     The entry is made pending (``CUTTING``) until the caller has zeroed and synced what it
     cuts (``finish``): a recovery that a crash stopped in between finds the same cut, and
-    this returns the pending entry instead of making a second one."""
+    this returns the pending entry instead of making a second one.  The same cut: a pending
+    entry at x that holds every record found now (by its CRC) and every byte this cut would
+    zero (``_same_cut``); a pending entry at x made before the WAL went on is not."""
     wal_id_lo = int.from_bytes(wal_id[:4], "little")
-    found = records_past(x, pages, min_prev, segment, segment_size, wal_id_lo)
-    pending = _pending(wal_dir, x, wal_id)
-    held = set() if pending is None else {tuple(r) for r in pending.manifest["records"]}
-    if pending is not None and {(f.lsn, f.next_lsn, f.length) for f in found} <= held:
-        # the same cut, begun before: since then only its zeroing wrote, which removes
-        return (pending.path, [Found(*r) for r in pending.manifest["records"]],
-                pending.manifest.get("cuts"))
-    if not found and not (keep and _holds_bytes(x, pages, segment, segment_size)):
-        return None
+    found = records_past(x, pages, link, floor, segment, segment_size, wal_id_lo)
     copy = {x - x % PAGE_SIZE} | set(pages)
     for f in found:
         copy.update(range(f.lsn - f.lsn % PAGE_SIZE, f.next_lsn, PAGE_SIZE))
+    for pending in reversed(_pending(wal_dir, wal_id, x, x)):   # (the newest first)
+        if _same_cut(pending, found, x, copy, segment, segment_size):
+            return pending.path, pending.found(), pending.manifest.get("cuts")
+    if not found and not (keep and _holds_bytes(x, pages, segment, segment_size)):
+        return None
     target = os.path.join(wal_dir, LOST_FOUND_NAME, f"{x:016X}-{time.time_ns()}")
     with storage_errors(f"setting aside records past {format_lsn(x)} in {target}"):
         os.makedirs(target)
@@ -134,15 +124,37 @@ def set_aside(wal_dir: str, x: int, pages: list[int], min_prev: int,
         manifest = {"cut_lsn": x, "cut": format_lsn(x), "reason": reason, "wal_id": wal_id.hex(),
                     "segment_size": segment_size, "made_ns": time.time_ns(),
                     "pages": sorted(copy),
-                    "records": [[f.lsn, f.next_lsn, f.length] for f in found], "cuts": cuts}
+                    "records": [[f.lsn, f.next_lsn, f.length, f.crc] for f in found],
+                    "cuts": cuts}
         write_synced(os.path.join(target, MANIFEST), json.dumps(manifest, indent=1).encode())
         for directory in (target, os.path.dirname(target), wal_dir):
             sync_directory(directory)
-    if pending is not None and held <= {(f.lsn, f.next_lsn, f.length) for f in found}:
-        # a cut at x stopped before it zeroed anything, whose open then went on without
-        # cutting there (other options), and appended more: this entry holds all it held
-        remove(wal_dir, pending.name)
     return target, found, cuts
+
+
+def _same_cut(entry: SetAside, found: list[Found], x: int, copy: set[int],
+              segment: Callable[[int], memoryview | mmap.mmap | None], segment_size: int) -> bool:
+    """Whether pending ``entry`` (a cut at x) is the cut at x begun before and stopped: it
+    holds each record found now (the same bytes: its CRC), and every byte the cut would zero
+    now is zero (its zeroing got that far) or the same as in the entry's copy.  A WAL that
+    went on past the stopped cut (another open passed over it) wrote bytes the entry lacks."""
+    if not {_key(f) for f in found} <= {_key(f) for f in entry.found()}:
+        return False
+    for page_lsn in copy:
+        seg = segment(page_lsn // segment_size)
+        if seg is None:
+            continue
+        begin = max(page_lsn, x) - page_lsn      # (x's page before x is kept, not zeroed)
+        offset = page_lsn % segment_size
+        now = np.frombuffer(bytes(seg[offset + begin:offset + PAGE_SIZE]), np.uint8)
+        copied = np.frombuffer(entry.page(page_lsn)[begin:], np.uint8)
+        if not np.all((now == 0) | (now == copied)):
+            return False
+    return True
+
+
+def _key(f: Found) -> tuple[int, int, int, int]:
+    return (f.lsn, f.next_lsn, f.length, f.crc)
 
 
 def _holds_bytes(x: int, pages: list[int], segment: Callable[[int], memoryview | mmap.mmap | None],
@@ -157,19 +169,71 @@ def _holds_bytes(x: int, pages: list[int], segment: Callable[[int], memoryview |
     return False
 
 
-def finish(path: str) -> None:
-    """The cut that made the entry at ``path`` has zeroed and synced what it cut: the entry is
-    no longer pending."""
+def finish(wal_dir: str, x: int, wal_id: bytes, path: str | None) -> None:
+    """The cut at ``x`` has zeroed and synced what it cut (``path``: the entry it made or
+    reused, None if none).  First every other pending entry of a cut at or past x is resolved:
+    what it holds is now either in ``path``'s entry or gone from the WAL (``_resolve``), so none
+    is left pending for a cut that no open will make again.  Then ``path``'s entry is no
+    longer pending (after the others: a crash in between leaves it pending, and the next
+    recovery, which finds this cut again, resolves them again)."""
+    made = None if path is None else _entry_at(path)
+    for entry in _pending(wal_dir, wal_id, x, None):
+        if made is None or entry.path != made.path:
+            _resolve(wal_dir, entry, made)
+    if path is not None:
+        _unpend(path)
+
+
+def _resolve(wal_dir: str, entry: SetAside, made: SetAside | None) -> None:
+    """A pending entry of a cut at or past one just made (``made``: its entry, if any): removed
+    when ``made`` holds every record and every byte it holds (a cut lower, or the same cut,
+    that copied the same pages); otherwise the records ``made`` holds are dropped from its
+    manifest (a put-back of both would append them twice) and it is finished: the rest (pages
+    a stopped cut had zeroed already) is in it alone, and can be put back."""
+    theirs = set() if made is None else {_key(f) for f in made.found()}
+    mine = entry.found()
+    rest = [f for f in mine if _key(f) not in theirs]
+    if made is not None and not rest and _bytes_held(entry, made):
+        remove(wal_dir, entry.name)
+        return
+    if len(rest) < len(mine):
+        manifest = dict(entry.manifest, records=[list(_key(f)) for f in rest])
+        staged = os.path.join(entry.path, MANIFEST + ".new")
+        with storage_errors(f"resolving {entry.path}"):
+            write_synced(staged, json.dumps(manifest, indent=1).encode(), flags=os.O_TRUNC)
+            os.rename(staged, os.path.join(entry.path, MANIFEST))
+            sync_directory(entry.path)
+    _unpend(entry.path)
+
+
+def _bytes_held(entry: SetAside, other: SetAside) -> bool:
+    """Whether every byte ``entry`` copied that is not zero is in ``other``'s copy too."""
+    for page_lsn in entry.manifest["pages"]:
+        mine = np.frombuffer(entry.page(page_lsn), np.uint8)
+        if not np.all((mine == 0) | (mine == np.frombuffer(other.page(page_lsn), np.uint8))):
+            return False
+    return True
+
+
+def _unpend(path: str) -> None:
     with storage_errors(f"finishing {path}"):
-        os.unlink(os.path.join(path, CUTTING))
+        try:
+            os.unlink(os.path.join(path, CUTTING))
+        except FileNotFoundError:
+            pass    # (finished before a crash stopped the rest)
         sync_directory(path)
 
 
-def _pending(wal_dir: str, x: int, wal_id: bytes) -> SetAside | None:
-    for entry in entries(wal_dir):
-        if entry.pending and entry.cut_lsn == x and entry.manifest["wal_id"] == wal_id.hex():
-            return entry
-    return None
+def _pending(wal_dir: str, wal_id: bytes, low: int, high: int | None) -> list[SetAside]:
+    """This WAL's pending entries of cuts from ``low`` up to ``high`` (None: no bound)."""
+    return [e for e in entries(wal_dir)
+            if e.pending and e.manifest["wal_id"] == wal_id.hex() and e.cut_lsn >= low
+            and (high is None or e.cut_lsn <= high)]
+
+
+def _entry_at(path: str) -> SetAside:
+    with open(os.path.join(path, MANIFEST), "rb") as f:
+        return SetAside(os.path.basename(path), path, json.loads(f.read()))
 
 
 def _copy_pages(path: str, source: memoryview | mmap.mmap | None, offsets: list[int], size: int) -> None:
@@ -237,6 +301,40 @@ class SetAside:
 
     def records(self) -> Iterator[tuple[int, bytes]]:
         """(LSN, payload) of each record it holds, validated again by the native reader."""
+        with self._reader() as reader:
+            for lsn, *_ in self.manifest["records"]:
+                status = reader.read(lsn, -1)[0]
+                if status:
+                    raise FormatError(f"{self.path}: the record at {format_lsn(lsn)} no longer "
+                                      f"reads: {_core.status_text(status)}")
+                yield lsn, reader.payload(lsn)
+
+    def found(self) -> list[Found]:
+        """The records it holds, each with its CRC (read from the copy for an entry whose
+        manifest lists [lsn, next_lsn, length] alone; -1 where it no longer reads)."""
+        rows = self.manifest["records"]
+        if all(len(r) == 4 for r in rows):
+            return [Found(*r) for r in rows]
+        with self._reader() as reader:
+            return [Found(r[0], r[1], r[2], r[3] if len(r) == 4 else _crc_of(reader, r[0]))
+                    for r in rows]
+
+    def page(self, page_lsn: int) -> bytes:
+        """Its copy of the page at ``page_lsn`` (zeros where it copied none)."""
+        size = self.manifest["segment_size"]
+        try:
+            fd = os.open(os.path.join(self.path, segment_name(page_lsn // size)), os.O_RDONLY)
+        except FileNotFoundError:
+            return bytes(PAGE_SIZE)
+        try:
+            return os.pread(fd, PAGE_SIZE, page_lsn % size).ljust(PAGE_SIZE, b"\0")
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def _reader(self) -> Iterator[_core.Reader]:
+        """A salvage reader over its copies (a record may lie in a page whose header was the
+        damage; its CRC is checked)."""
         size = self.manifest["segment_size"]
         wal_id = bytes.fromhex(self.manifest["wal_id"])
         maps: dict[int, mmap.mmap | None] = {}
@@ -247,19 +345,19 @@ class SetAside:
                 maps[segno] = _map_readonly(path, size) if os.path.exists(path) else None
             return maps[segno]
 
-        # (salvage: a record may lie in a page whose header was the damage; its CRC is checked)
         reader = _core.Reader(size, int.from_bytes(wal_id[:4], "little"), segment, salvage=True)
         try:
-            for lsn, _, _ in self.manifest["records"]:
-                status = reader.read(lsn, -1)[0]
-                if status:
-                    raise FormatError(f"{self.path}: the record at {format_lsn(lsn)} no longer "
-                                      f"reads: {_core.status_text(status)}")
-                yield lsn, reader.payload(lsn)
+            yield reader
         finally:
+            del reader
             for m in maps.values():
                 if m is not None:
                     m.close()
+
+
+def _crc_of(reader: _core.Reader, lsn: int) -> int:
+    status, _, _, _, _, crc, *_ = reader.read(lsn, -1)
+    return -1 if status else crc
 
 
 def _map_readonly(path: str, size: int) -> mmap.mmap:

@@ -135,15 +135,15 @@ class Recovery:
             self._cuts_without_checkpoint()
         cuts = before + counts
         if aside_needed:
-            aside, counted = self._set_aside(x, pages, min_prev, _core.status_text(status),
-                                             cuts if counts else None)
+            aside, counted = self._set_aside(x, pages, last, min_prev,
+                                             _core.status_text(status), cuts if counts else None)
             if counted is not None:  # the same cut, by an open a crash stopped: counted once
                 cuts = before if counted <= before else max(cuts, counted)
         if cp is not None and (x < cp.end_lsn or cuts > cp.cuts):
             self._checkpoint_cut(cp, x, last, oldest, cuts)
         self._wipe_beyond(x, pages)
-        if aside is not None:   # (a crash before this: the next recovery finishes it)
-            lostfound.finish(aside)
+        # (a crash before this: the next recovery finishes it, and the pending entries past x)
+        lostfound.finish(self._dir.path, x, self._wal_id, aside)
         return Recovered(x, last, None if full_scan else start, start, full_scan, aside, oldest,
                          cuts)
 
@@ -316,13 +316,13 @@ class Recovery:
         end, last = (x, last) if x < cp.end_lsn else (cp.end_lsn, cp.last_lsn)
         self._checkpoints.write(end, last, oldest, current=cp, cuts=cuts)
 
-    def _set_aside(self, x: int, pages: list[int], min_prev: int, reason: str,
+    def _set_aside(self, x: int, pages: list[int], last: int, min_prev: int, reason: str,
                    cuts: int | None) -> tuple[str | None, int | None]:
         """The lost+found entry of the cut at x (None: nothing to keep), and the count of
         cuts it records: ``cuts`` for a new one (None: the cut does not count), or for a
         pending one, made by an open that a crash stopped, the count that cut brought,
         whether or not that open's checkpoint got to keep it."""
-        made = lostfound.set_aside(self._dir.path, x, pages, min_prev, self._segment,
+        made = lostfound.set_aside(self._dir.path, x, pages, last, min_prev, self._segment,
                                    self._size, self._wal_id, reason, keep=self._cut_durable,
                                    cuts=cuts)
         if made is None:

@@ -27,7 +27,7 @@ import pmemwal
 import pmemwal.slots
 from pmemwal import lostfound, putback
 from pmemwal.checkpoint import CheckpointFile
-from pmemwal.format import CHECKPOINTED, SegmentHeader
+from pmemwal.format import CHECKPOINTED, SPARE, SegmentHeader
 from pmemwal.slots import SLOT_STRIDE
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.cli import main as cli
@@ -942,8 +942,8 @@ def test_a_deleted_checkpoint_never_brings_cuts_back_to_a_count_seen_before(wal_
 
 
 def test_a_segment_header_keeps_the_count_of_cuts_beside_its_flags():
-    header = SegmentHeader(3, SEG, bytes(range(16)), CHECKPOINTED, 7)
+    header = SegmentHeader(3, SEG, bytes(range(16)), CHECKPOINTED | SPARE, 2, cuts=7)
     assert SegmentHeader.unpack(header.pack(), "header") == header
-    big = SegmentHeader(3, SEG, bytes(range(16)), 0, 1 << 20)  # more than the field holds
+    big = SegmentHeader(3, SEG, bytes(range(16)), cuts=1 << 20)  # more than the field holds
     assert SegmentHeader.unpack(big.pack(), "header") == SegmentHeader(3, SEG, bytes(range(16)),
-                                                                       0, 0xFFFF)
+                                                                       cuts=0xFFFF)

@@ -9,7 +9,12 @@
 - a crash inside ``lostfound.remove`` (a put-back's last step) or while recovery zeroes the cut
   range (children killed with SIGKILL at each step) leaves no record to be appended twice;
 - damage past the checkpoint raises only when a record reserved after the damaged one was
-  flushed follows it (docs/RELIABILITY.md, promise 3).
+  flushed follows it (docs/RELIABILITY.md, promise 3);
+- a pending entry is reused only by the same cut (the same records by CRC, no byte it lacks),
+  and a cut resolves the pending entries at or past it: none stays pending, no record is held
+  by two entries;
+- a record image inside a damaged record's payload is neither set aside nor taken for proof
+  of a flush; the position scan, on random damage, finds only records that were written.
 
 Damage is done with ordinary file writes at offsets computed from the format.
 """
@@ -17,6 +22,7 @@ Damage is done with ordinary file writes at offsets computed from the format.
 from __future__ import annotations
 
 import json
+import struct
 import os
 import random
 import shutil
@@ -29,7 +35,8 @@ import pytest
 from click.testing import CliRunner
 
 import pmemwal
-from pmemwal import lostfound, putback
+from pmemwal import _core, lostfound, putback
+from pmemwal.format import first_lsn
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.cli import main as cli
 from conftest import (PAGE, PAGE_HDR, REC_HDR, SEG, child_env, file_bytes, file_write, flip_byte,
@@ -150,7 +157,8 @@ def test_the_warning_names_the_range_that_held_no_valid_record(wal_dir, mode):
 _KILLER = r"""
 import functools, json, os, signal, sys, warnings
 import pmemwal
-from pmemwal import lostfound, putback
+from pmemwal import _core, lostfound, putback
+from pmemwal.format import first_lsn
 spec = json.loads(sys.argv[1])
 calls = [0]
 
@@ -186,6 +194,10 @@ if spec["step"] == "remove":
     remove = lostfound.remove
     lostfound.remove = lambda *a: armed(lambda: remove(*a), ("unlink", "rename", "rmdir"))
     putback.restore(spec["wal"], spec["name"])
+elif spec["step"] == "finish":
+    finish = lostfound.finish
+    lostfound.finish = lambda *a: armed(lambda: finish(*a), ("write", "rename", "unlink", "rmdir"))
+    pmemwal.open(spec["wal"], on_corruption="truncate", **spec["options"]).close()
 else:
     only = segment_fd if spec["step"] == "recover" else checkpoint_fd
     armed(lambda: pmemwal.open(spec["wal"], on_corruption="truncate", **spec["options"]).close(),
@@ -315,3 +327,239 @@ def test_damage_past_the_checkpoint_raises_only_before_a_record_reserved_after_i
     with wal:
         assert [(lsn, d) for lsn, d, _ in read_all(wal)] == recs[:700]
     assert _aside(wal_dir) == recs[701:]
+
+
+# ---- a pending entry: reused only for the same cut, never stuck --------------------
+
+def _held(wal_dir):
+    """Every record lost+found holds, one item per entry that holds it."""
+    return [data for e in lostfound.entries(wal_dir) for _, data in e.records()]
+
+
+def test_a_pending_entry_is_not_reused_for_a_later_cut_of_other_records(wal_dir):
+    """A cut stopped after its set-aside (records 31-59 pending), then an ordinary cut lower
+    (at record 10), then 50 records appended over the same LSNs and the same place damaged
+    again: the pending entry must not be taken for the last cut (its records are old ones,
+    and the new ones past the damage would be zeroed with no copy), and no record may be
+    held by two entries (a put-back of both would append it twice)."""
+    with pmemwal.open(wal_dir, mode="buffered", segment_size=SEG, background=False) as wal:
+        old = _append(wal, [700] * 60, "old", flush_each=True)
+    flip_byte(wal_dir, old[30][0] + REC_HDR + 5)
+    assert _killed_at("cut-checkpoint", wal_dir, 1, options={"verify": "all"})
+    assert [e.pending for e in lostfound.entries(wal_dir)] == [True]
+    flip_byte(wal_dir, old[10][0] + REC_HDR + 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        assert _records(wal_dir, "buffered", verify="all",
+                        on_corruption="truncate") == old[:10]
+    assert not any(e.pending for e in lostfound.entries(wal_dir)), "an entry left pending"
+    with pmemwal.open(wal_dir, mode="buffered", background=False) as wal:
+        new = _append(wal, [700] * 50, "new", flush_each=True)
+    assert new[20][0] == old[30][0]
+    flip_byte(wal_dir, new[20][0] + REC_HDR + 5)          # the same place fails again
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        kept = [d for _, d in _records(wal_dir, "buffered", verify="all",
+                                       on_corruption="truncate")]
+    held = _held(wal_dir)
+    assert not any(e.pending for e in lostfound.entries(wal_dir))
+    assert [d for d in held if held.count(d) > 1] == [], "a record held by two entries"
+    assert sorted(kept + held) == sorted(
+        d for _, d in old[:10] + old[11:30] + old[31:] + new[:20] + new[21:])
+
+
+def test_a_pending_entry_of_no_record_is_not_reused_for_new_pages(wal_dir):
+    """A cut of durable records of which none validates, stopped after its set-aside (an
+    entry of pages, no record), then passed over by a default open that appends more: a later
+    cut at the same place that again finds no valid record must copy the new pages too."""
+    with pmemwal.open(wal_dir, mode="buffered", segment_size=SEG, background=False) as wal:
+        recs = _append(wal, [2000] * 20, "first", flush_each=True)
+    for lsn, data in recs[8:]:
+        flip_byte(wal_dir, lsn + REC_HDR + len(data) // 2)
+    assert _killed_at("cut-checkpoint", wal_dir, 1, options={"verify": "all"})
+    with pmemwal.open(wal_dir, mode="buffered", background=False) as wal:
+        more = _append(wal, [2000] * 10, "second", flush_each=True)
+    for lsn, data in more:
+        flip_byte(wal_dir, lsn + REC_HDR + len(data) // 2)
+    zeroed = sorted({_page_of(lsn) for lsn, _ in more})
+    before = {p: file_bytes(wal_dir, p, PAGE) for p in zeroed}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        pmemwal.open(wal_dir, mode="buffered", verify="all", on_corruption="truncate").close()
+    copies = {}
+    for entry in lostfound.entries(wal_dir):
+        assert not entry.pending
+        for p in zeroed:
+            name = os.path.join(entry.path, f"{p // SEG:016X}.wal")
+            if os.path.exists(name):
+                with open(name, "rb") as f:
+                    f.seek(p % SEG)
+                    copies.setdefault(p, []).append(f.read(PAGE))
+    for p, data in before.items():
+        assert data in copies.get(p, []), f"page {p} was zeroed without a copy"
+
+
+# ---- record images inside a damaged record's payload -------------------------------
+
+def _image(prev, body, gap=0):
+    """A record's bytes as the writer lays them out (CRC over header bytes 4..23 and the
+    payload), to be carried inside another record's payload."""
+    tail = struct.pack("<IQII", len(body), prev, 1, gap)
+    return struct.pack("<I", _core.crc32c(tail + body)) + tail + body
+
+
+def _carrier(wal, at_offset, image, n=20000):
+    """A record of n bytes whose payload holds ``image`` at ``at_offset`` stream bytes past
+    its header (the offset kept clear of page headers by the caller)."""
+    big = bytearray(b"z" * n)
+    big[at_offset:at_offset + len(image)] = image
+    return wal.append(bytes(big), flush=True)
+
+
+def test_a_record_image_inside_a_damaged_record_is_not_set_aside(wal_dir):
+    """An application payload that carries a valid-looking record image: once the record
+    carrying it is damaged, the image is no record of the WAL (it lies inside the damaged
+    record's extent, which the next record confirms) and must not be set aside."""
+    with pmemwal.open(wal_dir, mode="buffered", segment_size=SEG, background=False) as wal:
+        before = _append(wal, [100] * 5, "a", flush_each=True)
+        r = wal.insert_lsn
+        step = PAGE - PAGE_HDR
+        target = (usable_of(r) // step + 1) * step + 800     # in the next page
+        big = _carrier(wal, target - usable_of(r) - REC_HDR, _image(r, b"not-a-record-of-this-wal"))
+        after = _append(wal, [100] * 5, "b", flush_each=True)
+    assert big == r
+    flip_byte(wal_dir, r + REC_HDR + 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        assert _records(wal_dir, "buffered", verify="all", on_corruption="truncate") == before
+    assert _aside(wal_dir) == after
+
+
+def test_a_record_image_in_the_cut_page_proves_no_flush(wal_dir):
+    """A torn last record whose payload carries, in its own page, an image whose durable hint
+    passes it: no record was written after the damaged one, so the open cuts a torn tail
+    instead of refusing (the image lies inside the damaged record's extent, and does not link
+    to the damaged record itself)."""
+    with pmemwal.open(wal_dir, mode="buffered", segment_size=SEG, background=False) as wal:
+        before = _append(wal, [100] * 5, "a", flush_each=True)
+        r = wal.insert_lsn
+        assert PAGE - r % PAGE > 3000                         # room for the image in r's page
+        _carrier(wal, 1000, _image(r + 8, b"x" * 40), n=4000)
+    rewind_checkpoint(wal_dir)
+    flip_byte(wal_dir, r + REC_HDR + 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        assert _records(wal_dir, "buffered") == before
+    assert _aside(wal_dir) == []
+
+
+def test_a_damaged_length_loses_no_record_it_claims_to_cover(wal_dir, mode):
+    """The damage is to a record's length (claiming 256 bytes more, its header otherwise
+    plausible): the records inside the extent it claims are genuine, and are set aside."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        recs = _append(wal, [100] * 30, "length")          # one flush: a torn tail
+    rewind_checkpoint(wal_dir)
+    file_write(wal_dir, recs[10][0] + 4, struct.pack("<I", 100 + 256))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        assert _records(wal_dir, mode) == recs[:10]
+    assert _aside(wal_dir) == recs[11:]
+
+
+# ---- the position scan on arbitrary damage ---------------------------------------
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_position_scan_finds_only_records_written(shm_tmp, seed):
+    """Random damage (bytes, page headers, runs, huge lengths) over a WAL of 2,500 records of
+    random sizes, then the scan from a random cut over every later page: each record found is
+    one that was written, and reads back."""
+    rng = random.Random(seed)
+    wal_dir = shm_tmp / "wal"
+    with pmemwal.open(wal_dir, mode="buffered", segment_size=SEG, background=False) as wal:
+        written = {payload(f"f/{i}", rng.randrange(0, 3000)) for i in range(2500)}
+        for data in sorted(written):
+            wal.append(data)
+        wal_id = bytes(wal.wal_id)
+    segnos = sorted(int(n[:16], 16) for n in os.listdir(wal_dir) if n.endswith(".wal"))
+    orig = {s: (wal_dir / f"{s:016X}.wal").read_bytes() for s in segnos}
+    wal_id_lo = int.from_bytes(wal_id[:4], "little")
+    for _ in range(6):
+        bufs = {s: bytearray(b) for s, b in orig.items()}
+        for _ in range(rng.randrange(1, 6)):
+            b = bufs[rng.choice(segnos)]
+            off = rng.randrange(PAGE, SEG - 64)
+            kind = rng.randrange(4)
+            if kind == 0:
+                b[off:off + 8] = rng.randbytes(8)
+            elif kind == 1:
+                b[off - off % PAGE:off - off % PAGE + 24] = rng.randbytes(24)
+            elif kind == 2:
+                k = min(rng.randrange(1, 20000), SEG - off)
+                b[off:off + k] = rng.randbytes(k)
+            else:
+                off -= off % 8
+                b[off + 4:off + 8] = struct.pack("<I", rng.choice(
+                    [0xFFFFFFFF, 0x7FFFFFFF, SEG, rng.randrange(1 << 32)]))
+        x = first_lsn(segnos[0], SEG) + 8 * rng.randrange(0, 1000)
+        pages = [s * SEG + p * PAGE for s in segnos for p in range(1, SEG // PAGE)
+                 if s * SEG + p * PAGE > x]
+        found = lostfound.records_past(x, pages, 0, first_lsn(segnos[0], SEG), bufs.get, SEG,
+                                       wal_id_lo)
+        reader = _core.Reader(SEG, wal_id_lo, bufs.get, salvage=True)
+        for f in found:
+            assert reader.read(f.lsn, -1)[0] == 0
+            assert reader.payload(f.lsn) in written, f"not a record written: {f}"
+
+
+def test_a_cut_below_a_stopped_cut_leaves_each_record_in_one_entry(shm_tmp):
+    """A cut at record 30 killed while it zeroes (some of its pages zeroed already: their
+    records are in its pending entry alone), then damage lower and a cut there: the pending
+    entry is finished with just the records the new entry lacks, and every record past the
+    new cut is in exactly one entry."""
+    template = shm_tmp / "template"
+    recs, k = _damaged_wal(template)
+    for n in (2, 4, 6):
+        wal_dir = shm_tmp / f"try{n}"
+        shutil.copytree(template, wal_dir)
+        assert _killed_at("recover", wal_dir, n)
+        (pending,) = lostfound.entries(wal_dir)
+        assert pending.pending
+        flip_byte(wal_dir, recs[10][0] + REC_HDR + 5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RecoveryWarning)
+            kept = [d for _, d in _records(wal_dir, "buffered", verify="all",
+                                           on_corruption="truncate")]
+        held = _held(wal_dir)
+        assert not any(e.pending for e in lostfound.entries(wal_dir))
+        assert [d for d in held if held.count(d) > 1] == [], f"killed at write {n}"
+        assert sorted(kept + held) == sorted(d for _, d in recs[:10] + recs[11:k] + recs[k + 1:])
+        shutil.rmtree(wal_dir)
+
+
+def test_a_crash_while_a_cut_resolves_pending_entries_loses_nothing(shm_tmp):
+    """The cut below a stopped one (above) killed at each file operation of its finish (the
+    pending entry trimmed, removed, finished): the next open, which finds the same cut, ends
+    with no entry pending and every record past the cut in exactly one entry."""
+    template = shm_tmp / "template"
+    recs, k = _damaged_wal(template)
+    assert _killed_at("recover", template, 4)
+    flip_byte(template, recs[10][0] + REC_HDR + 5)
+    want = sorted(d for _, d in recs[:10] + recs[11:k] + recs[k + 1:])
+    n = 0
+    while True:
+        n += 1
+        wal_dir = shm_tmp / f"try{n}"
+        shutil.copytree(template, wal_dir)
+        killed = _killed_at("finish", wal_dir, n, options={"verify": "all"})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RecoveryWarning)
+            kept = [d for _, d in _records(wal_dir, "buffered", verify="all",
+                                           on_corruption="truncate")]
+        held = _held(wal_dir)
+        assert not any(e.pending for e in lostfound.entries(wal_dir)), f"killed at step {n}"
+        assert [d for d in held if held.count(d) > 1] == [], f"killed at step {n}"
+        assert sorted(kept + held) == want, f"killed at step {n}"
+        shutil.rmtree(wal_dir)
+        if not killed:
+            break
+    assert n > 3
