@@ -58,7 +58,8 @@ DEFAULT_SEGMENT_SIZE = 16 << 20
 MAX_RECORD_LIMIT = 1 << 30  # a record's length field is u32; keep well inside it
 MAX_LSN = 1 << 63  # positions stay well inside the 64-bit LSN
 
-_CUTS_SHIFT, _CUTS_MAX = 16, 0xFFFF  # the flags' high half: the count of cuts (CUTS)
+_CUTS_SHIFT = 16      # the flags' high half: the count of cuts (CUTS)
+MAX_HEADER_CUTS = 0xFFFF  # what CUTS holds at most
 _HEADER = struct.Struct("<8sIIQQ16sQI")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _CRC.size  # 64
@@ -90,7 +91,7 @@ class SegmentHeader:
         recycled = 0 if self.recycled_from is None else self.recycled_from + 1
         body = _HEADER.pack(MAGIC, FORMAT_VERSION, PAGE_SIZE, self.segment_size, self.segno,
                             self.wal_id, recycled,
-                            self.flags | min(self.cuts, _CUTS_MAX) << _CUTS_SHIFT)
+                            self.flags | min(self.cuts, MAX_HEADER_CUTS) << _CUTS_SHIFT)
         header = body + _CRC.pack(_core.crc32c(body))
         return header + bytes(PAGE_SIZE - len(header))
 
@@ -109,7 +110,7 @@ class SegmentHeader:
         if version not in READ_VERSIONS:
             raise FormatError(f"{where}: format version {version}, this pmemwal reads "
                               f"{' and '.join(map(str, READ_VERSIONS))}")
-        flags, cuts = flags & ~(_CUTS_MAX << _CUTS_SHIFT), flags >> _CUTS_SHIFT
+        flags, cuts = flags & ~(MAX_HEADER_CUTS << _CUTS_SHIFT), flags >> _CUTS_SHIFT
         if flags & ~(CHECKPOINTED | SPARE) or (version == 1 and (flags & SPARE or recycled)):
             raise FormatError(f"{where}: unknown header flags {flags:#x}")
         if page_size != PAGE_SIZE or not is_valid_segment_size(seg_size):

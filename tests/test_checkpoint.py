@@ -947,3 +947,39 @@ def test_a_segment_header_keeps_the_count_of_cuts_beside_its_flags():
     big = SegmentHeader(3, SEG, bytes(range(16)), cuts=1 << 20)  # more than the field holds
     assert SegmentHeader.unpack(big.pack(), "header") == SegmentHeader(3, SEG, bytes(range(16)),
                                                                        cuts=0xFFFF)
+
+
+def test_a_crash_while_an_open_keeps_its_count_of_cuts_never_brings_it_back(wal_dir, mode):
+    """CHECKPOINT deleted, so the count of cuts lives in the segment headers alone: the open
+    that counts a cut gives a header the new count before its checkpoint names it.  Killed
+    right after its first rename there, the next open must still count past the count an
+    index may have been stored with (no header it needed renamed away and tidied)."""
+    lsns = _fill(wal_dir, mode, 1)
+    _garble(wal_dir, lsns[-10], SEG)
+    with pytest.warns(RecoveryWarning):
+        pmemwal.open(wal_dir, mode=mode, verify="all", on_corruption="truncate").close()
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert wal.cuts == 1
+    os.unlink(wal_dir / "CHECKPOINT")
+    code = f"""
+import os, signal, warnings
+import pmemwal
+from pmemwal.wal.opening import Opening
+warnings.simplefilter("ignore")
+keep = Opening._keep_cuts
+def killed_at_the_first_rename(self, *args, **kwargs):
+    rename = os.rename
+    def rename_then_die(*a, **k):
+        rename(*a, **k)
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.rename = rename_then_die
+    keep(self, *args, **kwargs)
+Opening._keep_cuts = killed_at_the_first_rename
+pmemwal.open({str(wal_dir)!r}, mode={mode!r}, on_corruption="truncate", background=False)
+"""
+    assert subprocess.run([sys.executable, "-c", code], env=child_env()).returncode == -9
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        wal = pmemwal.open(wal_dir, mode=mode, on_corruption="truncate")
+    with wal:
+        assert wal.cuts >= 2, "a count of cuts seen before came back"

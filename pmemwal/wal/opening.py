@@ -24,8 +24,8 @@ from pmemwal import _core, libpmem, lostfound
 from pmemwal.checkpoint import CheckpointFile, read_any
 from pmemwal.device import resolve_mode
 from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundError
-from pmemwal.format import (CHECKPOINTED, DEFAULT_SEGMENT_SIZE, DamagedHeaderError, SegmentHeader,
-                            first_lsn)
+from pmemwal.format import (CHECKPOINTED, DEFAULT_SEGMENT_SIZE, MAX_HEADER_CUTS, DamagedHeaderError,
+                            SegmentHeader, first_lsn)
 from pmemwal.recovery import Recovery, RecoveryWarning
 from pmemwal.segments import (ARCHIVE_STATUS_NAME, CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME,
                               storage_errors)
@@ -72,8 +72,8 @@ class Opening(BackgroundRounds):
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
             self._cuts = self._dir.cuts = result.cuts
             self._tidy(result.oldest_segno)  # (recovery decided: from here on files change)
-            if self._cuts > self._header_cuts:
-                self._keep_cuts(insert_lsn // self.segment_size, spares)
+            if min(self._cuts, MAX_HEADER_CUTS) > self._header_cuts:
+                self._keep_cuts(damaged)
         self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
                          insert_lsn, prev_lsn, first)
         if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
@@ -231,24 +231,21 @@ class Opening(BackgroundRounds):
         if not self._segnos:    # (the checkpoint's oldest was never made: Recovery, _nothing_left)
             self._dir.create(oldest, self.segment_size, self.wal_id)
             self._segnos = [oldest]
+            self._header_cuts = min(self._cuts, MAX_HEADER_CUTS)  # (its header holds them)
 
-    def _keep_cuts(self, current: int, spares: set[int]) -> None:
-        """Give the newest segment a header holding the count of cuts recovery raised, before
-        a checkpoint names it (a count kept in the checkpoint alone would go with a deleted
-        CHECKPOINT, and come back to a value a layer's index was stored with: Recovery,
-        _cuts_without_checkpoint).  A spare past ``current``, the segment of the end, holds
-        nothing of the WAL: it is remade under a temp name, renamed into place; else the
-        next segment is made.  Truncation never removes the newest segment, and every
-        segment made or recycled later holds the count, so some header always does.
-        ``spares``: the segments whose header says spare (a remade one stays one)."""
-        newest = self._segnos[-1]
-        if newest > current:
-            self._dir.recycle(newest, newest, self.segment_size, self.wal_id,
-                              spare=newest in spares)
-        else:
-            self._dir.create(newest + 1, self.segment_size, self.wal_id)
-            self._segnos.append(newest + 1)
-        self._header_cuts = self._cuts
+    def _keep_cuts(self, damaged: dict[int, str]) -> None:
+        """Give a segment header the count of cuts recovery raised, before a checkpoint names
+        it (a count kept in the checkpoint alone would go with a deleted CHECKPOINT, and come
+        back to a value a layer's index was stored with: Recovery, _cuts_without_checkpoint).
+        The next segment is made past the newest, a spare (in use, in a shared WAL), as every
+        segment is made: a temp file renamed into place, so that a crash at any point leaves
+        every header there was whole.  Truncation never removes the newest segment, and
+        every segment made, recycled or taken into use later holds the count, so some header
+        always does.  ``damaged``: the damaged spares still to be set aside, left alone."""
+        newest = max([self._segnos[-1], *damaged]) + 1
+        self._dir.create(newest, self.segment_size, self.wal_id, spare=self._control is None)
+        self._segnos.append(newest)
+        self._header_cuts = min(self._cuts, MAX_HEADER_CUTS)
 
     def _start_core(self, insert_slots: int, buffer_size: int, max_record_size: int,
                     gil_release_size: int, insert_lsn: int, prev_lsn: int,
