@@ -19,6 +19,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -236,11 +237,12 @@ static int Core_init(CoreObject *self, PyObject *args, PyObject *kw)
     }
     if (!direct && PyObject_GetBuffer(ring, &self->ring, PyBUF_WRITABLE) < 0)
         return -1;
-    self->core = PyMem_RawCalloc(1, sizeof(wal_core));
-    if (!self->core) {
+    void *mem = NULL; /* aligned as its cache-line fields want (calls, the shared state) */
+    if (posix_memalign(&mem, 64, sizeof(wal_core))) {
         PyErr_NoMemory();
         return -1;
     }
+    self->core = memset(mem, 0, sizeof(wal_core));
     int rc = wal_core_init(self->core, seg_size, wal_id_lo, direct,
                            direct ? 0 : (uint64_t)self->ring.len,
                            direct ? NULL : self->ring.buf, nslots, max_record);
@@ -270,7 +272,7 @@ static void Core_dealloc(CoreObject *self)
         wal_close(self->core);
         Py_END_ALLOW_THREADS
         wal_core_destroy(self->core);
-        PyMem_RawFree(self->core);
+        free(self->core);
     }
     release_views(self);
     if (self->ring.obj)

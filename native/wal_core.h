@@ -184,9 +184,7 @@ typedef struct wal_core {
     _Atomic int error;       /* sticky negative errno: this process's writer stopped */
     _Atomic int failing;     /* claimed by the first failure: it sets error_what, then error */
     char error_what[64];     /* what failed: written before error is published */
-    _Atomic int closed;
-    _Atomic uint32_t calls;  /* calls that read the state outside a slot (flushes, reaps, the
-                                position): a shared WAL's close waits for them (leave_shared) */
+    _Atomic int closed;      /* read by every insertion and commit (stopped) */
     int forked;              /* a child's copy after fork(): touches nothing shared */
 
     wal_shared *sh;          /* &own, or the control file's mapping (shared) */
@@ -204,6 +202,12 @@ typedef struct wal_core {
     int serial;
     pthread_mutex_t serial_lock;
     wal_fault fault;                          /* test hook, under write_lock */
+
+    /* a shared WAL's calls that read the state outside a slot (flushes, reaps, the position):
+     * its close waits for them (leave_shared).  A line of its own: flushes of every thread
+     * write it, and closed, which every insertion reads, must not bounce with it. */
+    _Alignas(64) _Atomic uint32_t calls;
+    char calls_line[60];
 
     wal_seg_entry segs[WAL_SEG_TABLE];
     wal_shared own;                           /* one process's WAL: its shared state */

@@ -113,9 +113,14 @@ static inline int check_due(unsigned spins)
 /* enter_call / leave_call -- around a call that reads the state outside a slot of its own
  * (a flush, a reap, the position): a shared WAL's close switches the core to its private
  * copy of the state only once none is inside (leave_shared).  seq_cst, both sides: either
- * the call sees closed, or close sees the call. */
+ * the call sees closed, or close sees the call.  One process's WAL counts nothing: its
+ * close switches nothing, and excludes the work in progress by holding every slot and
+ * write_lock (wal_close).  shared does not change under a counted call: leave_shared
+ * clears it only once the count is 0, and only a call that began shared counted. */
 static inline int enter_call(wal_core *c)
 {
+    if (!c->shared)
+        return atomic_load_explicit(&c->closed, memory_order_acquire) ? -WAL_ECLOSED : 0;
     atomic_fetch_add(&c->calls, 1);
     if (!atomic_load(&c->closed))
         return 0;
@@ -125,7 +130,8 @@ static inline int enter_call(wal_core *c)
 
 static inline void leave_call(wal_core *c)
 {
-    atomic_fetch_sub_explicit(&c->calls, 1, memory_order_release);
+    if (c->shared)
+        atomic_fetch_sub_explicit(&c->calls, 1, memory_order_release);
 }
 
 /* futex_wait / futex_wake -- sleep while *word == val (at most timeout_ns: then
@@ -144,12 +150,20 @@ static inline void futex_wake(_Atomic uint32_t *word, int shared)
     syscall(SYS_futex, word, shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-/* release_reservation -- free the reservation lock, waking a sleeper if one said so. */
+/* release_reservation -- free the reservation lock, waking a sleeper if one said so.  A
+ * plain store where the word has no WAITERS bit (no locked instruction on the append path):
+ * a waiter that sets the bit between that load and the store sleeps out one nap
+ * (LOCK_NAP_NS, wal_insert.c) at most, and then looks again (a window of a few ns, met
+ * only by a waiter that had spun out already while the holder ran). */
 static inline void release_reservation(wal_core *c)
 {
-    if (__builtin_expect(atomic_exchange_explicit(&c->sh->insert_lock, 0, memory_order_release) &
-                         WAL_LOCK_WAITERS, 0))
-        futex_wake(&c->sh->insert_lock, c->shared);
+    _Atomic uint32_t *lock = &c->sh->insert_lock;
+    if (__builtin_expect(!(atomic_load_explicit(lock, memory_order_relaxed) & WAL_LOCK_WAITERS), 1)) {
+        atomic_store_explicit(lock, 0, memory_order_release);
+        return;
+    }
+    atomic_exchange_explicit(lock, 0, memory_order_release);
+    futex_wake(lock, c->shared);
 }
 
 /* lock_holder -- the token holding the reservation lock, or 0. */
