@@ -19,7 +19,10 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "crc32c.h"
 #include "module.h"
@@ -57,6 +60,9 @@ typedef struct call_ctx {
     PyThreadState *released; /* the GIL was given up: the state to restore; NULL: held */
     int32_t stalled_pid;     /* a wait gave up (-ETIMEDOUT): the writer it waited for */
     uint64_t wait_ns;        /* ... after this many ns */
+    int gil_free;            /* the payload is large: the core call starts without the GIL */
+    uint64_t poll_at;        /* when a wait of the main thread gives up next (interrupted) */
+    wal_patience patience;   /* the core's timer: kept across the call's retries */
 } call_ctx;
 
 /* release_gil -- wal_env.will_wait: let other Python threads run while the core waits. */
@@ -84,21 +90,55 @@ static void keep_exception(call_ctx *cc)
         PyErr_Clear();
 }
 
+/* main_thread -- the thread that runs Python's signal handlers (set at import). */
+static unsigned long main_thread;
+
+/* SIGNAL_POLL_NS -- how often a wait of the main thread gives up, so that the call can run
+ * the signal handlers (a Ctrl-C's KeyboardInterrupt) outside the core: the first check of
+ * the call's wait (a few ms into it), then every SIGNAL_POLL_NS. */
+#define SIGNAL_POLL_NS 50000000ull
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* interrupted -- wal_env.interrupted, from a wait the call may give up (nothing reserved,
- * or a flush): run the signal handlers (the main thread's SIGINT: KeyboardInterrupt), the
- * GIL taken for that; nonzero when one raised, which the call then raises. */
+ * or a flush), perhaps holding write_lock: whether to give up now so that the handlers run
+ * (retry_call).  It runs none itself and takes no GIL: a handler run inside the core would
+ * run while the call holds what the handler may wait for (a wal.close() in it would wait
+ * for the call's slot or its flush; a wal.flush(), for write_lock).  Python has no call
+ * that tells whether a signal is pending without running its handler: the main thread's
+ * wait gives up at a pace instead, and only it (handlers run nowhere else). */
 static int interrupted(void *ctx)
 {
     call_ctx *cc = ctx;
-    PyThreadState *released = cc->released;
-    if (released)
-        PyEval_RestoreThread(released);
-    int raised = PyErr_CheckSignals() < 0;
-    if (raised)
+    if (PyThread_get_thread_ident() != main_thread)
+        return 0;
+    uint64_t now = monotonic_ns();
+    if (now < cc->poll_at)
+        return 0;
+    cc->poll_at = now + SIGNAL_POLL_NS;
+    return 1;
+}
+
+/* retry_call -- after a core call returned rc: whether to call it again.  -EINTR (it gave
+ * up for the signal handlers, holding nothing now): run them with the GIL; one that raised
+ * ends the call with its exception, else the call goes on where it was (the timer kept). */
+static int retry_call(call_ctx *cc, int rc)
+{
+    if (rc != -EINTR)
+        return 0;
+    regain_gil(cc);
+    if (PyErr_CheckSignals() < 0) {
         keep_exception(cc);
-    if (released)
-        cc->released = PyEval_SaveThread();
-    return raised;
+        return 0;
+    }
+    if (cc->gil_free)
+        release_gil(cc);
+    return 1;
 }
 
 static PyObject *raise_stopped(const char *fmt, int err, const char *what)
@@ -128,11 +168,16 @@ static PyObject *raise_rc(wal_core *core, int rc, call_ctx *cc)
     if (rc == -EINVAL)
         return PyErr_Format(PyExc_ValueError, "invalid argument");
     if (rc == -ETIMEDOUT && cc) {
-        char msg[256];
-        snprintf(msg, sizeof(msg), "waited %.3g s for the writer with pid %d, which holds an "
-                 "insertion or the reservation lock and is alive but not running (stopped, "
-                 "paused, or in a debugger): gave up (wait_timeout)",
-                 (double)cc->wait_ns / 1e9, (int)cc->stalled_pid);
+        char msg[320];
+        if (cc->stalled_pid == (int32_t)getpid())
+            snprintf(msg, sizeof(msg), "waited %.3g s for an insertion or the reservation lock "
+                     "held by another thread of this process (pid %d), which made no progress: "
+                     "gave up (wait_timeout)", (double)cc->wait_ns / 1e9, (int)cc->stalled_pid);
+        else
+            snprintf(msg, sizeof(msg), "waited %.3g s for the writer with pid %d, which holds an "
+                     "insertion or the reservation lock and made no progress (stopped, paused, "
+                     "or in a debugger): gave up (wait_timeout)",
+                     (double)cc->wait_ns / 1e9, (int)cc->stalled_pid);
         return raise_named("StalledWriterError", Py_BuildValue("(is)", (int)cc->stalled_pid, msg));
     }
     int stop = -atomic_load(&core->error);
@@ -192,11 +237,12 @@ static int Core_init(CoreObject *self, PyObject *args, PyObject *kw)
     }
     if (!direct && PyObject_GetBuffer(ring, &self->ring, PyBUF_WRITABLE) < 0)
         return -1;
-    self->core = PyMem_RawCalloc(1, sizeof(wal_core));
-    if (!self->core) {
+    void *mem = NULL; /* aligned as its cache-line fields want (calls, the shared state) */
+    if (posix_memalign(&mem, 64, sizeof(wal_core))) {
         PyErr_NoMemory();
         return -1;
     }
+    self->core = memset(mem, 0, sizeof(wal_core));
     int rc = wal_core_init(self->core, seg_size, wal_id_lo, direct,
                            direct ? 0 : (uint64_t)self->ring.len,
                            direct ? NULL : self->ring.buf, nslots, max_record);
@@ -226,7 +272,7 @@ static void Core_dealloc(CoreObject *self)
         wal_close(self->core);
         Py_END_ALLOW_THREADS
         wal_core_destroy(self->core);
-        PyMem_RawFree(self->core);
+        free(self->core);
     }
     release_views(self);
     if (self->ring.obj)
@@ -240,10 +286,11 @@ static void Core_dealloc(CoreObject *self)
 /* CORE_ENV -- a core call's environment, holding the GIL; `bytes` of payload to copy
  * at least gil_release_size give it up at once. */
 #define CORE_ENV(cc, bytes) \
-    call_ctx cc = {self->segment_cb, NULL, NULL, NULL, NULL, 0, self->wait_ns}; \
+    call_ctx cc = {self->segment_cb, NULL, NULL, NULL, NULL, 0, self->wait_ns, \
+                   (uint64_t)(bytes) >= self->gil_release_size, 0, {0, 0, 0}}; \
     wal_env env = {need_segment, release_gil, &cc, 0, interrupted, self->wait_ns, \
-                   &cc.stalled_pid}; \
-    if ((uint64_t)(bytes) >= self->gil_release_size) \
+                   &cc.stalled_pid, &cc.patience}; \
+    if (cc.gil_free) \
         release_gil(&cc)
 
 static PyObject *Core_set_position(CoreObject *self, PyObject *args)
@@ -417,10 +464,15 @@ static PyObject *Core_append(CoreObject *self, PyObject *const *args, Py_ssize_t
     const void *buf = view.buf;
     uint64_t len = (uint64_t)view.len, lsn = 0, flushed;
     CORE_ENV(cc, len);
-    int rc = wal_insert(self->core, &env, NULL, NULL, &buf, &len, 1, &lsn);
+    int rc;
+    do
+        rc = wal_insert(self->core, &env, NULL, NULL, &buf, &len, 1, &lsn);
+    while (retry_call(&cc, rc));
     int appended = !rc;
-    if (!rc && flush)
-        rc = wal_commit(self->core, &env, lsn, wal_rec_size(len), &flushed);
+    if (!rc && flush) /* appended: only the commit is retried, the record is kept */
+        do
+            rc = wal_commit(self->core, &env, lsn, wal_rec_size(len), &flushed);
+        while (retry_call(&cc, rc));
     regain_gil(&cc);
     PyBuffer_Release(&view);
     if (rc) {
@@ -456,7 +508,10 @@ static PyObject *Core_append_prefixed(CoreObject *self, PyObject *const *args, P
     const void *hbuf = head.buf, *bbuf = body.buf;
     uint64_t hlen = (uint64_t)head.len, blen = (uint64_t)body.len, lsn = 0;
     CORE_ENV(cc, hlen + blen);
-    int rc = wal_insert(self->core, &env, &hbuf, &hlen, &bbuf, &blen, 1, &lsn);
+    int rc;
+    do
+        rc = wal_insert(self->core, &env, &hbuf, &hlen, &bbuf, &blen, 1, &lsn);
+    while (retry_call(&cc, rc));
     regain_gil(&cc);
     PyBuffer_Release(&head);
     PyBuffer_Release(&body);
@@ -488,7 +543,10 @@ static PyObject *Core_append_many(CoreObject *self, PyObject *records)
     }
     uint64_t *lsns = (uint64_t *)PyBytes_AS_STRING(out);
     CORE_ENV(cc, total);
-    int rc = wal_insert(self->core, &env, NULL, NULL, bufs, lens, (size_t)n, lsns);
+    int rc;
+    do
+        rc = wal_insert(self->core, &env, NULL, NULL, bufs, lens, (size_t)n, lsns);
+    while (retry_call(&cc, rc));
     regain_gil(&cc);
     if (rc) {
         raise_rc(self->core, rc, &cc);
@@ -529,7 +587,10 @@ static PyObject *Core_flush(CoreObject *self, PyObject *args)
                                 lsn_obj);
     }
     CORE_ENV(cc, 0); /* held: a flush that must wait or sync gives it up there */
-    int rc = wal_flush(self->core, &env, upto, &flushed);
+    int rc;
+    do
+        rc = wal_flush(self->core, &env, upto, &flushed);
+    while (retry_call(&cc, rc));
     regain_gil(&cc);
     if (rc == -EINVAL)
         return PyErr_Format(PyExc_ValueError, "LSN %llu is not a record appended so far",
@@ -548,7 +609,10 @@ static PyObject *Core_flush_ready(CoreObject *self, PyObject *unused)
     uint64_t flushed = 0;
     CORE_ENV(cc, 0);
     env.background = 1;
-    int rc = wal_flush(self->core, &env, WAL_FLUSH_READY, &flushed);
+    int rc;
+    do
+        rc = wal_flush(self->core, &env, WAL_FLUSH_READY, &flushed);
+    while (retry_call(&cc, rc));
     regain_gil(&cc);
     if (rc)
         return raise_rc(self->core, rc, &cc);
@@ -696,7 +760,9 @@ static PyObject *Core_inject_fault(CoreObject *self, PyObject *args, PyObject *k
         if (!strcmp(op, ops[i])) {
             if (err <= 0 && i < WAL_OP_STALL)
                 return PyErr_Format(PyExc_ValueError, "errno must be positive, not %d", err);
+            Py_BEGIN_ALLOW_THREADS /* write_lock: its holder may be waiting for the GIL */
             wal_inject_fault(self->core, (enum wal_op)i, err, after, count);
+            Py_END_ALLOW_THREADS
             Py_RETURN_NONE;
         }
     return PyErr_Format(PyExc_ValueError, "op must be 'write', 'sync', 'msync', 'stall', "
@@ -726,7 +792,10 @@ static PyObject *Core_position(CoreObject *self, PyObject *unused)
     (void)unused;
     uint64_t insert = 0, prev = 0;
     CORE_ENV(cc, 0);
-    int rc = wal_position(self->core, &env, &insert, &prev);
+    int rc;
+    do
+        rc = wal_position(self->core, &env, &insert, &prev);
+    while (retry_call(&cc, rc));
     regain_gil(&cc);
     if (rc || cc.exc_type) /* a reap while waiting for the lock may have failed */
         return raise_rc(self->core, rc, &cc);
@@ -923,6 +992,17 @@ PyMODINIT_FUNC PyInit__core(void)
 {
     if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&ReaderType) < 0 ||
         PyType_Ready(&SegmentViewType) < 0)
+        return NULL;
+    PyObject *threading = PyImport_ImportModule("threading");
+    PyObject *main = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
+    PyObject *ident = main ? PyObject_GetAttrString(main, "ident") : NULL;
+    Py_XDECREF(threading);
+    Py_XDECREF(main);
+    if (!ident)
+        return NULL;
+    main_thread = PyLong_AsUnsignedLong(ident);
+    Py_DECREF(ident);
+    if (PyErr_Occurred())
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)

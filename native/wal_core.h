@@ -58,6 +58,14 @@ typedef struct wal_fault {
  * call: the binding lets other threads run there (it gives up Python's GIL if
  * the call still holds it), so a caller may enter holding a lock that the
  * thread it waits for needs, as long as the core never waits while holding it. */
+/* wal_patience -- the core's own record, in the caller's keeping, of whom a call waits for
+ * and since when without progress: zeroed at the call's start, and kept across the retries
+ * of a call that gave up with -EINTR, so that the timeout counts the whole wait. */
+typedef struct wal_patience {
+    uint64_t since, mark; /* since: 0, no wait yet; mark: the owner's progress as last seen */
+    uint32_t owner;
+} wal_patience;
+
 typedef struct wal_env {
     int (*need_segment)(void *ctx, uint64_t segno); /* 0, or a negative errno */
     void (*will_wait)(void *ctx);
@@ -65,12 +73,15 @@ typedef struct wal_env {
     int background; /* the background writer's flush: its waits are counted apart */
     /* A wait the caller may give up -- for a slot or the reservation lock (nothing reserved
      * yet), for insertions in a flush -- checks these every few ms.  interrupted (may be
-     * NULL): nonzero when the caller must stop (a signal's handler raised): -EINTR.
-     * wait_ns (0: none): how long it waits for one writer, then -ETIMEDOUT with that
-     * writer's pid in *stalled_pid (shared: the process's; else this process's). */
+     * NULL): nonzero when the call must give up (-EINTR) so that its caller can run the
+     * signal handlers outside the core, holding nothing, and then call again; it runs no
+     * Python and takes no lock (write_lock may be held).  wait_ns (0: none): how long it
+     * waits for one writer that makes no progress, then -ETIMEDOUT with that writer's pid
+     * in *stalled_pid (shared: the process's; else this process's); patience: the timer. */
     int (*interrupted)(void *ctx);
     uint64_t wait_ns;
     int32_t *stalled_pid;
+    wal_patience *patience;
 } wal_env;
 
 typedef struct wal_seg_entry {
@@ -173,9 +184,7 @@ typedef struct wal_core {
     _Atomic int error;       /* sticky negative errno: this process's writer stopped */
     _Atomic int failing;     /* claimed by the first failure: it sets error_what, then error */
     char error_what[64];     /* what failed: written before error is published */
-    _Atomic int closed;
-    _Atomic uint32_t calls;  /* calls that read the state outside a slot (flushes, reaps, the
-                                position): a shared WAL's close waits for them (leave_shared) */
+    _Atomic int closed;      /* read by every insertion and commit (stopped) */
     int forked;              /* a child's copy after fork(): touches nothing shared */
 
     wal_shared *sh;          /* &own, or the control file's mapping (shared) */
@@ -185,12 +194,20 @@ typedef struct wal_core {
     int ctl_fd;              /* shared: the control file, for the liveness locks */
     pthread_mutex_t reap_lock; /* one thread of this process cleans up after the dead */
 
-    pthread_mutex_t write_lock;              /* one writer/flusher at a time (this process) */
+    /* one writer/flusher at a time (this process).  Its holder may take the GIL (a segment
+     * to attach: need_segment), so nobody waits for it holding the GIL (will_wait first). */
+    pthread_mutex_t write_lock;
     /* serial insertion (seed 004's "before"): one insertion at a time, reserving, checksum
      * and copy all under this lock, as WALInsertLock did before parallel insertion */
     int serial;
     pthread_mutex_t serial_lock;
     wal_fault fault;                          /* test hook, under write_lock */
+
+    /* a shared WAL's calls that read the state outside a slot (flushes, reaps, the position):
+     * its close waits for them (leave_shared).  A line of its own: flushes of every thread
+     * write it, and closed, which every insertion reads, must not bounce with it. */
+    _Alignas(64) _Atomic uint32_t calls;
+    char calls_line[60];
 
     wal_seg_entry segs[WAL_SEG_TABLE];
     wal_shared own;                           /* one process's WAL: its shared state */

@@ -50,20 +50,22 @@
  * one file did (frontier, not wait_insertions). */
 void backoff(const wal_env *env, unsigned *spins);
 
-/* wal_wait -- one wait the caller may give up (wal_env): its back-offs so far, and when
- * its checks began (the timeout counts from there). */
+/* wal_wait -- one wait the caller may give up: its back-offs so far (its pace).  How long
+ * it has waited without progress is the call's (wal_env.patience): it outlives the
+ * caller's retries. */
 typedef struct wal_wait {
     unsigned spins;
-    uint64_t since;
 } wal_wait;
 
-/* wal_flush.c: one round of such a wait for the work of `owner` (a token; 0: not known):
- * back off, and every few ms clean up after owner if it died (reap) and check whether to
- * give up: 0 to wait on; -WAL_ECLOSED once this core is closed (so close never waits for
- * another process), -EINTR when env->interrupted says so, -ETIMEDOUT past env->wait_ns
- * (owner's pid in *env->stalled_pid).  wait_check: those checks alone, now. */
-int wait_more(wal_core *c, const wal_env *env, wal_wait *w, uint32_t owner);
-int wait_check(wal_core *c, const wal_env *env, wal_wait *w, uint32_t owner);
+/* wal_flush.c: a wait's check, every few ms (check_due) of a wait for the work of `owner`
+ * (a token, or a lock word; 0: not known), whose progress shows as `mark` changing (a
+ * slot's position, the insert position): clean up after owner if it died (reap) and tell
+ * whether to give up: 0 to wait on; -WAL_ECLOSED once this core is closed (so close never
+ * waits for another process), -EINTR when env->interrupted says so (the caller lets go of
+ * what it holds, and its caller runs the signal handlers), -ETIMEDOUT once owner made no
+ * progress for env->wait_ns (owner's pid in *env->stalled_pid).  No lock of this
+ * process may be held but write_lock: it takes no other, and never the GIL. */
+int wait_check(wal_core *c, const wal_env *env, uint32_t owner, uint64_t mark);
 
 /* wal_core.c: the shared state of a WAL with nothing appended yet (wal_share's too). */
 void shared_init(wal_shared *sh, uint32_t nslots);
@@ -97,23 +99,28 @@ static inline void will_wait(const wal_env *env)
         env->will_wait(env->ctx);
 }
 
-/* REAP_AFTER, REAP_EVERY -- a shared WAL's waiter that has backed off REAP_AFTER times
+/* REAP_AFTER, REAP_EVERY -- a waiter that has backed off REAP_AFTER times
  * (a few ms: backoff then sleeps 50 us a time) checks whether the process it waits for is
  * dead (one system call), and again every REAP_EVERY back-offs (about 3 ms) after that. */
 #define REAP_AFTER 2048u
 #define REAP_EVERY 64u
 
-static inline int reap_due(const wal_core *c, unsigned spins)
+static inline int check_due(unsigned spins)
 {
-    return c->shared && spins >= REAP_AFTER && (spins - REAP_AFTER) % REAP_EVERY == 0;
+    return spins >= REAP_AFTER && (spins - REAP_AFTER) % REAP_EVERY == 0;
 }
 
 /* enter_call / leave_call -- around a call that reads the state outside a slot of its own
  * (a flush, a reap, the position): a shared WAL's close switches the core to its private
  * copy of the state only once none is inside (leave_shared).  seq_cst, both sides: either
- * the call sees closed, or close sees the call. */
+ * the call sees closed, or close sees the call.  One process's WAL counts nothing: its
+ * close switches nothing, and excludes the work in progress by holding every slot and
+ * write_lock (wal_close).  shared does not change under a counted call: leave_shared
+ * clears it only once the count is 0, and only a call that began shared counted. */
 static inline int enter_call(wal_core *c)
 {
+    if (!c->shared)
+        return atomic_load_explicit(&c->closed, memory_order_acquire) ? -WAL_ECLOSED : 0;
     atomic_fetch_add(&c->calls, 1);
     if (!atomic_load(&c->closed))
         return 0;
@@ -123,15 +130,19 @@ static inline int enter_call(wal_core *c)
 
 static inline void leave_call(wal_core *c)
 {
-    atomic_fetch_sub_explicit(&c->calls, 1, memory_order_release);
+    if (c->shared)
+        atomic_fetch_sub_explicit(&c->calls, 1, memory_order_release);
 }
 
-/* futex_wait / futex_wake -- sleep while *word == val (at most timeout_ns), wake one
+/* futex_wait / futex_wake -- sleep while *word == val (at most timeout_ns: then
+ * -ETIMEDOUT; woken or the word changed: 0 or -EAGAIN; a signal: -EINTR), wake one
  * sleeper; shared: the word is in the control file's mapping, which other processes map. */
-static inline void futex_wait(_Atomic uint32_t *word, uint32_t val, long timeout_ns, int shared)
+static inline int futex_wait(_Atomic uint32_t *word, uint32_t val, long timeout_ns, int shared)
 {
     struct timespec ts = {0, timeout_ns};
-    syscall(SYS_futex, word, shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
+    if (syscall(SYS_futex, word, shared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0))
+        return -errno;
+    return 0;
 }
 
 static inline void futex_wake(_Atomic uint32_t *word, int shared)
@@ -139,12 +150,26 @@ static inline void futex_wake(_Atomic uint32_t *word, int shared)
     syscall(SYS_futex, word, shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-/* release_reservation -- free the reservation lock, waking a sleeper if one said so. */
+/* release_reservation -- free the reservation lock, waking a sleeper if one said so.  A
+ * plain store where the word has no WAITERS bit (no locked instruction on the append path):
+ * a waiter that sets the bit between that load and the store sleeps out one nap
+ * (LOCK_NAP_NS, wal_insert.c) at most, and then looks again (a window of a few ns, met
+ * only by a waiter that had spun out already while the holder ran). */
 static inline void release_reservation(wal_core *c)
 {
-    if (__builtin_expect(atomic_exchange_explicit(&c->sh->insert_lock, 0, memory_order_release) &
-                         WAL_LOCK_WAITERS, 0))
-        futex_wake(&c->sh->insert_lock, c->shared);
+    _Atomic uint32_t *lock = &c->sh->insert_lock;
+    if (__builtin_expect(!(atomic_load_explicit(lock, memory_order_relaxed) & WAL_LOCK_WAITERS), 1)) {
+        atomic_store_explicit(lock, 0, memory_order_release);
+        return;
+    }
+    atomic_exchange_explicit(lock, 0, memory_order_release);
+    futex_wake(lock, c->shared);
+}
+
+/* lock_holder -- the token holding the reservation lock, or 0. */
+static inline uint32_t lock_holder(const wal_core *c)
+{
+    return atomic_load_explicit(&c->sh->insert_lock, memory_order_relaxed) & ~WAL_LOCK_WAITERS;
 }
 
 static inline uint64_t load_cur(const wal_core *c)

@@ -45,31 +45,29 @@ static int32_t owner_pid(wal_core *c, uint32_t owner)
     return owner == WAL_SLOT_ABANDONED ? 0 : (int32_t)getpid();
 }
 
-int wait_check(wal_core *c, const wal_env *env, wal_wait *w, uint32_t owner)
+int wait_check(wal_core *c, const wal_env *env, uint32_t owner, uint64_t mark)
 {
+    owner &= ~WAL_LOCK_WAITERS;
     if (c->shared)
-        reap(c, env, owner & ~WAL_LOCK_WAITERS);
+        reap(c, env, owner);
     if (atomic_load(&c->closed))
         return -WAL_ECLOSED;
-    if (env && env->interrupted && env->interrupted(env->ctx))
+    if (!env)
+        return 0;
+    if (env->interrupted && env->interrupted(env->ctx))
         return -EINTR;
+    wal_patience *p = env->patience;
+    if (!p || !env->wait_ns)
+        return 0;
     uint64_t now = now_ns();
-    if (!w->since) {
-        w->since = now;
-    } else if (env && env->wait_ns && now - w->since >= env->wait_ns) {
+    if (!p->since || owner != p->owner || mark != p->mark) {
+        *p = (wal_patience){now, mark, owner}; /* a new wait, or progress: the timer restarts */
+    } else if (now - p->since >= env->wait_ns) {
         if (env->stalled_pid)
-            *env->stalled_pid = owner_pid(c, owner & ~WAL_LOCK_WAITERS);
+            *env->stalled_pid = owner_pid(c, owner);
         return -ETIMEDOUT;
     }
     return 0;
-}
-
-int wait_more(wal_core *c, const wal_env *env, wal_wait *w, uint32_t owner)
-{
-    backoff(env, &w->spins);
-    if (w->spins < REAP_AFTER || (w->spins - REAP_AFTER) % REAP_EVERY)
-        return 0;
-    return wait_check(c, env, w, owner);
 }
 
 /* injected -- the test hook (wal_inject_fault): the negative errno this call of op
@@ -87,18 +85,23 @@ static inline int injected(wal_core *c, enum wal_op op)
     return -f->err;
 }
 
-/* wait_slot -- one back-off of a wait for slot i's insertion; abortable: a wait the caller
- * may give up (wait_more), else one inside an insertion, which only reaps. */
+/* wait_slot -- one back-off of a wait for slot i's insertion, whose position reads v;
+ * abortable: a wait the caller may give up (wait_check), else one inside an insertion,
+ * which only reaps.  A slot still reserving waits for the reservation lock's holder, whose
+ * progress is the insert position's. */
 static inline int wait_slot(wal_core *c, const wal_env *env, wal_wait *w, uint32_t i,
-                            int abortable)
+                            uint64_t v, int abortable)
 {
-    uint32_t owner = atomic_load(&c->sh->slots[i].owner);
-    if (abortable)
-        return wait_more(c, env, w, owner);
     backoff(env, &w->spins);
-    if (reap_due(c, w->spins))
+    if (!check_due(w->spins))
+        return 0;
+    uint32_t owner = atomic_load(&c->sh->slots[i].owner);
+    if (!abortable) {
         reap(c, env, owner);
-    return 0;
+        return 0;
+    }
+    uint32_t holder = v == WAL_POS_RESERVING ? lock_holder(c) : 0;
+    return wait_check(c, env, holder ? holder : owner, holder ? load_cur(c) : v);
 }
 
 /* frontier -- lowest position still being inserted (by start or by progress), in *out. */
@@ -111,7 +114,7 @@ static int frontier(wal_core *c, const wal_env *env, int by_progress, int aborta
         uint64_t v;
         wal_wait w = {0};
         while ((v = atomic_load(pos)) == WAL_POS_RESERVING) {
-            int rc = wait_slot(c, env, &w, i, abortable);
+            int rc = wait_slot(c, env, &w, i, v, abortable);
             if (rc)
                 return rc;
         }
@@ -138,7 +141,7 @@ static int wait_insertions(wal_core *c, const wal_env *env, uint64_t limit, int 
                 return -WAL_ESTOPPED;
             if (!t0)
                 t0 = now_ns();
-            int rc = wait_slot(c, env, &w, i, abortable);
+            int rc = wait_slot(c, env, &w, i, v, abortable);
             if (rc)
                 return rc;
         }

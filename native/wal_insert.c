@@ -48,13 +48,16 @@
 /* wait_reservation -- insert_lock's wait, out of line: spin briefly, then sleep on the lock
  * word (a futex) with its waiters bit set, so that the unlock wakes one sleeper; no
  * sched_yield loop, which burns a core while a stopped holder holds the lock.  A waiter
- * that slept takes the lock with the bit set: others may sleep still.  0, or why it gave
- * up (wait_check): the caller holds a slot, and nothing reserved. */
+ * that slept takes the lock with the bit set: others may sleep still.  Woken, it tries the
+ * lock at once (a check first would let the arrivals that never slept take it every time);
+ * it checks (wait_check) only when a nap ran out, or a signal cut one short.  Whom it waits
+ * for is the holder, and the holder's progress the insert position: a lock that changes
+ * hands restarts the timeout.  0, or why it gave up: the caller holds a slot, and nothing
+ * reserved. */
 static __attribute__((noinline)) int wait_reservation(wal_core *c, const wal_env *env)
 {
     _Atomic uint32_t *lock = &c->sh->insert_lock;
     uint32_t mine = c->token;
-    wal_wait w = {0};
     for (unsigned spins = 0;;) {
         uint32_t v = 0;
         if (atomic_compare_exchange_weak_explicit(lock, &v, mine, memory_order_acquire,
@@ -73,11 +76,13 @@ static __attribute__((noinline)) int wait_reservation(wal_core *c, const wal_env
                 continue; /* freed or taken meanwhile: look again */
             v = flagged;
         }
-        futex_wait(lock, v, LOCK_NAP_NS, c->shared);
         mine = c->token | WAL_LOCK_WAITERS;
-        int rc = wait_check(c, env, &w, v);
-        if (rc)
-            return rc;
+        int slept = futex_wait(lock, v, LOCK_NAP_NS, c->shared);
+        if (slept == -ETIMEDOUT || slept == -EINTR) {
+            int rc = wait_check(c, env, v, load_cur(c));
+            if (rc)
+                return rc;
+        }
     }
 }
 
@@ -99,10 +104,11 @@ static inline void insert_unlock(wal_core *c)
 }
 
 /* hook_due -- whether the stall or die test hook fires here (wal_inject_fault). */
-static int hook_due(wal_core *c, enum wal_op op)
+static int hook_due(wal_core *c, const wal_env *env, enum wal_op op)
 {
     if (__builtin_expect(c->fault.count == 0, 1) || c->fault.op != (int)op)
         return 0; /* read without the lock: a test hook, set before the insertions it stops */
+    will_wait(env); /* nobody waits for write_lock holding the GIL: its holder may want it */
     pthread_mutex_lock(&c->write_lock);
     wal_fault *f = &c->fault;
     int due = f->count && f->op == (int)op && !f->after;
@@ -115,7 +121,7 @@ static int hook_due(wal_core *c, enum wal_op op)
 /* stall_here -- the stall test hooks: never return if one is due here. */
 static void stall_here(wal_core *c, const wal_env *env, enum wal_op op)
 {
-    if (!hook_due(c, op))
+    if (!hook_due(c, env, op))
         return;
     will_wait(env);
     for (;;)
@@ -178,8 +184,27 @@ static int try_slots(wal_core *c, uint32_t first, wal_slot **out)
     return 0;
 }
 
+/* oldest_owner -- whom a wait for a free slot waits for: the owner of the oldest insertion
+ * in progress (the lowest start), or the reservation lock's holder where every slot is
+ * still reserving. */
+static uint32_t oldest_owner(wal_core *c)
+{
+    uint64_t lowest = WAL_POS_FREE;
+    uint32_t owner = 0;
+    for (uint32_t i = 0; i < c->nslots; i++) {
+        uint64_t start = atomic_load(&c->sh->slots[i].start);
+        if (start < lowest) {
+            lowest = start;
+            owner = atomic_load(&c->sh->slots[i].owner);
+        }
+    }
+    uint32_t holder = lowest >= WAL_POS_RESERVING ? lock_holder(c) : 0;
+    return holder ? holder : owner;
+}
+
 /* wait_for_slot -- acquire_slot's wait, when every slot is taken, out of line; nothing is
- * reserved yet, so it may give up (wait_check; the owner it names is the hinted slot's). */
+ * reserved yet, so it may give up (wait_check).  Progress is the insert position's: a
+ * slot freed and taken again reserves. */
 static __attribute__((noinline)) int wait_for_slot(wal_core *c, const wal_env *env,
                                                    wal_slot **out, uint64_t *waited)
 {
@@ -190,9 +215,9 @@ static __attribute__((noinline)) int wait_for_slot(wal_core *c, const wal_env *e
         if (rc)
             return rc;
         backoff(env, &w.spins);
-        if (w.spins >= REAP_AFTER && (w.spins - REAP_AFTER) % REAP_EVERY == 0) {
+        if (check_due(w.spins)) {
             wal_reap_dead(c, env);
-            if ((rc = wait_check(c, env, &w, atomic_load(&c->sh->slots[slot_hint % c->nslots].owner))))
+            if ((rc = wait_check(c, env, oldest_owner(c), load_cur(c))))
                 return rc;
         }
     }
@@ -592,7 +617,7 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
         lsns[i] = prev_lsn = lsn;
         u += wal_rec_size(pl.len);
     }
-    if (!rc && hook_due(c, WAL_OP_DIE)) {
+    if (!rc && hook_due(c, env, WAL_OP_DIE)) {
         wal_forsake(c); /* the writer vanishes mid-insert, its slot taken */
         return -WAL_ECLOSED;
     }

@@ -156,7 +156,9 @@ enum wal_persist wal_agree_persist(wal_core *c, enum wal_persist wanted)
  * process now: a wait they may give up sees closed within a few ms (wait_check), and one
  * inside an insertion only waits for an insertion below its own, which the dead are reaped
  * from.  A call that read the shared state as the switch came would otherwise go on in the
- * private copy, whose slots are all free: a flush would pass peers' insertions. */
+ * private copy, whose slots are all free: a flush would pass peers' insertions.  No signal
+ * handler runs inside a call (interrupted, module.c), so a close from one never waits here
+ * for the call it interrupted. */
 void leave_shared(wal_core *c)
 {
     for (uint32_t i = 0; i < c->nslots; i++) {

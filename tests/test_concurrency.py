@@ -786,3 +786,38 @@ def test_no_segment_file_appears_before_the_one_below_it_is_in_place(wal_dir, mo
             maker.join(10)
         assert seg_file(wal_dir, recycled_to).exists()
         assert seg_file(wal_dir, recycled_to + 1).exists()
+
+
+@pytest.mark.parametrize("persist", ["msync", "auto"])
+def test_closing_a_wal_under_flushing_threads_ends_them_closed(wal_dir, persist):
+    """One process's close counts no calls in flight (a shared WAL's does, to switch its state
+    under none): it holds every slot and the write lock instead, and a flush that passed
+    them finds the core closed under the lock.  Threads appending and flushing while the WAL
+    closes and unmaps its segments end with ClosedError, never a failed msync or a crash."""
+    for _ in range(3):
+        wal = pmemwal.open(wal_dir, mode="direct", persist=persist, segment_size=1 << 20,
+                           background=False)
+        started, ended = threading.Barrier(5), []
+
+        def loop(flushing):
+            started.wait()
+            try:
+                while True:
+                    lsn = wal.append(b"x" * 200)
+                    if flushing:
+                        wal.flush(lsn)
+            except BaseException as exc:  # reported to the test
+                ended.append(exc)
+
+        threads = [threading.Thread(target=loop, args=(i % 2 == 0,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        started.wait()
+        time.sleep(0.05)
+        wal.close()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        assert len(ended) == 4 and all(isinstance(e, pmemwal.ClosedError) for e in ended), ended
+        with pmemwal.open(wal_dir, mode="direct", segment_size=1 << 20) as again:
+            assert all(bytes(r.payload) == b"x" * 200 for r in again.records())

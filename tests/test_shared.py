@@ -725,3 +725,104 @@ def _waiting_in_the_core(pid: int, hook: str) -> bool:
     with open(f"/proc/{pid}/syscall") as f:
         call = f.read().split()[0]
     return call == "202" if hook == "stall_locked" else call in ("35", "230")
+
+
+_CLOSING_HANDLER = r"""
+import json, os, signal, sys, pmemwal
+spec = json.loads(sys.argv[1])
+wal = pmemwal.open(spec["path"], shared=True, segment_size=spec["seg"], background=False,
+                   wait_timeout=2.0)
+got = []
+
+def close_on_signal(signum, frame):             # the common SIGTERM pattern
+    try:
+        wal.close()
+        got.append("closed")
+    except BaseException as exc:
+        got.append(type(exc).__name__)
+
+signal.signal(signal.SIGUSR1, close_on_signal)
+print("ready", flush=True)
+sys.stdin.readline()                            # the other writer is stopped now
+try:
+    if spec["hook"] == "stall":
+        wal.flush(wal.append(b"after the stopped one"))
+    else:
+        wal.append(b"waits for the lock")
+    got.append("returned")
+except BaseException as exc:
+    got.append(type(exc).__name__)
+print(json.dumps(got), flush=True)
+os._exit(0)                                     # (the stopped writer is killed, not waited for)
+"""
+
+
+@pytest.mark.parametrize("hook", ["stall", "stall_locked"])
+def test_a_signal_handler_that_closes_the_wal_ends_a_wait_for_a_stopped_writer(wal_dir, hook):
+    """The wait ran the signal handlers while its call held what close waits for (the flush's
+    call in flight, the append's slot): a handler calling close() (SIGTERM's usual one) hung
+    the process for good.  The wait gives up, the call lets go, the handler runs outside the
+    core: close works (or says why it gave up), and the interrupted call ends closed."""
+    wal = open_shared(wal_dir, background=False)
+    waiter = subprocess.Popen([sys.executable, "-c", _CLOSING_HANDLER,
+                               json.dumps({"path": wal_dir, "seg": SEG, "hook": hook})],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        assert waiter.stdout.readline().strip() == "ready"
+        child, _ = _stopped_child(wal, wal_dir, hook)
+        waiter.stdin.write("go\n")
+        waiter.stdin.flush()
+        for _ in range(20_000):     # (a bound: a waiter that spins never sleeps there)
+            if _waiting_in_the_core(waiter.pid, hook):
+                break
+            time.sleep(0.001)
+        else:
+            pytest.fail("the waiter never slept in the core's wait")
+        waiter.send_signal(signal.SIGUSR1)
+        try:
+            waiter.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the process hung once its handler closed the WAL")
+        got = json.loads(waiter.stdout.readline())
+    finally:
+        for proc in (waiter, child):
+            if proc is not None and proc.poll() is None:
+                _kill(proc)
+    # close from the handler: done, or given up on the stopped writer's insertion (which its
+    # flush waits for); either way the interrupted call then finds the WAL closed
+    assert got in (["closed", "ClosedError"], ["StalledWriterError", "ClosedError"]), got
+    wal.close()
+
+
+_OWN_THREAD_STALLED = r"""
+import json, os, sys, threading, pmemwal
+spec = json.loads(sys.argv[1])
+wal = pmemwal.open(spec["path"], background=False, insert_slots=1, wait_timeout=0.3,
+                   shared=spec["shared"])
+before = wal.insert_lsn
+wal._core.inject_fault("stall", 0)
+threading.Thread(target=wal.append, args=(b"stalls in its slot",), daemon=True).start()
+while wal.insert_lsn == before:                 # until it reserved, holding the one slot
+    pass
+try:
+    wal.append(b"waits for the slot")
+    print(json.dumps(None), flush=True)
+except pmemwal.StalledWriterError as exc:
+    print(json.dumps([exc.pid, str(exc)]), flush=True)
+os._exit(0)                                     # (the stalled thread keeps its slot)
+"""
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_wait_for_a_thread_of_this_process_does_not_blame_a_stopped_process(wal_dir, shared):
+    """A wait that timed out on this process's own insertion (another thread's) said the
+    writer was "alive but not running (stopped, paused, or in a debugger)": it names this
+    process, and says that another thread of it made no progress."""
+    out = subprocess.run([sys.executable, "-c", _OWN_THREAD_STALLED,
+                          json.dumps({"path": wal_dir, "shared": shared})],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pid, message = json.loads(out.stdout)
+    assert "another thread of this process" in message and f"pid {pid}" in message, message
+    assert "not running" not in message and "stopped" not in message, message
