@@ -25,8 +25,10 @@ Segment header, at offset 0 of page 0 of every segment (little-endian):
 
 CHECKPOINTED is how recovery tells a deleted CHECKPOINT from a WAL made before
 checkpoints (pmemwal/recovery.py): a WAL whose segments lack it is one made before
-checkpoints.  Version 1 headers (bytes 48..59 zero, written before both flags) are read
-as segments in use, made before checkpoints.
+checkpoints.  Version 1 headers were written before spares were marked: their
+recycled_from is zero and their flags say CHECKPOINTED at most (a pmemwal that kept
+checkpoints set it; an older one left bytes 48..59 zero).  They are read as segments in
+use; SPARE or a recycled_from in one is refused.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pmemwal import _core
 from pmemwal.errors import FormatError
 
 FORMAT_VERSION = _core.FORMAT_VERSION  # what new headers say
-READ_VERSIONS = (1, FORMAT_VERSION)     # 1: no flags, no recycled_from
+READ_VERSIONS = (1, FORMAT_VERSION)     # 1: no SPARE, no recycled_from
 CHECKPOINTED = 1  # header flag: the WAL kept a CHECKPOINT when the segment was made
 SPARE = 2         # header flag: a spare, not written since it was made or recycled
 PAGE_SIZE = _core.PAGE_SIZE
@@ -102,8 +104,11 @@ class SegmentHeader:
         if version not in READ_VERSIONS:
             raise FormatError(f"{where}: format version {version}, this pmemwal reads "
                               f"{' and '.join(map(str, READ_VERSIONS))}")
-        if flags & ~(CHECKPOINTED | SPARE) or (version == 1 and (flags or recycled)):
+        if flags & ~(CHECKPOINTED | SPARE):
             raise FormatError(f"{where}: unknown header flags {flags:#x}")
+        if version == 1 and (flags & SPARE or recycled):  # (CHECKPOINTED came before 2)
+            raise FormatError(f"{where}: a version 1 header that says spare or recycled_from, "
+                              "which came with version 2")
         if page_size != PAGE_SIZE or not is_valid_segment_size(seg_size):
             raise FormatError(f"{where}: page size {page_size} / segment size {seg_size} not supported")
         if (segno + 1) * seg_size > MAX_LSN:

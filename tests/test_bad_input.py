@@ -146,6 +146,54 @@ def test_bad_segment_header(wal_dir, damage):
     _readable(wal_dir, recs)
 
 
+def _as_version_1(wal_dir, flags: int, recycled: int = 0) -> None:
+    """Rewrite every segment header as a version 1 header saying ``flags`` (and
+    recycled_from ``recycled``), its CRC made good."""
+    import struct
+    from pmemwal import _core
+    from pmemwal.format import HEADER_SIZE
+    layout = struct.Struct("<8sIIQQ16sQI")
+    for path in sorted(Path(wal_dir).glob("*.wal")):
+        with open(path, "r+b") as f:
+            magic, _, page, size, segno, wal_id, _, _ = layout.unpack(f.read(layout.size))
+            body = layout.pack(magic, 1, page, size, segno, wal_id, recycled, flags)
+            f.seek(0)
+            f.write(body + struct.pack("<I", _core.crc32c(body)))
+            assert f.tell() == HEADER_SIZE
+
+
+def test_version_1_headers_with_checkpointed_are_read(wal_dir):
+    """A pmemwal that wrote version 1 headers already set CHECKPOINTED in them (before
+    spares were marked): such a WAL opens, goes on, and still counts as checkpointed (a
+    deleted CHECKPOINT is refused, not taken for a WAL made before checkpoints)."""
+    from pmemwal.format import CHECKPOINTED
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False) as wal:
+        recs = [(wal.append(payload(f"a/{i}", 1000)), payload(f"a/{i}", 1000)) for i in range(1500)]
+    _as_version_1(wal_dir, CHECKPOINTED)
+    with pmemwal.open(wal_dir, background=False) as wal:
+        assert [(lsn, d) for lsn, d, _ in read_all(wal)] == recs
+        recs += [(wal.append(payload(f"b/{i}", 1000)), payload(f"b/{i}", 1000)) for i in range(1500)]
+    _readable(wal_dir, recs)
+    _as_version_1(wal_dir, CHECKPOINTED)
+    (wal_dir / "CHECKPOINT").unlink()
+    with pytest.raises(pmemwal.CorruptionError, match="CHECKPOINT"):
+        pmemwal.open(wal_dir)
+
+
+@pytest.mark.parametrize("flags, recycled", [(2, 0), (3, 0), (1, 5), (4, 0)])
+def test_version_1_headers_refuse_what_version_2_added(wal_dir, flags, recycled):
+    """SPARE and recycled_from came with version 2: a version 1 header that says either
+    (or an unknown flag) is refused, and changes nothing."""
+    recs = _make(wal_dir)
+    _as_version_1(wal_dir, flags, recycled)
+    raw = seg_file(wal_dir, 0).read_bytes()
+    with pytest.raises(pmemwal.FormatError, match="version 1|unknown header flags"):
+        pmemwal.open(wal_dir)
+    assert seg_file(wal_dir, 0).read_bytes() == raw
+    _as_version_1(wal_dir, 0)
+    _readable(wal_dir, recs)
+
+
 def _wal_with_spares(wal_dir) -> list[int]:
     """A WAL of 1 MiB segments that ends in segment 3, with spares 4 (made ahead, never
     written), 5 (recycled from segment 0) and 6 (from 1); its records' LSNs."""
