@@ -24,7 +24,8 @@ from pmemwal import _core, libpmem, lostfound
 from pmemwal.checkpoint import CheckpointFile
 from pmemwal.device import resolve_mode
 from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundError
-from pmemwal.format import CHECKPOINTED, DEFAULT_SEGMENT_SIZE, DamagedHeaderError, SegmentHeader
+from pmemwal.format import (CHECKPOINTED, DEFAULT_SEGMENT_SIZE, PAGE_SIZE, DamagedHeaderError,
+                            SegmentHeader)
 from pmemwal.recovery import Recovery, RecoveryWarning
 from pmemwal.segments import CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME, storage_errors
 from pmemwal.wal.peers import _OLDEST
@@ -65,7 +66,6 @@ class Opening(BackgroundRounds):
                                  self.wal_id, self._reader, self._segment_buffer,
                                  self._checkpoints, checkpointed=self._checkpointed)
             result = recovered.run(on_corruption, verify)
-            self._set_aside_spares(damaged)
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
             self._cuts = result.cuts
             self._tidy(result.oldest_segno)  # (recovery decided: from here on files change)
@@ -74,6 +74,7 @@ class Opening(BackgroundRounds):
         if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
             self._persist_recovered(result.scanned_from, insert_lsn)
             self._write_checkpoint(insert_lsn, prev_lsn, oldest=result.oldest_segno, exact=True)
+            self._set_aside_spares(damaged)  # (last: an open refused before moves nothing)
         else:
             self._checkpoint = self._checkpoints.read()
             self._cuts = self._checkpoint.cuts if self._checkpoint is not None else 0
@@ -132,13 +133,13 @@ class Opening(BackgroundRounds):
     def _damaged_spares(self, headers: list[tuple[SegmentHeader | FormatError, int]],
                         first: SegmentHeader, recovering: bool) -> dict[int, str]:
         """The segments after the first whose header does not read (DamagedHeaderError) or
-        whose file has the wrong size, but which hold no page written since they became
-        that segment (a spare, made ahead or recycled, never written since: segments.py's
-        ``holds_pages``): {number: what is wrong}.  They hold nothing of the WAL, so they
-        do not keep it from opening: recovery leaves them out, and they are set aside once
-        it has decided (``_set_aside_spares``).  Any other damage is refused (FormatError),
-        as is a damaged spare of a shared WAL that others have open (``recovering`` False:
-        one of them may have it in use)."""
+        whose file has the wrong size, but which the WAL's stream never reached (a spare,
+        made ahead or recycled, never written since: ``_unreached``): {number: what is
+        wrong}.  They hold nothing of the WAL, so they do not keep it from opening:
+        recovery leaves them out, and they are set aside once the open is decided
+        (``_set_aside_spares``).  Any other damage is refused (FormatError), as is a
+        damaged spare of a shared WAL that others have open (``recovering`` False: one of
+        them may have it in use)."""
         spares = {}
         wal_id_lo = int.from_bytes(first.wal_id[:4], "little")
         for segno, (header, size) in list(zip(self._segnos, headers))[1:]:
@@ -150,14 +151,27 @@ class Opening(BackgroundRounds):
                 why = f"{self._dir.file(segno)} is {size} bytes, expected {first.segment_size}"
             else:
                 continue
-            if recovering and not self._dir.holds_pages(segno, first.segment_size, wal_id_lo):
+            if recovering and self._unreached(segno, first.segment_size, wal_id_lo):
                 spares[segno] = why
         return spares
 
+    def _unreached(self, segno: int, size: int, wal_id_lo: int) -> bool:
+        """Whether the WAL's stream never reached segment ``segno``: it holds no page written
+        since its file became this segment (segments.py's ``holds_pages``), and the segment
+        below it is there with its last page unwritten.  A file cut short before its first
+        data page holds no page either, yet records went into it once the segment below was
+        full (a record that ends in it began there): the last page of that one tells."""
+        if segno - 1 not in self._segnos or self._dir.holds_pages(segno, size, wal_id_lo):
+            return False
+        return not self._dir.wrote_page(segno * size - PAGE_SIZE, size, wal_id_lo)
+
     def _set_aside_spares(self, spares: dict[int, str]) -> None:
         """Move the damaged spares recovery left out into lost+found, each an entry of its
-        own that lists no record, and say so (RecoveryWarning).  After recovery: a refused
-        open moves nothing."""
+        own that lists no record, and say so (RecoveryWarning).  The open's last file
+        change, once the WAL is in use (its checkpoint written): an open refused before
+        it, by recovery or by any later step, moves nothing.  Before a shared WAL's
+        others can join it, which would refuse a damaged spare, and before segments are
+        made (preallocate): one made at a damaged spare's number would replace its file."""
         for segno, why in spares.items():
             reason = (f"{why}: a spare past the end of the WAL, holding none of its records, "
                       "set aside")
