@@ -66,6 +66,8 @@ class Opening(BackgroundRounds):
                                  self.wal_id, self._reader, self._segment_buffer,
                                  self._checkpoints, checkpointed=self._checkpointed)
             result = recovered.run(on_corruption, verify)
+            if self._control is not None:
+                self._arm_spares(spares)
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
             self._cuts = result.cuts
             self._tidy(result.oldest_segno)  # (recovery decided: from here on files change)
@@ -178,6 +180,22 @@ class Opening(BackgroundRounds):
             path = lostfound.set_aside_segment(self._dir.path, segno, self.segment_size,
                                                self.wal_id, reason)
             warnings.warn(f"{self._dir.path}: {reason} in {path}", RecoveryWarning, stacklevel=5)
+
+    def _arm_spares(self, spares: set[int]) -> None:
+        """A shared WAL's first opener, the files lock held: take into use every spare a
+        writer that did not share the WAL left (header rewritten without SPARE and synced,
+        segments.py's ``arm``), before another process can join.  Shared, no segment is
+        made or recycled a spare, so none is armed while others run: one that read another
+        process's arming from the page cache before its sync could attach the segment and
+        acknowledge records in it while SPARE was still on disk, which recovery passes by.
+        Armed spares read as segments in use that hold none of this cycle's pages."""
+        for segno in sorted(spares):
+            with storage_errors(f"opening {self._dir.file(segno)}"):
+                fd = os.open(self._dir.file(segno), os.O_RDWR)
+            try:
+                self._dir.arm(segno, self.segment_size, self.wal_id, fd)
+            finally:
+                os.close(fd)
 
     def _refuse_without_segments(self) -> None:
         """No segment file, but what a WAL keeps beside its segments is there: they were
