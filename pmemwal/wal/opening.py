@@ -66,10 +66,11 @@ class Opening(BackgroundRounds):
                                  self.wal_id, self._reader, self._segment_buffer,
                                  self._checkpoints, checkpointed=self._checkpointed)
             result = recovered.run(on_corruption, verify)
-            if self._control is not None:
-                self._arm_spares(spares)
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
             self._cuts = result.cuts
+            if self._control is not None:  # (a shared WAL keeps no spare: _arm_spares)
+                self._arm_spares(spares)
+                spares = set()  # (none is one now, for the steps that follow)
             self._tidy(result.oldest_segno)  # (recovery decided: from here on files change)
         self._start_core(insert_slots, buffer_size, max_record_size, gil_release_size,
                          insert_lsn, prev_lsn, first)
@@ -175,6 +176,8 @@ class Opening(BackgroundRounds):
         others can join it, which would refuse a damaged spare, and before segments are
         made (preallocate): one made at a damaged spare's number would replace its file."""
         for segno, why in spares.items():
+            if segno in self._segnos:
+                continue  # a segment made at its number since replaced the file, which held nothing
             reason = (f"{why}: a spare past the end of the WAL, holding none of its records, "
                       "set aside")
             path = lostfound.set_aside_segment(self._dir.path, segno, self.segment_size,
