@@ -16,7 +16,8 @@ Header (64 bytes, little-endian), then the core's state:
    32  u64  segment size
    40  u32  archive        0: the processes do not archive; else ``archive_tag`` of the archive
                            they all name (truncation keeps what it has not shipped: a process
-                           without it, or with another, would remove segments it never got)
+                           without it, or with another, would remove segments it never got):
+                           the place a URL names, however spelt, or a command as written
    44  u32  CRC-32C of bytes 0..43
    48  ...  zero
 
@@ -61,11 +62,24 @@ _CRC = _HEADER.size  # 44
 
 def archive_tag(spec: dict[str, Any] | None) -> int:
     """The archive field for a process's archive options (options.py's ``archive_spec``):
-    0 without archiving, else a CRC-32C of the archive's URL or command (never 0)."""
+    0 without archiving, else a CRC-32C (never 0) of the archive its URL names
+    (``archive_place``) or of its command, as written.  archive_options, restore_command
+    and the timeouts are not compared."""
     if spec is None:
         return 0
-    name = f"url {spec['url']}" if "url" in spec else f"command {spec['command']}"
+    name = f"url {archive_place(spec['url'])}" if "url" in spec else f"command {spec['command']}"
     return _core.crc32c(name.encode("utf-8", "surrogateescape")) or 1
+
+
+def archive_place(url: str) -> str:
+    """The archive ``url`` names, spelled one way: a local path (no scheme, ``file://``
+    or ``local://``) made absolute against this process's working directory (fsspec takes
+    a relative one from there), normalised and without a trailing slash; any other URL
+    without its trailing slashes."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme not in ("file", "local"):
+        return url.rstrip("/") or url
+    return "file://" + os.path.abspath(rest if sep else url)
 
 
 def _pack_header(wal_id: bytes, segment_size: int, archive: int) -> bytes:

@@ -28,9 +28,12 @@ Segment header, at offset 0 of page 0 of every segment (little-endian):
 CHECKPOINTED is how recovery tells a deleted CHECKPOINT from a WAL made before
 checkpoints (pmemwal/recovery.py): a WAL whose segments lack it is one made before
 checkpoints.  CUTS is the count recovery goes on from when no checkpoint slot is left: the
-newest segment always holds the count (an open that raised it makes or remakes a segment
-past its end, wal/opening.py), so a count an index was stored with never comes back.
-Version 1 headers (written before SPARE and recycled_from) are read as segments in use.
+newest segment always holds the count (an open that raised it makes a segment past its end,
+wal/opening.py), so a count an index was stored with never comes back.  Version 1 headers
+were written before spares were marked: their recycled_from is zero and their flags say
+CHECKPOINTED (and CUTS) at most (a pmemwal that kept checkpoints set it; an older one left
+bytes 48..59 zero).  They are read as segments in use; SPARE or a recycled_from in one is
+refused.
 """
 
 from __future__ import annotations
@@ -111,8 +114,11 @@ class SegmentHeader:
             raise FormatError(f"{where}: format version {version}, this pmemwal reads "
                               f"{' and '.join(map(str, READ_VERSIONS))}")
         flags, cuts = flags & ~(MAX_HEADER_CUTS << _CUTS_SHIFT), flags >> _CUTS_SHIFT
-        if flags & ~(CHECKPOINTED | SPARE) or (version == 1 and (flags & SPARE or recycled)):
+        if flags & ~(CHECKPOINTED | SPARE):
             raise FormatError(f"{where}: unknown header flags {flags:#x}")
+        if version == 1 and (flags & SPARE or recycled):  # (CHECKPOINTED came before 2)
+            raise FormatError(f"{where}: a version 1 header that says spare or recycled_from, "
+                              "which came with version 2")
         if page_size != PAGE_SIZE or not is_valid_segment_size(seg_size):
             raise FormatError(f"{where}: page size {page_size} / segment size {seg_size} not supported")
         if (segno + 1) * seg_size > MAX_LSN:

@@ -257,6 +257,22 @@ class WalDirectory:
                 os.close(fd)
         return False
 
+    def wrote_page(self, page_lsn: int, segment_size: int, wal_id_lo: int) -> bool:
+        """Whether the data page at ``page_lsn`` has a header naming that place in this WAL
+        (as ``holds_pages`` asks it): written since its file became that segment.  False
+        where the file is cut short before the page."""
+        segno, offset = divmod(page_lsn, segment_size)
+        with storage_errors(f"reading {self.file(segno)}"):
+            fd = os.open(segment_name(segno), os.O_RDONLY, dir_fd=self.dir_fd)
+            try:
+                data = os.pread(fd, _PAGE_HEADER.size, offset)
+            finally:
+                os.close(fd)
+        if len(data) < _PAGE_HEADER.size:
+            return False
+        magic, _, lsn, lo = _PAGE_HEADER.unpack(data)
+        return (magic, lsn, lo) == (PAGE_MAGIC, page_lsn, wal_id_lo)
+
     def sync(self) -> None:
         """Make renames and removals durable."""
         if self.dir_fd < 0:  # an appender making a segment as another thread closes the WAL

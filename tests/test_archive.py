@@ -523,6 +523,28 @@ def test_shared_wal_refuses_a_process_that_archives_otherwise(shm_tmp):
         assert first.append(b"still writing", flush=True)
 
 
+def test_shared_wal_compares_the_archive_a_url_names_not_its_spelling(shm_tmp, monkeypatch):
+    """The processes of a shared WAL agree on the archive, not on how its URL is written: a
+    local path with or without a trailing slash or file:// is the same archive, and a
+    relative path names the archive under the process's working directory (the same
+    relative path from another directory is another archive)."""
+    wal_dir, arch = shm_tmp / "wal", shm_tmp / "arch"
+    (shm_tmp / "elsewhere" / "arch").mkdir(parents=True)
+    arch.mkdir()
+    with pmemwal.open(wal_dir, shared=True, segment_size=SEG, archive=str(arch)) as first:
+        first.append(b"kept", flush=True)
+        for url in (f"{arch}/", f"file://{arch}", f"file://{arch}/", f"{shm_tmp}/./arch"):
+            with pmemwal.open(wal_dir, shared=True, segment_size=SEG, archive=url) as other:
+                assert bytes(other.record(other.first_lsn).payload) == b"kept"
+    monkeypatch.chdir(shm_tmp)
+    with pmemwal.open(wal_dir, shared=True, segment_size=SEG, archive="arch"):
+        with pmemwal.open(wal_dir, shared=True, segment_size=SEG, archive=f"file://{arch}"):
+            pass
+        monkeypatch.chdir(shm_tmp / "elsewhere")
+        with pytest.raises(ConfigError, match="another archive"):
+            pmemwal.open(wal_dir, shared=True, segment_size=SEG, archive="arch")
+
+
 # ---- the log, options, stats ------------------------------------------------------------
 
 def test_log_compact_keeps_unarchived_segments(shm_tmp):

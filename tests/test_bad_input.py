@@ -146,6 +146,54 @@ def test_bad_segment_header(wal_dir, damage):
     _readable(wal_dir, recs)
 
 
+def _as_version_1(wal_dir, flags: int, recycled: int = 0) -> None:
+    """Rewrite every segment header as a version 1 header saying ``flags`` (and
+    recycled_from ``recycled``), its CRC made good."""
+    import struct
+    from pmemwal import _core
+    from pmemwal.format import HEADER_SIZE
+    layout = struct.Struct("<8sIIQQ16sQI")
+    for path in sorted(Path(wal_dir).glob("*.wal")):
+        with open(path, "r+b") as f:
+            magic, _, page, size, segno, wal_id, _, _ = layout.unpack(f.read(layout.size))
+            body = layout.pack(magic, 1, page, size, segno, wal_id, recycled, flags)
+            f.seek(0)
+            f.write(body + struct.pack("<I", _core.crc32c(body)))
+            assert f.tell() == HEADER_SIZE
+
+
+def test_version_1_headers_with_checkpointed_are_read(wal_dir):
+    """A pmemwal that wrote version 1 headers already set CHECKPOINTED in them (before
+    spares were marked): such a WAL opens, goes on, and still counts as checkpointed (a
+    deleted CHECKPOINT is refused, not taken for a WAL made before checkpoints)."""
+    from pmemwal.format import CHECKPOINTED
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False) as wal:
+        recs = [(wal.append(payload(f"a/{i}", 1000)), payload(f"a/{i}", 1000)) for i in range(1500)]
+    _as_version_1(wal_dir, CHECKPOINTED)
+    with pmemwal.open(wal_dir, background=False) as wal:
+        assert [(lsn, d) for lsn, d, _ in read_all(wal)] == recs
+        recs += [(wal.append(payload(f"b/{i}", 1000)), payload(f"b/{i}", 1000)) for i in range(1500)]
+    _readable(wal_dir, recs)
+    _as_version_1(wal_dir, CHECKPOINTED)
+    (wal_dir / "CHECKPOINT").unlink()
+    with pytest.raises(pmemwal.CorruptionError, match="CHECKPOINT"):
+        pmemwal.open(wal_dir)
+
+
+@pytest.mark.parametrize("flags, recycled", [(2, 0), (3, 0), (1, 5), (4, 0)])
+def test_version_1_headers_refuse_what_version_2_added(wal_dir, flags, recycled):
+    """SPARE and recycled_from came with version 2: a version 1 header that says either
+    (or an unknown flag) is refused, and changes nothing."""
+    recs = _make(wal_dir)
+    _as_version_1(wal_dir, flags, recycled)
+    raw = seg_file(wal_dir, 0).read_bytes()
+    with pytest.raises(pmemwal.FormatError, match="version 1|unknown header flags"):
+        pmemwal.open(wal_dir)
+    assert seg_file(wal_dir, 0).read_bytes() == raw
+    _as_version_1(wal_dir, 0)
+    _readable(wal_dir, recs)
+
+
 def _wal_with_spares(wal_dir) -> list[int]:
     """A WAL of 1 MiB segments that ends in segment 3, with spares 4 (made ahead, never
     written), 5 (recycled from segment 0) and 6 (from 1); its records' LSNs."""
@@ -189,6 +237,23 @@ def test_a_damaged_spare_past_the_end_is_set_aside(wal_dir, damage, spare):
         assert [lsn for lsn, _, _ in read_all(wal)] == kept
 
 
+def test_an_open_refused_after_recovery_moves_no_damaged_spare(wal_dir):
+    """An open that recovery lets through but a later step refuses (here the persist
+    option, checked once the core starts) leaves a damaged spare where it was; the next
+    open sets it aside."""
+    kept = _wal_with_spares(wal_dir)
+    path = seg_file(wal_dir, 4)
+    raw = path.read_bytes()[:PAGE]
+    path.write_bytes(raw)
+    with pytest.raises(pmemwal.ConfigError, match="persist"):
+        pmemwal.open(wal_dir, mode="buffered", persist="msync")
+    assert path.read_bytes() == raw and not (wal_dir / "lost+found").exists()
+    with pytest.warns(RecoveryWarning, match=f"{path.name}.*set aside"):
+        with pmemwal.open(wal_dir) as wal:
+            assert [lsn for lsn, _, _ in read_all(wal)] == kept
+    assert not path.exists()
+
+
 def test_a_damaged_segment_that_held_records_is_still_refused(wal_dir):
     """Segment 3 holds the WAL's last records: a damaged header there is refused as before,
     on_corruption="truncate" included, and nothing is moved."""
@@ -201,6 +266,45 @@ def test_a_damaged_segment_that_held_records_is_still_refused(wal_dir):
         with pytest.raises(pmemwal.FormatError, match="checksum"):
             pmemwal.open(wal_dir, on_corruption=on_corruption)
     assert path.read_bytes() == bytes(raw) and not (wal_dir / "lost+found").exists()
+
+
+def _acknowledged_into_segment_3(wal_dir, until: int) -> int:
+    """A child process appends records of 1000 bytes to a new WAL of 1 MiB segments until
+    its insert position passes ``until`` (in segment 3), flushes them all and dies without
+    closing; the LSN of its last record."""
+    code = ("import os, sys, pmemwal\n"
+            f"w = pmemwal.open({str(wal_dir)!r}, segment_size={SEG}, background=False, "
+            "prepare_segments=1)\n"
+            "lsns = []\n"
+            f"while w.insert_lsn < {until}:\n"
+            "    lsns.append(w.append(b'r%06d' % len(lsns) + bytes(993)))\n"
+            "w.flush()\n"
+            "print(lsns[-1], flush=True)\n"
+            "os._exit(0)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                          text=True, timeout=120, check=True)
+    return int(proc.stdout)
+
+
+@pytest.mark.parametrize("cut", [0, PAGE])
+@pytest.mark.parametrize("until", [3 * SEG, 3 * SEG + SEG // 2], ids=["across", "inside"])
+def test_a_damaged_last_segment_the_stream_reached_is_refused(wal_dir, cut, until):
+    """The last segment holds acknowledged records (or the end of one that began in the
+    segment below), and its file was cut short before any of its data pages: it holds no
+    page, but the WAL's records went into it, so it is no spare.  Refused, on_corruption
+    "truncate" included, with nothing moved; once the file is back, every record is there."""
+    last = _acknowledged_into_segment_3(wal_dir, until)
+    assert last // SEG == (2 if until == 3 * SEG else 3)
+    path = seg_file(wal_dir, 3)
+    original = path.read_bytes()
+    path.write_bytes(original[:cut])
+    for on_corruption in ("raise", "truncate"):
+        with pytest.raises(pmemwal.FormatError, match=path.name):
+            pmemwal.open(wal_dir, on_corruption=on_corruption)
+    assert path.read_bytes() == original[:cut] and not (wal_dir / "lost+found").exists()
+    path.write_bytes(original)
+    with pmemwal.open(wal_dir) as wal:
+        assert read_all(wal)[-1][0] == last
 
 
 # ---- options ------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import threading
@@ -10,7 +11,9 @@ import time
 import pytest
 
 import pmemwal
+from conftest import payload, read_all
 from pmemwal import _core
+from pmemwal.errors import StorageError
 from pmemwal.growth import HORIZON_MIN, GrowthPace
 from pmemwal.wal.rounds import _BRINGS_PER_ROUND
 
@@ -244,3 +247,93 @@ def test_a_shared_wal_attaches_far_ahead_only_what_others_made(wal_dir):
     finally:
         b.close()
         a.close()
+
+
+# ---- a spare's header write fails ----------------------------------------------------
+
+def _fails_once(wal: pmemwal.WAL, monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """``wal._dir.<name>`` fails with EIO at its first call, as a disk error would, and works
+    after; the segment it failed for (once it has)."""
+    real, failed = getattr(wal._dir, name), []
+
+    def once(segno: int, *args: object) -> None:
+        if not failed:
+            failed.append(segno)
+            raise StorageError(errno.EIO, "an injected I/O error", wal._dir.file(segno))
+        real(segno, *args)
+
+    monkeypatch.setattr(wal._dir, name, once)
+    return failed
+
+
+def _outcome(call) -> BaseException | None:
+    """What ``call()`` raised (None: nothing) in a thread of its own; a call that never
+    returns (a wait for a segment nobody brings) fails the test instead of hanging it."""
+    out: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            out.append(None)
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert out, "the call hung"
+    return out[0]
+
+
+def _spares_ahead(wal_dir, mode: str) -> None:
+    """A closed WAL of segments 0..5 on disk, 2..5 of them spares."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
+                      prepare_segments=1, preallocate=6 * SEG):
+        pass
+
+
+def test_a_spare_whose_arming_fails_is_armed_at_the_next_request(wal_dir, mode, monkeypatch):
+    """The header write that takes a spare into use fails: the append that needed it
+    raises the StorageError, and the next one asks again (it waited forever for the spare
+    to arrive before); every record acknowledged is there after a reopen."""
+    _spares_ahead(wal_dir, mode)
+    with pmemwal.open(wal_dir, mode=mode, background=False, prepare_segments=1) as wal:
+        assert wal._dir.is_spare(2)
+        failed = _fails_once(wal, monkeypatch, "arm")
+        lsns: list[int] = []
+
+        def fill() -> None:
+            while wal.insert_lsn < 3 * SEG + SEG // 2:
+                lsns.append(wal.append(payload(f"a/{len(lsns)}", 3000), flush=True))
+
+        error = _outcome(fill)
+        assert isinstance(error, StorageError) and error.errno == errno.EIO and failed == [2]
+        assert wal._dir.is_spare(2) and 2 not in wal._arriving
+        assert _outcome(fill) is None and not wal._dir.is_spare(3)
+    with pmemwal.open(wal_dir, mode=mode) as wal:
+        assert [lsn for lsn, _, _ in read_all(wal)] == lsns
+
+
+def test_a_recycled_spare_whose_arming_fails_stays_open_in_the_table(wal_dir, monkeypatch):
+    """A truncation recycles segment 0 into segment 3, which is near the insert position
+    and so is armed at once; that fails: the truncation raises, segment 3 stays in the
+    table with its file open (the failed truncation closed it there), and appending goes
+    on into it once the next request arms it."""
+    with pmemwal.open(wal_dir, mode="direct", segment_size=SEG, background=False,
+                      prepare_segments=1, recycle_segments=1) as wal:
+        lsns: list[int] = []
+
+        def fill(until: int) -> None:
+            while wal.insert_lsn < until:
+                lsns.append(wal.append(payload(f"r/{len(lsns)}", 3000), flush=True))
+
+        fill(2 * SEG + SEG // 2)
+        failed = _fails_once(wal, monkeypatch, "arm")
+        error = _outcome(lambda: wal.truncate(SEG))
+        assert isinstance(error, StorageError) and error.errno == errno.EIO and failed == [3]
+        assert wal._segments[3].fd >= 0 and 3 not in wal._arriving
+        assert _outcome(lambda: fill(4 * SEG + SEG // 2)) is None
+        assert wal.stats()["segments_recycled"] == 1
+        lsns = [lsn for lsn in lsns if lsn >= SEG]
+    with pmemwal.open(wal_dir, verify="all") as wal:
+        assert [lsn for lsn, _, _ in read_all(wal)] == lsns

@@ -406,6 +406,27 @@ def test_processes_persist_alike(wal_dir):
         assert first.append(b"fine", flush=True)
 
 
+def test_spares_an_unshared_writer_left_are_taken_into_use_at_a_shared_open(wal_dir):
+    """A WAL written without sharing leaves spares, whose header says so until the writer
+    takes them into use (its rewrite synced first).  Shared, a process could read another's
+    rewrite from the page cache before that sync and write records into the segment while
+    SPARE may still be on disk (recovery then passes them by): the first process to open
+    the WAL shared takes every spare into use, under the files lock, before another can
+    join.  Records written by two processes through those segments are all there."""
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False, prepare_segments=1,
+                      preallocate=6 * SEG) as wal:
+        assert [n for n in range(6) if wal._dir.is_spare(n)] == [2, 3, 4, 5]
+    with open_shared(wal_dir, background=False) as a:
+        assert not [n for n in range(6) if a._dir.is_spare(n)]
+        with open_shared(wal_dir, background=False) as b:
+            lsns = []
+            while a.insert_lsn < 5 * SEG + SEG // 2:
+                for w in (a, b):
+                    lsns.append(w.append(b"%d" % len(lsns) + bytes(3000), flush=True))
+    with pmemwal.open(wal_dir) as wal:
+        assert [r.lsn for r in wal.records()] == lsns
+
+
 def test_buffered_mode_is_refused(wal_dir):
     with pytest.raises(ConfigError, match="direct mode"):
         pmemwal.open(wal_dir, shared=True, mode="buffered")

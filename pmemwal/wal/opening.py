@@ -24,8 +24,8 @@ from pmemwal import _core, libpmem, lostfound
 from pmemwal.checkpoint import CheckpointFile, read_any
 from pmemwal.device import resolve_mode
 from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundError
-from pmemwal.format import (CHECKPOINTED, DEFAULT_SEGMENT_SIZE, MAX_HEADER_CUTS, DamagedHeaderError,
-                            SegmentHeader, first_lsn)
+from pmemwal.format import (CHECKPOINTED, DEFAULT_SEGMENT_SIZE, MAX_HEADER_CUTS, PAGE_SIZE,
+                            DamagedHeaderError, SegmentHeader, first_lsn)
 from pmemwal.recovery import Recovery, RecoveryWarning
 from pmemwal.segments import (ARCHIVE_STATUS_NAME, CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME,
                               storage_errors)
@@ -68,9 +68,10 @@ class Opening(BackgroundRounds):
                                  self._checkpoints, checkpointed=self._checkpointed,
                                  header_cuts=self._header_cuts)
             result = recovered.run(on_corruption, verify)
-            self._set_aside_spares(damaged)
             insert_lsn, prev_lsn, self.recovery = result.insert_lsn, result.prev_lsn, result.as_dict()
             self._cuts = self._dir.cuts = result.cuts
+            if self._control is not None:  # (a shared WAL keeps no spare: _arm_spares)
+                self._arm_spares(spares)
             self._tidy(result.oldest_segno)  # (recovery decided: from here on files change)
             if min(self._cuts, MAX_HEADER_CUTS) > self._header_cuts:
                 self._keep_cuts(damaged)
@@ -79,6 +80,7 @@ class Opening(BackgroundRounds):
         if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
             self._persist_recovered(result.scanned_from, insert_lsn)
             self._write_checkpoint(insert_lsn, prev_lsn, oldest=result.oldest_segno, exact=True)
+            self._set_aside_spares(damaged)  # (last: an open refused before moves nothing)
         else:
             self._checkpoint = self._checkpoints.read()
             self._cuts = self._checkpoint.cuts if self._checkpoint is not None else 0
@@ -142,13 +144,13 @@ class Opening(BackgroundRounds):
     def _damaged_spares(self, headers: list[tuple[SegmentHeader | FormatError, int]],
                         first: SegmentHeader, recovering: bool) -> dict[int, str]:
         """The segments after the first whose header does not read (DamagedHeaderError) or
-        whose file has the wrong size, but which hold no page written since they became
-        that segment (a spare, made ahead or recycled, never written since: segments.py's
-        ``holds_pages``): {number: what is wrong}.  They hold nothing of the WAL, so they
-        do not keep it from opening: recovery leaves them out, and they are set aside once
-        it has decided (``_set_aside_spares``).  Any other damage is refused (FormatError),
-        as is a damaged spare of a shared WAL that others have open (``recovering`` False:
-        one of them may have it in use)."""
+        whose file has the wrong size, but which the WAL's stream never reached (a spare,
+        made ahead or recycled, never written since: ``_unreached``): {number: what is
+        wrong}.  They hold nothing of the WAL, so they do not keep it from opening:
+        recovery leaves them out, and they are set aside once the open is decided
+        (``_set_aside_spares``).  Any other damage is refused (FormatError), as is a
+        damaged spare of a shared WAL that others have open (``recovering`` False: one of
+        them may have it in use)."""
         spares = {}
         wal_id_lo = int.from_bytes(first.wal_id[:4], "little")
         for segno, (header, size) in list(zip(self._segnos, headers))[1:]:
@@ -160,15 +162,30 @@ class Opening(BackgroundRounds):
                 why = f"{self._dir.file(segno)} is {size} bytes, expected {first.segment_size}"
             else:
                 continue
-            if recovering and not self._dir.holds_pages(segno, first.segment_size, wal_id_lo):
+            if recovering and self._unreached(segno, first.segment_size, wal_id_lo):
                 spares[segno] = why
         return spares
 
+    def _unreached(self, segno: int, size: int, wal_id_lo: int) -> bool:
+        """Whether the WAL's stream never reached segment ``segno``: it holds no page written
+        since its file became this segment (segments.py's ``holds_pages``), and the segment
+        below it is there with its last page unwritten.  A file cut short before its first
+        data page holds no page either, yet records went into it once the segment below was
+        full (a record that ends in it began there): the last page of that one tells."""
+        if segno - 1 not in self._segnos or self._dir.holds_pages(segno, size, wal_id_lo):
+            return False
+        return not self._dir.wrote_page(segno * size - PAGE_SIZE, size, wal_id_lo)
+
     def _set_aside_spares(self, spares: dict[int, str]) -> None:
         """Move the damaged spares recovery left out into lost+found, each an entry of its
-        own that lists no record, and say so (RecoveryWarning).  After recovery: a refused
-        open moves nothing."""
+        own that lists no record, and say so (RecoveryWarning).  The open's last file
+        change, once the WAL is in use (its checkpoint written): an open refused before
+        it, by recovery or by any later step, moves nothing.  Before a shared WAL's
+        others can join it, which would refuse a damaged spare, and before segments are
+        made (preallocate): one made at a damaged spare's number would replace its file."""
         for segno, why in spares.items():
+            if segno in self._segnos:
+                continue  # a segment made at its number since replaced the file, which held nothing
             reason = (f"{why}: a spare past the end of the WAL, holding none of its records, "
                       "set aside")
             path = lostfound.set_aside_segment(self._dir.path, segno, self.segment_size,
@@ -194,6 +211,22 @@ class Opening(BackgroundRounds):
         self._wal_id_lo = int.from_bytes(wal_id[:4], "little")
         self._checkpointed = True
         return True
+
+    def _arm_spares(self, spares: set[int]) -> None:
+        """A shared WAL's first opener, the files lock held: take into use every spare a
+        writer that did not share the WAL left (header rewritten without SPARE and synced,
+        segments.py's ``arm``), before another process can join.  Shared, no segment is
+        made or recycled a spare, so none is armed while others run: one that read another
+        process's arming from the page cache before its sync could attach the segment and
+        acknowledge records in it while SPARE was still on disk, which recovery passes by.
+        Armed spares read as segments in use that hold none of this cycle's pages."""
+        for segno in sorted(spares):
+            with storage_errors(f"opening {self._dir.file(segno)}"):
+                fd = os.open(self._dir.file(segno), os.O_RDWR)
+            try:
+                self._dir.arm(segno, self.segment_size, self.wal_id, fd)
+            finally:
+                os.close(fd)
 
     def _refuse_without_segments(self) -> None:
         """No segment file, but what a WAL keeps beside its segments is there: they were

@@ -126,15 +126,22 @@ class SegmentSupply(SharedSegments):
                                            "unlike the WAL's first segment), where this WAL "
                                            "persists by cache flush: reopen it (or use "
                                            "persist='msync')", self._dir.file(segno))
+                self._arrived(segno, seg, created=create,
+                              make_s=growth.clock() - started if create else 0.0)
             except BaseException:
-                with self._seg_lock:  # the rest were never made: nobody may wait for them
-                    for n, created in todo[i:]:
-                        if created:
-                            self._segnos.remove(n)
-                        self._arriving.pop(n).set()
+                self._abandon_claims(todo[i:])
                 raise
-            self._arrived(segno, seg, created=create,
-                          make_s=growth.clock() - started if create else 0.0)
+
+    def _abandon_claims(self, todo: list[tuple[int, bool]]) -> None:
+        """Bringing a claimed segment failed: those still on their way were never made (a
+        segment that arrived and failed to attach is in the table, its arrival told), so
+        nobody may wait for them, and the numbers to create are free again."""
+        with self._seg_lock:
+            for n, created in todo:
+                if n in self._arriving:
+                    if created:
+                        self._segnos.remove(n)
+                    self._arriving.pop(n).set()
 
     def _create_segment(self, segno: int, spare: bool = False) -> bool:
         """Make segment ``segno``'s file; in a shared WAL, under the files lock and only
@@ -171,20 +178,24 @@ class SegmentSupply(SharedSegments):
     def _arrived(self, segno: int, seg: Segment, *, created: bool = False,
                  recycled: bool = False, make_s: float = 0.0) -> None:
         """A segment made (in ``make_s`` seconds), opened or recycled into place: into the
-        table and attached."""
+        table and attached.  Its arrival is told whatever happens: a spare whose arming
+        fails (``_attach``) stays in the table, a spare still, and the next request for it
+        arms it again; those waiting for it go on and make that request."""
         with self._seg_lock:
-            if self._core_closed:
-                seg.close()
-            else:
-                seg.segno = segno
-                self._segments[segno] = seg
-                self._attach(segno, seg)
-            self._count("segments_created", created)
-            self._count("segments_recycled", recycled)
-            self._count("segment_make_ns", round(make_s * 1e9))
-            if created:
-                self._growth.made(make_s)
-            self._arriving.pop(segno).set()
+            try:
+                if self._core_closed:
+                    seg.close()
+                else:
+                    seg.segno = segno
+                    self._segments[segno] = seg
+                    self._attach(segno, seg)
+            finally:
+                self._count("segments_created", created)
+                self._count("segments_recycled", recycled)
+                self._count("segment_make_ns", round(make_s * 1e9))
+                if created:
+                    self._growth.made(make_s)
+                self._arriving.pop(segno).set()
 
     def _near(self, segno: int) -> bool:
         """Whether segment ``segno`` is one the writer may append to soon: at most

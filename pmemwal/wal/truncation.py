@@ -179,10 +179,12 @@ class Truncation(Checkpointing):
 
     def _abandon_recycling(self, rest: list[tuple[int, int | None, Segment | None]]) -> None:
         """A truncation failed: the future numbers it had not filled are free again (an
-        appender reaching one makes a new file), and their old files stay where they are."""
+        appender reaching one makes a new file), and their old files stay where they are,
+        closed.  One recycled into place (in the table: its arming may be what failed, or
+        what followed) stays open there."""
         with self._seg_lock:
             for _, new, seg in rest:
-                if seg is not None:
+                if seg is not None and (new is None or self._segments.get(new) is not seg):
                     seg.close()
                 if new is not None and new in self._arriving:
                     self._segnos.remove(new)
