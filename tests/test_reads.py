@@ -238,6 +238,29 @@ def test_a_shared_wals_own_truncation_keeps_this_processs_views(wal_dir):
         assert bytes(held) == _payload(0)
 
 
+def test_another_processs_truncation_keeps_this_processs_views(wal_dir):
+    """A shared WAL: another process truncates past a record this one holds a view of, then
+    appends on into the segments it recycled.  The payload keeps its bytes: a shared WAL's
+    payloads are copies, since no process knows of another's views."""
+    with pmemwal.open(wal_dir, shared=True, segment_size=SEG, background=False,
+                      recycle_segments=8) as wal:
+        lsns = _fill(wal, 3)
+        held = wal.record(lsns[0]).payload
+        code = f"""
+import pmemwal
+with pmemwal.open({str(wal_dir)!r}, shared=True, segment_size={SEG}, background=False,
+                  recycle_segments=8) as wal:
+    assert wal.truncate({first_lsn(3, SEG)}) > 0
+    stop = wal.insert_lsn + 6 * {SEG}
+    while wal.insert_lsn < stop:
+        wal.append(bytes([0xEE]) * 200)
+    wal.flush()
+"""
+        from conftest import child_env
+        subprocess.run([sys.executable, "-c", code], env=child_env(), check=True)
+        assert bytes(held) == _payload(0)
+
+
 # ---- what lands between the steps of one read ---------------------------------------------
 
 class _ReaderThen:

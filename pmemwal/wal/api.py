@@ -385,9 +385,9 @@ class WAL(Opening):
         view of the segment where the record lies in one page (bytes otherwise), and
         keeps the bytes it shows for as long as it is held, after the WAL is closed too:
         truncation recycles no segment such a view shows (it removes it instead), and
-        ``close()`` puts a private copy under the views alive.  In a shared WAL another
-        process's truncation does not know of this process's views: a view there is
-        valid until any process truncates past its record (docs/SHARED.md).
+        ``close()`` puts a private copy under the views alive.  A shared WAL's payload is
+        a copy (another process's truncation may recycle a segment under a view, knowing
+        nothing of this process's views: docs/SHARED.md).
 
         Direct mode reads it in place, durable or not.  Buffered mode flushes up to it
         first when it is not yet (the record is in the WAL buffer, not in its file); so
@@ -442,14 +442,27 @@ class WAL(Opening):
 
     def _payload(self, lsn: int, length: int, payload_lsn: int) -> memoryview:
         """A record's payload: a copy when it spans pages, else a read-only view of its
-        segment, exported by the segment's SegmentView (which counts the views alive)."""
+        segment, exported by the segment's SegmentView (which counts the views alive).
+
+        A shared WAL's is always a copy: another process, which knows nothing of this
+        one's views, may recycle the segment under a view (rename it to a future number and
+        write it again).  The copy is checked against the shared oldest segment once made: a
+        truncation raises that before it touches a file, so a copy made before it still
+        reads below it has the record's own bytes."""
         if payload_lsn >= 0:
-            return self._payload_view(lsn, payload_lsn, length)
-        try:
-            return memoryview(self._reader.payload(lsn))
-        except ValueError:  # read again: the error it fails with says why (a truncation...)
-            status = self._reader.read(lsn, -1)[0]
-            raise self._read_error(lsn, status or _BAD_POSITION, False) from None
+            payload = self._payload_view(lsn, payload_lsn, length)
+            if self._control is None:
+                return payload
+            payload = memoryview(payload.tobytes())
+        else:
+            try:
+                payload = memoryview(self._reader.payload(lsn))
+            except ValueError:  # read again: the error it fails with says why (a truncation...)
+                status = self._reader.read(lsn, -1)[0]
+                raise self._read_error(lsn, status or _BAD_POSITION, False) from None
+        if self._control is not None and (truncated := self._truncated(lsn)) is not None:
+            raise truncated
+        return payload
 
     def stats(self) -> dict[str, int]:
         """Counters since open.
