@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 import struct
 import time
 from contextlib import contextmanager
@@ -261,16 +262,20 @@ def write_synced(path: str, data: bytes, flags: int = os.O_EXCL) -> None:
 
 def set_aside_segment(wal_dir: str, segno: int, segment_size: int, wal_id: bytes,
                       reason: str) -> str:
-    """Move segment file ``segno``, a spare that holds no record (wal/opening.py), out of
-    the WAL into an entry of its own, ``<its first LSN, 16 hex>-<time ns>/``, whose manifest
-    lists no record; returns the entry's path.  The file goes first, then the manifest: a
-    crash between leaves an entry without one, which ``entries`` passes over, and the WAL
-    without the file."""
+    """Copy segment file ``segno``, a spare that holds no record (wal/opening.py), into an
+    entry of its own, ``<its first LSN, 16 hex>-<time ns>/``, whose manifest lists no
+    record, synced; returns the entry's path.  The file stays: the caller replaces it (a
+    new file renamed over it), so that a crash at any point leaves a file at its number.
+    The copy goes first, then the manifest: a crash between leaves an entry without one,
+    which ``entries`` passes over."""
     name = segment_name(segno)
     target = os.path.join(wal_dir, LOST_FOUND_NAME, f"{segno * segment_size:016X}-{time.time_ns()}")
     with storage_errors(f"setting aside {os.path.join(wal_dir, name)} in {target}"):
         os.makedirs(target)
-        os.rename(os.path.join(wal_dir, name), os.path.join(target, name))
+        copy = os.path.join(target, name)
+        shutil.copyfile(os.path.join(wal_dir, name), copy)
+        with open(copy, "rb") as f:
+            os.fsync(f.fileno())
         manifest = {"cut_lsn": segno * segment_size, "cut": format_lsn(segno * segment_size),
                     "reason": reason, "wal_id": wal_id.hex(), "segment_size": segment_size,
                     "made_ns": time.time_ns(), "records": []}

@@ -12,13 +12,14 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 import pmemwal
-from conftest import (CHILD, PAGE, SEG, child_env, mounted_tmpfs, payload, read_all, run_child,
-                      seg_file)
+from conftest import (CHILD, PAGE, REC_HDR, SEG, child_env, mounted_tmpfs, payload, read_all,
+                      run_child, seg_file)
 from pmemwal import lostfound
 from pmemwal.recovery import RecoveryWarning
 
@@ -237,6 +238,71 @@ def test_a_damaged_spare_past_the_end_is_set_aside(wal_dir, damage, spare):
         assert [lsn for lsn, _, _ in read_all(wal)] == kept
 
 
+def _damage_header_crc(path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[60] ^= 0xFF                     # the header's CRC
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("where", ["mid-segment", "in the last page"])
+def test_a_spare_whose_header_tore_is_set_aside_wherever_the_writer_stood(wal_dir, where):
+    """A spare's header torn (its arm cut short when the writer reached it) while the
+    writer stood anywhere in the segment below, its last page included: the spare's file is
+    whole and holds no page of its own, so it held nothing of the WAL; set aside, not
+    refused."""
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False, preallocate=3 * SEG) as wal:
+        target = SEG - PAGE + 100 if where == "in the last page" else SEG // 2
+        kept = []
+        while wal.insert_lsn < target:
+            kept.append(wal.append(b"x" * 900, flush=True))
+    _damage_header_crc(seg_file(wal_dir, 1))
+    with pytest.warns(RecoveryWarning, match="set aside"):
+        with pmemwal.open(wal_dir) as wal:
+            assert [lsn for lsn, _, _ in read_all(wal)] == kept
+
+
+def test_a_spare_set_aside_below_another_leaves_no_gap(wal_dir):
+    """Segment 1 of three, a spare, damaged: set aside, a fresh spare takes its number, so
+    that the WAL, once it ends at segment 0's last byte, does not read as one whose
+    segment 1 was deleted."""
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False, preallocate=3 * SEG) as wal:
+        for _ in range(100):
+            wal.append(b"x" * 900, flush=True)
+    _damage_header_crc(seg_file(wal_dir, 1))
+    with pytest.warns(RecoveryWarning, match="set aside"):
+        wal = pmemwal.open(wal_dir, background=False)
+    with wal:
+        assert seg_file(wal_dir, 1).exists()
+        while SEG - wal.insert_lsn > PAGE:
+            wal.append(b"y" * 900, flush=True)
+        wal.append(b"z" * (SEG - wal.insert_lsn - REC_HDR), flush=True)   # to its last byte
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecoveryWarning)
+        with pmemwal.open(wal_dir) as wal:
+            assert wal.cuts == 0
+
+
+def test_a_shared_open_sets_aside_a_damaged_spare_it_recovers_past(wal_dir):
+    """A writer killed (no clean close) with spares made ahead, one of them then damaged,
+    reopened shared: recovery reads past the end into the spares, and the damaged one must
+    still be set aside, not taken in (records acknowledged into a segment whose header does
+    not read would leave a WAL that no open reads)."""
+    code = f"""import os, pmemwal
+w = pmemwal.open({str(wal_dir)!r}, segment_size={SEG}, background=False, preallocate=2 * {SEG})
+for i in range(100):
+    w.append(b"x" * 900, flush=True)
+os._exit(0)"""
+    subprocess.run([sys.executable, "-c", code], env=child_env(), check=True)
+    _damage_header_crc(seg_file(wal_dir, 1))
+    with pytest.warns(RecoveryWarning, match="set aside"):
+        wal = pmemwal.open(wal_dir, background=False, shared=True)
+    with wal:
+        while wal.insert_lsn < SEG + SEG // 2:
+            wal.append(b"y" * 900, flush=True)
+    with pmemwal.open(wal_dir) as wal:
+        assert wal.insert_lsn >= SEG + SEG // 2
+
+
 def test_an_open_refused_after_recovery_moves_no_damaged_spare(wal_dir):
     """An open that recovery lets through but a later step refuses (here the persist
     option, checked once the core starts) leaves a damaged spare where it was; the next
@@ -251,7 +317,7 @@ def test_an_open_refused_after_recovery_moves_no_damaged_spare(wal_dir):
     with pytest.warns(RecoveryWarning, match=f"{path.name}.*set aside"):
         with pmemwal.open(wal_dir) as wal:
             assert [lsn for lsn, _, _ in read_all(wal)] == kept
-    assert not path.exists()
+    assert path.stat().st_size == SEG   # a whole spare in its place
 
 
 def test_a_damaged_segment_that_held_records_is_still_refused(wal_dir):

@@ -144,8 +144,8 @@ class Opening(BackgroundRounds):
     def _damaged_spares(self, headers: list[tuple[SegmentHeader | FormatError, int]],
                         first: SegmentHeader, recovering: bool) -> dict[int, str]:
         """The segments after the first whose header does not read (DamagedHeaderError) or
-        whose file has the wrong size, but which the WAL's stream never reached (a spare,
-        made ahead or recycled, never written since: ``_unreached``): {number: what is
+        whose file has the wrong size, but which hold nothing of the WAL (a spare, made
+        ahead or recycled, never written since: ``_holds_nothing``): {number: what is
         wrong}.  They hold nothing of the WAL, so they do not keep it from opening:
         recovery leaves them out, and they are set aside once the open is decided
         (``_set_aside_spares``).  Any other damage is refused (FormatError), as is a
@@ -162,23 +162,30 @@ class Opening(BackgroundRounds):
                 why = f"{self._dir.file(segno)} is {size} bytes, expected {first.segment_size}"
             else:
                 continue
-            if recovering and self._unreached(segno, first.segment_size, wal_id_lo):
+            if recovering and self._holds_nothing(segno, size, first.segment_size, wal_id_lo):
                 spares[segno] = why
         return spares
 
-    def _unreached(self, segno: int, size: int, wal_id_lo: int) -> bool:
-        """Whether the WAL's stream never reached segment ``segno``: it holds no page written
-        since its file became this segment (segments.py's ``holds_pages``), and the segment
-        below it is there with its last page unwritten.  A file cut short before its first
-        data page holds no page either, yet records went into it once the segment below was
-        full (a record that ends in it began there): the last page of that one tells."""
-        if segno - 1 not in self._segnos or self._dir.holds_pages(segno, size, wal_id_lo):
+    def _holds_nothing(self, segno: int, file_size: int, size: int, wal_id_lo: int) -> bool:
+        """Whether segment ``segno``, whose header or size is damaged, holds nothing of the
+        WAL: no page written since its file became this segment (segments.py's
+        ``holds_pages``).  A whole file has all its pages to tell (a spare whose arm tore
+        as the writer reached it holds none, wherever the writer stood below).  A file cut
+        short may have lost the pages that would: then only if the WAL's stream never
+        reached it, the segment below there with its last page unwritten (records went
+        into it once the segment below was full: a record that ends in it began there)."""
+        if self._dir.holds_pages(segno, size, wal_id_lo):
             return False
-        return not self._dir.wrote_page(segno * size - PAGE_SIZE, size, wal_id_lo)
+        if file_size == size:
+            return True
+        return segno - 1 in self._segnos and \
+            not self._dir.wrote_page(segno * size - PAGE_SIZE, size, wal_id_lo)
 
     def _set_aside_spares(self, spares: dict[int, str]) -> None:
-        """Move the damaged spares recovery left out into lost+found, each an entry of its
-        own that lists no record, and say so (RecoveryWarning).  The open's last file
+        """Copy the damaged spares recovery left out into lost+found, each an entry of its
+        own that lists no record, and say so (RecoveryWarning); a new spare (in use, in a
+        shared WAL) then replaces each file, renamed over it, so that the numbers keep no
+        gap (a segment missing below one there reads as deleted).  The open's last file
         change, once the WAL is in use (its checkpoint written): an open refused before
         it, by recovery or by any later step, moves nothing.  Before a shared WAL's
         others can join it, which would refuse a damaged spare, and before segments are
@@ -190,6 +197,8 @@ class Opening(BackgroundRounds):
                       "set aside")
             path = lostfound.set_aside_segment(self._dir.path, segno, self.segment_size,
                                                self.wal_id, reason)
+            self._dir.create(segno, self.segment_size, self.wal_id, spare=self._control is None)
+            self._segnos = sorted([*self._segnos, segno])
             warnings.warn(f"{self._dir.path}: {reason} in {path}", RecoveryWarning, stacklevel=5)
 
     def _checkpoint_without_segments(self, segment_size: int | None) -> bool:

@@ -34,8 +34,9 @@ class SharedSegments(PersistenceChoice):
 
     def _made_by_peer(self, segno: int) -> bool:
         """A shared WAL: whether another process made segment ``segno`` (it is then added to
-        this one's list; segment lock held)."""
-        if self._control is None or segno < self._oldest_shared():
+        this one's list; segment lock held).  Not while the first opener recovers, alone:
+        a file recovery did not list (a damaged spare) is no other process's."""
+        if self._control is None or not hasattr(self, "_core") or segno < self._oldest_shared():
             return False
         if not os.path.exists(self._dir.file(segno)):
             return False
