@@ -301,29 +301,38 @@ def test_a_read_racing_close_gets_interface_error(shm_dir: Path, monkeypatch) ->
 
 def test_background_checkpoints_keep_up_with_steady_inserts(shm_dir: Path) -> None:
     """An insert holds the lock through its sync; the writer's checkpoint waits for it
-    (it used to give up, and the index was hardly ever stored under load)."""
+    (it used to give up, and the index was hardly ever stored under load).  The rounds are
+    driven here, each once inserts went on since the last (counted, not timed)."""
     store = pes.open_datastore(events_dir(shm_dir), segment_size=1 << 20,
-                               checkpoint_interval=0.02)
+                               checkpoint_interval=3600)    # (no round of the WAL's own)
     stop = threading.Event()
+    inserted = [0, 0]
 
     def insert(thread: int) -> None:
-        k = 0
         while not stop.is_set():
-            k += 1
-            store.insert([StoredEvent(originator_id=uuid.UUID(int=(thread << 32) + k),
-                                      originator_version=1, topic="t", state=b"s")])
+            inserted[thread] += 1
+            oid = uuid.UUID(int=(thread << 32) + inserted[thread])
+            store.insert([StoredEvent(originator_id=oid, originator_version=1, topic="t",
+                                      state=b"s")])
 
     threads = [threading.Thread(target=insert, args=(t,)) for t in range(2)]
     for t in threads:
         t.start()
-    time.sleep(1.5)
-    stop.set()
-    for t in threads:
-        t.join()
+    rounds = 20
+    try:
+        for _ in range(rounds):
+            seen = sum(inserted)
+            while sum(inserted) < seen + 2 and all(t.is_alive() for t in threads):
+                time.sleep(0.001)   # (inserts on both sides of the round)
+            store._background_checkpoint(0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
     stored = store._store.last_seq
     assert store.index_error is None
     drop(store)
-    assert stored >= 5, f"{stored} index checkpoints in 1.5 s of inserts"
+    assert stored == rounds, f"{stored} index checkpoints in {rounds} rounds amid inserts"
     store = reopen(shm_dir)
     assert store.replayed_from > 1
     store.close()

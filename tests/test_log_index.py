@@ -124,7 +124,8 @@ sys.path.insert(0, {tests!r})
 import pmemwal
 from test_log_index import _random_ops, _run
 rng = random.Random({seed})
-model = json.loads(sys.argv[1])
+with open(sys.argv[1]) as f:   # (a file: the model outgrows one argument's 128 KiB limit)
+    model = json.load(f)
 model["entries"] = [tuple(e[:2]) + (bytes.fromhex(e[2]),) for e in model["entries"]]
 log = pmemwal.open_log({path!r}, mode={mode!r}, segment_size=1 << 20, checkpoint_interval=0.005,
                        flush_interval=0.005)
@@ -149,9 +150,11 @@ def test_sigkill_at_any_point_of_index_checkpoints(wal_dir, mode, seed):
     model = {"first": 1, "entries": [], "term": 1}
     for kill in range(4):
         code = _CHILD.format(tests=tests, seed=seed * 10 + kill, path=str(wal_dir), mode=mode)
-        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(
-            {**model, "entries": [[i, t, p.hex()] for i, t, p in model["entries"]]})],
-            stdout=subprocess.PIPE, env=child_env(), text=True)
+        model_file = wal_dir.parent / "model.json"
+        model_file.write_text(json.dumps(
+            {**model, "entries": [[i, t, p.hex()] for i, t, p in model["entries"]]}))
+        proc = subprocess.Popen([sys.executable, "-c", code, str(model_file)],
+                                stdout=subprocess.PIPE, env=child_env(), text=True)
         deadline = time.monotonic() + random.Random(seed * 10 + kill).uniform(0.3, 0.8)
         synced = None
         while time.monotonic() < deadline and (line := proc.stdout.readline()):
