@@ -39,9 +39,9 @@ from pmemwal import _core
 from pmemwal.format import segment_name
 from pmemwal.tools import inspect
 from pmemwal.tools.cli import main
-from conftest import (PAGE, REC_HDR, SEG, as_made_before_checkpoints, cli_runner, file_write,
-                      flip_byte, next_lsn, payload, read_all, rec_size, rewind_checkpoint,
-                      seg_file, stream_write)
+from conftest import (PAGE, PAGE_HDR, REC_HDR, SEG, as_made_before_checkpoints, cli_runner,
+                      file_write, flip_byte, next_lsn, payload, read_all, rec_size,
+                      rewind_checkpoint, seg_file, stream_write)
 
 SPANNING = 1_200_000                         # longer than a 1 MiB segment: it crosses into the next
 SIZES = [0, 1, 8168, 20000, SPANNING, 5]
@@ -641,5 +641,7 @@ def test_verify_reports_a_deleted_checkpoint(wal_dir):
     (wal_dir / "CHECKPOINT").unlink()
     report = inspect.verify(wal_dir)
     assert not report.ok and "CHECKPOINT is missing" in report.first_problem.reason
+    # damage is always placed (the fuzzer's rule): the first segment, where the open names it
+    assert (report.first_problem.segment, report.first_problem.lsn) == (0, PAGE + PAGE_HDR)
     as_made_before_checkpoints(wal_dir)
     assert inspect.verify(wal_dir).ok

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
-from pmemwal.format import (CHECKPOINTED, PAGE_HEADER_SIZE, PAGE_SIZE, SegmentHeader,
+from pmemwal.format import (CHECKPOINTED, PAGE_HEADER_SIZE, PAGE_SIZE, SegmentHeader, first_lsn,
                             parse_segment_name, segment_name)
 from pmemwal.segments import CHECKPOINT_NAME, RESTORING_NAME, WAL_OWN_NAMES
 from pmemwal.tools.inspect.results import Problem
@@ -211,10 +211,12 @@ class DirectoryChecks:
                 self.notes.append(f"{CHECKPOINT_NAME} has no valid slot (both torn or damaged, or "
                                   "another WAL's): open reads every record, with a warning")
             elif self._kept_checkpoint():
+                first = self.segments[0]    # (where the open that refuses it names it)
                 self.problems.append(Problem(
                     "damage", f"{CHECKPOINT_NAME} is missing, but the segment headers say the "
                     "WAL kept one (deleted?): damage to the last acknowledged records cannot be "
-                    "told from a torn tail"))
+                    "told from a torn tail", first,
+                    first_lsn(first, self.segment_size) if self.segment_size else None))
             return
         self.checkpoint_state = "valid"
         cp, size = self.checkpoint, self.segment_size
