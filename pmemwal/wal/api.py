@@ -460,7 +460,8 @@ class WAL(Opening):
             except ValueError:  # read again: the error it fails with says why (a truncation...)
                 status = self._reader.read(lsn, -1)[0]
                 raise self._read_error(lsn, status or _BAD_POSITION, False) from None
-        if self._control is not None and (truncated := self._truncated(lsn)) is not None:
+        if self._control is not None and lsn // self.segment_size < self._oldest_shared() and \
+                (truncated := self._truncated(lsn)) is not None:  # (the lock only then)
             raise truncated
         return payload
 
