@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -290,3 +291,11 @@ def test_an_archive_renamed_into_place_without_syncing_its_own_directory_fails()
             patch.setattr(fs_crash.ArchiveWorkload, "mounts", ())
             one_journal = run_fs_crash("ext4", 40, seed=0, workload="archive")
         assert one_journal.ok, table([one_journal])
+
+
+def test_a_mutant_named_in_the_environment_stays_in_for_the_process():
+    """PMEMWAL_MUTANT as a checker's child applies it: the patch must outlive the call."""
+    code = ("from pmemwal import archive; f = archive.fsync_path; from pmemwal.tools import "
+            "mutants; mutants.apply_from_environment(); assert archive.fsync_path is not f")
+    env = {**os.environ, mutants.ENV: "archive-rename-unsynced"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)

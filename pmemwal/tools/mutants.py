@@ -79,7 +79,12 @@ def apply_from_environment() -> None:
     child process calls this as it starts)."""
     name = os.environ.get(ENV)
     if name:
-        get(name).patch().__enter__()
+        patch = get(name).patch()
+        patch.__enter__()
+        _APPLIED.append(patch)  # (dropped, its generator would be closed: the patch undone)
+
+
+_APPLIED: list[ContextManager[None]] = []
 
 
 # ---- mutants the checkers caught before (ported from their tests) -------------------------
