@@ -4,7 +4,10 @@ put into the library on purpose, each of which the model must catch."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -13,7 +16,7 @@ from pmemwal import archive as _archive
 from pmemwal import segments as _segments
 from pmemwal.format import SegmentHeader, segment_name
 from pmemwal.segments import storage_errors
-from pmemwal.tools import fs_crash
+from pmemwal.tools import fs_crash, mutants
 from pmemwal.tools.fs_crash import WORKLOADS, run_fs_crash, table
 from pmemwal.tools.fs_model import FS_MODELS, MetadataModel, MetaOp, Recorder
 
@@ -110,6 +113,45 @@ def test_the_recorder_sees_a_create_its_size_and_syncs(tmp_path):
         os.rename(tmp_path / "f", tmp_path / "g")
     assert [op.kind for op in model.pending] == ["rename"]
     assert model.durable.names == {"f": 2} and model.durable.data[2] == b"abc"
+
+
+def test_each_file_system_commits_only_its_own_pending_operations():
+    """Two journals: a sync on one leaves the other's operations pending, and a crash keeps a
+    prefix of each, independently."""
+    model = MetadataModel("ext4", mounts=("far",))
+    a, b, c = model.new_inode(), model.new_inode(), model.new_inode()
+    model.record(MetaOp("create", "far/x", ino=c))
+    model.record(MetaOp("create", "a", ino=a))
+    model.record(MetaOp("create", "b", ino=b))
+    assert sorted(sorted(files) for files in _names(model)) == [
+        [], ["a"], ["a", "b"], ["a", "b", "far/x"], ["a", "far/x"], ["far/x"]]
+    model.fsync(b, b"")          # the root's file system: far/x's create stays pending
+    assert [op.path for op in model.pending] == ["far/x"]
+    assert sorted(sorted(files) for files in _names(model)) == [["a", "b"], ["a", "b", "far/x"]]
+    model.record(MetaOp("rename", "far/x", "far/y"))
+    model.commit(0)              # the root's directory synced: nothing of far's commits
+    assert len(model.pending) == 2
+    model.commit(1)
+    assert model.pending == [] and sorted(model.durable.names) == ["a", "b", "far/y"]
+
+
+def test_the_recorder_keeps_a_journal_per_mount_and_refuses_a_rename_across(tmp_path):
+    model = MetadataModel("ext4")
+    with Recorder(model, str(tmp_path), mounts=("far",)):
+        (tmp_path / "f").write_bytes(b"abc")
+        with pytest.raises(OSError) as refused:
+            os.rename(tmp_path / "f", tmp_path / "far" / "f")
+        assert refused.value.errno == errno.EXDEV and (tmp_path / "f").exists()
+        shutil.move(tmp_path / "f", tmp_path / "far" / "g")  # falls back to copy + unlink
+        fd = os.open(tmp_path, os.O_RDONLY)
+        os.fsync(fd)             # the root's directory: the unlink commits, the copy does not
+        os.close(fd)
+        assert [op.kind for op in model.pending if op.mount == 1] == ["create", "size"]
+        assert model.pending and all(op.mount == 1 for op in model.pending)
+        fd = os.open(tmp_path / "far", os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    assert model.pending == [] and sorted(model.durable.names) == ["far/g"]
 
 
 # ---- small runs: every workload, both file systems ---------------------------------------------
@@ -235,3 +277,25 @@ def test_a_done_status_before_the_upload_fails(monkeypatch):
     report = run_fs_crash("ext4", 150, seed=1, workload="archive")
     assert not report.ok and any(".done is durable" in f for f in report.failures), \
         report.failures[:3]
+
+
+def test_an_archive_renamed_into_place_without_syncing_its_own_directory_fails():
+    """The archive is a file system of its own: the WAL directory's sync of the .done status
+    does not carry the archive's rename, so a state holds the .done and no archived copy.  With
+    one journal for both (the archive on the WAL's file system) the same run passes."""
+    with mutants.applied("archive-rename-unsynced"):
+        report = run_fs_crash("ext4", 40, seed=0, workload="archive")
+        assert not report.ok and any(".done is durable" in f for f in report.failures), \
+            table([report])
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fs_crash.ArchiveWorkload, "mounts", ())
+            one_journal = run_fs_crash("ext4", 40, seed=0, workload="archive")
+        assert one_journal.ok, table([one_journal])
+
+
+def test_a_mutant_named_in_the_environment_stays_in_for_the_process():
+    """PMEMWAL_MUTANT as a checker's child applies it: the patch must outlive the call."""
+    code = ("from pmemwal import archive; f = archive.fsync_path; from pmemwal.tools import "
+            "mutants; mutants.apply_from_environment(); assert archive.fsync_path is not f")
+    env = {**os.environ, mutants.ENV: "archive-rename-unsynced"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)

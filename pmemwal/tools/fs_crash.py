@@ -209,6 +209,7 @@ class FsWorkload:
     inside it), ``check`` recovers one crash state."""
 
     options: dict = {}
+    mounts: tuple[str, ...] = ()  # directories under the root that are file systems of their own
 
     def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
         self.root, self.seed, self.recorder = root, seed, recorder
@@ -331,9 +332,11 @@ class ArchiveWorkload(TruncateWorkload):
     """Archiving to a local directory (file://, under the root: its files are modelled
     too), run in this process: the writer's status files (``.ready``) and the archiver's
     steps (upload, ``.partial`` renamed, ``.ready`` to ``.done``), then truncation, which
-    keeps every segment not archived."""
+    keeps every segment not archived.  The archive is a file system of its own (a mount
+    point): a sync in the WAL directory does not make its renames durable."""
 
     options = {"recycle_segments": 1}
+    mounts = ("archive",)
 
     def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
         super().__init__(root, seed, recorder)
@@ -517,7 +520,8 @@ def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "
             root = base / f"g{generation}"
             root.mkdir()
             model = MetadataModel(fs_model)
-            recorder = Recorder(model, str(root))
+            recorder = Recorder(model, str(root),
+                                mounts=getattr(_WORKLOAD_CLASSES[workload], "mounts", ()))
             holder: dict = {}
 
             def crash(where: str, force: bool = False) -> None:

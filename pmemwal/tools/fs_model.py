@@ -23,17 +23,23 @@ metadata crash states", states the rules.
   commit and xfs's log force do.  ``ext4`` (data=ordered): a size change persists with
   the data written below it.  ``xfs``: a size increase may persist without that data:
   the appended range then reads as zeros.
+- **Several file systems.**  Directories given as mount roots (``Recorder(mounts=...)``)
+  are file systems of their own: each has its own journal, a sync commits only its own
+  file system's pending operations, a crash keeps a prefix of each independently, and a
+  rename across them fails with EXDEV.
 """
 
 from __future__ import annotations
 
 import builtins
+import errno
 import hashlib
+import itertools
 import os
 import stat
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Callable, Iterator
 
@@ -63,6 +69,7 @@ class MetaOp:
     data: bytes = b""
     where: str = ""
     written: bool = False  # a size change by writing past the end (delayed allocation's kind)
+    mount: int = 0         # the file system it is on (MetadataModel.mounts; 0: the root's)
 
 
 @dataclass
@@ -143,10 +150,14 @@ class MetadataModel:
     """The durable image, the operations pending since the last commit, and the rules of
     one file system (``ext4`` or ``xfs``) for what a crash keeps of them."""
 
-    def __init__(self, fs: str) -> None:
+    def __init__(self, fs: str, mounts: tuple[str, ...] = ()) -> None:
         if fs not in FS_MODELS:
             raise ValueError(f"fs model {fs!r}: one of {', '.join(FS_MODELS)}")
         self.fs = fs
+        # the roots (relative paths) of file systems of their own, each with its own journal:
+        # mount i + 1; everything else is on file system 0
+        self.mounts = tuple(mounts)
+        self.inode_mounts: dict[int, int] = {}
         self.durable = FsImage()
         self.pending: list[MetaOp] = []
         self._next_ino = 1
@@ -163,17 +174,36 @@ class MetadataModel:
         self._next_ino += 1
         return self._next_ino
 
+    def mount_of(self, path: str) -> int:
+        """The file system that relative ``path`` lies on (the deepest mount root above it)."""
+        best, depth = 0, -1
+        for i, root in enumerate(self.mounts, 1):
+            if (path == root or path.startswith(root + "/")) and len(root) > depth:
+                best, depth = i, len(root)
+        return best
+
     def record(self, op: MetaOp) -> None:
+        if self.mounts:
+            mount = self.inode_mounts.get(op.ino, 0) if op.kind == "size" else \
+                self.mount_of(op.path)
+            if op.kind == "create":
+                self.inode_mounts[op.ino] = mount
+            op = replace(op, mount=mount)
         if op.kind == "size" and op.written and op.ino not in self.synced:
             self.synced[op.ino] = self.durable.data.get(op.ino, b"")
         self.pending.append(op)
         self.recorded += 1
 
-    def commit(self) -> None:
-        """A journal commit / log force: every pending operation is durable, in order."""
+    def commit(self, mount: int | None = None) -> None:
+        """A journal commit / log force: every pending operation is durable, in order; only
+        those of file system ``mount`` when given (each file system has its own journal)."""
+        kept = []
         for op in self.pending:
-            self.durable.apply(op, self.ordered)
-        self.pending.clear()
+            if mount is None or op.mount == mount:
+                self.durable.apply(op, self.ordered)
+            else:
+                kept.append(op)
+        self.pending[:] = kept
 
     def has_pending(self, ino: int) -> bool:
         """Whether inode ``ino`` has a pending create or size change (an fdatasync of it then
@@ -181,15 +211,15 @@ class MetadataModel:
         return any(op.ino == ino and op.kind in ("create", "size") for op in self.pending)
 
     def fsync(self, ino: int, current: bytes) -> None:
-        """fsync of a file: commit, then its data as it is now."""
-        self.commit()
+        """fsync of a file: commit (its file system's journal), then its data as it is now."""
+        self.commit(self.inode_mounts.get(ino, 0) if self.mounts else None)
         self.durable.data[ino] = current
         self.synced.pop(ino, None)
 
     def fdatasync(self, ino: int, current: bytes) -> None:
         """fdatasync: its data; a commit first only when its size or creation is pending."""
         if self.has_pending(ino):
-            self.commit()
+            self.commit(self.inode_mounts.get(ino, 0) if self.mounts else None)
         self.durable.data[ino] = fit(current, len(self.durable.data.get(ino, b"")))
         self.synced.pop(ino, None)
 
@@ -207,15 +237,18 @@ class MetadataModel:
         variants = [("old", True), ("new", True), ("old+unsized", True)] + (
             [("old+zeros", False)] if self.fs == "xfs" else [])
         news: dict[tuple[int, int], bytes] = {}
-        for data, ordered in variants:
+        main, cuts = self._journals()
+        for (data, ordered), cut in itertools.product(variants, cuts):
             image = self.durable.copy()
             unsized = frozenset(self.synced) if data == "old+unsized" else frozenset()
             for ino in unsized:
                 if ino in image.data:
                     image.data[ino] = self.synced[ino]
-            for k in range(len(self.pending) + 1):
+            for op in cut:
+                image.apply(op, ordered, unsized)
+            for k in range(len(main) + 1):
                 if k:
-                    image.apply(self.pending[k - 1], ordered, unsized)
+                    image.apply(main[k - 1], ordered, unsized)
                 files = {}
                 for name, ino in image.names.items():
                     old = image.data.get(ino, b"")
@@ -226,7 +259,22 @@ class MetadataModel:
                         files[name] = news[key]
                     else:
                         files[name] = old
-                yield CrashState(files, set(image.dirs), k, len(self.pending), data)
+                yield CrashState(files, set(image.dirs), k + len(cut), len(self.pending), data)
+
+    def _journals(self) -> tuple[list[MetaOp], list[list[MetaOp]]]:
+        """The pending operations of the file system with the most of them, and what a crash
+        may keep of the others': a prefix of each, independently (every combination).  Their
+        operations touch disjoint names and inodes, so the order they are applied in is moot."""
+        journals: dict[int, list[MetaOp]] = {}
+        for op in self.pending:
+            journals.setdefault(op.mount, []).append(op)
+        if len(journals) < 2:
+            return self.pending, [[]]
+        main = max(journals.values(), key=len)
+        others = [ops for ops in journals.values() if ops is not main]
+        cuts = [[op for ops, n in zip(others, lengths) for op in ops[:n]]
+                for lengths in itertools.product(*(range(len(ops) + 1) for ops in others))]
+        return main, cuts
 
 
 # ---- recording -----------------------------------------------------------------------------
@@ -237,12 +285,21 @@ class Killed(BaseException):
 
 class Recorder:
     """Wraps the ``os`` calls (and ``builtins.open``) that change files under ``root`` while
-    active, feeding ``model``; ``on_point(where)`` runs before each, a crash point."""
+    active, feeding ``model``; ``on_point(where)`` runs before each, a crash point.
+    ``mounts``: directories under ``root`` (made if absent) that are each the root of a file
+    system of its own: its own journal, and a rename across file systems fails (EXDEV)."""
 
     def __init__(self, model: MetadataModel, root: str,
-                 on_point: Callable[[str], None] | None = None) -> None:
+                 on_point: Callable[[str], None] | None = None,
+                 mounts: tuple[str, ...] = ()) -> None:
         self.model = model
         self.root = os.path.abspath(root)
+        if mounts:
+            model.mounts = tuple(os.path.relpath(os.path.join(self.root, m), self.root)
+                                 for m in mounts)
+            for m in model.mounts:
+                os.makedirs(os.path.join(self.root, m), exist_ok=True)
+                model.durable.dirs.add(m)  # a mount point: there before anything ran
         self.on_point = on_point
         self.paused = 0
         self.inodes: dict[int, int] = {}   # st_ino -> model inode
@@ -319,6 +376,7 @@ class Recorder:
             data = _read_path(os.path.join(self.root, rel))
             self.model.durable.names[rel] = ino
             self.model.durable.data[ino] = data
+            self.model.inode_mounts[ino] = self.model.mount_of(rel)
             self.sizes[ino] = len(data)
         return ino
 
@@ -430,6 +488,9 @@ class Recorder:
         rel_src, rel_dst = self._rel(src, src_dir_fd), self._rel(dst, dst_dir_fd)
         if not (self._active(rel_src) and rel_dst is not None):
             return real(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        if self.model.mount_of(rel_src or "") != self.model.mount_of(rel_dst):
+            # as the kernel says: a rename cannot cross file systems (shutil.move then copies)
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), src, None, dst)
         self._point(real.__name__)
         st = _lstat(os.path.join(self.root, rel_src))
         ino = None
@@ -511,7 +572,8 @@ class Recorder:
         self._point(what)
         real(fd)
         if stat.S_ISDIR(os.fstat(fd).st_mode):
-            self.model.commit()  # a directory's fsync: every earlier operation (journal/log)
+            # a directory's fsync: every earlier operation (journal/log) of its file system
+            self.model.commit(self.model.mount_of(rel) if self.model.mounts else None)
             return
         ino = self._observe_fd(fd, written=True)  # (a file object's writes, if it grew)
         if os.path.basename(rel) == CHECKPOINT_NAME:

@@ -79,7 +79,12 @@ def apply_from_environment() -> None:
     child process calls this as it starts)."""
     name = os.environ.get(ENV)
     if name:
-        get(name).patch().__enter__()
+        patch = get(name).patch()
+        patch.__enter__()
+        _APPLIED.append(patch)  # (dropped, its generator would be closed: the patch undone)
+
+
+_APPLIED: list[ContextManager[None]] = []
 
 
 # ---- mutants the checkers caught before (ported from their tests) -------------------------
@@ -98,3 +103,29 @@ def apply_from_environment() -> None:
 
 
 # ---- blind spot 5: a second file system ---------------------------------------------------
+
+
+@mutant("archive-rename-unsynced",
+        "FsspecArchive.store renames its .partial copy into place in a file:// archive without "
+        "syncing the archive's directory: the rename waits on the next sync there, while the "
+        "WAL directory's .done (synced on its own file system) lets truncation take the segment",
+        blind_spot="a second file system",
+        caught_by="pmemwal powerloss --fs-model ext4")
+def _archive_rename_unsynced() -> Iterator[None]:
+    import sys
+
+    from pmemwal import archive
+
+    fsync_path = archive.fsync_path
+
+    def fsync_unless_the_archive_directory(path: str) -> None:
+        # (the store's sync of its own directory: the one after the rename into place)
+        if sys._getframe(1).f_code.co_name == "store" and os.path.isdir(path):
+            return
+        fsync_path(path)
+
+    archive.fsync_path = fsync_unless_the_archive_directory
+    try:
+        yield
+    finally:
+        archive.fsync_path = fsync_path
