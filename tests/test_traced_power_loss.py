@@ -10,8 +10,13 @@ Each run is a child process (the core is chosen at import).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from conftest import cli_runner
+from pmemwal.tools import mutants
+from pmemwal.tools.cli import main
 from pmemwal.tools.traced import STREAMING_PATHS, run_traced, streaming_paths
 
 IMAGES = 40
@@ -143,3 +148,14 @@ def test_a_commit_that_syncs_only_its_own_record_is_invisible_to_one_writer():
     """The control: a lone writer's record ends at the frontier, so the same mutation
     changes nothing there (why the setups with one writer could not catch it)."""
     _ok(run_traced("msync", IMAGES, seed=1, mutation="commit-syncs-own-record"))
+
+
+def test_the_default_powerloss_catches_it_with_its_page_cache_threads_setup():
+    """``pmemwal powerloss`` runs the page-cache setups on the traced core without
+    --traced; the registry's mutant reaches its child through PMEMWAL_MUTANT."""
+    with mutants.applied("commit-syncs-own-record"):
+        result = cli_runner().invoke(main, ["powerloss", "--images", str(IMAGES), "--setups",
+                                            "msync-threads", "--seed", "1", "--json", "--quiet"])
+    assert result.exit_code == 1, result.output
+    (report,) = json.loads(result.stdout)["reports"]
+    assert report["threads"] == 4 and report["images"] == IMAGES and not report["ok"]

@@ -525,6 +525,11 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
             streaming=streaming, mutations=mutations)
         if shared:
             work.trace(shadow)
+        if threads > 1 and mode != "pmem":
+            # crash points only in syncs, one per flush that is not coalesced: at the rate
+            # of the operations' crash points (a quarter of it per sync would spend most
+            # of the run writing, few images per round)
+            shadow.crash_rate = crash_rate
         step_rng = random.Random(seed)
         kill_rng = random.Random(f"{seed}/kills")  # (apart: the images' draws do not move it)
         rounds = 0
