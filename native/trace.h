@@ -29,6 +29,8 @@ enum trace_mutation {          /* bits of trace_set's mutations */
     TRACE_SKIP_DRAIN = 2,        /* neither pmem_drain nor the sfence after an insertion */
     TRACE_SKIP_SYNC = 4,         /* no fdatasync, fsync or msync of a segment */
     TRACE_SHORT_MSYNC = 8,       /* msync leaves out the range's last page */
+    TRACE_SYNC_OWN_RECORD = 16,  /* a commit syncs up to its own record's end, yet publishes
+                                  * the frontier as flushed (only concurrent writers differ) */
 };
 
 typedef void (*trace_stream_fn)(uintptr_t addr, size_t len);

@@ -379,6 +379,15 @@ int wal_commit(wal_core *c, const wal_env *env, uint64_t lsn, uint64_t size, uin
     return rc;
 }
 
+/* sync_end -- where a flush's sync ends: at to, the position it publishes as flushed.
+ * (TRACE_SYNC_OWN_RECORD, a mutation of the traced build only: a commit's sync ends at
+ * its own record's end, which a lone writer's frontier is; other writers' records
+ * complete past it are published unsynced.) */
+static inline uint64_t sync_end(uint64_t end, uint64_t to)
+{
+    return end && trace_mutated(TRACE_SYNC_OWN_RECORD) ? end : to;
+}
+
 /* flush_below -- make durable everything below usable position limit, and as much more
  * as is complete; end (0: unknown) is the end of the record that contains limit - 1,
  * which a pmem flush then moves flushed_u to without looking further (no read of the
@@ -418,14 +427,14 @@ static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t
             uint64_t to; /* everyone complete below: flush them too */
             if ((rc = frontier(c, env, 0, 1, &to))) {
             } else if (c->direct) {
-                rc = persist_range(c, env, flushed, to);
+                rc = persist_range(c, env, flushed, sync_end(end, to));
             } else {
                 uint64_t written = atomic_load(&c->sh->written_u);
                 if (written < to && !(rc = write_range(c, env, written, to)))
                     atomic_store(&c->sh->written_u, to);
                 if (!rc)
                     rc = sync_segments(c, env, phys_from(&c->geom, flushed) / c->geom.seg_size,
-                                       (wal_lsn_end(&c->geom, to) - 1) / c->geom.seg_size);
+                                       (wal_lsn_end(&c->geom, sync_end(end, to)) - 1) / c->geom.seg_size);
             }
             if (!rc) {
                 uint64_t was = atomic_load(&c->sh->flushed_u); /* other processes move it too */

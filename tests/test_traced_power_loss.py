@@ -10,8 +10,13 @@ Each run is a child process (the core is chosen at import).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from conftest import cli_runner
+from pmemwal.tools import mutants
+from pmemwal.tools.cli import main
 from pmemwal.tools.traced import STREAMING_PATHS, run_traced, streaming_paths
 
 IMAGES = 40
@@ -62,6 +67,15 @@ def test_page_cache_modes_durable_by_their_syncs_through_kills_and_reopens(mode)
     _ok(report)
     assert report.kills and report.crash_points.get("in sync")
     assert report.crash_points.get("in recovery")
+
+
+@pytest.mark.parametrize("mode", ["msync", "buffered"])
+def test_page_cache_writers_in_threads_are_durable_by_their_group_commits(mode):
+    """Four writers: crash points inside each one's sync while the others append and
+    flush, each image held to what the calls had returned when it was taken."""
+    report = run_traced(mode, IMAGES, seed=17, threads=4)
+    _ok(report)
+    assert report.threads == 4 and report.crash_points.get("in sync")
 
 
 def test_log_workload_durable_by_its_syncs():
@@ -121,3 +135,27 @@ def test_a_reopen_that_loses_a_recovered_record_fails():
 def test_a_recycle_that_keeps_the_old_header_fails():
     report = run_traced("pmem", 100, seed=1, mutation="recycle-keeps-header")
     assert report.recovery_errors and "header says segment" in report.failures[0]
+
+
+def test_a_commit_that_syncs_only_its_own_record_fails_with_concurrent_writers():
+    """Group commit's promise: a flush returns once a sync covers its record.  A commit
+    that syncs to its own record's end but publishes the frontier acknowledges other
+    writers' records unsynced; only concurrent writers put records past it."""
+    _caught(run_traced("msync", IMAGES, seed=1, threads=4, mutation="commit-syncs-own-record"))
+
+
+def test_a_commit_that_syncs_only_its_own_record_is_invisible_to_one_writer():
+    """The control: a lone writer's record ends at the frontier, so the same mutation
+    changes nothing there (why the setups with one writer could not catch it)."""
+    _ok(run_traced("msync", IMAGES, seed=1, mutation="commit-syncs-own-record"))
+
+
+def test_the_default_powerloss_catches_it_with_its_page_cache_threads_setup():
+    """``pmemwal powerloss`` runs the page-cache setups on the traced core without
+    --traced; the registry's mutant reaches its child through PMEMWAL_MUTANT."""
+    with mutants.applied("commit-syncs-own-record"):
+        result = cli_runner().invoke(main, ["powerloss", "--images", str(IMAGES), "--setups",
+                                            "msync-threads", "--seed", "1", "--json", "--quiet"])
+    assert result.exit_code == 1, result.output
+    (report,) = json.loads(result.stdout)["reports"]
+    assert report["threads"] == 4 and report["images"] == IMAGES and not report["ok"]

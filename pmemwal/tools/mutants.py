@@ -96,6 +96,28 @@ _APPLIED: list[ContextManager[None]] = []
 # ---- blind spot 2: concurrent writers in the page-cache modes -----------------------------
 
 
+@mutant("commit-syncs-own-record",
+        "a commit (append(flush=True)) in msync or buffered mode syncs from the flushed "
+        "position to its own record's end, yet publishes as flushed everything complete below "
+        "the frontier: other writers' records past it are acknowledged unsynced (a lone "
+        "writer's record always ends at the frontier)",
+        blind_spot="concurrent writers in the page-cache modes",
+        caught_by="pmemwal powerloss --setups msync-threads --images 200",
+        core_bits="TRACE_SYNC_OWN_RECORD")
+def _commit_syncs_own_record() -> Iterator[None]:
+    # A native mutant: only the traced core carries it, in the checker's children
+    # (pmemwal.tools.traced reads the variable as each child starts).
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "commit-syncs-own-record"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
+
+
 # ---- blind spot 3: files other than segments, older and partial versions ------------------
 
 

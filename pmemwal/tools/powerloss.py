@@ -65,7 +65,11 @@ SETUPS: dict[str, dict[str, Any]] = {
     "pmem-shared": {"mode": "pmem", "threads": 4, "shared": True},
     "msync": {"mode": "msync"},
     "msync-kill": {"mode": "msync", "kills": True}, "buffered": {"mode": "buffered"},
-    "buffered-kill": {"mode": "buffered", "kills": True}}
+    "buffered-kill": {"mode": "buffered", "kills": True},
+    # page cache, 4 writers: group commit, one thread's flush while another's sync runs
+    # (the traced core: crash points inside each sync, only syncs make anything durable)
+    "msync-threads": {"mode": "msync", "threads": 4},
+    "buffered-threads": {"mode": "buffered", "threads": 4}}
 ROUND_STEPS = 20                       # pmem: operations per thread between checks of the images
 KILL_RATE = 0.02                       # kills: chance that an operation ends in a SIGKILL and a reopen
 RECOVERY_CRASH_RATE = 0.5              # kills: chance of a crash at each sync of the reopen's recovery
@@ -140,6 +144,7 @@ class Workload:
         self._promises = threading.Lock()
         self.acked_below = 0
         self.truncated_to = 0
+        self._last_lsn: dict[int, int] = {}  # per thread: the LSN of its last record appended
 
     def _acknowledged(self, below: int) -> None:
         with self._promises:
@@ -162,8 +167,13 @@ class Workload:
         elif roll < 0.85:
             self._append(wal, rng, rng.randrange(2, 20), flush=True)
         else:
-            self._acknowledged(wal.flush())
+            self._flushed(wal.flush())
         return True
+
+    def _flushed(self, returned: int) -> None:
+        """A flush() returned: every byte below what it returned, and (its promise, whatever
+        it returned) every record this thread appended before it, is acknowledged."""
+        self._acknowledged(max(returned, self._last_lsn.get(threading.get_ident(), -1) + 1))
 
     def writer(self, thread: int) -> pmemwal.WAL:
         """The handle thread ``thread`` appends through."""
@@ -174,13 +184,15 @@ class Workload:
         datas = [payload(self.seed, i, _length(rng)) for i in indexes]
         if n == 1:
             lsns = [wal.append(datas[0], flush=flush)]
-            flushed = lsns[0] + 1 if flush else 0     # it, and every record before it
         else:
             lsns = wal.append_many(datas).tolist()
-            flushed = wal.flush() if flush else 0
-        self.lsn_of.update(zip(indexes, lsns))
-        if flushed:
-            self._acknowledged(flushed)
+        with self._promises:
+            self.lsn_of.update(zip(indexes, lsns))
+            self._last_lsn[threading.get_ident()] = lsns[-1]
+        if flush and n == 1:
+            self._acknowledged(lsns[0] + 1)  # it, and every record before it
+        elif flush:
+            self._flushed(wal.flush())
 
     def run_threads(self, threads: int, steps: int, seed: int, checkpointer: bool = False) -> None:
         """``steps`` operations in each of ``threads`` threads at once; with
@@ -233,6 +245,7 @@ class Workload:
             verdict, detail = held_against(recovered, end, self.acked_below, self)
         self.lsn_of = {index: lsn for index, lsn in self.lsn_of.items()
                        if lsn < max(end, self.acked_below)}
+        self._last_lsn.clear()  # (the new writer reuses the LSNs past the end)
         return None if verdict in ("ok", "beyond") else f"{verdict}: {detail}"
 
     def retain(self) -> bool:
@@ -449,9 +462,11 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     """Crash ``images`` times at random moments of a workload in ``mode`` and check each.
 
     ``mode`` is ``"pmem"`` (direct, traced flush/drain), ``"msync"`` (direct)
-    or ``"buffered"``.  ``threads`` writers append at once (pmem only: the
-    page-cache model takes its durable state when a flush returns, which only
-    a single writer makes exact).  ``crash_rate`` is the chance of a crash
+    or ``"buffered"``.  ``threads`` writers append at once (in the page-cache
+    modes on the traced core only, where only the WAL's syncs make anything
+    durable: a crash point falls inside every sync, any thread's, while the
+    others append and flush, and an image holds what the calls had returned
+    when it was taken).  ``crash_rate`` is the chance of a crash
     image at each crash point (the first point of each kind is always taken).
     Failing images are copied under ``keep_failures`` if given.  ``workload`` is
     ``"wal"`` (records) or ``"log"`` (a pmemwal.Log: entries, rewinds, compactions,
@@ -474,8 +489,11 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: one of {', '.join(MODES)}")
-    if threads < 1 or (threads > 1 and mode != "pmem"):
-        raise ValueError(f"threads={threads}: 1, or more in pmem mode")
+    if threads < 1 or (threads > 1 and mode != "pmem" and (kills or not _core.TRACED)):
+        # the regular core's page-cache model counts everything durable once a flush
+        # returns: with other writers' syncs in flight, nothing it takes would be exact
+        raise ValueError(f"threads={threads}: 1, or more in pmem mode or on the traced core "
+                         "(PMEMWAL_TRACED_CORE=1), without kills")
     if workload not in WORKLOADS:
         raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
     if checkpointer and (mode != "pmem" or workload != "wal"):
@@ -507,12 +525,21 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
             streaming=streaming, mutations=mutations)
         if shared:
             work.trace(shadow)
+        if threads > 1 and mode != "pmem":
+            # crash points only in syncs, one per flush that is not coalesced: at the rate
+            # of the operations' crash points (a quarter of it per sync would spend most
+            # of the run writing, few images per round)
+            shadow.crash_rate = crash_rate
         step_rng = random.Random(seed)
         kill_rng = random.Random(f"{seed}/kills")  # (apart: the images' draws do not move it)
         rounds = 0
         while report.images < images:
             if mode == "pmem":  # crash points come from the tracer, inside the operations
                 work.run_threads(threads, ROUND_STEPS, seed + rounds, checkpointer)
+            elif threads > 1:  # from the traced syncs: any thread's, while the others run
+                work.run_threads(threads, ROUND_STEPS, seed + rounds)
+                current = work.wal.insert_lsn // work.wal.segment_size
+                shadow.remember((current - 1, current))
             else:
                 acked = work.acked()
                 crash = rng.random() < crash_rate  # drawn first: the step may take it (arm)

@@ -18,8 +18,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import warnings
 from dataclasses import fields
+from typing import Callable
 
 from pmemwal.tools.powerloss import PowerLossReport
 from pmemwal.tools.shadow import cpu_flags
@@ -41,9 +44,15 @@ MUTATIONS = {
     "recycle-keeps-header": "a recycled segment keeps its old header",
     "reopen-loses-last-record": "an open after a kill destroys the last record it recovered "
                                 "(its header zeroed): caught by the check of each reopen",
+    "commit-syncs-own-record": "a commit's sync ends at its own record, yet it publishes as "
+                               "flushed every record complete below the frontier (other "
+                               "writers' records, never synced): caught with concurrent "
+                               "writers in msync mode",
 }
 _CORE_BITS = {"skip-stream-fence": "TRACE_SKIP_STREAM_FENCE", "skip-drain": "TRACE_SKIP_DRAIN",
-              "skip-sync": "TRACE_SKIP_SYNC", "short-msync": "TRACE_SHORT_MSYNC"}
+              "skip-sync": "TRACE_SKIP_SYNC", "short-msync": "TRACE_SHORT_MSYNC",
+              "commit-syncs-own-record": "TRACE_SYNC_OWN_RECORD"}
+_PROGRESS = "progress "  # a line of the child's stdout: images checked since the last one
 
 
 def streaming_paths() -> list[str]:
@@ -53,20 +62,37 @@ def streaming_paths() -> list[str]:
 
 
 def run_traced(mode: str, images: int, *, cpu: str | None = None, mutation: str | None = None,
-               timeout: float = 900, **options) -> PowerLossReport:
+               timeout: float = 900, progress: Callable[[int], None] | None = None,
+               **options) -> PowerLossReport:
     """``run_power_loss(mode, images, **options)`` in a child on the traced core, on CPU
-    path ``cpu`` (the best one when None), with ``mutation`` (one of MUTATIONS) put in."""
+    path ``cpu`` (the best one when None), with ``mutation`` (one of MUTATIONS) put in;
+    ``progress`` is called with the images checked as the child checks them."""
     if mutation is not None and mutation not in MUTATIONS:
         raise ValueError(f"mutation={mutation!r}: one of {', '.join(MUTATIONS)}")
     env = {**os.environ, "PMEMWAL_TRACED_CORE": "1"}
     if cpu is not None:
         env["PMEMWAL_CPU"] = cpu
-    request = {"mode": mode, "images": images, "mutation": mutation, "options": options}
-    proc = subprocess.run([sys.executable, "-m", "pmemwal.tools.traced", json.dumps(request)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
-    if proc.returncode:
-        raise RuntimeError(f"the traced run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return _report(json.loads(proc.stdout.strip().splitlines()[-1]))
+    request = {"mode": mode, "images": images, "mutation": mutation, "options": options,
+               "progress": progress is not None}
+    with tempfile.TemporaryFile("w+") as stderr, subprocess.Popen(
+            [sys.executable, "-m", "pmemwal.tools.traced", json.dumps(request)],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env) as proc:
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            last = ""
+            for line in proc.stdout:  # type: ignore[union-attr]
+                if line.startswith(_PROGRESS) and progress is not None:
+                    progress(int(line[len(_PROGRESS):]))
+                elif line.strip():
+                    last = line
+        finally:
+            timer.cancel()
+        if proc.wait():
+            stderr.seek(0)
+            raise RuntimeError(f"the traced run failed (exit {proc.returncode}):\n"
+                               f"{stderr.read()[-3000:]}")
+    return _report(json.loads(last))
 
 
 def _report(data: dict) -> PowerLossReport:
@@ -104,6 +130,16 @@ def _mutate(mutation: str | None) -> int:
     return 0
 
 
+def _mutant_from_environment() -> str | None:
+    """The mutation of the registry's mutant ``PMEMWAL_MUTANT`` names, if it is one of the
+    core's (its ``core_bits``)."""
+    from pmemwal.tools import mutants
+    name = os.environ.get(mutants.ENV)
+    if name and name in MUTATIONS and mutants.get(name).core_bits:
+        return name
+    return None
+
+
 def main(argv: list[str]) -> None:
     from pmemwal import _core
     from pmemwal.tools.powerloss import run_power_loss
@@ -111,8 +147,14 @@ def main(argv: list[str]) -> None:
         raise SystemExit("not the traced core: run with PMEMWAL_TRACED_CORE=1")
     request = json.loads(argv[0])
     warnings.simplefilter("ignore")  # the recoveries' RecoveryWarnings, thousands of them
-    bits = _mutate(request["mutation"])
+    # (a mutant the registry puts into a checker's children: pmemwal.tools.mutants)
+    bits = _mutate(request["mutation"] or _mutant_from_environment())
+
+    def progress(n: int) -> None:
+        print(f"{_PROGRESS}{n}", flush=True)
+
     report = run_power_loss(request["mode"], request["images"], mutations=bits,
+                            progress=progress if request.get("progress") else None,
                             **request["options"])
     print(json.dumps(report.to_dict()))
 
