@@ -43,6 +43,7 @@ import shutil
 import tempfile
 import time
 import traceback
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -56,15 +57,18 @@ from pmemwal.format import HEADER_SIZE, SegmentHeader, parse_segment_name, segme
 from pmemwal.segments import RESTORING_NAME
 from pmemwal.tools import restore as _restore
 from pmemwal.tools.fs_model import CrashState, Killed, MetadataModel, Recorder
-from pmemwal.tools.powerloss import Workload, _default_dir, _write_image, check_image, payload
+from pmemwal.tools.powerloss import (LogWorkload, Workload, _default_dir, _write_image,
+                                     check_image, payload)
 from pmemwal.tools.shadow import Image
 
-WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore")
+WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore", "log")
 METADATA_WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive")  # and restore
 SEGMENT_SIZE = 1 << 20            # the smallest allowed: many file operations per record
 MAX_SEGMENTS = 4                  # truncate beyond this
 ROUNDS_PER_WAL = 160              # workload steps before a fresh WAL (keeps states small)
 KILL_RATE = 0.3                   # shared: chance that a truncation's writers are killed mid-way
+PER_FILE_STATES = 4               # drawn at each crash point where a file has several versions
+INDEX_CHECKPOINT_RATE = 0.15      # log: chance of an index checkpoint after a step
 
 
 # ---- checks ---------------------------------------------------------------------------------
@@ -80,6 +84,7 @@ class FsCrashReport:
     states_checked: int = 0       # recoveries run (a distinct state is checked again when
     distinct_states: int = 0      # ... what had been acknowledged differs)
     metadata_states: int = 0      # distinct states that lost some pending metadata operation
+    per_file_states: int = 0      # distinct states whose files took data outcomes of their own
     lost: int = 0
     stale: int = 0
     untyped: int = 0              # recovery raised something that is not a WALError
@@ -460,6 +465,95 @@ class RestoreWorkload:
         pass
 
 
+class LogFsWorkload:
+    """A ``pmemwal.Log`` (buffered): entries appended and synced, rewinds, compactions,
+    resets and hard states (powerloss.LogWorkload's events, held against its LogModel), and
+    an index checkpoint (``Log.checkpoint``) now and then, so that its index files
+    (``index/``: the LOG slots and the chunk files) are crashed at as the WAL is.  Each
+    state is opened with ``open_log``, which takes the stored index when it fits."""
+
+    def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
+        self.root, self.seed, self.recorder = root, seed, recorder
+        self.kills = 0
+        self.rebuilt = self.indexed = 0   # states opened without / with their stored index
+        log = pmemwal.open_log(root / "wal", mode="buffered", segment_size=SEGMENT_SIZE,
+                               background=False, prepare_segments=0, recycle_segments=1)
+        self.work = LogWorkload(log, seed, 1)
+
+    def step(self, rng: random.Random) -> None:
+        if self.work.step(rng):
+            self.recorder.settle_segments()
+        if self.work.retain():
+            self.recorder.settle_segments()
+        if rng.random() < INDEX_CHECKPOINT_RATE:
+            self.work.log.checkpoint()
+            self.recorder.settle_segments()
+
+    def acked_key(self) -> tuple:
+        """What was acknowledged, as a key: a state is checked again only when it changed."""
+        model = self.work.model
+        return (model.announced, model.in_flight, tuple(sorted(model.acked_seqs.items())))
+
+    def check(self, state: CrashState, directory: Path, where: str) -> tuple[str, str]:
+        acked = self.work.acked()
+        if not _materialise(state, "wal", directory):
+            return "ok", ""   # nothing made yet, nothing promised
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # (an index not used is said so)
+                with pmemwal.open_log(directory, create=False, mode="buffered",
+                                      background=False) as log:
+                    if log.replayed_from is None:
+                        self.rebuilt += 1
+                    else:
+                        self.indexed += 1
+                    chk = acked.check(log)
+        except BaseException as exc:
+            return _verdict_of_error(exc, 1 if acked.announced or acked.acked_seqs else 0)
+        for verdict, failed in (("lost", chk.lost), ("lost", chk.state_errors),
+                                ("stale", chk.resurrected), ("stale", chk.garbage or chk.order)):
+            if failed:
+                return verdict, "; ".join(chk.problems[:3])
+        return "ok", ""
+
+    @property
+    def written(self) -> int:
+        return self.work.written
+
+    def close(self) -> None:
+        self.work.close()
+
+
+def _materialise(state: CrashState, prefix: str, directory: Path) -> bool:
+    """The state's files and directories under ``prefix``/, alone in ``directory`` (runs of
+    zeros left as holes: the index's chunk files are sparse); False when it has none."""
+    shutil.rmtree(directory, ignore_errors=True)
+    if prefix not in state.dirs:
+        return False
+    directory.mkdir(parents=True)
+    for d in sorted(state.dirs):
+        if d.startswith(prefix + "/"):
+            (directory / d[len(prefix) + 1:]).mkdir(parents=True, exist_ok=True)
+    for name, data in state.files.items():
+        if not name.startswith(prefix + "/"):
+            continue
+        target = directory / name[len(prefix) + 1:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as f:
+            if len(data) < 1 << 20:
+                f.write(data)
+                continue
+            block = 1 << 16
+            zeros = bytes(block)
+            for at in range(0, len(data), block):
+                part = data[at:at + block]
+                if part != zeros[:len(part)]:
+                    f.seek(at)
+                    f.write(part)
+            f.truncate(len(data))
+    return True
+
+
 def _is_segment(data: bytes, name: str) -> bool:
     """Whether ``data`` starts with the valid header of segment file ``name``."""
     try:
@@ -490,7 +584,8 @@ def _make_archive(source: Path, seed: int) -> dict[int, int]:
 
 _WORKLOAD_CLASSES = {"growth": GrowthWorkload, "truncate": TruncateWorkload,
                      "recycle": RecycleWorkload, "shared": SharedWorkload,
-                     "archive": ArchiveWorkload, "restore": RestoreWorkload}
+                     "archive": ArchiveWorkload, "restore": RestoreWorkload,
+                     "log": LogFsWorkload}
 
 
 # ---- the driver ---------------------------------------------------------------------------------
@@ -498,16 +593,20 @@ _WORKLOAD_CLASSES = {"growth": GrowthWorkload, "truncate": TruncateWorkload,
 def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "growth",
                  directory: str | None = None, crash_rate: float = 0.5,
                  progress: Callable[[int], None] | None = None,
-                 max_seconds: float | None = None) -> FsCrashReport:
+                 max_seconds: float | None = None,
+                 per_file: int = PER_FILE_STATES) -> FsCrashReport:
     """Run ``workload`` under the recorder, crashing at random recorded operations (each with
     chance ``crash_rate``) and after steps, until ``states`` distinct crash states of the
-    ``fs_model`` file system have been recovered and checked (or ``max_seconds`` passed)."""
+    ``fs_model`` file system have been recovered and checked (or ``max_seconds`` passed);
+    ``per_file``: the states drawn at a crash point where files take data outcomes of their
+    own (fs_model.MetadataModel.states)."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
     model = MetadataModel(fs_model)
     report = FsCrashReport(fs_model, workload, seed)
     base = Path(tempfile.mkdtemp(prefix="pmemwal-fscrash-", dir=directory or _default_dir()))
     rng, crash_rng = random.Random(seed), random.Random(seed ^ 0x5EED)
+    per_file_rng = random.Random(seed ^ 0xF11E)
     seen: set[bytes] = set()
     checked: set[tuple] = set()
     t0 = time.perf_counter()
@@ -518,6 +617,7 @@ def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "
             root.mkdir()
             model = MetadataModel(fs_model)
             recorder = Recorder(model, str(root))
+            recorder.mixed, recorder.rng = per_file, per_file_rng
             holder: dict = {}
 
             def crash(where: str, force: bool = False) -> None:
@@ -555,7 +655,8 @@ def _crash_point(work, recorder: Recorder, where: str, image_dir: Path, report: 
                  progress: Callable[[int], None] | None) -> None:
     """Enumerate the states a crash here may leave; recover and check the new ones."""
     report.crash_points += 1
-    acked = work.work.acked() if hasattr(work, "work") else len(getattr(work, "expected", ()))
+    acked = work.acked_key() if hasattr(work, "acked_key") else \
+        work.work.acked() if hasattr(work, "work") else len(getattr(work, "expected", ()))
     truncated = getattr(getattr(work, "work", None), "truncated_to", 0)
     for state in recorder.states():
         digest = state.digest()
@@ -564,6 +665,8 @@ def _crash_point(work, recorder: Recorder, where: str, image_dir: Path, report: 
             report.distinct_states += 1
             if state.prefix < state.pending:
                 report.metadata_states += 1
+            if state.data.startswith("per file"):
+                report.per_file_states += 1
             if progress:
                 progress(1)
         key = (digest, acked, truncated)
