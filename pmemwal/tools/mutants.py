@@ -93,6 +93,43 @@ def apply_from_environment() -> None:
 
 # ---- blind spot 3: files other than segments, older and partial versions ------------------
 
+@mutant("index-chunk-unsynced", "an index checkpoint writes its chunk slots (the Log's "
+        "index/*.lidx, eventsourcing's rows) without their fdatasync: the LOG slot written "
+        "after it names entries whose LSNs a power cut may leave as zeros",
+        blind_spot="files other than segments", caught_by="pmemwal powerloss --fs-model ext4")
+def _index_chunk_unsynced() -> Iterator[None]:
+    from pmemwal import chunked
+    real = chunked.ChunkedColumn.write
+
+    def write(self, start, items):  # ChunkedColumn.write, its fdatasync left out
+        data = chunked.np.ascontiguousarray(items, self.dtype).view(chunked.np.uint8).data
+        size, entered = self.dtype.itemsize, []
+        with chunked.storage_errors(f"writing {self.path}"):
+            chunked.make_directories(self.path)
+            done = 0
+            while done < len(items):
+                chunk, off = divmod(start + done, chunked.CHUNK)
+                n = min(len(items) - done, chunked.CHUNK - off)
+                fd = os.open(self.file(chunk), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    if os.fstat(fd).st_size != self.file_size:
+                        os.ftruncate(fd, self.file_size)
+                    os.pwrite(fd, data[done * size:(done + n) * size], off * size)
+                finally:
+                    os.close(fd)
+                if chunk not in self._entered:
+                    entered.append(chunk)
+                done += n
+            if entered:
+                chunked.sync_directory(self.path)
+                self._entered.update(entered)
+
+    chunked.ChunkedColumn.write = write
+    try:
+        yield
+    finally:
+        chunked.ChunkedColumn.write = real
+
 
 # ---- blind spot 4: a crash during recovery, then a second recovery ------------------------
 
