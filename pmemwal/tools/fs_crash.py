@@ -43,6 +43,7 @@ import shutil
 import tempfile
 import time
 import traceback
+import uuid
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,14 +62,16 @@ from pmemwal.tools.powerloss import (LogWorkload, Workload, _default_dir, _write
                                      check_image, payload)
 from pmemwal.tools.shadow import Image
 
-WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore", "log")
+WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore", "log",
+             "eventsourcing")
 METADATA_WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive")  # and restore
 SEGMENT_SIZE = 1 << 20            # the smallest allowed: many file operations per record
 MAX_SEGMENTS = 4                  # truncate beyond this
 ROUNDS_PER_WAL = 160              # workload steps before a fresh WAL (keeps states small)
 KILL_RATE = 0.3                   # shared: chance that a truncation's writers are killed mid-way
 PER_FILE_STATES = 4               # drawn at each crash point where a file has several versions
-INDEX_CHECKPOINT_RATE = 0.15      # log: chance of an index checkpoint after a step
+INDEX_CHECKPOINT_RATE = 0.15      # log, eventsourcing: chance of an index checkpoint after a step
+ORIGINATORS = 24                  # eventsourcing: aggregates the events go to
 
 
 # ---- checks ---------------------------------------------------------------------------------
@@ -524,6 +527,91 @@ class LogFsWorkload:
         self.work.close()
 
 
+class EsFsWorkload:
+    """An eventsourcing datastore (pmemwal.integrations.eventsourcing, buffered): batches of
+    events inserted, each durable when ``insert`` returns, and an index checkpoint now and
+    then, so that its index (``index/es/``: STATE, manifests, rows, runs of key pairs) is
+    crashed at.  Each state is opened with ``open_datastore``, which takes the stored index
+    when it fits; every acknowledged event must come back, by its aggregate
+    (``select_events``, through the runs) and by its notification ID, and no event that was
+    not inserted."""
+
+    def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
+        from pmemwal.integrations import eventsourcing as es
+        self.es, self.root, self.seed, self.recorder = es, root, seed, recorder
+        self.kills = 0
+        self.store = es.open_datastore(root / "es", mode="buffered", segment_size=SEGMENT_SIZE,
+                                       background=False, prepare_segments=0)
+        self.ids = [uuid.UUID(int=(seed << 32) + k) for k in range(ORIGINATORS)]
+        self.versions = [0] * ORIGINATORS
+        self.inserted: dict[tuple[uuid.UUID, int], bytes] = {}  # acknowledged or not
+        self.acked: list[tuple[uuid.UUID, int, int]] = []      # (originator, version, notification)
+
+    def step(self, rng: random.Random) -> None:
+        from eventsourcing.persistence import StoredEvent
+        events = []
+        for _ in range(rng.randint(1, 8)):
+            k = rng.randrange(ORIGINATORS)
+            self.versions[k] += 1
+            state = payload(self.seed, k << 32 | self.versions[k], rng.randrange(8, 200))
+            events.append(StoredEvent(self.ids[k], self.versions[k], f"t{k % 5}", state))
+            self.inserted[(self.ids[k], self.versions[k])] = state
+        ids = self.store.insert(events)
+        self.recorder.settle_segments()
+        self.acked += [(e.originator_id, e.originator_version, i) for e, i in zip(events, ids)]
+        if rng.random() < INDEX_CHECKPOINT_RATE:
+            self.store.checkpoint()
+
+    def acked_key(self) -> int:
+        return len(self.acked)
+
+    def check(self, state: CrashState, directory: Path, where: str) -> tuple[str, str]:
+        from eventsourcing.persistence import PersistenceError
+        acked = list(self.acked)
+        if not _materialise(state, "es", directory):
+            return "ok", ""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # (an index not used is said so)
+                store = self.es.open_datastore(directory, create=False, mode="buffered",
+                                               background=False)
+                try:
+                    return self._held_against(store, acked)
+                finally:
+                    store.close()
+        except PersistenceError as exc:
+            if not acked and isinstance(exc.__cause__, NotFoundError):
+                return "ok", ""
+            return "refused", f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:
+            return _verdict_of_error(exc, len(acked))
+
+    def _held_against(self, store, acked: list[tuple[uuid.UUID, int, int]]) -> tuple[str, str]:
+        by_id = {}
+        for originator in self.ids:
+            for event in store.select_events(originator):
+                key = (event.originator_id, event.originator_version)
+                if self.inserted.get(key) != event.state:
+                    return "stale", f"{originator} v{event.originator_version} was not inserted"
+                by_id[key] = True
+        notified = {(n.originator_id, n.originator_version): n.id
+                    for n in store.select_notifications(1, 1 << 30)}
+        for originator, version, nid in acked:
+            if (originator, version) not in by_id:
+                return "lost", (f"{originator} v{version} (notification {nid}) was acknowledged; "
+                                "select_events does not return it")
+            if notified.get((originator, version)) != nid:
+                return "lost", f"notification {nid} ({originator} v{version}) is not back"
+        return "ok", ""
+
+    @property
+    def written(self) -> int:
+        return len(self.inserted)
+
+    def close(self) -> None:
+        self.store.close()
+
+
 def _materialise(state: CrashState, prefix: str, directory: Path) -> bool:
     """The state's files and directories under ``prefix``/, alone in ``directory`` (runs of
     zeros left as holes: the index's chunk files are sparse); False when it has none."""
@@ -585,7 +673,7 @@ def _make_archive(source: Path, seed: int) -> dict[int, int]:
 _WORKLOAD_CLASSES = {"growth": GrowthWorkload, "truncate": TruncateWorkload,
                      "recycle": RecycleWorkload, "shared": SharedWorkload,
                      "archive": ArchiveWorkload, "restore": RestoreWorkload,
-                     "log": LogFsWorkload}
+                     "log": LogFsWorkload, "eventsourcing": EsFsWorkload}
 
 
 # ---- the driver ---------------------------------------------------------------------------------

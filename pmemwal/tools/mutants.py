@@ -131,6 +131,37 @@ def _index_chunk_unsynced() -> Iterator[None]:
         chunked.ChunkedColumn.write = real
 
 
+@mutant("es-run-unsynced", "an eventsourcing index checkpoint writes its run files (key "
+        "pairs, found by hash) without their fdatasync, taking the directory sync after them "
+        "for enough: the manifest then names a run a power cut may leave its size with pages "
+        "of zeros, and select_events misses the events they held",
+        blind_spot="files other than segments",
+        caught_by="pmemwal powerloss --fs-model ext4")
+def _es_run_unsynced() -> Iterator[None]:
+    from pmemwal.integrations import es_index
+    real = es_index.write_run
+
+    def write_run(path, hashes, a, b):  # es_index.write_run, _write_file's fdatasync left out
+        parts = [es_index._RUN_HEADER.pack(es_index.RUN_MAGIC, len(hashes))] + [
+            es_index.np.ascontiguousarray(column, dtype).view(es_index.np.uint8)
+            for column, dtype in ((hashes, "<u8"), (a, "<i8"), (b, "<i8"))]
+        with es_index.storage_errors(f"writing {path}"):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                for part in parts:
+                    data = memoryview(part).cast("B")
+                    while data:
+                        data = data[os.write(fd, data):]
+            finally:
+                os.close(fd)
+
+    es_index.write_run = write_run
+    try:
+        yield
+    finally:
+        es_index.write_run = real
+
+
 # ---- blind spot 4: a crash during recovery, then a second recovery ------------------------
 
 
