@@ -29,8 +29,9 @@ metadata crash states", states the rules.
   write, ftruncate, and a file object's writes at the next sync, rename or unlink), or a
   mix of those per 4 KiB page or 512-byte sector, as a kernel that wrote some pages back on
   its own leaves them; cut or zero-extended to the size the metadata prefix gives.  A
-  seeded sample of such states is drawn at each crash point where some file has more than
-  one version.
+  seeded sample of such states is drawn at each crash point where some file has writes
+  since its last sync (``CONTROL``, which the first opener rebuilds, keeps to the
+  whole-state outcomes).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from pmemwal.format import parse_segment_name
-from pmemwal.segments import CHECKPOINT_NAME
+from pmemwal.segments import CHECKPOINT_NAME, CONTROL_NAME
 
 FS_MODELS = ("ext4", "xfs")
 MAX_WRITES = 32         # writes kept per file since its last sync (older ones fold into its base)
@@ -315,15 +316,11 @@ class MetadataModel:
 
     def _per_file(self, current: Callable[[int], bytes], count: int, rng: random.Random,
                   segments: frozenset[int]) -> Iterator[CrashState]:
-        """``count`` states at random prefixes where each file with more than one version
-        (written since its last sync, or changed where no wrapper saw) takes its durable
-        data, its current data, a version written between, or a mix of those per page or
-        sector; segments take their current data (their loss is the whole-state outcomes'
+        """``count`` states at random prefixes where each file written since its last sync
+        takes its durable data, its current data, a version written between, or a mix of
+        those per page or sector; segments take their current data (their loss is the whole-state outcomes'
         to show: the model settles them only when a flush returns)."""
-        inos = set(self.durable.names.values()) | {
-            op.ino for op in self.pending if op.kind == "create"}
-        several = {ino for ino in inos if ino not in segments and (
-            self.writes.get(ino) or current(ino) != self.durable.data.get(ino, b""))}
+        several = {ino for ino, writes in self.writes.items() if writes and ino not in segments}
         if not several:
             return
         for _ in range(count):
@@ -535,7 +532,11 @@ class Recorder:
         return ino
 
     def _wrote(self, ino: int, write: tuple) -> None:
-        if ino not in self.segment_inodes:  # (segments: the whole-state outcomes)
+        # segments keep to the whole-state outcomes, and so does CONTROL: written through its
+        # mapping, never synced, and rebuilt from the segments by the first opener after a
+        # crash (per-file states of it would come at every crash point, and show nothing)
+        if ino not in self.segment_inodes and \
+                os.path.basename(self.paths.get(ino, "")) != CONTROL_NAME:
             self.model.wrote(ino, write)
 
     def _name_goes(self, rel: str) -> None:
