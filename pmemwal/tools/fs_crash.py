@@ -545,7 +545,8 @@ class EsFsWorkload:
         self.ids = [uuid.UUID(int=(seed << 32) + k) for k in range(ORIGINATORS)]
         self.versions = [0] * ORIGINATORS
         self.inserted: dict[tuple[uuid.UUID, int], bytes] = {}  # acknowledged or not
-        self.acked: list[tuple[uuid.UUID, int, int]] = []      # (originator, version, notification)
+        # (originator, version, notification ID) of the events acknowledged
+        self.acked: list[tuple[uuid.UUID | str, int, int]] = []
 
     def step(self, rng: random.Random) -> None:
         from eventsourcing.persistence import StoredEvent
@@ -586,8 +587,9 @@ class EsFsWorkload:
         except BaseException as exc:
             return _verdict_of_error(exc, len(acked))
 
-    def _held_against(self, store, acked: list[tuple[uuid.UUID, int, int]]) -> tuple[str, str]:
-        by_id = {}
+    def _held_against(self, store, acked: list[tuple[uuid.UUID | str, int, int]]
+                      ) -> tuple[str, str]:
+        by_id: dict[tuple[uuid.UUID | str, int], bool] = {}
         for originator in self.ids:
             for event in store.select_events(originator):
                 key = (event.originator_id, event.originator_version)
@@ -596,12 +598,12 @@ class EsFsWorkload:
                 by_id[key] = True
         notified = {(n.originator_id, n.originator_version): n.id
                     for n in store.select_notifications(1, 1 << 30)}
-        for originator, version, nid in acked:
-            if (originator, version) not in by_id:
-                return "lost", (f"{originator} v{version} (notification {nid}) was acknowledged; "
+        for who, version, nid in acked:
+            if (who, version) not in by_id:
+                return "lost", (f"{who} v{version} (notification {nid}) was acknowledged; "
                                 "select_events does not return it")
-            if notified.get((originator, version)) != nid:
-                return "lost", f"notification {nid} ({originator} v{version}) is not back"
+            if notified.get((who, version)) != nid:
+                return "lost", f"notification {nid} ({who} v{version}) is not back"
         return "ok", ""
 
     @property

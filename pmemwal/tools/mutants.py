@@ -124,11 +124,11 @@ def _index_chunk_unsynced() -> Iterator[None]:
                 chunked.sync_directory(self.path)
                 self._entered.update(entered)
 
-    chunked.ChunkedColumn.write = write
+    chunked.ChunkedColumn.write = write  # type: ignore[method-assign]
     try:
         yield
     finally:
-        chunked.ChunkedColumn.write = real
+        chunked.ChunkedColumn.write = real  # type: ignore[method-assign]
 
 
 @mutant("es-run-unsynced", "an eventsourcing index checkpoint writes its run files (key "
@@ -149,7 +149,7 @@ def _es_run_unsynced() -> Iterator[None]:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 for part in parts:
-                    data = memoryview(part).cast("B")
+                    data = memoryview(part).cast("B")  # type: ignore[arg-type]
                     while data:
                         data = data[os.write(fd, data):]
             finally:
