@@ -21,7 +21,9 @@ may leave at each point and run recovery on it.
   once what it names is durable).  Each crash state takes, for all its files, the
   durable data ("old") or the current data ("new"), cut or zero-extended to the size
   the metadata prefix gives; under xfs the old data comes twice, with appended ranges
-  as written and as zeros.
+  as written and as zeros.  Besides, where a file other than a segment was written since
+  its last sync, a few states are drawn in which each such file takes its own outcome: old,
+  new, a version between, or a mix of those per page or sector (fs_model).
 - **Checks.**  Each distinct state (hash of names and contents) is materialised and
   recovered: ``pmemwal.open(..., create=False, mode="buffered", background=False)``
   with powerloss.check_image's checks (every acknowledged record back, by content and
@@ -30,7 +32,10 @@ may leave at each point and run recovery on it.
   record the WAL no longer has; a restore cut short must refuse to open
   (``RESTORING``), and a finished one hold exactly what a reference restore holds.  A
   typed refusal (a ``WALError``) where nothing was lost counts as a failure too: a
-  power cut must never leave a WAL that does not open.
+  power cut must never leave a WAL that does not open.  The ``log`` workload's states are
+  opened with ``open_log`` (its stored index taken when it fits) and held against
+  powerloss.LogWorkload's LogModel; the ``eventsourcing`` workload's with ``open_datastore``:
+  every acknowledged event back by its aggregate and by its notification ID.
 
 ``run_fs_crash`` is the driver; ``pmemwal powerloss --fs-model ext4|xfs`` its command line.
 """
