@@ -183,13 +183,18 @@ class CrashState:
 
 
 _HASHES: dict[int, tuple[bytes, bytes]] = {}  # id(content) -> (content, its hash): one per object
+_HASHED_BYTES = 0  # the contents _HASHES holds, in bytes
 
 
 def _content_hash(data: bytes) -> bytes:
+    global _HASHED_BYTES
     cached = _HASHES.get(id(data))
     if cached is None or cached[0] is not data:
-        if len(_HASHES) > 4096:
+        # (it holds what it hashed: the index's 16 MiB chunk files would fill memory)
+        _HASHED_BYTES += len(data)
+        if len(_HASHES) > 4096 or _HASHED_BYTES > 256 << 20:
             _HASHES.clear()
+            _HASHED_BYTES = len(data)
         cached = (data, hashlib.blake2b(data, digest_size=16).digest())
         _HASHES[id(data)] = cached
     return cached[1]
