@@ -21,7 +21,9 @@ may leave at each point and run recovery on it.
   once what it names is durable).  Each crash state takes, for all its files, the
   durable data ("old") or the current data ("new"), cut or zero-extended to the size
   the metadata prefix gives; under xfs the old data comes twice, with appended ranges
-  as written and as zeros.
+  as written and as zeros.  Besides, where a file other than a segment was written since
+  its last sync, a few states are drawn in which each such file takes its own outcome: old,
+  new, a version between, or a mix of those per page or sector (fs_model).
 - **Checks.**  Each distinct state (hash of names and contents) is materialised and
   recovered: ``pmemwal.open(..., create=False, mode="buffered", background=False)``
   with powerloss.check_image's checks (every acknowledged record back, by content and
@@ -30,7 +32,10 @@ may leave at each point and run recovery on it.
   record the WAL no longer has; a restore cut short must refuse to open
   (``RESTORING``), and a finished one hold exactly what a reference restore holds.  A
   typed refusal (a ``WALError``) where nothing was lost counts as a failure too: a
-  power cut must never leave a WAL that does not open.
+  power cut must never leave a WAL that does not open.  The ``log`` workload's states are
+  opened with ``open_log`` (its stored index taken when it fits) and held against
+  powerloss.LogWorkload's LogModel; the ``eventsourcing`` workload's with ``open_datastore``:
+  every acknowledged event back by its aggregate and by its notification ID.
 
 ``run_fs_crash`` is the driver; ``pmemwal powerloss --fs-model ext4|xfs`` its command line.
 """
@@ -43,6 +48,8 @@ import shutil
 import tempfile
 import time
 import traceback
+import uuid
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -56,15 +63,20 @@ from pmemwal.format import HEADER_SIZE, SegmentHeader, parse_segment_name, segme
 from pmemwal.segments import RESTORING_NAME
 from pmemwal.tools import restore as _restore
 from pmemwal.tools.fs_model import CrashState, Killed, MetadataModel, Recorder
-from pmemwal.tools.powerloss import Workload, _default_dir, _write_image, check_image, payload
+from pmemwal.tools.powerloss import (LogWorkload, Workload, _default_dir, _write_image,
+                                     check_image, payload)
 from pmemwal.tools.shadow import Image
 
-WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore")
+WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore", "log",
+             "eventsourcing")
 METADATA_WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive")  # and restore
 SEGMENT_SIZE = 1 << 20            # the smallest allowed: many file operations per record
 MAX_SEGMENTS = 4                  # truncate beyond this
 ROUNDS_PER_WAL = 160              # workload steps before a fresh WAL (keeps states small)
 KILL_RATE = 0.3                   # shared: chance that a truncation's writers are killed mid-way
+PER_FILE_STATES = 4               # drawn at each crash point where a file has several versions
+INDEX_CHECKPOINT_RATE = 0.15      # log, eventsourcing: chance of an index checkpoint after a step
+ORIGINATORS = 24                  # eventsourcing: aggregates the events go to
 
 
 # ---- checks ---------------------------------------------------------------------------------
@@ -80,6 +92,7 @@ class FsCrashReport:
     states_checked: int = 0       # recoveries run (a distinct state is checked again when
     distinct_states: int = 0      # ... what had been acknowledged differs)
     metadata_states: int = 0      # distinct states that lost some pending metadata operation
+    per_file_states: int = 0      # distinct states whose files took data outcomes of their own
     lost: int = 0
     stale: int = 0
     untyped: int = 0              # recovery raised something that is not a WALError
@@ -463,6 +476,182 @@ class RestoreWorkload:
         pass
 
 
+class LogFsWorkload:
+    """A ``pmemwal.Log`` (buffered): entries appended and synced, rewinds, compactions,
+    resets and hard states (powerloss.LogWorkload's events, held against its LogModel), and
+    an index checkpoint (``Log.checkpoint``) now and then, so that its index files
+    (``index/``: the LOG slots and the chunk files) are crashed at as the WAL is.  Each
+    state is opened with ``open_log``, which takes the stored index when it fits."""
+
+    def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
+        self.root, self.seed, self.recorder = root, seed, recorder
+        self.kills = 0
+        self.rebuilt = self.indexed = 0   # states opened without / with their stored index
+        log = pmemwal.open_log(root / "wal", mode="buffered", segment_size=SEGMENT_SIZE,
+                               background=False, prepare_segments=0, recycle_segments=1)
+        self.work = LogWorkload(log, seed, 1)
+
+    def step(self, rng: random.Random) -> None:
+        if self.work.step(rng):
+            self.recorder.settle_segments()
+        if self.work.retain():
+            self.recorder.settle_segments()
+        if rng.random() < INDEX_CHECKPOINT_RATE:
+            self.work.log.checkpoint()
+            self.recorder.settle_segments()
+
+    def acked_key(self) -> tuple:
+        """What was acknowledged, as a key: a state is checked again only when it changed."""
+        model = self.work.model
+        return (model.announced, model.in_flight, tuple(sorted(model.acked_seqs.items())))
+
+    def check(self, state: CrashState, directory: Path, where: str) -> tuple[str, str]:
+        acked = self.work.acked()
+        if not _materialise(state, "wal", directory):
+            return "ok", ""   # nothing made yet, nothing promised
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # (an index not used is said so)
+                with pmemwal.open_log(directory, create=False, mode="buffered",
+                                      background=False) as log:
+                    if log.replayed_from is None:
+                        self.rebuilt += 1
+                    else:
+                        self.indexed += 1
+                    chk = acked.check(log)
+        except BaseException as exc:
+            return _verdict_of_error(exc, 1 if acked.announced or acked.acked_seqs else 0)
+        for verdict, failed in (("lost", chk.lost), ("lost", chk.state_errors),
+                                ("stale", chk.resurrected), ("stale", chk.garbage or chk.order)):
+            if failed:
+                return verdict, "; ".join(chk.problems[:3])
+        return "ok", ""
+
+    @property
+    def written(self) -> int:
+        return self.work.written
+
+    def close(self) -> None:
+        self.work.close()
+
+
+class EsFsWorkload:
+    """An eventsourcing datastore (pmemwal.integrations.eventsourcing, buffered): batches of
+    events inserted, each durable when ``insert`` returns, and an index checkpoint now and
+    then, so that its index (``index/es/``: STATE, manifests, rows, runs of key pairs) is
+    crashed at.  Each state is opened with ``open_datastore``, which takes the stored index
+    when it fits; every acknowledged event must come back, by its aggregate
+    (``select_events``, through the runs) and by its notification ID, and no event that was
+    not inserted."""
+
+    def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
+        from pmemwal.integrations import eventsourcing as es
+        self.es, self.root, self.seed, self.recorder = es, root, seed, recorder
+        self.kills = 0
+        self.store = es.open_datastore(root / "es", mode="buffered", segment_size=SEGMENT_SIZE,
+                                       background=False, prepare_segments=0)
+        self.ids = [uuid.UUID(int=(seed << 32) + k) for k in range(ORIGINATORS)]
+        self.versions = [0] * ORIGINATORS
+        self.inserted: dict[tuple[uuid.UUID, int], bytes] = {}  # acknowledged or not
+        # (originator, version, notification ID) of the events acknowledged
+        self.acked: list[tuple[uuid.UUID | str, int, int]] = []
+
+    def step(self, rng: random.Random) -> None:
+        from eventsourcing.persistence import StoredEvent
+        events = []
+        for _ in range(rng.randint(1, 8)):
+            k = rng.randrange(ORIGINATORS)
+            self.versions[k] += 1
+            state = payload(self.seed, k << 32 | self.versions[k], rng.randrange(8, 200))
+            events.append(StoredEvent(self.ids[k], self.versions[k], f"t{k % 5}", state))
+            self.inserted[(self.ids[k], self.versions[k])] = state
+        ids = self.store.insert(events)
+        self.recorder.settle_segments()
+        self.acked += [(e.originator_id, e.originator_version, i) for e, i in zip(events, ids)]
+        if rng.random() < INDEX_CHECKPOINT_RATE:
+            self.store.checkpoint()
+
+    def acked_key(self) -> int:
+        return len(self.acked)
+
+    def check(self, state: CrashState, directory: Path, where: str) -> tuple[str, str]:
+        from eventsourcing.persistence import PersistenceError
+        acked = list(self.acked)
+        if not _materialise(state, "es", directory):
+            return "ok", ""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # (an index not used is said so)
+                store = self.es.open_datastore(directory, create=False, mode="buffered",
+                                               background=False)
+                try:
+                    return self._held_against(store, acked)
+                finally:
+                    store.close()
+        except PersistenceError as exc:
+            if not acked and isinstance(exc.__cause__, NotFoundError):
+                return "ok", ""
+            return "refused", f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:
+            return _verdict_of_error(exc, len(acked))
+
+    def _held_against(self, store, acked: list[tuple[uuid.UUID | str, int, int]]
+                      ) -> tuple[str, str]:
+        by_id: dict[tuple[uuid.UUID | str, int], bool] = {}
+        for originator in self.ids:
+            for event in store.select_events(originator):
+                key = (event.originator_id, event.originator_version)
+                if self.inserted.get(key) != event.state:
+                    return "stale", f"{originator} v{event.originator_version} was not inserted"
+                by_id[key] = True
+        notified = {(n.originator_id, n.originator_version): n.id
+                    for n in store.select_notifications(1, 1 << 30)}
+        for who, version, nid in acked:
+            if (who, version) not in by_id:
+                return "lost", (f"{who} v{version} (notification {nid}) was acknowledged; "
+                                "select_events does not return it")
+            if notified.get((who, version)) != nid:
+                return "lost", f"notification {nid} ({who} v{version}) is not back"
+        return "ok", ""
+
+    @property
+    def written(self) -> int:
+        return len(self.inserted)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _materialise(state: CrashState, prefix: str, directory: Path) -> bool:
+    """The state's files and directories under ``prefix``/, alone in ``directory`` (runs of
+    zeros left as holes: the index's chunk files are sparse); False when it has none."""
+    shutil.rmtree(directory, ignore_errors=True)
+    if prefix not in state.dirs:
+        return False
+    directory.mkdir(parents=True)
+    for d in sorted(state.dirs):
+        if d.startswith(prefix + "/"):
+            (directory / d[len(prefix) + 1:]).mkdir(parents=True, exist_ok=True)
+    for name, data in state.files.items():
+        if not name.startswith(prefix + "/"):
+            continue
+        target = directory / name[len(prefix) + 1:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as f:
+            if len(data) < 1 << 20:
+                f.write(data)
+                continue
+            block = 1 << 16
+            zeros = bytes(block)
+            for at in range(0, len(data), block):
+                part = data[at:at + block]
+                if part != zeros[:len(part)]:
+                    f.seek(at)
+                    f.write(part)
+            f.truncate(len(data))
+    return True
+
+
 def _is_segment(data: bytes, name: str) -> bool:
     """Whether ``data`` starts with the valid header of segment file ``name``."""
     try:
@@ -493,7 +682,8 @@ def _make_archive(source: Path, seed: int) -> dict[int, int]:
 
 _WORKLOAD_CLASSES = {"growth": GrowthWorkload, "truncate": TruncateWorkload,
                      "recycle": RecycleWorkload, "shared": SharedWorkload,
-                     "archive": ArchiveWorkload, "restore": RestoreWorkload}
+                     "archive": ArchiveWorkload, "restore": RestoreWorkload,
+                     "log": LogFsWorkload, "eventsourcing": EsFsWorkload}
 
 
 # ---- the driver ---------------------------------------------------------------------------------
@@ -501,16 +691,20 @@ _WORKLOAD_CLASSES = {"growth": GrowthWorkload, "truncate": TruncateWorkload,
 def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "growth",
                  directory: str | None = None, crash_rate: float = 0.5,
                  progress: Callable[[int], None] | None = None,
-                 max_seconds: float | None = None) -> FsCrashReport:
+                 max_seconds: float | None = None,
+                 per_file: int = PER_FILE_STATES) -> FsCrashReport:
     """Run ``workload`` under the recorder, crashing at random recorded operations (each with
     chance ``crash_rate``) and after steps, until ``states`` distinct crash states of the
-    ``fs_model`` file system have been recovered and checked (or ``max_seconds`` passed)."""
+    ``fs_model`` file system have been recovered and checked (or ``max_seconds`` passed);
+    ``per_file``: the states drawn at a crash point where files take data outcomes of their
+    own (fs_model.MetadataModel.states)."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
     model = MetadataModel(fs_model)
     report = FsCrashReport(fs_model, workload, seed)
     base = Path(tempfile.mkdtemp(prefix="pmemwal-fscrash-", dir=directory or _default_dir()))
     rng, crash_rng = random.Random(seed), random.Random(seed ^ 0x5EED)
+    per_file_rng = random.Random(seed ^ 0xF11E)
     seen: set[bytes] = set()
     checked: set[tuple] = set()
     t0 = time.perf_counter()
@@ -522,6 +716,7 @@ def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "
             model = MetadataModel(fs_model)
             recorder = Recorder(model, str(root),
                                 mounts=getattr(_WORKLOAD_CLASSES[workload], "mounts", ()))
+            recorder.mixed, recorder.rng = per_file, per_file_rng
             holder: dict = {}
 
             def crash(where: str, force: bool = False) -> None:
@@ -559,7 +754,8 @@ def _crash_point(work, recorder: Recorder, where: str, image_dir: Path, report: 
                  progress: Callable[[int], None] | None) -> None:
     """Enumerate the states a crash here may leave; recover and check the new ones."""
     report.crash_points += 1
-    acked = work.work.acked() if hasattr(work, "work") else len(getattr(work, "expected", ()))
+    acked = work.acked_key() if hasattr(work, "acked_key") else \
+        work.work.acked() if hasattr(work, "work") else len(getattr(work, "expected", ()))
     truncated = getattr(getattr(work, "work", None), "truncated_to", 0)
     for state in recorder.states():
         digest = state.digest()
@@ -568,6 +764,8 @@ def _crash_point(work, recorder: Recorder, where: str, image_dir: Path, report: 
             report.distinct_states += 1
             if state.prefix < state.pending:
                 report.metadata_states += 1
+            if state.data.startswith("per file"):
+                report.per_file_states += 1
             if progress:
                 progress(1)
         key = (digest, acked, truncated)

@@ -27,6 +27,15 @@ metadata crash states", states the rules.
   are file systems of their own: each has its own journal, a sync commits only its own
   file system's pending operations, a crash keeps a prefix of each independently, and a
   rename across them fails with EXDEV.
+- **Per-file data outcomes** (``MetadataModel.states``'s ``mixed``).  Files other than
+  segments also come out one by one: each takes its durable data, its current data, a
+  version written since its last sync (the recorder keeps each write it sees: pwrite,
+  write, ftruncate, and a file object's writes at the next sync, rename or unlink), or a
+  mix of those per 4 KiB page or 512-byte sector, as a kernel that wrote some pages back on
+  its own leaves them; cut or zero-extended to the size the metadata prefix gives.  A
+  seeded sample of such states is drawn at each crash point where some file has writes
+  since its last sync (``CONTROL``, which the first opener rebuilds, keeps to the
+  whole-state outcomes).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import errno
 import hashlib
 import itertools
 import os
+import random
 import stat
 import sys
 from contextlib import contextmanager
@@ -43,10 +53,15 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Callable, Iterator
 
+import numpy as np
+
 from pmemwal.format import parse_segment_name
-from pmemwal.segments import CHECKPOINT_NAME
+from pmemwal.segments import CHECKPOINT_NAME, CONTROL_NAME
 
 FS_MODELS = ("ext4", "xfs")
+MAX_WRITES = 32         # writes kept per file since its last sync (older ones fold into its base)
+LARGE = 1 << 20         # files read once until a wrapper sees them written (the index's chunks)
+MIXED_VERSIONS = 2      # versions written since the last sync that one per-file state draws from
 
 _real = SimpleNamespace(**{name: getattr(os, name) for name in (
     "open", "rename", "replace", "unlink", "remove", "mkdir", "rmdir", "posix_fallocate",
@@ -114,6 +129,47 @@ def fit(data: bytes, size: int) -> bytes:
     return data[:size] if len(data) >= size else data + bytes(size - len(data))
 
 
+def _applied(base: bytes, writes: list[tuple]) -> bytes:
+    """``base`` with ``writes`` (``MetadataModel.writes``'s) applied in order."""
+    for k in range(len(writes) - 1, -1, -1):  # (from the last whole-file one)
+        if writes[k][0] == "s":
+            base, writes = writes[k][1], writes[k + 1:]
+            break
+    if not writes:
+        return base
+    data = bytearray(base)
+    for _, offset, chunk in writes:
+        if len(data) < offset:
+            data.extend(bytes(offset - len(data)))
+        data[offset:offset + len(chunk)] = chunk
+    return bytes(data)
+
+
+def _mix(versions: list[bytes], size: int, unit: int, rng: random.Random) -> bytes:
+    """Each ``unit`` bytes (a page, a sector) of ``size`` from one of ``versions``, drawn."""
+    n = -(-size // unit)
+    if not n:
+        return b""
+    pick = np.random.default_rng(rng.getrandbits(64)).integers(len(versions), size=n)
+    out = np.frombuffer(fit(versions[0], n * unit), np.uint8).reshape(n, unit).copy()
+    for j in range(1, len(versions)):
+        rows = pick == j
+        if rows.any():
+            out[rows] = np.frombuffer(fit(versions[j], n * unit), np.uint8).reshape(n, unit)[rows]
+    return out.tobytes()[:size]
+
+
+def _once(current: Callable[[int], bytes]) -> Callable[[int], bytes]:
+    """``current``, read once per inode."""
+    seen: dict[int, bytes] = {}
+
+    def once(ino: int) -> bytes:
+        if ino not in seen:
+            seen[ino] = current(ino)
+        return seen[ino]
+    return once
+
+
 @dataclass
 class CrashState:
     """One state a crash may leave: names to contents, and directories."""
@@ -134,13 +190,18 @@ class CrashState:
 
 
 _HASHES: dict[int, tuple[bytes, bytes]] = {}  # id(content) -> (content, its hash): one per object
+_HASHED_BYTES = 0  # the contents _HASHES holds, in bytes
 
 
 def _content_hash(data: bytes) -> bytes:
+    global _HASHED_BYTES
     cached = _HASHES.get(id(data))
     if cached is None or cached[0] is not data:
-        if len(_HASHES) > 4096:
+        # (it holds what it hashed: the index's 16 MiB chunk files would fill memory)
+        _HASHED_BYTES += len(data)
+        if len(_HASHES) > 4096 or _HASHED_BYTES > 256 << 20:
             _HASHES.clear()
+            _HASHED_BYTES = len(data)
         cached = (data, hashlib.blake2b(data, digest_size=16).digest())
         _HASHES[id(data)] = cached
     return cached[1]
@@ -165,6 +226,10 @@ class MetadataModel:
         # per inode: its data at its own last fsync/fdatasync (the size writeback may leave
         # it), for the inodes whose size grew by writing since (delayed allocation)
         self.synced: dict[int, bytes] = {}
+        # per inode other than a segment: its bytes at its last sync (or when first seen), and
+        # the writes seen since, in order: ("w", offset, bytes) or ("s", the whole file then)
+        self.base: dict[int, bytes] = {}
+        self.writes: dict[int, list[tuple]] = {}
 
     @property
     def ordered(self) -> bool:
@@ -194,6 +259,23 @@ class MetadataModel:
         self.pending.append(op)
         self.recorded += 1
 
+    def wrote(self, ino: int, write: tuple) -> None:
+        """A write to inode ``ino`` since its last sync: each prefix of them is a version of
+        its data the kernel may have written back."""
+        writes = self.writes.setdefault(ino, [])
+        writes.append(write)
+        if len(writes) > MAX_WRITES:  # (the versions kept are still real ones)
+            self.base[ino] = _applied(self.base.get(ino, b""), writes[:1])
+            del writes[0]
+
+    def version(self, ino: int, n: int) -> bytes:
+        """Inode ``ino``'s data after the first ``n`` writes since its last sync."""
+        return _applied(self.base.get(ino, b""), self.writes.get(ino, [])[:n])
+
+    def _synced(self, ino: int, current: bytes) -> None:
+        self.base[ino] = current
+        self.writes.pop(ino, None)
+
     def commit(self, mount: int | None = None) -> None:
         """A journal commit / log force: every pending operation is durable, in order; only
         those of file system ``mount`` when given (each file system has its own journal)."""
@@ -215,6 +297,7 @@ class MetadataModel:
         self.commit(self.inode_mounts.get(ino, 0) if self.mounts else None)
         self.durable.data[ino] = current
         self.synced.pop(ino, None)
+        self._synced(ino, current)
 
     def fdatasync(self, ino: int, current: bytes) -> None:
         """fdatasync: its data; a commit first only when its size or creation is pending."""
@@ -222,18 +305,24 @@ class MetadataModel:
             self.commit(self.inode_mounts.get(ino, 0) if self.mounts else None)
         self.durable.data[ino] = fit(current, len(self.durable.data.get(ino, b"")))
         self.synced.pop(ino, None)
+        self._synced(ino, current)
 
     def settle(self, ino: int, current: bytes) -> None:
         """Data made durable where no wrapper saw it (the core's flush): data only."""
         if ino in self.durable.data:
             self.durable.data[ino] = fit(current, len(self.durable.data[ino]))
 
-    def states(self, current: Callable[[int], bytes]) -> Iterator[CrashState]:
+    def states(self, current: Callable[[int], bytes], mixed: int = 0,
+               rng: random.Random | None = None,
+               segments: frozenset[int] = frozenset()) -> Iterator[CrashState]:
         """Every state a crash now may leave: each prefix of the pending operations, with
         each data outcome (``current(ino)``: the inode's bytes now).  "old+unsized" (both
         file systems: delayed allocation, and xfs's size update at I/O completion): the
         sizes that writes grew since the file's own last sync do not persist, though the
-        operations after them (a rename into place, a commit) do."""
+        operations after them (a rename into place, a commit) do.  Then ``mixed`` states
+        drawn with ``rng`` where each file but the ``segments`` takes a data outcome of its
+        own (``_per_file``)."""
+        current = _once(current)
         variants = [("old", True), ("new", True), ("old+unsized", True)] + (
             [("old+zeros", False)] if self.fs == "xfs" else [])
         news: dict[tuple[int, int], bytes] = {}
@@ -260,6 +349,57 @@ class MetadataModel:
                     else:
                         files[name] = old
                 yield CrashState(files, set(image.dirs), k + len(cut), len(self.pending), data)
+        if mixed and rng is not None:
+            yield from self._per_file(current, mixed, rng, segments)
+
+    def _per_file(self, current: Callable[[int], bytes], count: int, rng: random.Random,
+                  segments: frozenset[int]) -> Iterator[CrashState]:
+        """``count`` states at random prefixes where each file written since its last sync
+        takes its durable data, its current data, a version written between, or a mix of
+        those per page or sector; segments take their current data (their loss is the whole-state outcomes'
+        to show: the model settles them only when a flush returns)."""
+        several = {ino for ino, writes in self.writes.items() if writes and ino not in segments}
+        if not several:
+            return
+        for _ in range(count):
+            k = len(self.pending) if rng.random() < 0.5 else rng.randrange(len(self.pending) + 1)
+            ordered = self.ordered or rng.random() < 0.5
+            image = self.durable.copy()
+            for op in self.pending[:k]:
+                image.apply(op, ordered)
+            files, told = {}, []
+            for name, ino in sorted(image.names.items()):
+                old = image.data.get(ino, b"")
+                if ino in segments:
+                    files[name] = fit(current(ino), len(old))
+                elif ino in several:
+                    files[name], how = self._outcome(ino, old, current(ino), rng)
+                    told.append(f"{name} {how}")
+                else:
+                    files[name] = old
+            yield CrashState(files, set(image.dirs), k, len(self.pending),
+                             "per file (" + ", ".join(told) + ")")
+
+    def _outcome(self, ino: int, old: bytes, now: bytes, rng: random.Random) -> tuple[bytes, str]:
+        """One file's data in a per-file state, and what it is."""
+        size = len(old)
+        writes = len(self.writes.get(ino, []))
+        between = sorted(rng.sample(range(writes), min(MIXED_VERSIONS, writes)))
+        versions, names = [old], ["old"]
+        for data, name in [(self.version(ino, n), f"after {n} of {writes} writes")
+                           for n in between] + [(now, "new")]:
+            data = fit(data, size)
+            if all(data != v for v in versions):
+                versions.append(data)
+                names.append(name)
+        if len(versions) == 1:
+            return old, "old"
+        if rng.random() < 0.5:
+            j = rng.randrange(len(versions))
+            return versions[j], names[j]
+        unit = 4096 if rng.random() < 0.7 else 512
+        return _mix(versions, size, unit, rng), (
+            f"{'pages' if unit == 4096 else 'sectors'} of {' / '.join(names)}")
 
     def _journals(self) -> tuple[list[MetaOp], list[list[MetaOp]]]:
         """The pending operations of the file system with the most of them, and what a crash
@@ -308,6 +448,10 @@ class Recorder:
         self.sizes: dict[int, int] = {}    # model inode -> the size the model knows
         self.segment_inodes: set[int] = set()
         self.kill_at: Callable[[str], bool] | None = None  # raise Killed at the op it accepts
+        self.mixed = 0                     # per-file states drawn at each crash point ...
+        self.rng: random.Random | None = None  # ... with this (MetadataModel.states)
+        self._large: dict[int, bytes] = {}    # model inode -> its bytes, read (LARGE files)
+        self._objects: set[int] = set()       # inodes a file object wrote: never kept so
         self.model.durable.dirs.add("")
 
     # -- plumbing ------------------------------------------------------------------------
@@ -377,6 +521,7 @@ class Recorder:
             self.model.durable.names[rel] = ino
             self.model.durable.data[ino] = data
             self.model.inode_mounts[ino] = self.model.mount_of(rel)
+            self.model.base[ino] = data
             self.sizes[ino] = len(data)
         return ino
 
@@ -401,11 +546,23 @@ class Recorder:
         """An inode's bytes now: its file, or what it held when its last name went."""
         rel = self.paths.get(ino)
         if rel is not None:
+            if ino in self._large:  # (the same object each time: its hash is kept)
+                return self._large[ino]
             try:
-                return _read_path(os.path.join(self.root, rel))
+                data = _read_path(os.path.join(self.root, rel))
             except FileNotFoundError:
                 pass
+            else:
+                if len(data) >= LARGE and ino not in self.segment_inodes | self._objects:
+                    self._large[ino] = data
+                return data
         return self.gone.get(ino, self.model.durable.data.get(ino, b""))
+
+    def _written(self, fd: int) -> None:
+        """A wrapper is about to write through ``fd``: its file's bytes are read again."""
+        ino = self.inodes.get(os.fstat(fd).st_ino)
+        if ino is not None:
+            self._large.pop(ino, None)
 
     def _observe(self, ino: int) -> None:
         """Record a size change the wrappers did not see (a file object's writes)."""
@@ -419,8 +576,10 @@ class Recorder:
         if size != self.sizes.get(ino, 0):
             grew = size > self.sizes.get(ino, 0)  # (by a file object's writes)
             self.sizes[ino] = size
-            self.model.record(MetaOp("size", ino=ino, size=size, data=self.current(ino),
+            data = self.current(ino)
+            self.model.record(MetaOp("size", ino=ino, size=size, data=data,
                                      where=_caller(), written=grew))
+            self._wrote(ino, ("s", data))
 
     def _observe_fd(self, fd: int, written: bool = False) -> int | None:
         ino = self._fd_inode(fd)
@@ -429,9 +588,19 @@ class Recorder:
             if size != self.sizes.get(ino, 0):
                 grew = size > self.sizes.get(ino, 0)
                 self.sizes[ino] = size
-                self.model.record(MetaOp("size", ino=ino, size=size, data=self.current(ino),
+                data = self.current(ino)
+                self.model.record(MetaOp("size", ino=ino, size=size, data=data,
                                          where=_caller(), written=written and grew))
+                self._wrote(ino, ("s", data))
         return ino
+
+    def _wrote(self, ino: int, write: tuple) -> None:
+        # segments keep to the whole-state outcomes, and so does CONTROL: written through its
+        # mapping, never synced, and rebuilt from the segments by the first opener after a
+        # crash (per-file states of it would come at every crash point, and show nothing)
+        if ino not in self.segment_inodes and \
+                os.path.basename(self.paths.get(ino, "")) != CONTROL_NAME:
+            self.model.wrote(ino, write)
 
     def _name_goes(self, rel: str) -> None:
         """``rel`` is about to be unlinked or renamed over: keep its inode's bytes."""
@@ -471,8 +640,10 @@ class Recorder:
             self._created(rel, st)
         elif trunc and before.st_size:
             ino = self._inode(before, rel)
+            self._large.pop(ino, None)
             self.sizes[ino] = 0
             self.model.record(MetaOp("size", ino=ino, size=0, where=_caller()))
+            self._wrote(ino, ("s", b""))
 
     def _builtin_open(self, file, mode="r", *args, **kwargs):
         rel = self._rel(file) if isinstance(file, (str, bytes, os.PathLike)) else None
@@ -482,6 +653,10 @@ class Recorder:
         before = _lstat(os.path.join(self.root, rel))
         f = _real.builtin_open(file, mode, *args, **kwargs)
         self._opened(rel, before, f.fileno(), "w" in mode)
+        ino = self.inodes.get(os.fstat(f.fileno()).st_ino)
+        if ino is not None:  # (its writes go where no wrapper sees them)
+            self._objects.add(ino)
+            self._large.pop(ino, None)
         return f
 
     def _rename_like(self, real, src, dst, src_dir_fd=None, dst_dir_fd=None):
@@ -541,8 +716,14 @@ class Recorder:
         if self.paused or self._fd_rel(fd) is None:
             return real(fd, *args)
         self._point(what)
+        self._written(fd)
         result = real(fd, *args)
-        self._observe_fd(fd, written=what in ("pwrite", "write"))
+        recorded = self.model.recorded
+        ino = self._observe_fd(fd, written=what in ("pwrite", "write"))
+        if ino is not None and what in ("pwrite", "write") and self.model.recorded == recorded:
+            # (a write that grew the file was kept whole with its size, above)
+            offset = args[1] if what == "pwrite" else os.lseek(fd, 0, os.SEEK_CUR) - result
+            self._wrote(ino, ("w", offset, bytes(memoryview(args[0]).cast("B")[:result])))
         return result
 
     def _fallocate(self, fd, offset, length):
@@ -561,6 +742,7 @@ class Recorder:
         if self.paused or self._fd_rel(out_fd) is None:
             return _real.sendfile(out_fd, in_fd, offset, count, *args, **kwargs)
         self._point("sendfile")
+        self._written(out_fd)
         result = _real.sendfile(out_fd, in_fd, offset, count, *args, **kwargs)
         self._observe_fd(out_fd, written=True)
         return result
@@ -590,7 +772,8 @@ class Recorder:
 
     def states(self) -> Iterator[CrashState]:
         with self.pause():
-            yield from self.model.states(self.current)
+            yield from self.model.states(self.current, self.mixed, self.rng,
+                                         frozenset(self.segment_inodes))
 
 
 def _read_path(path: str) -> bytes:

@@ -120,6 +120,74 @@ def _commit_syncs_own_record() -> Iterator[None]:
 
 # ---- blind spot 3: files other than segments, older and partial versions ------------------
 
+@mutant("index-chunk-unsynced", "an index checkpoint writes its chunk slots (the Log's "
+        "index/*.lidx, eventsourcing's rows) without their fdatasync: the LOG slot written "
+        "after it names entries whose LSNs a power cut may leave as zeros",
+        blind_spot="files other than segments", caught_by="pmemwal powerloss --fs-model ext4")
+def _index_chunk_unsynced() -> Iterator[None]:
+    from pmemwal import chunked
+    real = chunked.ChunkedColumn.write
+
+    def write(self, start, items):  # ChunkedColumn.write, its fdatasync left out
+        data = chunked.np.ascontiguousarray(items, self.dtype).view(chunked.np.uint8).data
+        size, entered = self.dtype.itemsize, []
+        with chunked.storage_errors(f"writing {self.path}"):
+            chunked.make_directories(self.path)
+            done = 0
+            while done < len(items):
+                chunk, off = divmod(start + done, chunked.CHUNK)
+                n = min(len(items) - done, chunked.CHUNK - off)
+                fd = os.open(self.file(chunk), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    if os.fstat(fd).st_size != self.file_size:
+                        os.ftruncate(fd, self.file_size)
+                    os.pwrite(fd, data[done * size:(done + n) * size], off * size)
+                finally:
+                    os.close(fd)
+                if chunk not in self._entered:
+                    entered.append(chunk)
+                done += n
+            if entered:
+                chunked.sync_directory(self.path)
+                self._entered.update(entered)
+
+    chunked.ChunkedColumn.write = write  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        chunked.ChunkedColumn.write = real  # type: ignore[method-assign]
+
+
+@mutant("es-run-unsynced", "an eventsourcing index checkpoint writes its run files (key "
+        "pairs, found by hash) without their fdatasync, taking the directory sync after them "
+        "for enough: the manifest then names a run a power cut may leave its size with pages "
+        "of zeros, and select_events misses the events they held",
+        blind_spot="files other than segments",
+        caught_by="pmemwal powerloss --fs-model ext4")
+def _es_run_unsynced() -> Iterator[None]:
+    from pmemwal.integrations import es_index
+    real = es_index.write_run
+
+    def write_run(path, hashes, a, b):  # es_index.write_run, _write_file's fdatasync left out
+        parts = [es_index._RUN_HEADER.pack(es_index.RUN_MAGIC, len(hashes))] + [
+            es_index.np.ascontiguousarray(column, dtype).view(es_index.np.uint8)
+            for column, dtype in ((hashes, "<u8"), (a, "<i8"), (b, "<i8"))]
+        with es_index.storage_errors(f"writing {path}"):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                for part in parts:
+                    data = memoryview(part).cast("B")  # type: ignore[arg-type]
+                    while data:
+                        data = data[os.write(fd, data):]
+            finally:
+                os.close(fd)
+
+    es_index.write_run = write_run
+    try:
+        yield
+    finally:
+        es_index.write_run = real
+
 
 # ---- blind spot 4: a crash during recovery, then a second recovery ------------------------
 
