@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 ENV = "PMEMWAL_MUTANT"
 
@@ -92,6 +92,47 @@ def apply_from_environment() -> None:
 
 
 # ---- blind spot 3: files other than segments, older and partial versions ------------------
+
+@mutant("index-chunks-unsynced", "a Log's index checkpoint writes its chunk files without their "
+        "fdatasync, then the LOG slot that names the entries in them: after a power cut the open "
+        "through the index reads LSNs the kernel never wrote back",
+        blind_spot="files other than segments",
+        caught_by="pmemwal powerloss --workload log --setups buffered")
+def _index_chunks_unsynced() -> Iterator[None]:
+    import numpy as np
+
+    from pmemwal import chunked
+
+    def write(self: chunked.ChunkedColumn, start: int, items: Any) -> None:
+        data = np.ascontiguousarray(items, self.dtype).view(np.uint8).data
+        size, entered = self.dtype.itemsize, []
+        with chunked.storage_errors(f"writing {self.path}"):
+            chunked.make_directories(self.path)
+            done = 0
+            while done < len(items):
+                chunk, off = divmod(start + done, chunked.CHUNK)
+                n = min(len(items) - done, chunked.CHUNK - off)
+                fd = os.open(self.file(chunk), os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    if os.fstat(fd).st_size != self.file_size:
+                        os.ftruncate(fd, self.file_size)
+                    os.pwrite(fd, data[done * size:(done + n) * size], off * size)
+                    # the bug: no os.fdatasync(fd) here
+                finally:
+                    os.close(fd)
+                if chunk not in self._entered:
+                    entered.append(chunk)
+                done += n
+            if entered:
+                chunked.sync_directory(self.path)
+                self._entered.update(entered)
+
+    real, chunked.ChunkedColumn.write = chunked.ChunkedColumn.write, write  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        chunked.ChunkedColumn.write = real  # type: ignore[method-assign]
+
 
 
 # ---- blind spot 4: a crash during recovery, then a second recovery ------------------------

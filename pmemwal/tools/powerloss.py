@@ -48,7 +48,6 @@ import numpy as np
 import pmemwal
 from pmemwal import _core
 from pmemwal.errors import ClosedError, WALError
-from pmemwal.slots import SlotPair
 from pmemwal.format import parse_segment_name, segment_name
 from pmemwal.tools.torture.log_entries import Shared, Worker
 from pmemwal.tools.torture.log_model import LogModel
@@ -388,13 +387,17 @@ def _length(rng: random.Random) -> int:
 
 
 def _write_image(image: Image, directory: Path) -> None:
-    """The image's segment files, alone in ``directory``."""
+    """The image's segment files and other files (``index/`` among them), alone in
+    ``directory``."""
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     for segno, data in image.segments.items():
         (directory / segment_name(segno)).write_bytes(data)
     for name, data in image.files.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
         (directory / name).write_bytes(data)
+        if image.sizes.get(name, 0) > len(data):  # a sparse tail (a Log's chunk files)
+            os.truncate(directory / name, image.sizes[name])
 
 
 def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str, str]:
@@ -499,12 +502,14 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     root = Path(tempfile.mkdtemp(prefix="pmemwal-powerloss-", dir=directory or _default_dir()))
     queue: list[Image] = []
     t0 = time.perf_counter()
+    shadow: DurableShadow | None = None
     try:
         work = _open_workload(workload, root / "wal", mode, seed, threads, shared, kills)
         wal = work.wal
         shadow = _shadow_for(mode, wal, rng, crash_rate, lambda where: queue.append(
             shadow.image(work.horizon(work.acked()), where)), flush_instruction=flush_instruction,
             streaming=streaming, mutations=mutations)
+        shadow.follow_files()  # CHECKPOINT, index/: each write and sync
         if shared:
             work.trace(shadow)
         step_rng = random.Random(seed)
@@ -548,6 +553,8 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         report.deaths = getattr(work, "deaths", 0)
         work.close()
     finally:
+        if shadow is not None:
+            shadow.stop_following()
         shutil.rmtree(root, ignore_errors=True)
     report.seconds = time.perf_counter() - t0
     return report
@@ -667,8 +674,8 @@ def _kill_and_reopen(work: Workload, shadow: DurableShadow) -> str | None:
 @contextmanager
 def _recovery_traced(shadow: DurableShadow) -> Iterator[None]:
     """While a WAL opens: a segment file it fdatasyncs (or fsyncs) is durable as it
-    is, a CHECKPOINT slot it writes (pwrite and fdatasync) is durable once written."""
-    fdatasync, fsync, write = os.fdatasync, os.fsync, SlotPair.write
+    is (a CHECKPOINT slot it writes is followed as every write of the WAL's other files)."""
+    fdatasync, fsync = os.fdatasync, os.fsync
 
     def synced(sync: Callable[[int], None]) -> Callable[[int], None]:
         def call(fd: int) -> None:
@@ -680,17 +687,11 @@ def _recovery_traced(shadow: DurableShadow) -> Iterator[None]:
                 shadow.track(segno)
         return call
 
-    def slot_written(slots: SlotPair, which: int, body: bytes) -> None:
-        if shadow.rng.random() < RECOVERY_CRASH_RATE:
-            shadow.on_crash("in recovery")
-        write(slots, which, body)
-        shadow.files[os.path.basename(slots.path)] = Path(slots.path).read_bytes()
-
-    os.fdatasync, os.fsync, SlotPair.write = synced(fdatasync), synced(fsync), slot_written
+    os.fdatasync, os.fsync = synced(fdatasync), synced(fsync)
     try:
         yield
     finally:
-        os.fdatasync, os.fsync, SlotPair.write = fdatasync, fsync, write
+        os.fdatasync, os.fsync = fdatasync, fsync
 
 
 _FAILURE_COUNTERS = {"lost": "lost", "bad": "bad", "error": "recovery_errors",
