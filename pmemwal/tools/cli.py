@@ -743,7 +743,8 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               "through 3 handles of a shared WAL, one dying mid-insert now and then; wal "
               "workload), msync, buffered; msync-kill, buffered-kill: the writer killed now and "
               "then and the WAL reopened, crashes inside its recovery too (wal workload, "
-              "--traced).  [default: all, those with kills only with --traced]")
+              "--traced); buffered-log: the log workload in buffered mode, in the wal run too.  "
+              "[default: all, those with kills only with --traced]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of workload and crashes.")
 @click.option("--keep-failures", type=click.Path(file_okay=False), default=None,
               help="Copy every image that fails its check into this directory.")
@@ -805,8 +806,8 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
     with _progress.progress(images * len(runs), "image", "powerloss", "pmemwal powerloss",
                             quiet) as bar:
         for setup, cpu in runs:
-            options = {**_powerloss.SETUPS[setup], "seed": seed, "workload": workload,
-                       "keep_failures": keep_failures}
+            options = {"workload": workload, **_powerloss.SETUPS[setup], "seed": seed,
+                       "keep_failures": keep_failures}  # (a setup may name its workload)
             bar.set_postfix_str(setup + (f" ({cpu})" if cpu else ""))
             if traced:  # in a child: no progress until it ends
                 report = _traced.run_traced(images=images, cpu=cpu,

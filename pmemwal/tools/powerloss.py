@@ -57,14 +57,16 @@ from pmemwal.tools.shadow import (PAGE_CACHE_GRAINS, DurableShadow, Image, PmemT
 SEGMENT_SIZE = 1 << 20
 WORKLOADS = ("wal", "log")            # records of a WAL (Workload); entries of a Log (LogWorkload)
 MODES = ("pmem", "msync", "buffered")
-# name: run_power_loss's options (those beyond mode and threads need the wal workload)
+# name: run_power_loss's options (those beyond mode, threads and workload need the wal workload)
 SETUPS: dict[str, dict[str, Any]] = {
     "pmem": {"mode": "pmem"}, "pmem-threads": {"mode": "pmem", "threads": 4},
     "pmem-checkpointer": {"mode": "pmem", "threads": 4, "checkpointer": True},
     "pmem-shared": {"mode": "pmem", "threads": 4, "shared": True},
     "msync": {"mode": "msync"},
     "msync-kill": {"mode": "msync", "kills": True}, "buffered": {"mode": "buffered"},
-    "buffered-kill": {"mode": "buffered", "kills": True}}
+    "buffered-kill": {"mode": "buffered", "kills": True},
+    # the default run's Log: CHECKPOINT and index/ written and synced amid its steps
+    "buffered-log": {"mode": "buffered", "workload": "log"}}
 ROUND_STEPS = 20                       # pmem: operations per thread between checks of the images
 KILL_RATE = 0.02                       # kills: chance that an operation ends in a SIGKILL and a reopen
 RECOVERY_CRASH_RATE = 0.5              # kills: chance of a crash at each sync of the reopen's recovery
@@ -589,7 +591,8 @@ def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLo
         if progress:
             progress(1)
 def wal_workload_only(setup: str) -> bool:
-    """Whether ``setup`` runs the wal workload only (a checkpointer, a shared WAL, kills)."""
+    """Whether ``setup`` is for the wal run only (a checkpointer, a shared WAL, kills; or a
+    workload of its own, which ``--workload log`` runs in its every setup)."""
     return bool(set(SETUPS[setup]) - {"mode", "threads"})
 
 
@@ -606,7 +609,9 @@ def table(reports: list[PowerLossReport]) -> str:
     """The reports as a Markdown table, one row per setup (with the log workload's columns
     when one of them ran it)."""
     log = any(r.workload == "log" for r in reports)
+    mixed = log and any(r.workload != "log" for r in reports)
     columns = [("setup", lambda r: (r.mode if r.threads == 1 else f"{r.mode} x{r.threads} writers")
+                + (", log workload" if mixed and r.workload == "log" else "")
                 + (" + checkpointer" if r.checkpointer else "")
                 + (f", shared by 3 handles, {r.deaths} died mid-insert" if r.shared else "")
                 + (f", {r.kills} kills and reopens" if r.kills else "")

@@ -101,6 +101,7 @@ def _address(callback) -> int:
 
 
 FILE_UNIT = 4096                       # the WAL's other files: versions compared in pages
+FILE_SYNC_CRASH_RATE = 0.25            # chance of a crash in each sync of one (they are few)
 
 
 @dataclass(frozen=True)
@@ -408,12 +409,14 @@ class DurableShadow:
             history = self.files.setdefault(name, FileHistory(FileVersion(b"", 0)))
             now = read_version(path)
             pending = now is not None and (history.since or now != history.durable)
-        if pending:
+        if pending and self.on_crash is not None and (
+                "file sync" not in self.crashed_at or self.rng.random() < FILE_SYNC_CRASH_RATE):
             with self.lock:
+                self.crashed_at.add("file sync")
                 self._settle_flushed()
                 self._in_file_sync = True
                 try:
-                    self._maybe_crash("file sync")
+                    self.on_crash("file sync")
                 finally:
                     self._in_file_sync = False
         result = sync()
