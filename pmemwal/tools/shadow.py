@@ -464,7 +464,9 @@ class DurableShadow:
         for segno, durable in self.segments.items():
             n = min(size, flushed - segno * size)
             if n > 0:
-                durable[:n] = self.current(segno)[:n]
+                now = self.current(segno)
+                for version in (durable, *self.versions_since_sync.get(segno, ())):
+                    version[:n] = now[:n]  # (no older version of those bytes comes back)
 
     def _files_now(self) -> dict[str, FileHistory]:
         """Each followed file's history, with what it holds now as its last version; a
