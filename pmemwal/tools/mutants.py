@@ -97,7 +97,7 @@ def apply_from_environment() -> None:
         "fdatasync, then the LOG slot that names the entries in them: after a power cut the open "
         "through the index reads LSNs the kernel never wrote back",
         blind_spot="files other than segments",
-        caught_by="pmemwal powerloss --workload log --setups buffered")
+        caught_by="pmemwal powerloss --setups buffered-log")
 def _index_chunks_unsynced() -> Iterator[None]:
     import numpy as np
 

@@ -4,13 +4,18 @@ The power-loss simulator (pmemwal.tools.powerloss) takes its crash images from h
 
 - **Durable shadow** (``DurableShadow``).  Per segment, the bytes known to survive.  A
   segment's shadow starts as its file when the WAL opens, creates or recycles it (those
-  steps sync the file and the directory themselves).  The WAL's ``CHECKPOINT`` is in it
-  too, as each write of a slot leaves it (a slot is written and synced as one step for
-  the images), so images are recovered from their checkpoint as a real open is; in the
-  page-cache modes a slot written in a step that a crash is due in counts once the step
-  is settled (the crash image of that step is of its flush, before the slot).  A torn
-  slot is tests/test_checkpoint.py's.  A Log's ``index/`` is not in it: its images
-  replay every log record.
+  steps sync the file and the directory themselves).
+
+- **The WAL's other files** (``CHECKPOINT``, a Log's ``index/``, ``lost+found/``
+  entries), while ``follow_files`` holds: each ``os.pwrite``/``os.write``, ``fsync``/
+  ``fdatasync``, rename and unlink of one is followed.  Its durable content is what its
+  last sync made durable; the versions it held since are kept, and an image takes each
+  unit of it from any of them (a slot torn or stale, a chunk page never written back, a
+  file renamed into place before its sync empty or partial).  A crash point falls in
+  each such sync.  In the page-cache modes, an image of a step a crash is due in takes
+  the files as the step began (the crash came before the step's flush landed, so before
+  what the files name).  Their metadata (creates, renames, unlinks) counts as durable at
+  once: that is pmemwal.tools.fs_model's.
 
 - **Buffered mode and direct mode with msync.**  On the regular core, what a flush has
   returned for is durable (``settle``); in between, the page cache can have written
