@@ -31,6 +31,18 @@ LOG_IMAGES = 60
 SETUPS = [("pmem", 1), ("pmem", 4), ("msync", 1), ("buffered", 1)]
 
 
+def opens_through_the_index(monkeypatch) -> list[int | None]:
+    """Each Log open's replay point from its stored index (None: it replayed every record)."""
+    load, seen = LogReplay._load_index, []
+
+    def counted(self):
+        seen.append(load(self))
+        return seen[-1]
+
+    monkeypatch.setattr(LogReplay, "_load_index", counted)
+    return seen
+
+
 @pytest.mark.parametrize("mode, threads", SETUPS)
 def test_crash_images_keep_every_acknowledged_record(mode: str, threads: int, shm_tmp) -> None:
     report = run_power_loss(mode, IMAGES, threads=threads, seed=7, directory=str(shm_tmp))
@@ -49,7 +61,12 @@ def test_crash_images_keep_every_acknowledged_record(mode: str, threads: int, sh
 
 
 @pytest.mark.parametrize("mode, threads", SETUPS)
-def test_log_crash_images_keep_every_acknowledged_entry(mode: str, threads: int, shm_tmp) -> None:
+def test_log_crash_images_keep_every_acknowledged_entry(mode: str, threads: int, shm_tmp,
+                                                        monkeypatch) -> None:
+    """The images hold the Log's index/ (and CHECKPOINT) as their writes and syncs left
+    them, torn, stale or not written back: most open through the stored index, as a real
+    open after a power cut does, and give exactly what the model requires."""
+    seen = opens_through_the_index(monkeypatch)
     report = run_power_loss(mode, LOG_IMAGES, threads=threads, seed=7, directory=str(shm_tmp),
                             workload="log")
     assert report.failures == []
@@ -57,6 +74,8 @@ def test_log_crash_images_keep_every_acknowledged_entry(mode: str, threads: int,
     assert report.images == LOG_IMAGES
     assert report.records_written > 200 and report.segments_recycled > 0
     assert report.recovered_beyond_ack > 0  # unacknowledged entries and operations can survive
+    assert report.crash_points.get("file sync", 0) > 0  # in the syncs of CHECKPOINT, index/
+    assert sum(lsn is not None for lsn in seen) > LOG_IMAGES // 2, seen
 
 
 def test_shared_wal_crash_images_with_a_writer_dying_mid_insert(shm_tmp) -> None:
@@ -255,31 +274,6 @@ def test_page_cache_images_hold_versions_written_back_and_overwritten_since_the_
     assert set(np.frombuffer(mix(old, new, 8), np.uint64).tolist()) <= {0, 0x0202020202020202}
 
 
-def opens_through_the_index(monkeypatch) -> list[int | None]:
-    """Each Log open's replay point from its stored index (None: it replayed every record)."""
-    load, seen = LogReplay._load_index, []
-
-    def counted(self):
-        seen.append(load(self))
-        return seen[-1]
-
-    monkeypatch.setattr(LogReplay, "_load_index", counted)
-    return seen
-
-
-def test_log_images_hold_the_index_and_open_through_it(shm_tmp, monkeypatch) -> None:
-    """The Log's index/ is in the images as its writes and syncs left it: most images
-    open through the stored index (a real open after a power cut does), and give exactly
-    what the model requires; crashes fall inside the syncs of CHECKPOINT and index/."""
-    seen = opens_through_the_index(monkeypatch)
-    report = run_power_loss("buffered", LOG_IMAGES, seed=3, directory=str(shm_tmp),
-                            workload="log")
-    assert report.failures == [] and report.ok
-    assert report.crash_points.get("file sync", 0) > 0
-    through = [lsn for lsn in seen if lsn is not None]
-    assert len(through) > LOG_IMAGES // 2, seen
-
-
 def test_a_log_index_whose_chunks_are_not_synced_fails_the_check(shm_tmp) -> None:
     """The index's chunk files written without their fdatasync before the LOG slot that
     names them: images whose chunk pages were not written back open through an index
@@ -327,3 +321,14 @@ def test_files_between_syncs_are_imaged_as_any_version_and_renamed_unsynced_as_p
         (0, b""), (1024, b"d"), (1024, b"\0")}
     assert synced.files["NOTES"] == b"c" * 4096
     assert os.pwrite is pwrite  # (the calls are followed no longer)
+
+
+def test_the_default_run_has_a_log_setup_that_names_its_workload() -> None:
+    """buffered-log runs the log workload in the wal run (CHECKPOINT and index/ amid a Log's
+    steps); --workload log runs buffered already, and leaves it out."""
+    assert "buffered-log" in powerloss.SETUPS and powerloss.wal_workload_only("buffered-log")
+    result = cli_runner().invoke(main, ["powerloss", "--images", "3", "--setups",
+                                        "buffered,buffered-log", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [(r["mode"], r["workload"]) for r in json.loads(result.stdout)["reports"]] == [
+        ("buffered", "wal"), ("buffered", "log")]
