@@ -134,7 +134,6 @@ def _index_chunks_unsynced() -> Iterator[None]:
         chunked.ChunkedColumn.write = real  # type: ignore[method-assign]
 
 
-
 # ---- blind spot 4: a crash during recovery, then a second recovery ------------------------
 
 
