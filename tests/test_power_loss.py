@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import re
 import time
 
@@ -19,7 +20,8 @@ import pytest
 
 import pmemwal
 from conftest import cli_runner
-from pmemwal.tools import powerloss, shadow
+from pmemwal.log_replay import LogReplay
+from pmemwal.tools import mutants, powerloss, shadow
 from pmemwal.tools.cli import main
 from pmemwal.tools.powerloss import LogWorkload, run_power_loss
 from pmemwal.tools.shadow import DurableShadow, PmemTracer
@@ -27,6 +29,18 @@ from pmemwal.tools.shadow import DurableShadow, PmemTracer
 IMAGES = 100
 LOG_IMAGES = 60
 SETUPS = [("pmem", 1), ("pmem", 4), ("msync", 1), ("buffered", 1)]
+
+
+def opens_through_the_index(monkeypatch) -> list[int | None]:
+    """Each Log open's replay point from its stored index (None: it replayed every record)."""
+    load, seen = LogReplay._load_index, []
+
+    def counted(self):
+        seen.append(load(self))
+        return seen[-1]
+
+    monkeypatch.setattr(LogReplay, "_load_index", counted)
+    return seen
 
 
 @pytest.mark.parametrize("mode, threads", SETUPS)
@@ -37,16 +51,22 @@ def test_crash_images_keep_every_acknowledged_record(mode: str, threads: int, sh
     assert report.images == IMAGES
     assert report.records_written > 100 and report.flushed_bytes > 0
     assert report.segments_recycled > 0  # images met stale pages of an earlier cycle
+    # ("file sync": in each sync of CHECKPOINT, which every truncation writes)
     if mode == "pmem":
-        assert set(report.crash_points) == {"flush", "before drain"}
+        assert set(report.crash_points) == {"flush", "before drain", "file sync"}
     else:
-        assert set(report.crash_points) == {"mid-flush", "between"}
+        assert set(report.crash_points) == {"mid-flush", "between", "file sync"}
         assert set(report.grains) == set(shadow.PAGE_CACHE_GRAINS)
     assert report.recovered_beyond_ack > 0  # unacknowledged records can survive, intact
 
 
 @pytest.mark.parametrize("mode, threads", SETUPS)
-def test_log_crash_images_keep_every_acknowledged_entry(mode: str, threads: int, shm_tmp) -> None:
+def test_log_crash_images_keep_every_acknowledged_entry(mode: str, threads: int, shm_tmp,
+                                                        monkeypatch) -> None:
+    """The images hold the Log's index/ (and CHECKPOINT) as their writes and syncs left
+    them, torn, stale or not written back: many open through the stored index, as a real
+    open after a power cut does, and give exactly what the model requires."""
+    seen = opens_through_the_index(monkeypatch)
     report = run_power_loss(mode, LOG_IMAGES, threads=threads, seed=7, directory=str(shm_tmp),
                             workload="log")
     assert report.failures == []
@@ -54,6 +74,9 @@ def test_log_crash_images_keep_every_acknowledged_entry(mode: str, threads: int,
     assert report.images == LOG_IMAGES
     assert report.records_written > 200 and report.segments_recycled > 0
     assert report.recovered_beyond_ack > 0  # unacknowledged entries and operations can survive
+    if threads == 1:  # (4 writers take their images before the first compaction)
+        assert report.crash_points.get("file sync", 0) > 0  # in the syncs of CHECKPOINT, index/
+        assert sum(lsn is not None for lsn in seen) > LOG_IMAGES // 4, seen
 
 
 def test_shared_wal_crash_images_with_a_writer_dying_mid_insert(shm_tmp) -> None:
@@ -250,3 +273,62 @@ def test_page_cache_images_hold_versions_written_back_and_overwritten_since_the_
     units = set(np.frombuffer(mix(old, new, 8, [between]), np.uint64).tolist())
     assert units == {0, 0x0101010101010101, 0x0202020202020202}
     assert set(np.frombuffer(mix(old, new, 8), np.uint64).tolist()) <= {0, 0x0202020202020202}
+
+
+def test_a_log_index_whose_chunks_are_not_synced_fails_the_check(shm_tmp) -> None:
+    """The index's chunk files written without their fdatasync before the LOG slot that
+    names them: images whose chunk pages were not written back open through an index
+    naming LSN 0 (or none of the entries' records): refused or wrong.  Images that
+    replayed every record, or held the index as written and synced in one step, passed."""
+    with mutants.applied("index-chunk-unsynced"):
+        report = run_power_loss("buffered", 40, seed=3, directory=str(shm_tmp), workload="log")
+    assert not report.ok and report.recovery_errors + report.lost + report.bad > 0, report
+    assert any("index" in f or "never compacted" in f for f in report.failures), report.failures[:3]
+
+
+def test_files_between_syncs_are_imaged_as_any_version_and_renamed_unsynced_as_partial(
+        shm_tmp) -> None:
+    """A followed file of the WAL directory: its durable content is its last sync's; an
+    image takes each unit from that, a version written since, or the current one; a file
+    renamed into place before its sync comes along empty or partial."""
+    wal = pmemwal.open(shm_tmp / "wal", mode="buffered", segment_size=powerloss.SEGMENT_SIZE,
+                       background=False)
+    tracker, pwrite = DurableShadow(wal, np.random.default_rng(5), (512,)), os.pwrite
+    tracker.follow_files()
+    path = str(shm_tmp / "wal" / "NOTES")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.pwrite(fd, b"a" * 4096, 0)
+        os.fsync(fd)
+        for version in (b"b", b"c"):
+            os.pwrite(fd, version * 4096, 0)
+        os.close(fd)
+        fd = os.open(path + ".tmp", os.O_RDWR | os.O_CREAT, 0o600)
+        os.pwrite(fd, b"d" * 1024, 0)
+        os.close(fd)
+        os.rename(path + ".tmp", path + "2")
+        images = [tracker.image(0, "test") for _ in range(200)]
+        fd = os.open(path, os.O_RDWR)
+        os.fdatasync(fd)
+        os.close(fd)
+        synced = tracker.image(0, "test")
+    finally:
+        tracker.stop_following()
+        wal.close()
+    sectors = {image.files["NOTES"][i:i + 512] for image in images for i in range(0, 4096, 512)}
+    assert sectors == {v * 512 for v in (b"a", b"b", b"c")}
+    assert {(len(image.files["NOTES2"]), image.files["NOTES2"][:1]) for image in images} >= {
+        (0, b""), (1024, b"d"), (1024, b"\0")}
+    assert synced.files["NOTES"] == b"c" * 4096
+    assert os.pwrite is pwrite  # (the calls are followed no longer)
+
+
+def test_the_default_run_has_a_log_setup_that_names_its_workload() -> None:
+    """buffered-log runs the log workload in the wal run (CHECKPOINT and index/ amid a Log's
+    steps); --workload log runs buffered already, and leaves it out."""
+    assert "buffered-log" in powerloss.SETUPS and powerloss.wal_workload_only("buffered-log")
+    result = cli_runner().invoke(main, ["powerloss", "--images", "3", "--setups",
+                                        "buffered,buffered-log", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [(r["mode"], r["workload"]) for r in json.loads(result.stdout)["reports"]] == [
+        ("buffered", "wal"), ("buffered", "log")]

@@ -746,7 +746,7 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               "now and then and the WAL reopened, crashes inside its recovery too (wal "
               "workload).  The msync and buffered setups run on the traced core (a child "
               "process each), where only the WAL's own syncs make anything durable.  "
-              "[default: all]")
+              "buffered-log: the log workload in buffered mode, in the wal run too.  [default: all]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of workload and crashes.")
 @click.option("--keep-failures", type=click.Path(file_okay=False), default=None,
               help="Copy every image that fails its check into this directory.")
@@ -807,8 +807,8 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
     with _progress.progress(images * len(runs), "image", "powerloss", "pmemwal powerloss",
                             quiet) as bar:
         for setup, cpu in runs:
-            options = {**_powerloss.SETUPS[setup], "seed": seed, "workload": workload,
-                       "keep_failures": keep_failures}
+            options = {"workload": workload, **_powerloss.SETUPS[setup], "seed": seed,
+                       "keep_failures": keep_failures}  # (a setup may name its workload)
             bar.set_postfix_str(setup + (f" ({cpu})" if cpu else ""))
             # the page-cache setups always: the regular core's model counts everything
             # durable once a flush returns, blind to a sync missing or short

@@ -48,7 +48,6 @@ import numpy as np
 import pmemwal
 from pmemwal import _core
 from pmemwal.errors import ClosedError, WALError
-from pmemwal.slots import SlotPair
 from pmemwal.format import parse_segment_name, segment_name
 from pmemwal.tools.torture.log_entries import Shared, Worker
 from pmemwal.tools.torture.log_model import LogModel
@@ -58,7 +57,7 @@ from pmemwal.tools.shadow import (PAGE_CACHE_GRAINS, DurableShadow, Image, PmemT
 SEGMENT_SIZE = 1 << 20
 WORKLOADS = ("wal", "log")            # records of a WAL (Workload); entries of a Log (LogWorkload)
 MODES = ("pmem", "msync", "buffered")
-# name: run_power_loss's options (those beyond mode and threads need the wal workload)
+# name: run_power_loss's options (those beyond mode, threads and workload need the wal workload)
 SETUPS: dict[str, dict[str, Any]] = {
     "pmem": {"mode": "pmem"}, "pmem-threads": {"mode": "pmem", "threads": 4},
     "pmem-checkpointer": {"mode": "pmem", "threads": 4, "checkpointer": True},
@@ -69,7 +68,9 @@ SETUPS: dict[str, dict[str, Any]] = {
     # page cache, 4 writers: group commit, one thread's flush while another's sync runs
     # (the traced core: crash points inside each sync, only syncs make anything durable)
     "msync-threads": {"mode": "msync", "threads": 4},
-    "buffered-threads": {"mode": "buffered", "threads": 4}}
+    "buffered-threads": {"mode": "buffered", "threads": 4},
+    # the default run's Log: CHECKPOINT and index/ written and synced amid its steps
+    "buffered-log": {"mode": "buffered", "workload": "log"}}
 ROUND_STEPS = 20                       # pmem: operations per thread between checks of the images
 KILL_RATE = 0.02                       # kills: chance that an operation ends in a SIGKILL and a reopen
 RECOVERY_CRASH_RATE = 0.5              # kills: chance of a crash at each sync of the reopen's recovery
@@ -401,13 +402,17 @@ def _length(rng: random.Random) -> int:
 
 
 def _write_image(image: Image, directory: Path) -> None:
-    """The image's segment files, alone in ``directory``."""
+    """The image's segment files and other files (``index/`` among them), alone in
+    ``directory``."""
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     for segno, data in image.segments.items():
         (directory / segment_name(segno)).write_bytes(data)
     for name, data in image.files.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
         (directory / name).write_bytes(data)
+        if image.sizes.get(name, 0) > len(data):  # a sparse tail (a Log's chunk files)
+            os.truncate(directory / name, image.sizes[name])
 
 
 def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str, str]:
@@ -517,12 +522,14 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     root = Path(tempfile.mkdtemp(prefix="pmemwal-powerloss-", dir=directory or _default_dir()))
     queue: list[Image] = []
     t0 = time.perf_counter()
+    shadow: DurableShadow | None = None
     try:
         work = _open_workload(workload, root / "wal", mode, seed, threads, shared, kills)
         wal = work.wal
         shadow = _shadow_for(mode, wal, rng, crash_rate, lambda where: queue.append(
             shadow.image(work.horizon(work.acked()), where)), flush_instruction=flush_instruction,
             streaming=streaming, mutations=mutations)
+        shadow.follow_files()  # CHECKPOINT, index/: each write and sync
         if shared:
             work.trace(shadow)
         if threads > 1 and mode != "pmem":
@@ -575,6 +582,8 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         report.deaths = getattr(work, "deaths", 0)
         work.close()
     finally:
+        if shadow is not None:
+            shadow.stop_following()
         shutil.rmtree(root, ignore_errors=True)
     report.seconds = time.perf_counter() - t0
     return report
@@ -609,7 +618,8 @@ def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLo
         if progress:
             progress(1)
 def wal_workload_only(setup: str) -> bool:
-    """Whether ``setup`` runs the wal workload only (a checkpointer, a shared WAL, kills)."""
+    """Whether ``setup`` is for the wal run only (a checkpointer, a shared WAL, kills; or a
+    workload of its own, which ``--workload log`` runs in its every setup)."""
     return bool(set(SETUPS[setup]) - {"mode", "threads"})
 
 
@@ -626,7 +636,9 @@ def table(reports: list[PowerLossReport]) -> str:
     """The reports as a Markdown table, one row per setup (with the log workload's columns
     when one of them ran it)."""
     log = any(r.workload == "log" for r in reports)
+    mixed = log and any(r.workload != "log" for r in reports)
     columns = [("setup", lambda r: (r.mode if r.threads == 1 else f"{r.mode} x{r.threads} writers")
+                + (", log workload" if mixed and r.workload == "log" else "")
                 + (" + checkpointer" if r.checkpointer else "")
                 + (f", shared by 3 handles, {r.deaths} died mid-insert" if r.shared else "")
                 + (f", {r.kills} kills and reopens" if r.kills else "")
@@ -694,8 +706,8 @@ def _kill_and_reopen(work: Workload, shadow: DurableShadow) -> str | None:
 @contextmanager
 def _recovery_traced(shadow: DurableShadow) -> Iterator[None]:
     """While a WAL opens: a segment file it fdatasyncs (or fsyncs) is durable as it
-    is, a CHECKPOINT slot it writes (pwrite and fdatasync) is durable once written."""
-    fdatasync, fsync, write = os.fdatasync, os.fsync, SlotPair.write
+    is (a CHECKPOINT slot it writes is followed as every write of the WAL's other files)."""
+    fdatasync, fsync = os.fdatasync, os.fsync
 
     def synced(sync: Callable[[int], None]) -> Callable[[int], None]:
         def call(fd: int) -> None:
@@ -707,17 +719,11 @@ def _recovery_traced(shadow: DurableShadow) -> Iterator[None]:
                 shadow.track(segno)
         return call
 
-    def slot_written(slots: SlotPair, which: int, body: bytes) -> None:
-        if shadow.rng.random() < RECOVERY_CRASH_RATE:
-            shadow.on_crash("in recovery")
-        write(slots, which, body)
-        shadow.files[os.path.basename(slots.path)] = Path(slots.path).read_bytes()
-
-    os.fdatasync, os.fsync, SlotPair.write = synced(fdatasync), synced(fsync), slot_written
+    os.fdatasync, os.fsync = synced(fdatasync), synced(fsync)
     try:
         yield
     finally:
-        os.fdatasync, os.fsync, SlotPair.write = fdatasync, fsync, write
+        os.fdatasync, os.fsync = fdatasync, fsync
 
 
 _FAILURE_COUNTERS = {"lost": "lost", "bad": "bad", "error": "recovery_errors",

@@ -4,13 +4,18 @@ The power-loss simulator (pmemwal.tools.powerloss) takes its crash images from h
 
 - **Durable shadow** (``DurableShadow``).  Per segment, the bytes known to survive.  A
   segment's shadow starts as its file when the WAL opens, creates or recycles it (those
-  steps sync the file and the directory themselves).  The WAL's ``CHECKPOINT`` is in it
-  too, as each write of a slot leaves it (a slot is written and synced as one step for
-  the images), so images are recovered from their checkpoint as a real open is; in the
-  page-cache modes a slot written in a step that a crash is due in counts once the step
-  is settled (the crash image of that step is of its flush, before the slot).  A torn
-  slot is tests/test_checkpoint.py's.  A Log's ``index/`` is not in it: its images
-  replay every log record.
+  steps sync the file and the directory themselves).
+
+- **The WAL's other files** (``CHECKPOINT``, a Log's ``index/``, ``lost+found/``
+  entries), while ``follow_files`` holds: each ``os.pwrite``/``os.write``, ``fsync``/
+  ``fdatasync``, rename and unlink of one is followed.  Its durable content is what its
+  last sync made durable; the versions it held since are kept, and an image takes each
+  unit of it from any of them (a slot torn or stale, a chunk page never written back, a
+  file renamed into place before its sync empty or partial).  A crash point falls in
+  each such sync.  In the page-cache modes, an image of a step a crash is due in takes
+  the files as the step began (the crash came before the step's flush landed, so before
+  what the files name).  Their metadata (creates, renames, unlinks) counts as durable at
+  once: that is pmemwal.tools.fs_model's.
 
 - **Buffered mode and direct mode with msync.**  On the regular core, what a flush has
   returned for is durable (``settle``); in between, the page cache can have written
@@ -40,8 +45,10 @@ written back before the WAL overwrote it.
 from __future__ import annotations
 
 import ctypes
+import errno
 import itertools
 import os
+import stat
 import threading
 import traceback
 from bisect import bisect_right
@@ -54,6 +61,7 @@ import numpy as np
 import pmemwal
 from pmemwal import _core
 from pmemwal.format import parse_segment_name
+from pmemwal.segments import CONTROL_NAME, LOCK_NAME
 
 CACHE_LINE = 64
 PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem (8-byte atomicity)
@@ -97,6 +105,196 @@ def _address(callback) -> int:
     return ctypes.cast(callback, ctypes.c_void_p).value or 0
 
 
+FILE_UNIT = 4096                       # the WAL's other files: versions compared in pages
+FILE_SYNC_CRASH_RATE = 0.1             # chance of a crash in each sync of one (the first always)
+
+
+@dataclass(frozen=True)
+class FileVersion:
+    """One version of a small file: its bytes up to its last data (the rest reads as
+    zeros: chunk files are sparse), and its size."""
+
+    data: bytes
+    size: int
+
+
+@dataclass
+class FileHistory:
+    """A followed file: what its last sync made durable, and the versions since (any of
+    which the kernel may have written back, in part, before a later one replaced it)."""
+
+    durable: FileVersion
+    since: list[FileVersion] = field(default_factory=list)
+
+    def written(self, version: FileVersion) -> None:
+        if not self.since or self.since[-1] != version:
+            self.since.append(version)
+            del self.since[:-WRITTEN_BACK_VERSIONS]
+
+    def with_current(self, version: FileVersion) -> FileHistory:
+        """A copy whose last version is ``version`` (what the file holds now)."""
+        since = [v for v in self.since if v != version] + [version]
+        return FileHistory(self.durable, since)
+
+    def versions(self) -> list[FileVersion]:
+        """Durable first, current last."""
+        return [self.durable, *self.since] if self.since else [self.durable, self.durable]
+
+
+def read_version(path: str) -> FileVersion | None:
+    """What the file at ``path`` holds now (None: no such file), read up to the end of its
+    last data extent (SEEK_DATA/SEEK_HOLE, where the file system has them)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        end = 0
+        try:
+            pos = 0
+            while pos < size:
+                pos = os.lseek(fd, os.lseek(fd, pos, os.SEEK_DATA), os.SEEK_HOLE)
+                end = pos
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # (no data past pos: ENXIO; else not supported)
+                end = size
+        end = min(end, size)
+        chunks, pos = [], 0
+        while pos < end:
+            chunk = os.pread(fd, end - pos, pos)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            pos += len(chunk)
+        return FileVersion(b"".join(chunks), size)
+    finally:
+        os.close(fd)
+
+
+_UNFOLLOWED = {LOCK_NAME, CONTROL_NAME}  # the directory's lock; a shared WAL's control file
+
+
+def _not_followed(name: str) -> bool:
+    """Segment files (and their ``.tmp`` while made or recycled) are the shadow's own;
+    the lock and the control file are no part of what recovery reads from a crash."""
+    if os.sep in name:
+        return False
+    base = name[:-4] if name.endswith(".tmp") else name
+    return name in _UNFOLLOWED or parse_segment_name(base) is not None
+
+
+def _other_files(root: str) -> list[str]:
+    """The WAL's files in ``root`` other than segments, by path in it."""
+    found = []
+    for directory, _, names in os.walk(root):
+        for name in names:
+            rel = os.path.relpath(os.path.join(directory, name), root)
+            if not _not_followed(rel):
+                found.append(rel)
+    return sorted(found)
+
+
+# os.* while shadows follow files: each call on a followed file is reported to its shadow
+_followers: list[DurableShadow] = []
+_real_calls: dict[str, Callable[..., Any]] = {}
+_following_lock = threading.Lock()
+
+
+def _owner_of_fd(fd: int) -> tuple[DurableShadow, str] | None:
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    for shadow in list(_followers):
+        name = shadow._name_in(path)
+        if name is not None:
+            try:
+                regular = stat.S_ISREG(os.fstat(fd).st_mode)
+            except OSError:
+                return None
+            return (shadow, name) if regular else None
+    return None
+
+
+def _owner_of_path(path: Any) -> tuple[DurableShadow, str] | None:
+    try:
+        text = os.path.abspath(os.fsdecode(os.fspath(path)))
+    except TypeError:  # a descriptor: not followed
+        return None
+    real = os.path.join(os.path.realpath(os.path.dirname(text)), os.path.basename(text))
+    for shadow in list(_followers):
+        name = shadow._name_in(real)
+        if name is not None:
+            return shadow, name
+    return None
+
+
+def _written_through(real: Callable[..., Any]) -> Callable[..., Any]:
+    def call(fd: int, *args: Any) -> Any:
+        owner = _owner_of_fd(fd)
+        if owner is None:
+            return real(fd, *args)
+        return owner[0]._file_written(owner[1], lambda: real(fd, *args))
+    return call
+
+
+def _synced_through(real: Callable[..., Any]) -> Callable[..., Any]:
+    def call(fd: int) -> Any:
+        owner = _owner_of_fd(fd)
+        if owner is None:
+            return real(fd)
+        return owner[0]._file_synced(owner[1], lambda: real(fd))
+    return call
+
+
+def _renamed_through(real: Callable[..., Any]) -> Callable[..., Any]:
+    def call(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:  # (dir_fd: never the WAL's)
+            return real(src, dst, *args, **kwargs)
+        source, target = _owner_of_path(src), _owner_of_path(dst)
+        shadow = (source or target or (None,))[0]
+        if shadow is None or (target is not None and target[0] is not shadow):
+            return real(src, dst)
+        return shadow._file_renamed(source and source[1], target and target[1],
+                                    lambda: real(src, dst))
+    return call
+
+
+def _removed_through(real: Callable[..., Any]) -> Callable[..., Any]:
+    def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+        owner = None if args or kwargs else _owner_of_path(path)
+        if owner is None:
+            return real(path, *args, **kwargs)
+        return owner[0]._file_removed(owner[1], lambda: real(path))
+    return call
+
+
+_THROUGH = {"pwrite": _written_through, "write": _written_through, "fsync": _synced_through,
+            "fdatasync": _synced_through, "rename": _renamed_through,
+            "replace": _renamed_through, "unlink": _removed_through, "remove": _removed_through}
+
+
+def _start_following(shadow: DurableShadow) -> None:
+    with _following_lock:
+        if not _followers:
+            for name, through in _THROUGH.items():
+                _real_calls[name] = getattr(os, name)
+                setattr(os, name, through(_real_calls[name]))
+        if shadow not in _followers:
+            _followers.append(shadow)
+
+
+def _stop_following(shadow: DurableShadow) -> None:
+    with _following_lock:
+        if shadow in _followers:
+            _followers.remove(shadow)
+        if not _followers and _real_calls:
+            for name, real in _real_calls.items():
+                setattr(os, name, real)
+            _real_calls.clear()
+
+
 @dataclass
 class Image:
     """One crash outcome: segment contents, and what had been promised when the power went
@@ -106,7 +304,8 @@ class Image:
     acked: Any
     grain: int
     where: str
-    files: dict[str, bytes] = field(default_factory=dict)  # other files of the WAL (CHECKPOINT)
+    files: dict[str, bytes] = field(default_factory=dict)  # other files of the WAL, by path in it
+    sizes: dict[str, int] = field(default_factory=dict)  # ... where longer than their bytes (sparse)
 
 
 class DurableShadow:
@@ -138,8 +337,10 @@ class DurableShadow:
         self.errors: list[str] = []  # what failed in a callback (ctypes can only print it)
         self._armed: Callable[[], Image] | None = None  # a crash due before a segment goes
         self._taken: Image | None = None
-        self.files: dict[str, bytes] = {}  # durable small files, by name in the WAL directory
-        self._written: dict[str, bytes] = {}  # written since the last settle
+        # the WAL's other files (CHECKPOINT, index/...), by path in its directory
+        self.files: dict[str, FileHistory] = {}
+        self._files_at_arm: dict[str, FileHistory] | None = None  # as a crash due in a step finds them
+        self._in_file_sync = False
         # page cache: per segment, versions it held since its last sync (any may have been
         # written back, then overwritten in the cache: an image may hold each unit of any)
         self.versions_since_sync: dict[int, list[np.ndarray]] = {}
@@ -158,31 +359,133 @@ class DurableShadow:
         wal._core.set_persist(self.persist)
 
     def _follow_checkpoints(self, wal: pmemwal.WAL) -> None:
-        """Keep CHECKPOINT as its slot writes leave it: each pwrite and fdatasync of a slot
-        is one step for the images (they never see one half written)."""
-        slots = wal._checkpoints._slots
-        name = os.path.basename(slots.path)
-        if os.path.exists(slots.path):
-            self.files[name] = Path(slots.path).read_bytes()
-        write = slots.write
+        """The WAL's other files (``CHECKPOINT``, ``index/``, ...) not followed yet are durable
+        as they are (its open synced what it wrote); ``follow_files`` follows their writes."""
+        self.root = os.path.realpath(wal._dir.path)
+        with self.lock:
+            for name in _other_files(self.root):
+                if name not in self.files:
+                    version = read_version(os.path.join(self.root, name))
+                    if version is not None:
+                        self.files[name] = FileHistory(version)
 
-        def written(which: int, body: bytes) -> None:
+    def follow_files(self) -> None:
+        """From now on (until ``stop_following``), each write, sync, rename and unlink of the
+        WAL's other files is followed: a file's durable content is what its last sync made
+        durable, and the versions it held since are kept for the images, as for segments.
+        A sync of such a file is a crash point (``"file sync"``), before the sync."""
+        _start_following(self)
+
+    def stop_following(self) -> None:
+        _stop_following(self)
+
+    def _name_in(self, path: str) -> str | None:
+        """``path`` (real) as a followed file's name in the WAL directory, else None."""
+        root = getattr(self, "root", None)
+        if root is None or not path.startswith(root + os.sep):
+            return None
+        name = path[len(root) + 1:]
+        return None if _not_followed(name) else name
+
+    def _file_written(self, name: str, write: Callable[[], Any]) -> Any:
+        """A write (``write()``) to a followed file: the version it leaves is one more the
+        kernel may write back before the next sync.  A file first seen now is new or
+        untouched since the start: what it holds before the write is durable."""
+        path = os.path.join(self.root, name)
+        with self.lock:
+            self._left_step()
+            history = self.files.get(name)
+            if history is None:
+                history = self.files[name] = FileHistory(read_version(path) or FileVersion(b"", 0))
+            result = write()
+            now = read_version(path)
+            if now is not None:
+                history.written(now)
+            return result
+
+    def _file_synced(self, name: str, sync: Callable[[], Any]) -> Any:
+        """An fsync or fdatasync of a followed file: a crash point before it, while the
+        versions written since the last sync may each have been written back in part;
+        then what it holds is durable.  A file first seen here was never synced: its
+        durable content is none."""
+        path = os.path.join(self.root, name)
+        with self.lock:
+            self._left_step()
+            history = self.files.setdefault(name, FileHistory(FileVersion(b"", 0)))
+            now = read_version(path)
+            pending = now is not None and (history.since or now != history.durable)
+        if pending and self.on_crash is not None and (
+                "file sync" not in self.crashed_at or self.rng.random() < FILE_SYNC_CRASH_RATE):
             with self.lock:
-                write(which, body)
-                self._file_written(name, Path(slots.path).read_bytes())
+                self.crashed_at.add("file sync")
+                self._settle_flushed()
+                self._in_file_sync = True
+                try:
+                    self.on_crash("file sync")
+                finally:
+                    self._in_file_sync = False
+        result = sync()
+        with self.lock:
+            now = read_version(path)
+            if now is not None and name in self.files:
+                self.files[name] = FileHistory(now)
+        return result
 
-        slots.write = written
+    def _file_renamed(self, source: str | None, target: str | None, rename: Callable[[], Any]) -> Any:
+        """A rename: a followed file brings its durable content and the versions since
+        along (renamed into place before its sync, it may be empty or partial there); any
+        other file renamed into the WAL's files is taken as it is.  The rename itself is
+        durable at once (the metadata's crash states are the file-system model's)."""
+        with self.lock:
+            self._left_step()
+            result = rename()
+            moved = self.files.pop(source, None) if source is not None else None
+            if target is not None:
+                if moved is None:
+                    moved = FileHistory(read_version(os.path.join(self.root, target))
+                                        or FileVersion(b"", 0))
+                self.files[target] = moved
+            return result
 
-    def _file_written(self, name: str, data: bytes) -> None:
-        """A small file was written and synced.  In a step a crash is due in, it stays as
-        before until the step is settled (the step's flush may not have landed, so what it
-        names may not have: the crash came before); otherwise it is durable now (no image
-        is taken before the step that wrote it is settled)."""
-        if self._armed is not None:
-            self._written[name] = data
-        else:
-            self.files[name] = data
-            self._written.pop(name, None)
+    def _file_removed(self, name: str, unlink: Callable[[], Any]) -> Any:
+        with self.lock:
+            self._left_step()
+            result = unlink()
+            self.files.pop(name, None)
+            return result
+
+    def _left_step(self) -> None:
+        """A file changes outside a step that a crash is due in: images no longer take the
+        files as that step began."""
+        if self._armed is None:
+            self._files_at_arm = None
+
+    def _settle_flushed(self) -> None:
+        """Untraced page cache: what the flushes so far returned for is durable (a crash
+        point in a file's sync, amid a step that flushed before it, finds it so)."""
+        if self.syncs_traced:
+            return
+        flushed, size = self.wal.flushed_lsn, self.wal.segment_size
+        for segno, durable in self.segments.items():
+            n = min(size, flushed - segno * size)
+            if n > 0:
+                now = self.current(segno)
+                for version in (durable, *self.versions_since_sync.get(segno, ())):
+                    version[:n] = now[:n]  # (no older version of those bytes comes back)
+
+    def _files_now(self) -> dict[str, FileHistory]:
+        """Each followed file's history, with what it holds now as its last version; a
+        crash due in the step under way finds the files as the step began (the step's
+        flush may not have landed, so what the files name may not have: the crash came
+        before)."""
+        if self._files_at_arm is not None and not self._in_file_sync:
+            return self._files_at_arm
+        now = {}
+        for name, history in self.files.items():
+            version = read_version(os.path.join(self.root, name))
+            if version is not None:
+                now[name] = history.with_current(version)
+        return now
 
     def _follow(self, directory) -> None:
         """Track segment files as the WAL makes, recycles, arms and removes them: a made,
@@ -284,6 +587,8 @@ class DurableShadow:
         image is taken (``take()``) just before.  Segments go after a flush has returned
         (a Log's compaction and reset), and a crash in that flush still finds them."""
         self._armed, self._taken = take, None
+        with self.lock:
+            self._files_at_arm = self._files_now()
 
     def disarm(self) -> Image | None:
         """The image taken before a segment went in the operation, if one went."""
@@ -311,22 +616,37 @@ class DurableShadow:
 
     def settle(self) -> None:
         """Everything written so far is durable (a flush returned); with traced syncs,
-        only the small files written in the step (the syncs made the rest durable)."""
+        nothing (the syncs made it durable).  Images take the files as they are again."""
         for segno in self.segments if not self.syncs_traced else ():
             self.segments[segno] = self.current(segno).copy()
             self.versions_since_sync.pop(segno, None)
-        self.files.update(self._written)
-        self._written.clear()
+        self._files_at_arm = None
 
     def image(self, acked: int, where: str) -> Image:
         """A crash now: each changed unit of each segment old, new, or (page cache) as one of
         the versions written since its sync held it, at random."""
         with self.lock:
             grain = int(self.rng.choice(self.grains))
-            return Image({segno: self._mix(old, self.current(segno), grain,
-                                           self.versions_since_sync.get(segno, []))
-                          for segno, old in self.segments.items()}, acked, grain, where,
-                         dict(self.files))
+            image = Image({segno: self._mix(old, self.current(segno), grain,
+                                            self.versions_since_sync.get(segno, []))
+                           for segno, old in self.segments.items()}, acked, grain, where)
+            for name, history in self._files_now().items():
+                data, size = self._mix_file(history.versions(), grain)
+                image.files[name] = data
+                if size > len(data):
+                    image.sizes[name] = size
+            return image
+
+    def _mix_file(self, versions: list[FileVersion], grain: int) -> tuple[bytes, int]:
+        """A file as a power cut may leave it: its size one of the versions' (the first its
+        durable one), each unit of its bytes from any version as ``_mix`` takes them."""
+        size = versions[int(self.rng.integers(len(versions)))].size
+        length = -(-max(len(v.data) for v in versions) // FILE_UNIT) * FILE_UNIT
+        if length == 0:
+            return b"", size
+        arrays = [np.frombuffer(v.data.ljust(length, b"\0"), np.uint8) for v in versions]
+        data = self._mix(arrays[0], arrays[-1], grain, arrays[1:-1])
+        return data[:size], size
 
     def _mix(self, old: np.ndarray, new: np.ndarray, grain: int,
              between: list[np.ndarray] = ()) -> bytes:
@@ -479,6 +799,5 @@ class PmemTracer(DurableShadow):
     def settle(self) -> None:
         """Nothing to do: durability is exactly what the drains made durable."""
 
-    def _file_written(self, name: str, data: bytes) -> None:
-        """Durable at once: a slot names only what drains had made durable."""
-        self.files[name] = data
+    def _settle_flushed(self) -> None:
+        """Nothing to do: durability is exactly what the drains made durable."""
