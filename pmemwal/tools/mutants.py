@@ -88,6 +88,37 @@ def apply_from_environment() -> None:
 # ---- blind spot 1: the background writer --------------------------------------------------
 
 
+@mutant("background-checkpoint-before-flush",
+        "a background round writes its due checkpoint, at the insert position, before the "
+        "flush that makes the records below it durable (an order swapped: the checkpoint's "
+        "sync no longer waits behind the flush's)",
+        blind_spot="background writer",
+        caught_by="pmemwal powerloss --setups msync-background --images 300")
+def _background_checkpoint_before_flush() -> Iterator[None]:
+    from pmemwal.wal.rounds import BackgroundRounds
+    original = BackgroundRounds._flush_async
+
+    def flush_async(self: BackgroundRounds) -> None:  # rounds.py's, the checkpoint moved up
+        if self._closed or self._core.error:
+            return
+        if self._control is not None:
+            self._core.reap_dead()
+        if not self._truncating():
+            self._check_segments()
+        position = self._core.position()
+        self._background_checkpoint(position, position[0])
+        if position[0] != self._core.flushed_lsn:
+            self._core.flush_ready()
+        if self._archiver is not None:
+            self._archiver.tick(self._oldest_segment(), self._core.flushed_lsn)
+
+    BackgroundRounds._flush_async = flush_async  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        BackgroundRounds._flush_async = original  # type: ignore[method-assign]
+
+
 # ---- blind spot 2: concurrent writers in the page-cache modes -----------------------------
 
 

@@ -93,6 +93,11 @@ def libpmem_flush_instruction() -> str:
     return "clflush"
 
 
+def _on_background_writer() -> bool:
+    """Whether this thread is a WAL's background writer (pmemwal.background)."""
+    return threading.current_thread().name.startswith("pmemwal-writer")
+
+
 def _address(callback) -> int:
     return ctypes.cast(callback, ctypes.c_void_p).value or 0
 
@@ -143,6 +148,8 @@ class DurableShadow:
         # page cache: per segment, versions it held since its last sync (any may have been
         # written back, then overwritten in the cache: an image may hold each unit of any)
         self.versions_since_sync: dict[int, list[np.ndarray]] = {}
+        # what the WAL's background writer did under the model: "create", "checkpoint", ...
+        self.background_ops: dict[str, int] = {}
         self.attach(wal)
 
     def attach(self, wal: pmemwal.WAL) -> None:
@@ -167,6 +174,7 @@ class DurableShadow:
         write = slots.write
 
         def written(which: int, body: bytes) -> None:
+            self._background_point("checkpoint")
             with self.lock:
                 write(which, body)
                 self._file_written(name, Path(slots.path).read_bytes())
@@ -177,8 +185,9 @@ class DurableShadow:
         """A small file was written and synced.  In a step a crash is due in, it stays as
         before until the step is settled (the step's flush may not have landed, so what it
         names may not have: the crash came before); otherwise it is durable now (no image
-        is taken before the step that wrote it is settled)."""
-        if self._armed is not None:
+        is taken before the step that wrote it is settled).  With traced syncs it is durable
+        at once: the segments hold exactly what the syncs covered, whichever thread wrote it."""
+        if self._armed is not None and not self.syncs_traced:  # (traced: synced, so durable)
             self._written[name] = data
         else:
             self.files[name] = data
@@ -194,12 +203,14 @@ class DurableShadow:
         arm = directory.arm
 
         def created(segno: int, *args, **kwargs) -> None:
+            self._background_point("create")
             with self.lock:
                 create(segno, *args, **kwargs)
                 self.track(segno)
 
         def recycled(old: int, new: int, *args, **kwargs) -> None:
             self._before_removal()
+            self._background_point("recycle")
             with self.lock:
                 recycle(old, new, *args, **kwargs)
                 self.track(new)
@@ -207,17 +218,28 @@ class DurableShadow:
 
         def removed(segno: int) -> None:
             self._before_removal()
+            self._background_point("remove")
             with self.lock:
                 remove(segno)
                 self.forget(segno)
 
         def armed(segno: int, *args, **kwargs) -> None:  # a spare's header, synced
+            self._background_point("arm")
             with self.lock:
                 arm(segno, *args, **kwargs)
                 self.track(segno)
 
         directory.create, directory.recycle, directory.remove = created, recycled, removed
         directory.arm = armed
+
+    def _background_point(self, what: str) -> None:
+        """The background writer is about to do ``what`` (a file operation, a CHECKPOINT
+        slot write): counted, and a crash point just before it, while the writers may be
+        mid-insertion (its flushes make few: in pmem mode each insertion persists itself)."""
+        if _on_background_writer():
+            with self.lock:
+                self.background_ops[what] = self.background_ops.get(what, 0) + 1
+            self._maybe_crash(what)
 
     def _guarded(self, callback: Callable) -> Callable:
         def call(*args) -> None:
@@ -233,6 +255,8 @@ class DurableShadow:
         taken in every run, not in most."""
         if self.on_crash is None:
             return
+        if _on_background_writer():  # (a kind of its own: its first point is always taken)
+            where += " (background)"
         if where not in self.crashed_at or self.rng.random() < self.crash_rate:
             self.crashed_at.add(where)
             self.on_crash(where)
