@@ -743,7 +743,10 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               "through 3 handles of a shared WAL, one dying mid-insert now and then; wal "
               "workload), msync, buffered; msync-kill, buffered-kill: the writer killed now and "
               "then and the WAL reopened, crashes inside its recovery too (wal workload, "
-              "--traced).  [default: all, those with kills only with --traced]")
+              "--traced); pmem-background, msync-background, buffered-background: the WAL's "
+              "background writer on (flushes, segments made ahead, a checkpoint every 3 ms; "
+              "wal workload; the page-cache ones always on the traced core).  [default: all "
+              "but buffered-background, those with kills only with --traced]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of workload and crashes.")
 @click.option("--keep-failures", type=click.Path(file_okay=False), default=None,
               help="Copy every image that fails its check into this directory.")
@@ -795,7 +798,8 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
     # the log workload compacts from its own workers (no checkpointer setup for it), and a
     # Log has one writer process (no shared setup)
     if setups is None:
-        setups = tuple(s for s in _powerloss.SETUPS if traced or "kills" not in _powerloss.SETUPS[s])
+        setups = tuple(s for s in _powerloss.SETUPS if (traced or "kills" not in _powerloss.SETUPS[s])
+                       and s not in _powerloss.NOT_DEFAULT)
     elif not traced and any("kills" in _powerloss.SETUPS[s] for s in setups):
         raise click.UsageError("the kill setups run on the traced core only: add --traced")
     setups = tuple(s for s in setups if workload == "wal" or not _powerloss.wal_workload_only(s))
@@ -808,9 +812,10 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
             options = {**_powerloss.SETUPS[setup], "seed": seed, "workload": workload,
                        "keep_failures": keep_failures}
             bar.set_postfix_str(setup + (f" ({cpu})" if cpu else ""))
-            if traced:  # in a child: no progress until it ends
+            if traced or _powerloss.needs_traced_core(setup):  # in a child: no progress until it ends
                 report = _traced.run_traced(images=images, cpu=cpu,
-                                            streaming=options["mode"] == "pmem", **options)
+                                            streaming=traced and options["mode"] == "pmem",
+                                            **options)
                 bar.update(images)
             else:
                 report = _powerloss.run_power_loss(images=images, progress=bar.update, **options)

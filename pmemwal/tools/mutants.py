@@ -79,7 +79,12 @@ def apply_from_environment() -> None:
     child process calls this as it starts)."""
     name = os.environ.get(ENV)
     if name:
-        get(name).patch().__enter__()
+        patch = get(name).patch()
+        patch.__enter__()
+        _KEPT.append(patch)  # (a generator's patch dropped is closed: its undo would run)
+
+
+_KEPT: list[ContextManager[None]] = []
 
 
 # ---- mutants the checkers caught before (ported from their tests) -------------------------

@@ -618,6 +618,17 @@ def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLo
         _count(report, image, verdict, detail, path, keep_failures)
         if progress:
             progress(1)
+def needs_traced_core(setup: str) -> bool:
+    """Whether ``setup`` runs only on the traced core: the background writer in a page-cache
+    mode (``pmemwal powerloss`` runs it in a traced child even without --traced)."""
+    options = SETUPS[setup]
+    return bool(options.get("background")) and options["mode"] != "pmem"
+
+
+# setups left out of ``pmemwal powerloss``'s default run (cost): named with --setups
+NOT_DEFAULT = ("buffered-background",)
+
+
 def wal_workload_only(setup: str) -> bool:
     """Whether ``setup`` runs the wal workload only (a checkpointer, a shared WAL, kills)."""
     return bool(set(SETUPS[setup]) - {"mode", "threads"})

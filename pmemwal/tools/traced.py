@@ -110,6 +110,8 @@ def main(argv: list[str]) -> None:
     if not _core.TRACED:
         raise SystemExit("not the traced core: run with PMEMWAL_TRACED_CORE=1")
     request = json.loads(argv[0])
+    from pmemwal.tools import mutants
+    mutants.apply_from_environment()  # (PMEMWAL_MUTANT: a checker's run against a mutant)
     warnings.simplefilter("ignore")  # the recoveries' RecoveryWarnings, thousands of them
     bits = _mutate(request["mutation"])
     report = run_power_loss(request["mode"], request["images"], mutations=bits,
