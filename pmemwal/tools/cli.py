@@ -757,7 +757,7 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               help="Instead of the data setups: file-system metadata crash states (creates, "
               "renames, unlinks, syncs; issue 28) of this file system's model, IMAGES distinct "
               "states for each metadata workload (growth, truncate, recycle, shared, archive, "
-              "restore).")
+              "restore, background).")
 @click.option("--traced", is_flag=True,
               help="Run each setup on the traced core (pmemwal._core_traced), a child process per "
               "run: pmem setups stream records past the cache, once per CPU path this machine "

@@ -32,6 +32,7 @@ import hashlib
 import os
 import stat
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -237,14 +238,20 @@ class Killed(BaseException):
 
 class Recorder:
     """Wraps the ``os`` calls (and ``builtins.open``) that change files under ``root`` while
-    active, feeding ``model``; ``on_point(where)`` runs before each, a crash point."""
+    active, feeding ``model``; ``on_point(where)`` runs before each, a crash point.
+
+    Calls from several threads (a WAL's background writer beside the workload's) are
+    recorded one at a time: each wrapped call, with its crash point, its recording and the
+    states a crash there enumerates, holds ``lock``, so a thread's operation never lands
+    amid another's or amid a crash's states.  Pausing is per thread."""
 
     def __init__(self, model: MetadataModel, root: str,
                  on_point: Callable[[str], None] | None = None) -> None:
         self.model = model
         self.root = os.path.abspath(root)
         self.on_point = on_point
-        self.paused = 0
+        self.lock = threading.RLock()
+        self._local = threading.local()
         self.inodes: dict[int, int] = {}   # st_ino -> model inode
         self.paths: dict[int, str] = {}    # model inode -> its name now
         self.gone: dict[int, bytes] = {}   # model inode -> its bytes when its last name went
@@ -254,6 +261,20 @@ class Recorder:
         self.model.durable.dirs.add("")
 
     # -- plumbing ------------------------------------------------------------------------
+    @property
+    def paused(self) -> int:
+        return getattr(self._local, "paused", 0)
+
+    @paused.setter
+    def paused(self, value: int) -> None:
+        self._local.paused = value
+
+    def _locked(self, fn: Callable) -> Callable:
+        def call(*args, **kwargs):
+            with self.lock:
+                return fn(*args, **kwargs)
+        return call
+
     @contextmanager
     def pause(self) -> Iterator[None]:
         self.paused += 1
@@ -269,8 +290,8 @@ class Recorder:
                    "ftruncate": self._ftruncate, "pwrite": self._pwrite, "write": self._write,
                    "sendfile": self._sendfile, "fsync": self._fsync, "fdatasync": self._fdatasync}
         for name, fn in wrapped.items():
-            setattr(os, name, fn)
-        builtins.open = self._builtin_open
+            setattr(os, name, self._locked(fn))
+        builtins.open = self._locked(self._builtin_open)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -298,6 +319,8 @@ class Recorder:
 
     def _point(self, what: str) -> None:
         where = f"{what} in {_caller()}"
+        if threading.current_thread().name.startswith("pmemwal-writer"):
+            where += " (background)"
         if self.kill_at is not None and self.kill_at(where):
             self.kill_at = None
             raise Killed(where)
@@ -388,7 +411,7 @@ class Recorder:
 
     def settle_segments(self) -> None:
         """The core made its segments' data durable (a flush returned)."""
-        with self.pause():
+        with self.lock, self.pause():
             for ino in self.segment_inodes:
                 if ino in self.paths:
                     self.model.settle(ino, self.current(ino))
@@ -527,7 +550,7 @@ class Recorder:
         return self._sync("fdatasync", _real.fdatasync, fd)
 
     def states(self) -> Iterator[CrashState]:
-        with self.pause():
+        with self.lock, self.pause():
             yield from self.model.states(self.current)
 
 
