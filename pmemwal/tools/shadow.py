@@ -60,6 +60,7 @@ PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem 
 PAGE_CACHE_GRAINS = (8, 512, 4096)     # torn word, torn sector, whole page written back or not
 WRITTEN_BACK_VERSIONS = 3              # page cache: the versions of a segment since its sync kept
 FLUSH_INSTRUCTIONS = ("clwb", "clflushopt", "clflush")
+BACKGROUND_CRASH_BOOST = 4             # a background writer's crash point: this much likelier
 
 _FLUSH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t)
 _DRAIN_FN = ctypes.CFUNCTYPE(None)
@@ -255,9 +256,11 @@ class DurableShadow:
         taken in every run, not in most."""
         if self.on_crash is None:
             return
-        if _on_background_writer():  # (a kind of its own: its first point is always taken)
-            where += " (background)"
-        if where not in self.crashed_at or self.rng.random() < self.crash_rate:
+        rate = self.crash_rate
+        if _on_background_writer():  # a kind of its own (its first point is always taken),
+            where += " (background)"  # and taken more often: its rounds are few
+            rate = min(1.0, BACKGROUND_CRASH_BOOST * rate)
+        if where not in self.crashed_at or self.rng.random() < rate:
             self.crashed_at.add(where)
             self.on_crash(where)
 
