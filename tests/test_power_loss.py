@@ -250,3 +250,60 @@ def test_page_cache_images_hold_versions_written_back_and_overwritten_since_the_
     units = set(np.frombuffer(mix(old, new, 8, [between]), np.uint64).tolist())
     assert units == {0, 0x0101010101010101, 0x0202020202020202}
     assert set(np.frombuffer(mix(old, new, 8), np.uint64).tolist()) <= {0, 0x0202020202020202}
+
+
+# ---- the background writer: its flushes, segments made ahead and checkpoints under the model --
+
+def test_crash_images_with_the_background_writer_on_keep_every_acknowledged_record(shm_tmp):
+    """pmem mode with the WAL's background writer on: it makes and arms segments ahead and
+    writes a checkpoint every few milliseconds while the writer appends; crash points fall
+    just before its file operations and slot writes (the writer mid-insertion)."""
+    report = run_power_loss("pmem", 60, seed=21, directory=str(shm_tmp),
+                            **{k: v for k, v in powerloss.SETUPS["pmem-background"].items()
+                               if k != "mode"})
+    assert report.failures == [] and report.ok and report.images == 60
+    assert report.background and report.background_ops.get("checkpoint", 0) > 10
+    assert report.background_ops.get("create", 0) + report.background_ops.get("arm", 0) > 0
+    assert any(where.endswith("(background)") for where in report.crash_points)
+
+
+def test_the_background_writer_in_a_page_cache_mode_needs_the_traced_core() -> None:
+    """The regular core's page-cache model counts what a step's flush returned for as
+    durable: the writer's own syncs return at no step's end, so it refuses them."""
+    if _core_is_traced():
+        pytest.skip("the traced core runs them")
+    with pytest.raises(ValueError, match="traced core"):
+        run_power_loss("msync", 1, background=True)
+    with pytest.raises(ValueError, match="background"):
+        run_power_loss("pmem", 1, background=True, workload="log")
+
+
+def _core_is_traced() -> bool:
+    from pmemwal import _core
+    return bool(_core.TRACED)
+
+
+def test_page_cache_setups_with_the_background_writer_pass_in_a_traced_child() -> None:
+    """msync-background runs on the traced core even without --traced (a child process):
+    only what the writer's syncs covered is durable, a crash point inside each of them."""
+    result = cli_runner().invoke(main, ["powerloss", "--images", "40", "--setups",
+                                        "msync-background", "--seed", "3", "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    [report] = json.loads(result.stdout)["reports"]
+    assert report["ok"] and report["images"] == 40 and report["background"]
+    assert report["background_ops"].get("checkpoint", 0) > 10
+    assert any(where.endswith("(background)") for where in report["crash_points"])
+
+
+def test_a_background_checkpoint_written_before_its_flush_fails(monkeypatch) -> None:
+    """The mutant background-checkpoint-before-flush: a background round's checkpoint names
+    the insert position before its flush made the records below it durable.  The setups
+    with the background writer off never run that round; msync-background must fail."""
+    from pmemwal.tools import mutants
+    monkeypatch.setenv(mutants.ENV, "background-checkpoint-before-flush")
+    result = cli_runner().invoke(main, ["powerloss", "--images", "80", "--setups",
+                                        "msync-background", "--seed", "1", "--json", "--quiet"])
+    assert result.exit_code == 1, result.output
+    [report] = json.loads(result.stdout)["reports"]
+    assert report["recovery_errors"] + report["lost"] + report["bad"] > 0
+    assert any("(background)" in failure for failure in report["failures"])
