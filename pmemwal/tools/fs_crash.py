@@ -16,9 +16,11 @@ may leave at each point and run recovery on it.
   fdatasync.  Segment data the native core writes (pwrite in buffered mode, stores
   through the mapping in direct mode) and syncs is not seen by the wrappers: as in
   shadow.DurableShadow, every segment's current bytes become durable when a
-  workload step that flushed returns (workloads are single-threaded, background
-  writer off), and before a ``CHECKPOINT`` slot is synced (the WAL writes one only
-  once what it names is durable).  Each crash state takes, for all its files, the
+  workload step that flushed returns, and before a ``CHECKPOINT`` slot is synced
+  (the WAL writes one only once what it names is durable: taken as given here).
+  With the background writer on (``background``), its flushes are unseen too, and
+  what the workload acknowledged counts for a crash state only once its step's
+  segments were settled (a crash point in the writer's thread may fall in between).  Each crash state takes, for all its files, the
   durable data ("old") or the current data ("new"), cut or zero-extended to the size
   the metadata prefix gives; under xfs the old data comes twice, with appended ranges
   as written and as zeros.
