@@ -265,3 +265,16 @@ def test_a_done_status_before_the_upload_fails(monkeypatch):
     report = run_fs_crash("ext4", 150, seed=1, workload="archive")
     assert not report.ok and any(".done is durable" in f for f in report.failures), \
         report.failures[:3]
+
+
+def test_crash_points_name_the_library_functions_that_made_the_call(tmp_path):
+    """The recorder's own frames (its lock included) are left out of a crash point's name."""
+    points: list[str] = []
+    recorder = Recorder(MetadataModel("ext4"), str(tmp_path), on_point=points.append)
+
+    def make_it() -> None:
+        os.close(os.open(tmp_path / "made", os.O_CREAT | os.O_WRONLY))
+
+    with recorder:
+        make_it()
+    assert points == ["open in make_it < test_crash_points_name_the_library_functions_that_made_the_call"]

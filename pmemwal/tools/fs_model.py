@@ -270,10 +270,10 @@ class Recorder:
         self._local.paused = value
 
     def _locked(self, fn: Callable) -> Callable:
-        def call(*args, **kwargs):
+        def _locked_call(*args, **kwargs):  # (in _SKIP: crash points name the library's callers)
             with self.lock:
                 return fn(*args, **kwargs)
-        return call
+        return _locked_call
 
     @contextmanager
     def pause(self) -> Iterator[None]:
@@ -573,7 +573,7 @@ def _lstat(path: str) -> os.stat_result | None:
 _SKIP = {"_point", "_open", "_opened", "_builtin_open", "_rename_like", "_rename", "_replace",
          "_unlink", "_mkdir", "_rmdir", "_fd_op", "_fallocate", "_ftruncate", "_pwrite",
          "_write", "_sendfile", "_sync", "_fsync", "_fdatasync", "_created", "_observe",
-         "_observe_fd", "_name_goes", "_caller"}
+         "_observe_fd", "_name_goes", "_caller", "_locked_call"}
 
 
 def _caller() -> str:
