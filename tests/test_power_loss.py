@@ -258,10 +258,10 @@ def test_crash_images_with_the_background_writer_on_keep_every_acknowledged_reco
     """pmem mode with the WAL's background writer on: it makes and arms segments ahead and
     writes a checkpoint every few milliseconds while the writer appends; crash points fall
     just before its file operations and slot writes (the writer mid-insertion)."""
-    report = run_power_loss("pmem", 60, seed=21, directory=str(shm_tmp),
+    report = run_power_loss("pmem", 40, seed=21, directory=str(shm_tmp),
                             **{k: v for k, v in powerloss.SETUPS["pmem-background"].items()
                                if k != "mode"})
-    assert report.failures == [] and report.ok and report.images == 60
+    assert report.failures == [] and report.ok and report.images == 40
     assert report.background and report.background_ops.get("checkpoint", 0) > 10
     assert report.background_ops.get("create", 0) + report.background_ops.get("arm", 0) > 0
     assert any(where.endswith("(background)") for where in report.crash_points)
@@ -296,11 +296,12 @@ def test_page_cache_setups_with_the_background_writer_pass_in_a_traced_child() -
 
 
 def test_a_background_checkpoint_written_before_its_flush_fails(monkeypatch) -> None:
-    """The mutant background-checkpoint-before-flush: a background round's checkpoint names
-    the insert position before its flush made the records below it durable.  The setups
-    with the background writer off never run that round; msync-background must fail."""
+    """The mutant background-checkpoint-before-msync: a direct-mode WAL's background round
+    names the insert position in a checkpoint before its flush made the records below it
+    durable.  The setups with the background writer off never run that round, and a SIGKILL
+    (torture) keeps the mapping's pages; msync-background must fail."""
     from pmemwal.tools import mutants
-    monkeypatch.setenv(mutants.ENV, "background-checkpoint-before-flush")
+    monkeypatch.setenv(mutants.ENV, "background-checkpoint-before-msync")
     result = cli_runner().invoke(main, ["powerloss", "--images", "80", "--setups",
                                         "msync-background", "--seed", "1", "--json", "--quiet"])
     assert result.exit_code == 1, result.output

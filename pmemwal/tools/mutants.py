@@ -93,17 +93,20 @@ _KEPT: list[ContextManager[None]] = []
 # ---- blind spot 1: the background writer --------------------------------------------------
 
 
-@mutant("background-checkpoint-before-flush",
-        "a background round writes its due checkpoint, at the insert position, before the "
-        "flush that makes the records below it durable (an order swapped: the checkpoint's "
-        "sync no longer waits behind the flush's)",
+@mutant("background-checkpoint-before-msync",
+        "a direct-mode WAL's background round writes its due checkpoint, at the insert "
+        "position, before the flush that makes the records below it durable (the records "
+        "are in the mapping, visible to any reader and to a killed writer's successor: "
+        "taken for durable, an order swapped)",
         blind_spot="background writer",
         caught_by="pmemwal powerloss --setups msync-background --images 300")
-def _background_checkpoint_before_flush() -> Iterator[None]:
+def _background_checkpoint_before_msync() -> Iterator[None]:
     from pmemwal.wal.rounds import BackgroundRounds
     original = BackgroundRounds._flush_async
 
     def flush_async(self: BackgroundRounds) -> None:  # rounds.py's, the checkpoint moved up
+        if not self._direct:
+            return original(self)
         if self._closed or self._core.error:
             return
         if self._control is not None:
@@ -111,7 +114,7 @@ def _background_checkpoint_before_flush() -> Iterator[None]:
         if not self._truncating():
             self._check_segments()
         position = self._core.position()
-        self._background_checkpoint(position, position[0])
+        self._background_checkpoint(position, position[0])  # "in the mapping already"
         if position[0] != self._core.flushed_lsn:
             self._core.flush_ready()
         if self._archiver is not None:
