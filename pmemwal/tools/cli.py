@@ -744,7 +744,7 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               "workload), msync, buffered; msync-kill, buffered-kill: the writer killed now and "
               "then and the WAL reopened, crashes inside its recovery too (wal workload, "
               "--traced); pmem-background, msync-background, buffered-background: the WAL's "
-              "background writer on (flushes, segments made ahead, a checkpoint every 3 ms; "
+              "background writer on (flushes, segments made ahead, a checkpoint every 5 ms; "
               "wal workload; the page-cache ones always on the traced core).  [default: all "
               "but buffered-background, those with kills only with --traced]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of workload and crashes.")

@@ -350,7 +350,7 @@ class BackgroundWorkload(RecycleWorkload):
     amid the workload's own."""
 
     options = {"recycle_segments": 2, "max_wal_size": 1 << 30, "prepare_segments": 2,
-               "background": True, "flush_interval": 0.002, "checkpoint_interval": 0.004}
+               "background": True, "flush_interval": 0.005, "checkpoint_interval": 0.01}
 
     def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
         self.root, self.seed, self.recorder = root, seed, recorder

@@ -78,8 +78,8 @@ CHECKPOINT_INTERVAL = 0.002            # the checkpointer thread truncates this 
 MAX_SEGMENTS = 3                       # truncate beyond this: keeps images small, recycles segments
 # background=True: the WAL's own writer flushes, makes segments ahead and writes a checkpoint
 # every few milliseconds while the workload runs (so its crash points fall amid all three)
-BACKGROUND_OPTIONS = {"background": True, "flush_interval": 0.001, "prepare_segments": 2,
-                      "checkpoint_interval": 0.003}
+BACKGROUND_OPTIONS = {"background": True, "flush_interval": 0.003, "prepare_segments": 2,
+                      "checkpoint_interval": 0.005}
 RETAIN_ENTRIES = 20                    # the log workload compacts to this many entries beyond it
 
 def payload(seed: int, index: int, length: int) -> bytes:
