@@ -162,12 +162,42 @@ def test_every_crash_state_recovers(fs, workload):
     report = run_fs_crash(fs, 50, seed=3, workload=workload)
     assert report.ok, table([report]) + "\n" + "\n".join(report.failures[:5])
     assert report.distinct_states >= 50 and report.states_checked >= 50
+    if workload == "background":  # the writer's creates, slot writes and syncs: crash points
+        assert 0 < report.background_points < report.crash_points
 
 
 def test_shared_writers_killed_mid_truncation_and_reopened_lose_nothing():
     """The control of the CONTROL mutation below: kills, reopens, CONTROL rebuilt."""
     report = run_fs_crash("ext4", 250, seed=2, workload="shared", crash_rate=0.1)
     assert report.ok and report.kills, table([report])
+
+
+def test_a_thread_pausing_the_recorder_does_not_hide_another_threads_operations(tmp_path):
+    """While one thread is paused (enumerating a crash's states), another's create is still
+    recorded, once that one's states are done (the lock)."""
+    import threading
+    model = MetadataModel("ext4")
+    recorder = Recorder(model, str(tmp_path))
+    paused, go = threading.Event(), threading.Event()
+
+    def pause_a_while() -> None:
+        with recorder.lock, recorder.pause():
+            paused.set()
+            go.wait(5)
+
+    with recorder:
+        pauser = threading.Thread(target=pause_a_while)
+        pauser.start()
+        paused.wait(5)
+        creator = threading.Thread(target=lambda: os.close(os.open(
+            tmp_path / "made", os.O_CREAT | os.O_WRONLY)))
+        creator.start()
+        creator.join(0.2)
+        assert creator.is_alive()  # it waits for the paused thread's lock
+        go.set()
+        creator.join(5)
+        pauser.join(5)
+    assert [(op.kind, op.path) for op in model.pending] == [("create", "made")]
 
 
 def test_crash_states_with_metadata_not_yet_durable_are_many():
@@ -399,3 +429,16 @@ def test_an_eventsourcing_run_file_without_its_fdatasync_fails_only_file_by_file
     assert not per_file.ok and per_file.lost, table([per_file])
     assert any(".run " in f and "select_events does not return" in f
                for f in per_file.failures), per_file.failures[:3]
+
+
+def test_crash_points_name_the_library_functions_that_made_the_call(tmp_path):
+    """The recorder's own frames (its lock included) are left out of a crash point's name."""
+    points: list[str] = []
+    recorder = Recorder(MetadataModel("ext4"), str(tmp_path), on_point=points.append)
+
+    def make_it() -> None:
+        os.close(os.open(tmp_path / "made", os.O_CREAT | os.O_WRONLY))
+
+    with recorder:
+        make_it()
+    assert points == ["open in make_it < test_crash_points_name_the_library_functions_that_made_the_call"]

@@ -332,3 +332,61 @@ def test_the_default_run_has_a_log_setup_that_names_its_workload() -> None:
     assert result.exit_code == 0, result.output
     assert [(r["mode"], r["workload"]) for r in json.loads(result.stdout)["reports"]] == [
         ("buffered", "wal"), ("buffered", "log")]
+
+
+# ---- the background writer: its flushes, segments made ahead and checkpoints under the model --
+
+def test_crash_images_with_the_background_writer_on_keep_every_acknowledged_record(shm_tmp):
+    """pmem mode with the WAL's background writer on: it makes and arms segments ahead and
+    writes a checkpoint every few milliseconds while the writer appends; crash points fall
+    just before its file operations and slot writes (the writer mid-insertion)."""
+    report = run_power_loss("pmem", 40, seed=21, directory=str(shm_tmp),
+                            **{k: v for k, v in powerloss.SETUPS["pmem-background"].items()
+                               if k != "mode"})
+    assert report.failures == [] and report.ok and report.images == 40
+    assert report.background and report.background_ops.get("checkpoint", 0) > 10
+    assert report.background_ops.get("create", 0) + report.background_ops.get("arm", 0) > 0
+    assert any(where.endswith("(background)") for where in report.crash_points)
+
+
+def test_the_background_writer_in_a_page_cache_mode_needs_the_traced_core() -> None:
+    """The regular core's page-cache model counts what a step's flush returned for as
+    durable: the writer's own syncs return at no step's end, so it refuses them."""
+    if _core_is_traced():
+        pytest.skip("the traced core runs them")
+    with pytest.raises(ValueError, match="traced core"):
+        run_power_loss("msync", 1, background=True)
+    with pytest.raises(ValueError, match="background"):
+        run_power_loss("pmem", 1, background=True, workload="log")
+
+
+def _core_is_traced() -> bool:
+    from pmemwal import _core
+    return bool(_core.TRACED)
+
+
+def test_page_cache_setups_with_the_background_writer_pass_in_a_traced_child() -> None:
+    """msync-background runs on the traced core even without --traced (a child process):
+    only what the writer's syncs covered is durable, a crash point inside each of them."""
+    result = cli_runner().invoke(main, ["powerloss", "--images", "40", "--setups",
+                                        "msync-background", "--seed", "3", "--json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    [report] = json.loads(result.stdout)["reports"]
+    assert report["ok"] and report["images"] == 40 and report["background"]
+    assert report["background_ops"].get("checkpoint", 0) > 10
+    assert any(where.endswith("(background)") for where in report["crash_points"])
+
+
+def test_a_background_checkpoint_written_before_its_flush_fails(monkeypatch) -> None:
+    """The mutant background-checkpoint-before-msync: a direct-mode WAL's background round
+    names the insert position in a checkpoint before its flush made the records below it
+    durable.  The setups with the background writer off never run that round, and a SIGKILL
+    (torture) keeps the mapping's pages; msync-background must fail."""
+    from pmemwal.tools import mutants
+    monkeypatch.setenv(mutants.ENV, "background-checkpoint-before-msync")
+    result = cli_runner().invoke(main, ["powerloss", "--images", "80", "--setups",
+                                        "msync-background", "--seed", "1", "--json", "--quiet"])
+    assert result.exit_code == 1, result.output
+    [report] = json.loads(result.stdout)["reports"]
+    assert report["recovery_errors"] + report["lost"] + report["bad"] > 0
+    assert any("(background)" in failure for failure in report["failures"])

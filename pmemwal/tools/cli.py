@@ -746,7 +746,10 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               "now and then and the WAL reopened, crashes inside its recovery too (wal "
               "workload).  The msync and buffered setups run on the traced core (a child "
               "process each), where only the WAL's own syncs make anything durable.  "
-              "buffered-log: the log workload in buffered mode, in the wal run too.  [default: all]")
+              "buffered-log: the log workload in buffered mode, in the wal run too.  pmem-background, "
+              "msync-background, buffered-background: the WAL's background writer on (flushes, "
+              "segments made ahead, a checkpoint every 5 ms; wal workload).  [default: all but "
+              "buffered-background]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of workload and crashes.")
 @click.option("--keep-failures", type=click.Path(file_okay=False), default=None,
               help="Copy every image that fails its check into this directory.")
@@ -755,10 +758,11 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               "entries appended and synced, rewinds, compactions, resets, states.")
 @click.option("--fs-model", type=click.Choice(FS_MODELS), default=None,
               help="Instead of the data setups: file-system metadata crash states (creates, "
-              "renames, unlinks, syncs; issue 28) of this file system's model, IMAGES distinct "
+              "renames, unlinks, syncs) of this file system's model, IMAGES distinct "
               "states for each metadata workload (growth, truncate, recycle, shared, archive, "
               "restore, log, eventsourcing); files other than segments also come back one by "
-              "one, as an older or partly written-back version.")
+              "one, as an older or partly written-back version; background: the WAL's "
+              "background writer on.")
 @click.option("--traced", is_flag=True,
               help="Run each setup on the traced core (pmemwal._core_traced), a child process per "
               "run: pmem setups stream records past the cache, once per CPU path this machine "
@@ -799,7 +803,7 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
     # the log workload compacts from its own workers (no checkpointer setup for it), and a
     # Log has one writer process (no shared setup)
     if setups is None:
-        setups = tuple(_powerloss.SETUPS)
+        setups = tuple(s for s in _powerloss.SETUPS if s not in _powerloss.NOT_DEFAULT)
     setups = tuple(s for s in setups if workload == "wal" or not _powerloss.wal_workload_only(s))
     runs = [(setup, cpu) for setup in setups for cpu in
             (_traced.streaming_paths() if traced and _powerloss.SETUPS[setup]["mode"] == "pmem"

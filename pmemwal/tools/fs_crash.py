@@ -16,9 +16,11 @@ may leave at each point and run recovery on it.
   fdatasync.  Segment data the native core writes (pwrite in buffered mode, stores
   through the mapping in direct mode) and syncs is not seen by the wrappers: as in
   shadow.DurableShadow, every segment's current bytes become durable when a
-  workload step that flushed returns (workloads are single-threaded, background
-  writer off), and before a ``CHECKPOINT`` slot is synced (the WAL writes one only
-  once what it names is durable).  Each crash state takes, for all its files, the
+  workload step that flushed returns, and before a ``CHECKPOINT`` slot is synced
+  (the WAL writes one only once what it names is durable: taken as given here).
+  With the background writer on (``background``), its flushes are unseen too, and
+  what the workload acknowledged counts for a crash state only once its step's
+  segments were settled (a crash point in the writer's thread may fall in between).  Each crash state takes, for all its files, the
   durable data ("old") or the current data ("new"), cut or zero-extended to the size
   the metadata prefix gives; under xfs the old data comes twice, with appended ranges
   as written and as zeros.  Besides, where a file other than a segment was written since
@@ -68,8 +70,9 @@ from pmemwal.tools.powerloss import (LogWorkload, Workload, _default_dir, _write
 from pmemwal.tools.shadow import Image
 
 WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore", "log",
-             "eventsourcing")
-METADATA_WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive")  # and restore
+             "eventsourcing", "background")
+METADATA_WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive",
+                      "background")  # and restore
 SEGMENT_SIZE = 1 << 20            # the smallest allowed: many file operations per record
 MAX_SEGMENTS = 4                  # truncate beyond this
 ROUNDS_PER_WAL = 160              # workload steps before a fresh WAL (keeps states small)
@@ -89,6 +92,7 @@ class FsCrashReport:
     workload: str
     seed: int = 0
     crash_points: int = 0
+    background_points: int = 0    # ... of which in the WAL's background writer's operations
     states_checked: int = 0       # recoveries run (a distinct state is checked again when
     distinct_states: int = 0      # ... what had been acknowledged differs)
     metadata_states: int = 0      # distinct states that lost some pending metadata operation
@@ -339,6 +343,46 @@ class SharedWorkload(TruncateWorkload):
     def close(self) -> None:
         for wal in self.handles:
             wal.close()
+
+
+class _SettledWorkload(Workload):
+    """The wal workload whose acknowledgements count for the crash states once the segments
+    were settled after them (``settled``): a crash point in another thread (the background
+    writer's) may fall after a flush returned and before the step's settle."""
+
+    settled = 0
+
+    def acked(self) -> int:
+        return self.settled
+
+
+class BackgroundWorkload(RecycleWorkload):
+    """The recycle workload with the WAL's background writer on: it makes (and arms)
+    segments ahead, flushes what was appended without a flush, and writes a checkpoint
+    every few milliseconds, so its creates, renames, header writes, CHECKPOINT slot writes
+    and directory syncs are recorded and crashed at (marked "(background)"), between and
+    amid the workload's own."""
+
+    options = {"recycle_segments": 2, "max_wal_size": 1 << 30, "prepare_segments": 2,
+               "background": True, "flush_interval": 0.005, "checkpoint_interval": 0.01}
+
+    def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
+        self.root, self.seed, self.recorder = root, seed, recorder
+        self.kills = 0
+        self.work = _SettledWorkload(self._open(), seed)
+
+    def _open(self) -> pmemwal.WAL:
+        return pmemwal.open(self.root / "wal", mode="buffered", segment_size=SEGMENT_SIZE,
+                            **self.options)
+
+    def step(self, rng: random.Random) -> None:
+        flushed = self.work.step(rng)
+        with self.recorder.lock:  # (no crash point between the two)
+            acked = self.work.acked_below
+            if flushed:
+                self.recorder.settle_segments()
+            self.work.settled = acked
+        self.retain(rng)
 
 
 class ArchiveWorkload(TruncateWorkload):
@@ -683,7 +727,8 @@ def _make_archive(source: Path, seed: int) -> dict[int, int]:
 _WORKLOAD_CLASSES = {"growth": GrowthWorkload, "truncate": TruncateWorkload,
                      "recycle": RecycleWorkload, "shared": SharedWorkload,
                      "archive": ArchiveWorkload, "restore": RestoreWorkload,
-                     "log": LogFsWorkload, "eventsourcing": EsFsWorkload}
+                     "log": LogFsWorkload, "eventsourcing": EsFsWorkload,
+                     "background": BackgroundWorkload}
 
 
 # ---- the driver ---------------------------------------------------------------------------------
@@ -720,9 +765,10 @@ def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "
             holder: dict = {}
 
             def crash(where: str, force: bool = False) -> None:
-                if "work" in holder and (force or crash_rng.random() < crash_rate):
-                    _crash_point(holder["work"], recorder, where, base / "image", report,
-                                 seen, checked, progress)
+                with recorder.lock:  # (the background writer's points come from its thread)
+                    if "work" in holder and (force or crash_rng.random() < crash_rate):
+                        _crash_point(holder["work"], recorder, where, base / "image", report,
+                                     seen, checked, progress)
 
             recorder.on_point = crash
             with recorder:
@@ -737,6 +783,8 @@ def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "
                 report.records_written += work.written
                 report.kills += work.kills
                 report.operations += model.recorded
+                with recorder.lock:
+                    del holder["work"]  # no crash point in close (not recorded)
                 with recorder.pause():
                     work.close()
             shutil.rmtree(root, ignore_errors=True)
@@ -754,6 +802,7 @@ def _crash_point(work, recorder: Recorder, where: str, image_dir: Path, report: 
                  progress: Callable[[int], None] | None) -> None:
     """Enumerate the states a crash here may leave; recover and check the new ones."""
     report.crash_points += 1
+    report.background_points += where.endswith("(background)")
     acked = work.acked_key() if hasattr(work, "acked_key") else \
         work.work.acked() if hasattr(work, "work") else len(getattr(work, "expected", ()))
     truncated = getattr(getattr(work, "work", None), "truncated_to", 0)

@@ -48,6 +48,7 @@ import os
 import random
 import stat
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
@@ -427,7 +428,12 @@ class Recorder:
     """Wraps the ``os`` calls (and ``builtins.open``) that change files under ``root`` while
     active, feeding ``model``; ``on_point(where)`` runs before each, a crash point.
     ``mounts``: directories under ``root`` (made if absent) that are each the root of a file
-    system of its own: its own journal, and a rename across file systems fails (EXDEV)."""
+    system of its own: its own journal, and a rename across file systems fails (EXDEV).
+
+    Calls from several threads (a WAL's background writer beside the workload's) are
+    recorded one at a time: each wrapped call, with its crash point, its recording and the
+    states a crash there enumerates, holds ``lock``, so a thread's operation never lands
+    amid another's or amid a crash's states.  Pausing is per thread."""
 
     def __init__(self, model: MetadataModel, root: str,
                  on_point: Callable[[str], None] | None = None,
@@ -441,7 +447,8 @@ class Recorder:
                 os.makedirs(os.path.join(self.root, m), exist_ok=True)
                 model.durable.dirs.add(m)  # a mount point: there before anything ran
         self.on_point = on_point
-        self.paused = 0
+        self.lock = threading.RLock()
+        self._local = threading.local()
         self.inodes: dict[int, int] = {}   # st_ino -> model inode
         self.paths: dict[int, str] = {}    # model inode -> its name now
         self.gone: dict[int, bytes] = {}   # model inode -> its bytes when its last name went
@@ -455,6 +462,20 @@ class Recorder:
         self.model.durable.dirs.add("")
 
     # -- plumbing ------------------------------------------------------------------------
+    @property
+    def paused(self) -> int:
+        return getattr(self._local, "paused", 0)
+
+    @paused.setter
+    def paused(self, value: int) -> None:
+        self._local.paused = value
+
+    def _locked(self, fn: Callable) -> Callable:
+        def _locked_call(*args, **kwargs):  # (in _SKIP: crash points name the library's callers)
+            with self.lock:
+                return fn(*args, **kwargs)
+        return _locked_call
+
     @contextmanager
     def pause(self) -> Iterator[None]:
         self.paused += 1
@@ -470,8 +491,8 @@ class Recorder:
                    "ftruncate": self._ftruncate, "pwrite": self._pwrite, "write": self._write,
                    "sendfile": self._sendfile, "fsync": self._fsync, "fdatasync": self._fdatasync}
         for name, fn in wrapped.items():
-            setattr(os, name, fn)
-        builtins.open = self._builtin_open
+            setattr(os, name, self._locked(fn))
+        builtins.open = self._locked(self._builtin_open)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -499,6 +520,8 @@ class Recorder:
 
     def _point(self, what: str) -> None:
         where = f"{what} in {_caller()}"
+        if threading.current_thread().name.startswith("pmemwal-writer"):
+            where += " (background)"
         if self.kill_at is not None and self.kill_at(where):
             self.kill_at = None
             raise Killed(where)
@@ -615,7 +638,7 @@ class Recorder:
 
     def settle_segments(self) -> None:
         """The core made its segments' data durable (a flush returned)."""
-        with self.pause():
+        with self.lock, self.pause():
             for ino in self.segment_inodes:
                 if ino in self.paths:
                     self.model.settle(ino, self.current(ino))
@@ -771,7 +794,7 @@ class Recorder:
         return self._sync("fdatasync", _real.fdatasync, fd)
 
     def states(self) -> Iterator[CrashState]:
-        with self.pause():
+        with self.lock, self.pause():
             yield from self.model.states(self.current, self.mixed, self.rng,
                                          frozenset(self.segment_inodes))
 
@@ -795,7 +818,7 @@ def _lstat(path: str) -> os.stat_result | None:
 _SKIP = {"_point", "_open", "_opened", "_builtin_open", "_rename_like", "_rename", "_replace",
          "_unlink", "_mkdir", "_rmdir", "_fd_op", "_fallocate", "_ftruncate", "_pwrite",
          "_write", "_sendfile", "_sync", "_fsync", "_fdatasync", "_created", "_observe",
-         "_observe_fd", "_name_goes", "_caller"}
+         "_observe_fd", "_name_goes", "_caller", "_locked_call"}
 
 
 def _caller() -> str:

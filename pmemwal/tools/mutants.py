@@ -93,6 +93,40 @@ _APPLIED: list[ContextManager[None]] = []
 # ---- blind spot 1: the background writer --------------------------------------------------
 
 
+@mutant("background-checkpoint-before-msync",
+        "a direct-mode WAL's background round writes its due checkpoint, at the insert "
+        "position, before the flush that makes the records below it durable (the records "
+        "are in the mapping, visible to any reader and to a killed writer's successor: "
+        "taken for durable, an order swapped)",
+        blind_spot="background writer",
+        caught_by="pmemwal powerloss --setups msync-background --images 300")
+def _background_checkpoint_before_msync() -> Iterator[None]:
+    from pmemwal.wal.rounds import BackgroundRounds
+    original = BackgroundRounds._flush_async
+
+    def flush_async(self: BackgroundRounds) -> None:  # rounds.py's, the checkpoint moved up
+        if not self._direct:
+            return original(self)
+        if self._closed or self._core.error:
+            return
+        if self._control is not None:
+            self._core.reap_dead()
+        if not self._truncating():
+            self._check_segments()
+        position = self._core.position()
+        self._background_checkpoint(position, position[0])  # "in the mapping already"
+        if position[0] != self._core.flushed_lsn:
+            self._core.flush_ready()
+        if self._archiver is not None:
+            self._archiver.tick(self._oldest_segment(), self._core.flushed_lsn)
+
+    BackgroundRounds._flush_async = flush_async  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        BackgroundRounds._flush_async = original  # type: ignore[method-assign]
+
+
 # ---- blind spot 2: concurrent writers in the page-cache modes -----------------------------
 
 

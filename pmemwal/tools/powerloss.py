@@ -70,13 +70,21 @@ SETUPS: dict[str, dict[str, Any]] = {
     "msync-threads": {"mode": "msync", "threads": 4},
     "buffered-threads": {"mode": "buffered", "threads": 4},
     # the default run's Log: CHECKPOINT and index/ written and synced amid its steps
-    "buffered-log": {"mode": "buffered", "workload": "log"}}
+    "buffered-log": {"mode": "buffered", "workload": "log"},
+    # the background writer on (BACKGROUND_OPTIONS); page-cache modes on the traced core
+    "pmem-background": {"mode": "pmem", "background": True},
+    "msync-background": {"mode": "msync", "background": True},
+    "buffered-background": {"mode": "buffered", "background": True}}
 ROUND_STEPS = 20                       # pmem: operations per thread between checks of the images
 KILL_RATE = 0.02                       # kills: chance that an operation ends in a SIGKILL and a reopen
 RECOVERY_CRASH_RATE = 0.5              # kills: chance of a crash at each sync of the reopen's recovery
 DEATH_RATE = 0.05                      # pmem-shared: chance that an operation of the mortal writer dies
 CHECKPOINT_INTERVAL = 0.002            # the checkpointer thread truncates this often (seconds)
 MAX_SEGMENTS = 3                       # truncate beyond this: keeps images small, recycles segments
+# background=True: the WAL's own writer flushes, makes segments ahead and writes a checkpoint
+# every few milliseconds while the workload runs (so its crash points fall amid all three)
+BACKGROUND_OPTIONS = {"background": True, "flush_interval": 0.003, "prepare_segments": 2,
+                      "checkpoint_interval": 0.005}
 RETAIN_ENTRIES = 20                    # the log workload compacts to this many entries beyond it
 
 def payload(seed: int, index: int, length: int) -> bytes:
@@ -93,6 +101,8 @@ class PowerLossReport:
     workload: str = "wal"         # one of WORKLOADS
     checkpointer: bool = False    # a thread truncated while the writers ran ...
     checkpointed: int = 0         # ... this many segments
+    background: bool = False      # the WAL's background writer ran ...
+    background_ops: dict[str, int] = field(default_factory=dict)  # ... these file operations
     shared: bool = False          # writers through three handles of a shared WAL ...
     deaths: int = 0               # ... one of which died mid-insert this many times
     kills: int = 0                # the writer was killed and the WAL reopened this many times
@@ -463,7 +473,8 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                    progress: Callable[[int], None] | None = None,
                    workload: str = "wal", checkpointer: bool = False,
                    shared: bool = False, kills: bool = False, streaming: bool = False,
-                   flush_instruction: str | None = None, mutations: int = 0) -> PowerLossReport:
+                   flush_instruction: str | None = None, mutations: int = 0,
+                   background: bool = False) -> PowerLossReport:
     """Crash ``images`` times at random moments of a workload in ``mode`` and check each.
 
     ``mode`` is ``"pmem"`` (direct, traced flush/drain), ``"msync"`` (direct)
@@ -483,7 +494,11 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     msync or buffered mode, traced core) kills the writer now and then and reopens the
     WAL, whose recovery must make durable what it takes (``_kill_and_reopen``): a
     crash, a reopen with more appends, then a power cut, in one run; crash points fall
-    inside those recoveries too.
+    inside those recoveries too.  ``background`` (wal workload, one handle) runs the
+    WAL's background writer (``BACKGROUND_OPTIONS``): its asynchronous flushes, the
+    segments it makes and arms ahead and its checkpoints every few milliseconds land
+    under the model, with crash points inside them (kinds marked "(background)"); in
+    msync or buffered mode on the traced core only.
 
     On the traced core (``PMEMWAL_TRACED_CORE=1``): ``streaming`` (pmem) streams records
     past the cache as pmem mode does on real pmem, every streaming store traced;
@@ -513,7 +528,16 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                          "mode, on the traced core (PMEMWAL_TRACED_CORE=1)")
     if streaming and mode != "pmem":
         raise ValueError("streaming=True: pmem mode only")
+    if background and (workload != "wal" or shared or kills or checkpointer):
+        raise ValueError("background=True: the wal workload on one handle, without kills "
+                         "or a checkpointer thread")
+    if background and mode != "pmem" and not _core.TRACED:
+        # the regular core's page-cache model takes everything as durable when a step's
+        # flush returns (settle): the background writer's syncs return at no step's end
+        raise ValueError(f"background=True in {mode} mode: on the traced core only "
+                         "(PMEMWAL_TRACED_CORE=1), which reports each of the writer's syncs")
     report = PowerLossReport(mode, threads, workload, checkpointer, shared=shared, seed=seed,
+                             background=background,
                              streaming=streaming,
                              flush_instruction=(flush_instruction or libpmem_flush_instruction()
                                                 if mode == "pmem" else ""),
@@ -524,7 +548,8 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     t0 = time.perf_counter()
     shadow: DurableShadow | None = None
     try:
-        work = _open_workload(workload, root / "wal", mode, seed, threads, shared, kills)
+        work = _open_workload(workload, root / "wal", mode, seed, threads, shared, kills,
+                              background)
         wal = work.wal
         shadow = _shadow_for(mode, wal, rng, crash_rate, lambda where: queue.append(
             shadow.image(work.horizon(work.acked()), where)), flush_instruction=flush_instruction,
@@ -570,6 +595,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
             rounds += 1
             if shadow.errors:
                 raise RuntimeError(f"the persist tracer failed:\n{shadow.errors[0]}")
+            _raise_background_error(work.wal)
             if work.retain():
                 shadow.settle()
             _check_queue(queue[:images - report.images], work, root / "image", report,
@@ -581,6 +607,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         report.checkpointed = work.checkpointed
         report.deaths = getattr(work, "deaths", 0)
         work.close()
+        report.background_ops = dict(shadow.background_ops)
     finally:
         if shadow is not None:
             shadow.stop_following()
@@ -590,14 +617,16 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
 
 
 def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int,
-                   shared: bool = False, kills: bool = False) -> Workload:
+                   shared: bool = False, kills: bool = False,
+                   background: bool = False) -> Workload:
     """A fresh WAL (or Log) at ``path`` for ``mode``, with the workload that writes it.
     With ``kills``, no segment is recycled: a reopen then finds zeros past the records it
     recovers, so nothing but its own syncs can make them durable (in a recycled segment,
     wiping the stale bytes past the end syncs the file as a side effect)."""
     options = {"mode": "buffered" if mode == "buffered" else "direct",
                "segment_size": SEGMENT_SIZE, "background": False,
-               "recycle_segments": 0 if kills else 1, "prepare_segments": 0}
+               "recycle_segments": 0 if kills else 1, "prepare_segments": 0,
+               **(BACKGROUND_OPTIONS if background else {})}
     if workload == "log":
         return LogWorkload(pmemwal.open_log(path, **options), seed, threads)
     if shared:
@@ -605,6 +634,14 @@ def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int
     work = Workload(pmemwal.open(path, **options), seed)
     work.reopen = lambda: pmemwal.open(path, **options)  # type: ignore[method-assign]
     return work
+
+
+def _raise_background_error(wal: pmemwal.WAL) -> None:
+    """The background writer keeps what failed in a round and tries again next round: under
+    the model that is a failure of the run, as the tracer's own are."""
+    writer = getattr(wal, "_background", None)
+    if writer is not None and writer.error is not None:
+        raise RuntimeError(f"the background writer failed: {writer.error!r}") from writer.error
 
 
 def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLossReport,
@@ -617,6 +654,13 @@ def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLo
         _count(report, image, verdict, detail, path, keep_failures)
         if progress:
             progress(1)
+
+
+
+# setups left out of ``pmemwal powerloss``'s default run (cost): named with --setups
+NOT_DEFAULT = ("buffered-background",)
+
+
 def wal_workload_only(setup: str) -> bool:
     """Whether ``setup`` is for the wal run only (a checkpointer, a shared WAL, kills; or a
     workload of its own, which ``--workload log`` runs in its every setup)."""
@@ -640,6 +684,7 @@ def table(reports: list[PowerLossReport]) -> str:
     columns = [("setup", lambda r: (r.mode if r.threads == 1 else f"{r.mode} x{r.threads} writers")
                 + (", log workload" if mixed and r.workload == "log" else "")
                 + (" + checkpointer" if r.checkpointer else "")
+                + (" + background writer" if r.background else "")
                 + (f", shared by 3 handles, {r.deaths} died mid-insert" if r.shared else "")
                 + (f", {r.kills} kills and reopens" if r.kills else "")
                 + (f", streaming ({r.crc32c_path}, {r.flush_instruction})" if r.streaming else "")),

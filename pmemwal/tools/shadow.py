@@ -68,6 +68,7 @@ PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem 
 PAGE_CACHE_GRAINS = (8, 512, 4096)     # torn word, torn sector, whole page written back or not
 WRITTEN_BACK_VERSIONS = 3              # page cache: the versions of a segment since its sync kept
 FLUSH_INSTRUCTIONS = ("clwb", "clflushopt", "clflush")
+BACKGROUND_CRASH_BOOST = 4             # a background writer's crash point: this much likelier
 
 _FLUSH_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t)
 _DRAIN_FN = ctypes.CFUNCTYPE(None)
@@ -99,6 +100,11 @@ def libpmem_flush_instruction() -> str:
     if "clflushopt" in flags and os.environ.get("PMEM_NO_CLFLUSHOPT") != "1":
         return "clflushopt"
     return "clflush"
+
+
+def _on_background_writer() -> bool:
+    """Whether this thread is a WAL's background writer (pmemwal.background)."""
+    return threading.current_thread().name.startswith("pmemwal-writer")
 
 
 def _address(callback) -> int:
@@ -344,6 +350,8 @@ class DurableShadow:
         # page cache: per segment, versions it held since its last sync (any may have been
         # written back, then overwritten in the cache: an image may hold each unit of any)
         self.versions_since_sync: dict[int, list[np.ndarray]] = {}
+        # what the WAL's background writer did under the model: "create", "checkpoint", ...
+        self.background_ops: dict[str, int] = {}
         self.attach(wal)
 
     def attach(self, wal: pmemwal.WAL) -> None:
@@ -391,6 +399,8 @@ class DurableShadow:
         """A write (``write()``) to a followed file: the version it leaves is one more the
         kernel may write back before the next sync.  A file first seen now is new or
         untouched since the start: what it holds before the write is durable."""
+        if name == "CHECKPOINT":
+            self._background_point("checkpoint")  # (the background writer's slot writes only)
         path = os.path.join(self.root, name)
         with self.lock:
             self._left_step()
@@ -497,12 +507,14 @@ class DurableShadow:
         arm = directory.arm
 
         def created(segno: int, *args, **kwargs) -> None:
+            self._background_point("create")
             with self.lock:
                 create(segno, *args, **kwargs)
                 self.track(segno)
 
         def recycled(old: int, new: int, *args, **kwargs) -> None:
             self._before_removal()
+            self._background_point("recycle")
             with self.lock:
                 recycle(old, new, *args, **kwargs)
                 self.track(new)
@@ -510,17 +522,28 @@ class DurableShadow:
 
         def removed(segno: int) -> None:
             self._before_removal()
+            self._background_point("remove")
             with self.lock:
                 remove(segno)
                 self.forget(segno)
 
         def armed(segno: int, *args, **kwargs) -> None:  # a spare's header, synced
+            self._background_point("arm")
             with self.lock:
                 arm(segno, *args, **kwargs)
                 self.track(segno)
 
         directory.create, directory.recycle, directory.remove = created, recycled, removed
         directory.arm = armed
+
+    def _background_point(self, what: str) -> None:
+        """The background writer is about to do ``what`` (a file operation, a CHECKPOINT
+        slot write): counted, and a crash point just before it, while the writers may be
+        mid-insertion (its flushes make few: in pmem mode each insertion persists itself)."""
+        if _on_background_writer():
+            with self.lock:
+                self.background_ops[what] = self.background_ops.get(what, 0) + 1
+            self._maybe_crash(what)
 
     def _guarded(self, callback: Callable) -> Callable:
         def call(*args) -> None:
@@ -536,7 +559,11 @@ class DurableShadow:
         taken in every run, not in most."""
         if self.on_crash is None:
             return
-        if where not in self.crashed_at or self.rng.random() < self.crash_rate:
+        rate = self.crash_rate
+        if _on_background_writer():  # a kind of its own (its first point is always taken),
+            where += " (background)"  # and taken more often: its rounds are few
+            rate = min(1.0, BACKGROUND_CRASH_BOOST * rate)
+        if where not in self.crashed_at or self.rng.random() < rate:
             self.crashed_at.add(where)
             self.on_crash(where)
 

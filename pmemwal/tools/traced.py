@@ -146,6 +146,8 @@ def main(argv: list[str]) -> None:
     if not _core.TRACED:
         raise SystemExit("not the traced core: run with PMEMWAL_TRACED_CORE=1")
     request = json.loads(argv[0])
+    from pmemwal.tools import mutants
+    mutants.apply_from_environment()  # (PMEMWAL_MUTANT: a checker's run against a mutant)
     warnings.simplefilter("ignore")  # the recoveries' RecoveryWarnings, thousands of them
     # (a mutant the registry puts into a checker's children: pmemwal.tools.mutants)
     bits = _mutate(request["mutation"] or _mutant_from_environment())
