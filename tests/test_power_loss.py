@@ -19,7 +19,7 @@ import pytest
 
 import pmemwal
 from conftest import cli_runner
-from pmemwal.tools import powerloss, shadow
+from pmemwal.tools import mutants, powerloss, shadow
 from pmemwal.tools.cli import main
 from pmemwal.tools.powerloss import LogWorkload, run_power_loss
 from pmemwal.tools.shadow import DurableShadow, PmemTracer
@@ -107,26 +107,13 @@ def test_a_core_that_skips_flushes_loses_records(shm_tmp, monkeypatch, workload:
                for word in ("acknowledged", "CorruptionError", "is lost"))
 
 
-def drop_every_fifth_record(monkeypatch) -> None:
-    """Break recovery: WAL.records leaves out every fifth record (a mutation a checker
-    must catch)."""
-    real = pmemwal.wal.WAL.records
-
-    def dropping(self, start=None):
-        for i, record in enumerate(real(self, start)):
-            if i % 5 != 4:
-                yield record
-
-    monkeypatch.setattr(pmemwal.wal.WAL, "records", dropping)
-
-
 @pytest.mark.parametrize("mode", ["pmem", "buffered"])
-def test_a_recovery_that_drops_records_fails_the_check(mode: str, shm_tmp, monkeypatch) -> None:
+def test_a_recovery_that_drops_records_fails_the_check(mode: str, shm_tmp) -> None:
     """Issue 28, item 5: recovery patched to drop every 5th record passed the check (ok, 0
     lost, 0 bad): it looked at the records returned and at the end LSN only.  It now holds
     every acknowledged record, by what the calls returned, against what comes back."""
-    drop_every_fifth_record(monkeypatch)
-    report = run_power_loss(mode, 30, seed=3, directory=str(shm_tmp))
+    with mutants.applied("drop-every-fifth-record"):
+        report = run_power_loss(mode, 30, seed=3, directory=str(shm_tmp))
     assert not report.ok and report.lost > 0
     assert any("did not come back" in f for f in report.failures), report.failures[:3]
 
@@ -232,11 +219,11 @@ def test_a_checkpointer_runs_in_pmem_mode_with_the_wal_workload_only() -> None:
         run_power_loss("pmem", 1, checkpointer=True, workload="log")
 
 
-def test_a_failing_image_prints_how_to_reproduce_it(monkeypatch) -> None:
+def test_a_failing_image_prints_how_to_reproduce_it() -> None:
     """Issue 28, item 4: every failure prints the seed (and setup) that reproduces it."""
-    drop_every_fifth_record(monkeypatch)
-    result = cli_runner().invoke(main, ["powerloss", "--images", "20", "--setups", "buffered",
-                                        "--seed", "5", "--quiet"])
+    with mutants.applied("drop-every-fifth-record"):
+        result = cli_runner().invoke(main, ["powerloss", "--images", "20", "--setups", "buffered",
+                                            "--seed", "5", "--quiet"])
     assert result.exit_code == 1
     assert "(reproduce: pmemwal powerloss --images 20 --setups buffered --workload wal " \
            "--seed 5)" in result.output

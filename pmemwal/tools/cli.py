@@ -22,6 +22,7 @@ from pmemwal import putback as _putback
 from pmemwal.log_format import describe as _describe_log_record
 from pmemwal.tools import bench as _bench
 from pmemwal.tools import fs_crash as _fs_crash
+from pmemwal.tools import mutants as _mutants
 from pmemwal.tools import powerloss as _powerloss
 from pmemwal.tools import progress as _progress
 from pmemwal.tools import restore as _restore
@@ -683,6 +684,7 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
 
     Example: pmemwal torture --rounds 600 --modes buffered,direct,pmem --slots 1,8,256
     """
+    _mutants.apply_from_environment()  # PMEMWAL_MUTANT (the children put it in too)
     if processes:
         _torture_processes(path, processes, threads, seconds, kill_interval, checkpoint_every,
                            seed, as_json, quiet)
@@ -788,6 +790,8 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
 
     Example: pmemwal powerloss --traced --images 500 --setups pmem-checkpointer,msync-kill
     """
+    if not traced:  # (--traced: each child puts it in, on the core it runs)
+        _mutants.apply_from_environment()  # PMEMWAL_MUTANT
     if fs_model is not None:
         _fs_powerloss(fs_model, images, seed, as_json, quiet)
         return
