@@ -222,11 +222,15 @@ def test_a_checkpointer_runs_in_pmem_mode_with_the_wal_workload_only() -> None:
 def test_a_failing_image_prints_how_to_reproduce_it() -> None:
     """Issue 28, item 4: every failure prints the seed (and setup) that reproduces it."""
     with mutants.applied("drop-every-fifth-record"):
-        result = cli_runner().invoke(main, ["powerloss", "--images", "20", "--setups", "buffered",
-                                            "--seed", "5", "--quiet"])
+        result = cli_runner().invoke(main, ["powerloss", "--images", "20", "--setups",
+                                            "buffered,msync", "--seed", "5", "--quiet",
+                                            "--max-failures", "1"])
     assert result.exit_code == 1
     assert "(reproduce: pmemwal powerloss --images 20 --setups buffered --workload wal " \
            "--seed 5)" in result.output
+    # the failures stopped the run before its second setup
+    assert "--setups msync" not in result.output and "| msync |" not in result.output
+    assert "stopped after" in result.stderr and "--max-failures 1" in result.stderr
 
 
 def test_page_cache_images_hold_versions_written_back_and_overwritten_since_the_sync():
