@@ -259,7 +259,9 @@ def _recycle_header_first() -> Iterator[None]:
 @mutant("control-from-unsynced-segments", "the first opener of a shared WAL rebuilds CONTROL "
         "from segments whose renames it never synced (the directory syncs of WAL._open and "
         "_make_segments left out)",
-        caught_by="pmemwal powerloss --fs-model ext4 --images 500 --seed 2")
+        # (a CLI run's shared workload kills too few writers: 0 at seed 0, 1 at seed 2)
+        caught_by="tests/test_fs_crash.py::test_control_rebuilt_from_a_half_renamed_segment_set"
+                  "_fails (run_fs_crash crash_rate=0.1; no pmemwal command line catches it)")
 def _control_from_unsynced_segments() -> Iterator[None]:
     import sys
     from pmemwal import segments
