@@ -1,6 +1,6 @@
 """The file-system metadata crash-state model (pmemwal/tools/fs_model.py and fs_crash.py, issue 28 item 1):
-the model's rules, small runs of every workload under ext4 and xfs, and three ordering bugs
-put into the library on purpose, each of which the model must catch."""
+the model's rules, small runs of every workload under ext4 and xfs, and ordering bugs put
+into the library on purpose (pmemwal.tools.mutants), each of which the model must catch."""
 
 from __future__ import annotations
 
@@ -12,10 +12,6 @@ import sys
 
 import pytest
 
-from pmemwal import archive as _archive
-from pmemwal import segments as _segments
-from pmemwal.format import SegmentHeader, segment_name
-from pmemwal.segments import storage_errors
 from pmemwal.tools import fs_crash, mutants
 from pmemwal.tools.fs_crash import WORKLOADS, run_fs_crash, table
 from pmemwal.tools.fs_model import FS_MODELS, MetadataModel, MetaOp, Recorder
@@ -206,105 +202,51 @@ def test_crash_states_with_metadata_not_yet_durable_are_many():
     assert sum(r.metadata_states for r in reports) >= 10
 
 
-# ---- three ordering bugs, put in on purpose ------------------------------------------------------
-
-def _recycle_without_first_sync(self, old, new, segment_size, wal_id, fd=-1, spare=False):
-    """Directory.recycle with the directory sync after its first rename left out."""
-    path = self.file(new)
-    tmp = path + ".tmp"
-    with storage_errors(f"recycling {self.file(old)}"):
-        os.rename(self.file(old), tmp)
-        own = fd < 0
-        if own:
-            fd = os.open(tmp, os.O_RDWR)
-        try:
-            header = SegmentHeader(new, segment_size, wal_id, spare, old if spare else None)
-            os.pwrite(fd, header.pack(), 0)
-            os.fdatasync(fd)
-        finally:
-            if own:
-                os.close(fd)
-        os.rename(tmp, path)
-        self.sync()
-
-
-def _recycle_header_first(self, old, new, segment_size, wal_id, fd=-1, spare=False):
-    """Directory.recycle writing (and syncing) the new header before its renames."""
-    own = fd < 0
-    if own:
-        fd = os.open(self.file(old), os.O_RDWR)
-    try:
-        header = SegmentHeader(new, segment_size, wal_id, spare, old if spare else None)
-        os.pwrite(fd, header.pack(), 0)
-        os.fdatasync(fd)
-    finally:
-        if own:
-            os.close(fd)
-    os.rename(self.file(old), self.file(new) + ".tmp")
-    self.sync()
-    os.rename(self.file(new) + ".tmp", self.file(new))
-    self.sync()
-
+# ---- ordering bugs put in on purpose (pmemwal.tools.mutants) ---------------------------------
 
 def _refusals(report) -> list[str]:
     return [f for f in report.failures if f.startswith("refused")]
 
 
-def test_a_recycle_without_a_sync_after_its_first_rename_fails(monkeypatch):
-    monkeypatch.setattr(_segments.WalDirectory, "recycle", _recycle_without_first_sync)
-    report = run_fs_crash("ext4", 150, seed=1, workload="recycle")
+def test_a_recycle_without_a_sync_after_its_first_rename_fails():
+    with mutants.applied("recycle-without-first-sync"):
+        report = run_fs_crash("ext4", 150, seed=1, workload="recycle")
     assert not report.ok
     # the old name survives over the new header: the WAL no longer opens
     assert any("header says segment" in f for f in _refusals(report)), report.failures[:3]
 
 
-def test_a_recycle_writing_its_header_before_the_rename_is_durable_fails(monkeypatch):
-    monkeypatch.setattr(_segments.WalDirectory, "recycle", _recycle_header_first)
-    report = run_fs_crash("xfs", 150, seed=1, workload="recycle")
+def test_a_recycle_writing_its_header_before_the_rename_is_durable_fails():
+    with mutants.applied("recycle-header-first"):
+        report = run_fs_crash("xfs", 150, seed=1, workload="recycle")
     assert not report.ok
     assert any("header says segment" in f for f in _refusals(report)), report.failures[:3]
 
 
-def test_control_rebuilt_from_a_half_renamed_segment_set_fails(monkeypatch):
+def test_control_rebuilt_from_a_half_renamed_segment_set_fails():
     """The first opener of a shared WAL rebuilds CONTROL from the segments it finds.  Left
     without the directory syncs that make what it found durable first (WAL._open's, and the
     one _make_segments makes before attaching a segment it did not create: either alone
     suffices), it builds on a rename that writers killed mid-recycle never synced, and
     acknowledges records in that segment that a power cut then takes away."""
-    sync = _segments.WalDirectory.sync
-
-    def sync_unless_opening(self):
-        if sys._getframe(1).f_code.co_name not in ("_open", "_make_segments"):
-            sync(self)
-
-    monkeypatch.setattr(_segments.WalDirectory, "sync", sync_unless_opening)
-    report = run_fs_crash("ext4", 500, seed=2, workload="shared", crash_rate=0.1)
+    with mutants.applied("control-from-unsynced-segments"):
+        report = run_fs_crash("ext4", 500, seed=2, workload="shared", crash_rate=0.1)
     assert report.kills and report.lost, table([report])
     assert any("had been acknowledged" in f for f in report.failures), report.failures[:3]
 
 
-def test_an_archive_copy_renamed_into_place_unsynced_fails(monkeypatch):
+def test_an_archive_copy_renamed_into_place_unsynced_fails():
     """FsspecArchive.store without the fsync of its .partial copy: the rename into place
     persists, the copy's data may not (ext4's delayed allocation)."""
-    fsync_path = _archive.fsync_path
-    monkeypatch.setattr(_archive, "fsync_path",
-                        lambda path: None if path.endswith(".partial") else fsync_path(path))
-    report = run_fs_crash("ext4", 120, seed=1, workload="archive")
+    with mutants.applied("archive-partial-unsynced"):
+        report = run_fs_crash("ext4", 120, seed=1, workload="archive")
     assert not report.ok and report.lost, table([report])
 
 
-def test_a_done_status_before_the_upload_fails(monkeypatch):
+def test_a_done_status_before_the_upload_fails():
     """A durable .done lets a reopened writer truncate the segment: the archive must hold it."""
-    def done_before_upload(status, archive, wal_dir, attempts, report):
-        for segno in status.entries()["ready"]:
-            name = segment_name(segno)
-            status.set_done(segno)
-            crc, size = _archive.file_crc(os.path.join(wal_dir, name))
-            archive.store(os.path.join(wal_dir, name), name, crc, size)
-        return True
-
-    monkeypatch.setattr(fs_crash, "archive_ready", done_before_upload)
-    report = run_fs_crash("ext4", 150, seed=1, workload="archive")
+    with mutants.applied("done-before-upload"):
+        report = run_fs_crash("ext4", 150, seed=1, workload="archive")
     assert not report.ok and any(".done is durable" in f for f in report.failures), \
         report.failures[:3]
 

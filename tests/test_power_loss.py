@@ -130,26 +130,13 @@ def test_a_core_that_skips_flushes_loses_records(shm_tmp, monkeypatch, workload:
                for word in ("acknowledged", "CorruptionError", "is lost"))
 
 
-def drop_every_fifth_record(monkeypatch) -> None:
-    """Break recovery: WAL.records leaves out every fifth record (a mutation a checker
-    must catch)."""
-    real = pmemwal.wal.WAL.records
-
-    def dropping(self, start=None):
-        for i, record in enumerate(real(self, start)):
-            if i % 5 != 4:
-                yield record
-
-    monkeypatch.setattr(pmemwal.wal.WAL, "records", dropping)
-
-
 @pytest.mark.parametrize("mode", ["pmem", "buffered"])
-def test_a_recovery_that_drops_records_fails_the_check(mode: str, shm_tmp, monkeypatch) -> None:
+def test_a_recovery_that_drops_records_fails_the_check(mode: str, shm_tmp) -> None:
     """Issue 28, item 5: recovery patched to drop every 5th record passed the check (ok, 0
     lost, 0 bad): it looked at the records returned and at the end LSN only.  It now holds
     every acknowledged record, by what the calls returned, against what comes back."""
-    drop_every_fifth_record(monkeypatch)
-    report = run_power_loss(mode, 30, seed=3, directory=str(shm_tmp))
+    with mutants.applied("drop-every-fifth-record"):
+        report = run_power_loss(mode, 30, seed=3, directory=str(shm_tmp))
     assert not report.ok and report.lost > 0
     assert any("did not come back" in f for f in report.failures), report.failures[:3]
 
@@ -255,14 +242,18 @@ def test_a_checkpointer_runs_in_pmem_mode_with_the_wal_workload_only() -> None:
         run_power_loss("pmem", 1, checkpointer=True, workload="log")
 
 
-def test_a_failing_image_prints_how_to_reproduce_it(monkeypatch) -> None:
+def test_a_failing_image_prints_how_to_reproduce_it() -> None:
     """Issue 28, item 4: every failure prints the seed (and setup) that reproduces it."""
-    drop_every_fifth_record(monkeypatch)  # (in this process: a pmem setup, which runs here)
-    result = cli_runner().invoke(main, ["powerloss", "--images", "20", "--setups", "pmem",
-                                        "--seed", "5", "--quiet"])
+    with mutants.applied("drop-every-fifth-record"):  # (in this process: pmem setups run here)
+        result = cli_runner().invoke(main, ["powerloss", "--images", "20", "--setups",
+                                            "pmem,pmem-threads", "--seed", "5", "--quiet",
+                                            "--max-failures", "1"])
     assert result.exit_code == 1
     assert "(reproduce: pmemwal powerloss --images 20 --setups pmem --workload wal " \
            "--seed 5)" in result.output
+    # the failures stopped the run before its second setup
+    assert "--setups pmem-threads" not in result.output and "x4 writers" not in result.output
+    assert "stopped after" in result.stderr and "--max-failures 1" in result.stderr
 
 
 def test_page_cache_images_hold_versions_written_back_and_overwritten_since_the_sync():

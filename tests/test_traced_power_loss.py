@@ -110,8 +110,10 @@ def test_a_skipped_drain_fails():
     _caught(run_traced("pmem", 60, seed=1, flush_instruction="clwb", mutation="skip-drain"))
 
 
-def test_a_skipped_fdatasync_fails():
-    _caught(run_traced("buffered", 40, seed=1, mutation="skip-sync"))
+def test_a_skipped_fdatasync_fails(monkeypatch):
+    """Put in by PMEMWAL_MUTANT, as `pmemwal powerloss --traced` passes it to its children."""
+    monkeypatch.setenv("PMEMWAL_MUTANT", "skip-sync")
+    _caught(run_traced("buffered", 40, seed=1))
 
 
 def test_a_short_msync_fails():

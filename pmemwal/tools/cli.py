@@ -22,6 +22,7 @@ from pmemwal import putback as _putback
 from pmemwal.log_format import describe as _describe_log_record
 from pmemwal.tools import bench as _bench
 from pmemwal.tools import fs_crash as _fs_crash
+from pmemwal.tools import mutants as _mutants
 from pmemwal.tools import powerloss as _powerloss
 from pmemwal.tools import progress as _progress
 from pmemwal.tools import restore as _restore
@@ -683,6 +684,7 @@ def torture(path: str | None, rounds: int, threads: int, seed: int | None, modes
 
     Example: pmemwal torture --rounds 600 --modes buffered,direct,pmem --slots 1,8,256
     """
+    _mutants.apply_from_environment()  # PMEMWAL_MUTANT (the children put it in too)
     if processes:
         _torture_processes(path, processes, threads, seconds, kill_interval, checkpoint_every,
                            seed, as_json, quiet)
@@ -735,8 +737,9 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
 
 
 @main.command()
-@click.option("--images", type=click.IntRange(min=1), default=2000, show_default=True,
-              help="Crash images to recover and check, per setup.")
+@click.option("--images", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Crash images to recover and check, per setup (with --fs-model: distinct "
+              "crash states per workload).")
 @click.option("--setups", type=_Parsed("setups", _powerloss.parse_setups), default=None,
               help="pmem (traced flush/drain, 1 writer), pmem-threads (4 writers), pmem-checkpointer "
               "(4 writers and a thread truncating every 2 ms; wal workload), pmem-shared (4 writers "
@@ -769,13 +772,16 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               "has, pmem_drain as libpmem's flush instruction has it (PMEM_NO_CLWB=1 "
               "PMEM_NO_CLFLUSHOPT=1: CLFLUSH, where it is empty).  The page-cache setups run "
               "there with or without it.")
+@click.option("--max-failures", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Stop after the setup (or workload) that brings the failing images to this "
+              "many; 0: run them all.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress on stderr (a terminal gets a bar, a "
               "file or pipe a line every 10 s).")
 @_library_errors
 def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: str | None,
-              workload: str, fs_model: str | None, traced: bool, as_json: bool,
-              quiet: bool) -> None:
+              workload: str, fs_model: str | None, traced: bool, max_failures: int,
+              as_json: bool, quiet: bool) -> None:
     """Simulated power loss: crash a live WAL IMAGES times per setup, keeping only what
     was persisted (and a random part of the rest), and check each recovery.
 
@@ -796,8 +802,10 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
 
     Example: pmemwal powerloss --traced --images 500 --setups pmem-checkpointer,msync-kill
     """
+    if not traced:  # (--traced: each child puts it in, on the core it runs)
+        _mutants.apply_from_environment()  # PMEMWAL_MUTANT
     if fs_model is not None:
-        _fs_powerloss(fs_model, images, seed, as_json, quiet)
+        _fs_powerloss(fs_model, images, seed, as_json, quiet, max_failures)
         return
     reports = []
     # the log workload compacts from its own workers (no checkpointer setup for it), and a
@@ -822,7 +830,9 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
             else:
                 report = _powerloss.run_power_loss(images=images, progress=bar.update, **options)
             reports.append(report)
-        setups = tuple(setup for setup, _ in runs)
+            if _stop(reports, max_failures):
+                break
+        setups = tuple(setup for setup, _ in runs)[:len(reports)]
     if as_json:
         _dump({"reports": [r.to_dict() for r in reports]})
     else:
@@ -836,7 +846,19 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
         raise click.exceptions.Exit(1)
 
 
-def _fs_powerloss(fs_model: str, states: int, seed: int, as_json: bool, quiet: bool) -> None:
+def _stop(reports: list, max_failures: int) -> bool:
+    """Whether the failing images of ``reports`` reach ``max_failures`` (0: never), said on
+    stderr when they do."""
+    failing = sum(len(r.failures) for r in reports)
+    if max_failures and failing >= max_failures:
+        click.echo(f"powerloss: stopped after {failing} failing images (--max-failures "
+                   f"{max_failures})", err=True)
+        return True
+    return False
+
+
+def _fs_powerloss(fs_model: str, states: int, seed: int, as_json: bool, quiet: bool,
+                  max_failures: int = 0) -> None:
     """``powerloss --fs-model``: the metadata crash-state driver over its workloads."""
     reports = []
     workloads = _fs_crash.WORKLOADS
@@ -846,6 +868,8 @@ def _fs_powerloss(fs_model: str, states: int, seed: int, as_json: bool, quiet: b
             bar.set_postfix_str(f"{fs_model} {name}")
             reports.append(_fs_crash.run_fs_crash(fs_model, states, seed, workload=name,
                                                   progress=bar.update))
+            if _stop(reports, max_failures):
+                break
     if as_json:
         _dump({"reports": [r.to_dict() for r in reports]})
     else:

@@ -74,20 +74,267 @@ def applied(name: str | None) -> Iterator[None]:
         yield
 
 
+_kept: list[ContextManager[None]] = []  # mutants in for good (a generator's patch, once
+                                        # collected, would be closed: undone)
+
+
+def apply(name: str) -> None:
+    """Put mutant ``name`` in for the rest of this process."""
+    patch = get(name).patch()
+    patch.__enter__()
+    _kept.append(patch)
+
+
 def apply_from_environment() -> None:
     """Put in the mutant ``PMEMWAL_MUTANT`` names, for the rest of this process (a checker's
     child process calls this as it starts)."""
     name = os.environ.get(ENV)
     if name:
-        patch = get(name).patch()
-        patch.__enter__()
-        _APPLIED.append(patch)  # (dropped, its generator would be closed: the patch undone)
-
-
-_APPLIED: list[ContextManager[None]] = []
+        apply(name)
 
 
 # ---- mutants the checkers caught before (ported from their tests) -------------------------
+
+# What the default runs catch each with is the runner's to say (python -m pmemwal.tools.mutants);
+# caught_by names the smallest run of a shipped checker that catches it, as its test runs it.
+
+_active_core_bits: list[str] = []   # TRACE_* names of the core mutants in (see core_mask)
+
+
+def core_mask() -> int:
+    """The traced core's ``TRACE_*`` bits of the core mutants in now (0 when none)."""
+    if not _active_core_bits:
+        return 0
+    from pmemwal import _core
+    mask = 0
+    for bit in _active_core_bits:
+        mask |= getattr(_core, bit)
+    return mask
+
+
+def _core_mutant(name: str, description: str, bit: str, caught_by: str) -> None:
+    """A bug of the native core, put in by its traced build's ``bit`` (no patch of Python
+    can reach it): only a run on the traced core (``--traced``) can carry it."""
+    def patch() -> Iterator[None]:
+        from pmemwal import _core
+        if not _core.TRACED:
+            raise RuntimeError(f"mutant {name!r} is put into the traced core only: run the "
+                               "checker with --traced (PMEMWAL_TRACED_CORE=1)")
+        _active_core_bits.append(bit)
+        try:
+            yield
+        finally:
+            _active_core_bits.remove(bit)
+    mutant(name, description, caught_by=caught_by, core_bits=bit)(patch)
+
+
+@contextlib.contextmanager
+def _replaced(owner: object, attr: str, new: object) -> Iterator[None]:
+    """``owner.attr`` replaced by ``new``, and so is every copy a loaded pmemwal module took
+    by ``from ... import`` (a checker may call the library through one)."""
+    import sys
+    old = getattr(owner, attr)
+    own = attr in vars(owner)  # (else inherited: the base's stays, the override goes)
+    copies = [m for name, m in list(sys.modules.items())
+              if name.startswith("pmemwal") and m is not owner and getattr(m, attr, None) is old]
+    for target in (owner, *copies):
+        setattr(target, attr, new)
+    try:
+        yield
+    finally:
+        for target in copies:
+            setattr(target, attr, old)
+        if own:
+            setattr(owner, attr, old)
+        else:
+            delattr(owner, attr)
+
+
+_core_mutant("skip-stream-fence", "no sfence after the core's streaming stores (caught where "
+             "pmem_drain is empty: libpmem's CLFLUSH configuration)", "TRACE_SKIP_STREAM_FENCE",
+             "PMEM_NO_CLWB=1 PMEM_NO_CLFLUSHOPT=1 pmemwal powerloss --traced --setups pmem "
+             "--images 60 --seed 1")
+_core_mutant("skip-drain", "neither pmem_drain nor the sfence after an insertion", "TRACE_SKIP_DRAIN",
+             "pmemwal powerloss --traced --setups pmem --images 60 --seed 1")
+_core_mutant("skip-sync", "no fdatasync or msync of a segment", "TRACE_SKIP_SYNC",
+             "pmemwal powerloss --traced --setups buffered --images 40 --seed 1")
+_core_mutant("short-msync", "each msync leaves out its range's last page", "TRACE_SHORT_MSYNC",
+             "pmemwal powerloss --traced --setups msync --images 80 --seed 1")
+
+
+@mutant("no-recovery-sync", "an open does not sync the records it recovered (a reopen after a "
+        "kill takes page-cache records for durable)",
+        caught_by="pmemwal powerloss --traced --setups msync-kill --images 200 --seed 1")
+def _no_recovery_sync() -> Iterator[None]:
+    from pmemwal import wal
+    with _replaced(wal.WAL, "_persist_recovered", lambda self, start, end: None):
+        yield
+
+
+@mutant("reopen-loses-last-record", "an open after a kill destroys the last record it recovered "
+        "(its header zeroed)",
+        caught_by="pmemwal powerloss --traced --setups msync-kill --images 150 --seed 16")
+def _reopen_loses_last_record() -> Iterator[None]:
+    from pmemwal import wal
+    persist_recovered = wal.WAL._persist_recovered
+
+    def losing(self, start: int, end: int) -> None:
+        _, last = self._core.position()
+        if os.path.basename(self._dir.path) == "wal" and last:  # (the workload's: not an image's)
+            fd = os.open(self._dir.file(last // self.segment_size), os.O_RDWR)
+            try:
+                os.pwrite(fd, bytes(8), last % self.segment_size)
+            finally:
+                os.close(fd)
+        persist_recovered(self, start, end)
+    with _replaced(wal.WAL, "_persist_recovered", losing):
+        yield
+
+
+@mutant("recycle-keeps-header", "a recycled segment keeps its old header",
+        caught_by="pmemwal powerloss --setups pmem --images 100 --seed 1")
+def _recycle_keeps_header() -> Iterator[None]:
+    from pmemwal import segments
+
+    def recycle(self, old, new, segment_size, wal_id, fd=-1, spare=False):
+        os.rename(self.file(old), self.file(new))
+        self.sync()
+    with _replaced(segments.WalDirectory, "recycle", recycle):
+        yield
+
+
+@mutant("recycle-without-first-sync", "a recycle leaves out the directory sync after its first "
+        "rename (old name to .tmp): the old name can outlive the new header",
+        caught_by="pmemwal powerloss --fs-model ext4 --images 150 --seed 1")
+def _recycle_without_first_sync() -> Iterator[None]:
+    from pmemwal import segments
+    from pmemwal.format import SegmentHeader
+
+    def recycle(self, old, new, segment_size, wal_id, fd=-1, spare=False):
+        path = self.file(new)
+        tmp = path + ".tmp"
+        with segments.storage_errors(f"recycling {self.file(old)}"):
+            os.rename(self.file(old), tmp)
+            own = fd < 0
+            if own:
+                fd = os.open(tmp, os.O_RDWR)
+            try:
+                header = SegmentHeader(new, segment_size, wal_id, spare, old if spare else None)
+                os.pwrite(fd, header.pack(), 0)
+                os.fdatasync(fd)
+            finally:
+                if own:
+                    os.close(fd)
+            os.rename(tmp, path)
+            self.sync()
+    with _replaced(segments.WalDirectory, "recycle", recycle):
+        yield
+
+
+@mutant("recycle-header-first", "a recycle writes (and syncs) the new header before its renames "
+        "are durable", caught_by="pmemwal powerloss --fs-model xfs --images 150 --seed 1")
+def _recycle_header_first() -> Iterator[None]:
+    from pmemwal import segments
+    from pmemwal.format import SegmentHeader
+
+    def recycle(self, old, new, segment_size, wal_id, fd=-1, spare=False):
+        own = fd < 0
+        if own:
+            fd = os.open(self.file(old), os.O_RDWR)
+        try:
+            header = SegmentHeader(new, segment_size, wal_id, spare, old if spare else None)
+            os.pwrite(fd, header.pack(), 0)
+            os.fdatasync(fd)
+        finally:
+            if own:
+                os.close(fd)
+        os.rename(self.file(old), self.file(new) + ".tmp")
+        self.sync()
+        os.rename(self.file(new) + ".tmp", self.file(new))
+        self.sync()
+    with _replaced(segments.WalDirectory, "recycle", recycle):
+        yield
+
+
+@mutant("control-from-unsynced-segments", "the first opener of a shared WAL rebuilds CONTROL "
+        "from segments whose renames it never synced (the directory syncs of WAL._open and "
+        "_make_segments left out)",
+        # (a CLI run's shared workload kills too few writers: 0 at seed 0, 1 at seed 2)
+        caught_by="tests/test_fs_crash.py::test_control_rebuilt_from_a_half_renamed_segment_set"
+                  "_fails (run_fs_crash crash_rate=0.1; no pmemwal command line catches it)")
+def _control_from_unsynced_segments() -> Iterator[None]:
+    import sys
+    from pmemwal import segments
+    sync = segments.WalDirectory.sync
+
+    def sync_unless_opening(self):
+        if sys._getframe(1).f_code.co_name not in ("_open", "_make_segments"):
+            sync(self)
+    with _replaced(segments.WalDirectory, "sync", sync_unless_opening):
+        yield
+
+
+@mutant("archive-partial-unsynced", "an archive copy renamed into place without the fsync of "
+        "its .partial file", caught_by="pmemwal powerloss --fs-model ext4 --images 120 --seed 1")
+def _archive_partial_unsynced() -> Iterator[None]:
+    from pmemwal import archive
+    fsync_path = archive.fsync_path
+    with _replaced(archive, "fsync_path",
+                   lambda path: None if path.endswith(".partial") else fsync_path(path)):
+        yield
+
+
+@mutant("done-before-upload", "the archiver marks a segment .done before it uploads it",
+        caught_by="pmemwal powerloss --fs-model ext4 --images 150 --seed 1")
+def _done_before_upload() -> Iterator[None]:
+    from pmemwal import archive, archiver
+    from pmemwal.format import segment_name
+
+    def done_before_upload(status, store, wal_dir, attempts, report):
+        for segno in status.entries()["ready"]:
+            name = segment_name(segno)
+            status.set_done(segno)
+            crc, size = archive.file_crc(os.path.join(wal_dir, name))
+            store.store(os.path.join(wal_dir, name), name, crc, size)
+        return True
+    with _replaced(archiver, "archive_ready", done_before_upload):
+        yield
+
+
+@mutant("drop-every-fifth-record", "recovery (WAL.records) leaves out every fifth record",
+        caught_by="pmemwal powerloss --setups buffered --images 30 --seed 3")
+def _drop_every_fifth_record() -> Iterator[None]:
+    from pmemwal import wal
+    real = wal.WAL.records
+
+    def dropping(self, start=None):
+        for i, record in enumerate(real(self, start)):
+            if i % 5 != 4:
+                yield record
+    with _replaced(wal.WAL, "records", dropping):
+        yield
+
+
+@mutant("recovery-skips-records", "recovery (WAL.records) skips the last record of each writer "
+        "thread's run that another record follows: a gap no LSN order shows",
+        caught_by="pmemwal torture --rounds 2 --threads 2 --rounds-per-dir 2")
+def _recovery_skips_records() -> Iterator[None]:
+    from pmemwal import wal
+    from pmemwal.tools.torture.records import parse_record
+    real = wal.WAL.records
+
+    def skipping(self, start=None):
+        records = list(real(self, start))
+        last_of = {}
+        for i, record in enumerate(records):
+            ident = parse_record(bytes(record.payload))
+            if ident:
+                last_of[ident[:2]] = i
+        dropped = {i for i in last_of.values() if i < len(records) - 1}
+        return (r for i, r in enumerate(records) if i not in dropped)
+    with _replaced(wal.WAL, "records", skipping):
+        yield
+
 
 
 # ---- blind spot 1: the background writer --------------------------------------------------
@@ -254,3 +501,178 @@ def _archive_rename_unsynced() -> Iterator[None]:
         yield
     finally:
         archive.fsync_path = fsync_path
+
+
+# ---- the runner: python -m pmemwal.tools.mutants ------------------------------------------
+
+# The shipped checkers at their default sizes, in the order a mutant run tries them (cheapest
+# first is not the point: the first that fails on a mutant has caught it).
+DEFAULT_CHECKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("powerloss", ("powerloss",)),
+    ("powerloss --fs-model ext4", ("powerloss", "--fs-model", "ext4")),
+    ("torture --rounds 20", ("torture", "--rounds", "20")),
+)
+
+
+@dataclass
+class Run:
+    """One checker run with a mutant in: ``verdict`` is caught (it failed), missed (it
+    passed), error (it ended some other way: a crash, a timeout) or n/a (it cannot carry
+    the mutant)."""
+
+    checker: str
+    command: str
+    verdict: str
+    seconds: float = 0.0
+    detail: str = ""
+
+
+def _first_failure(data: object) -> str:
+    """The first failure a checker's JSON report names."""
+    if isinstance(data, dict):
+        for key in ("failures", "problems", "lost", "garbage", "order"):
+            value = data.get(key)
+            if isinstance(value, list) and value and isinstance(value[0], str):
+                return value[0]
+        values = list(data.values())
+    elif isinstance(data, list):
+        values = data
+    else:
+        return ""
+    for value in values:
+        found = _first_failure(value)
+        if found:
+            return found
+    return ""
+
+
+def run_checker(name: str, argv: list[str], mutant_name: str, timeout: float,
+                env: dict[str, str] | None = None) -> Run:
+    """``pmemwal ARGV --json --quiet`` in a child with ``PMEMWAL_MUTANT=mutant_name``."""
+    import json
+    import shlex
+    import subprocess
+    import sys
+    import time
+    command = [sys.executable, "-m", "pmemwal.tools.cli", *argv, "--json", "--quiet"]
+    shown = " ".join(f"{k}={v}" for k, v in (env or {}).items())
+    shown = f"{shown} {ENV}={mutant_name} pmemwal {shlex.join(argv)}".strip()
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {}), ENV: mutant_name})
+    except subprocess.TimeoutExpired:
+        return Run(name, shown, "error", time.perf_counter() - t0, f"timed out after {timeout:.0f} s")
+    seconds = time.perf_counter() - t0
+    if proc.returncode == 0:
+        return Run(name, shown, "missed", seconds)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        tail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return Run(name, shown, "error", seconds, tail)
+    return Run(name, shown, "caught", seconds, _first_failure(report))
+
+
+def _command_of(caught_by: str) -> tuple[dict[str, str], list[str]] | None:
+    """``caught_by`` as (environment, pmemwal's arguments), or None when it is no command
+    line of pmemwal."""
+    import shlex
+    words = shlex.split(caught_by)
+    env = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    if not words or words[0] != "pmemwal":
+        return None
+    return env, words[1:]
+
+
+def check(m: Mutant, timeout: float, say: Callable[[str], None] = lambda line: None) -> list[Run]:
+    """The default checkers against ``m`` until one fails on it; when none does (or none can
+    carry it: a core mutant needs the traced core), the run it names in ``caught_by``."""
+    runs: list[Run] = []
+    for name, argv in DEFAULT_CHECKERS:
+        if m.core_bits:
+            runs.append(Run(name, "", "n/a", detail="the traced core's bug: --traced only"))
+            continue
+        say(f"{m.name}: pmemwal {' '.join(argv)}")
+        runs.append(run_checker(name, list(argv), m.name, timeout))
+        if runs[-1].verdict == "caught":
+            return runs
+    command = _command_of(m.caught_by)
+    if command is not None and tuple(command[1]) not in {argv for _, argv in DEFAULT_CHECKERS}:
+        say(f"{m.name}: {m.caught_by}")
+        runs.append(run_checker(m.caught_by, command[1], m.name, timeout, command[0]))
+    return runs
+
+
+def caught_by_default(runs: list[Run]) -> str | None:
+    return next((r.checker for r in runs[:len(DEFAULT_CHECKERS)] if r.verdict == "caught"), None)
+
+
+def verdict(runs: list[Run]) -> str:
+    """What the runs say of a mutant, in a word or a line."""
+    default = caught_by_default(runs)
+    if default:
+        return default
+    extra = runs[len(DEFAULT_CHECKERS):]
+    if extra and extra[0].verdict == "caught":
+        return f"ONLY a non-default run: {extra[0].checker}"
+    errors = [r for r in runs if r.verdict == "error"]
+    return "MISSED" + (f" ({errors[0].checker}: {errors[0].detail})" if errors else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every mutant (or --only NAME...) against the shipped checkers at their default sizes:
+    a table, mutant by mutant; status 1 when a mutant is missed by every run."""
+    import argparse
+    import json
+    import sys
+    import time
+    parser = argparse.ArgumentParser(
+        prog="python -m pmemwal.tools.mutants",
+        description="Run the shipped crash checkers at their default sizes against each "
+                    "registered mutant (a known persistence bug put back): which catches it.")
+    parser.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(MUTANTS),
+                        help="these mutants only")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds each checker run may take (default 900)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and stop")
+    args = parser.parse_args(argv)
+    chosen = [MUTANTS[n] for n in (args.only or MUTANTS)]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}: {m.description} [{m.blind_spot or 'caught before'}; "
+                  f"{m.caught_by}]")
+        return 0
+    results = []
+    for i, m in enumerate(chosen, 1):
+        t0 = time.perf_counter()
+        runs = check(m, args.timeout, lambda line: print(
+            f"[{i}/{len(chosen)}] {line}", file=sys.stderr, flush=True))
+        seconds = time.perf_counter() - t0
+        results.append((m, runs, seconds))
+        print(f"[{i}/{len(chosen)}] {m.name}: {verdict(runs)} ({seconds:.0f} s)", file=sys.stderr,
+              flush=True)
+    missed = [m.name for m, runs, _ in results if verdict(runs).startswith("MISSED")]
+    if args.json:
+        print(json.dumps([{"mutant": m.name, "description": m.description,
+                           "blind_spot": m.blind_spot, "caught_by": m.caught_by,
+                           "caught_by_default": caught_by_default(runs), "verdict": verdict(runs),
+                           "seconds": round(seconds, 1),
+                           "runs": [r.__dict__ for r in runs]} for m, runs, seconds in results],
+                         indent=2))
+    else:
+        print("| mutant | blind spot | caught by | seconds |\n|---|---|---|---|")
+        for m, runs, seconds in results:
+            print(f"| {m.name} | {m.blind_spot or '-'} | {verdict(runs)} | {seconds:.0f} |")
+        default = sum(1 for _, runs, _ in results if caught_by_default(runs))
+        print(f"\n{default} of {len(results)} caught by the default runs; "
+              f"{len(missed)} missed by every run")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,8 +8,9 @@ core or the other before anything imports it, and picks its CRC32C + copy path
 (``PMEMWAL_CPU``) once: each run here is therefore a child process (``python -m
 pmemwal.tools.traced``), one per CPU path.
 
-``MUTATIONS`` put known persistence bugs back, each caught by a run that should fail:
-a checker that cannot fail proves nothing (tests/test_traced_power_loss.py).
+A run puts a mutant (pmemwal.tools.mutants: a known persistence bug) back by name, or by
+``PMEMWAL_MUTANT``, and must then fail: a checker that cannot fail proves nothing
+(tests/test_traced_power_loss.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import warnings
 from dataclasses import fields
 from typing import Callable
 
+from pmemwal.tools import mutants
 from pmemwal.tools.powerloss import PowerLossReport
 from pmemwal.tools.shadow import cpu_flags
 
@@ -33,25 +35,10 @@ STREAMING_PATHS = {"sse42": {"sse4_2"}, "pclmul": {"sse4_2", "pclmulqdq"},
                    "avx2": {"sse4_2", "pclmulqdq", "avx2", "vpclmulqdq"},
                    "avx512": {"sse4_2", "pclmulqdq", "avx512f", "avx512bw", "vpclmulqdq"}}
 
-MUTATIONS = {
-    "skip-stream-fence": "no sfence after streaming stores (issue 27's first hole: caught "
-                         "where pmem_drain is empty, flush_instruction='clflush')",
-    "skip-drain": "neither pmem_drain nor the sfence after an insertion",
-    "skip-sync": "no fdatasync or msync of a segment",
-    "short-msync": "each msync leaves out its range's last page",
-    "no-recovery-sync": "an open does not sync the records it recovered (issue 27's second "
-                        "hole: caught with kills in msync mode)",
-    "recycle-keeps-header": "a recycled segment keeps its old header",
-    "reopen-loses-last-record": "an open after a kill destroys the last record it recovered "
-                                "(its header zeroed): caught by the check of each reopen",
-    "commit-syncs-own-record": "a commit's sync ends at its own record, yet it publishes as "
-                               "flushed every record complete below the frontier (other "
-                               "writers' records, never synced): caught with concurrent "
-                               "writers in msync mode",
-}
-_CORE_BITS = {"skip-stream-fence": "TRACE_SKIP_STREAM_FENCE", "skip-drain": "TRACE_SKIP_DRAIN",
-              "skip-sync": "TRACE_SKIP_SYNC", "short-msync": "TRACE_SHORT_MSYNC",
-              "commit-syncs-own-record": "TRACE_SYNC_OWN_RECORD"}
+# Mutations a traced run puts in by name: those of the registry (pmemwal.tools.mutants: the
+# core's TRACE_* bits and patches of the library), and any here, name -> description, that
+# _mutate puts in itself.
+MUTATIONS: dict[str, str] = {}
 _PROGRESS = "progress "  # a line of the child's stdout: images checked since the last one
 
 
@@ -65,10 +52,10 @@ def run_traced(mode: str, images: int, *, cpu: str | None = None, mutation: str 
                timeout: float = 900, progress: Callable[[int], None] | None = None,
                **options) -> PowerLossReport:
     """``run_power_loss(mode, images, **options)`` in a child on the traced core, on CPU
-    path ``cpu`` (the best one when None), with ``mutation`` (one of MUTATIONS) put in;
+    path ``cpu`` (the best one when None), with ``mutation`` (a mutant's name) put in;
     ``progress`` is called with the images checked as the child checks them."""
-    if mutation is not None and mutation not in MUTATIONS:
-        raise ValueError(f"mutation={mutation!r}: one of {', '.join(MUTATIONS)}")
+    if mutation is not None and mutation not in MUTATIONS and mutation not in mutants.MUTANTS:
+        raise ValueError(f"mutation={mutation!r}: one of {', '.join([*mutants.MUTANTS, *MUTATIONS])}")
     env = {**os.environ, "PMEMWAL_TRACED_CORE": "1"}
     if cpu is not None:
         env["PMEMWAL_CPU"] = cpu
@@ -103,41 +90,12 @@ def _report(data: dict) -> PowerLossReport:
 
 
 def _mutate(mutation: str | None) -> int:
-    """Put ``mutation`` in: the core's TRACE_* bits, or a patch of the library."""
-    from pmemwal import _core, segments, wal
-    if mutation in _CORE_BITS:
-        return getattr(_core, _CORE_BITS[mutation])
-    if mutation == "no-recovery-sync":
-        wal.WAL._persist_recovered = lambda self, start, end: None
-    elif mutation == "reopen-loses-last-record":
-        persist_recovered = wal.WAL._persist_recovered
-
-        def losing(self, start: int, end: int) -> None:
-            _, last = self._core.position()
-            if os.path.basename(self._dir.path) == "wal" and last:  # (the workload's: not an image's)
-                fd = os.open(self._dir.file(last // self.segment_size), os.O_RDWR)
-                try:
-                    os.pwrite(fd, bytes(8), last % self.segment_size)
-                finally:
-                    os.close(fd)
-            persist_recovered(self, start, end)
-        wal.WAL._persist_recovered = losing
-    elif mutation == "recycle-keeps-header":
-        def recycle(self, old, new, segment_size, wal_id, fd=-1, spare=False):
-            os.rename(self.file(old), self.file(new))
-            self.sync()
-        segments.WalDirectory.recycle = recycle
-    return 0
-
-
-def _mutant_from_environment() -> str | None:
-    """The mutation of the registry's mutant ``PMEMWAL_MUTANT`` names, if it is one of the
-    core's (its ``core_bits``)."""
-    from pmemwal.tools import mutants
-    name = os.environ.get(mutants.ENV)
-    if name and name in MUTATIONS and mutants.get(name).core_bits:
-        return name
-    return None
+    """Put ``mutation`` in, and the mutant ``PMEMWAL_MUTANT`` names: the core's TRACE_* bits
+    they set (patches of the library are in once this returns)."""
+    mutants.apply_from_environment()
+    if mutation in mutants.MUTANTS:
+        mutants.apply(mutation)
+    return mutants.core_mask()
 
 
 def main(argv: list[str]) -> None:
@@ -146,11 +104,8 @@ def main(argv: list[str]) -> None:
     if not _core.TRACED:
         raise SystemExit("not the traced core: run with PMEMWAL_TRACED_CORE=1")
     request = json.loads(argv[0])
-    from pmemwal.tools import mutants
-    mutants.apply_from_environment()  # (PMEMWAL_MUTANT: a checker's run against a mutant)
     warnings.simplefilter("ignore")  # the recoveries' RecoveryWarnings, thousands of them
-    # (a mutant the registry puts into a checker's children: pmemwal.tools.mutants)
-    bits = _mutate(request["mutation"] or _mutant_from_environment())
+    bits = _mutate(request["mutation"])  # (and PMEMWAL_MUTANT's: a checker's run against a mutant)
 
     def progress(n: int) -> None:
         print(f"{_PROGRESS}{n}", flush=True)

@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import sys
 
+from pmemwal.tools import mutants
 from pmemwal.tools.torture.childkit import Pipe, opened
 from pmemwal.tools.torture.workloads import PLUGINS
 
 
 def main(argv: list[str]) -> None:
+    mutants.apply_from_environment()  # PMEMWAL_MUTANT: the run's mutant, in the child too
     spec = json.loads(argv[1])
     workload = PLUGINS[spec["workload"]]
     pipe = Pipe(sys.stdout.fileno())

@@ -35,7 +35,8 @@ class Setup:
 
 
 def child_env(persist: str) -> dict[str, str]:
-    """This environment without pmemwal's switches; libpmem forced to pmem for ``pmem``."""
+    """This environment without pmemwal's switches; libpmem forced to pmem for ``pmem``.
+    (PMEMWAL_MUTANT stays: a mutant run's children put the mutant in too.)"""
     env = {k: v for k, v in os.environ.items() if k not in _SWITCHES}
     root = os.path.dirname(os.path.dirname(os.path.abspath(pmemwal.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
