@@ -741,17 +741,17 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               help="Crash images to recover and check, per setup (with --fs-model: distinct "
               "crash states per workload).")
 @click.option("--setups", type=_Parsed("setups", _powerloss.parse_setups), default=None,
-              help="pmem (traced flush/drain, 1 writer), pmem-threads (4 writers), pmem-checkpointer "
-              "(4 writers and a thread truncating every 2 ms; wal workload), pmem-shared (4 writers "
-              "through 3 handles of a shared WAL, one dying mid-insert now and then; wal "
-              "workload), msync, buffered; msync-threads, buffered-threads (4 writers: one's "
-              "flush while another's sync runs); msync-kill, buffered-kill: the writer killed "
-              "now and then and the WAL reopened, crashes inside its recovery too (wal "
-              "workload).  The msync and buffered setups run on the traced core (a child "
-              "process each), where only the WAL's own syncs make anything durable.  "
-              "buffered-log: the log workload in buffered mode, in the wal run too.  pmem-background, "
-              "msync-background, buffered-background: the WAL's background writer on (flushes, "
-              "segments made ahead, a checkpoint every 5 ms; wal workload).  [default: all but "
+              help="pmem (flush/drain traced, records streamed from 256 bytes on; 1 writer), "
+              "pmem-threads (4 writers), pmem-checkpointer (4 writers and a thread truncating "
+              "every 2 ms), pmem-shared (4 writers through 3 handles of a shared WAL, one dying "
+              "mid-insert now and then), pmem-clflush (libpmem's CLFLUSH setting: pmem_drain "
+              "empty); msync, buffered (durable only what the WAL's syncs covered); "
+              "msync-threads, buffered-threads (4 writers: one's flush while another's sync "
+              "runs); msync-kill, buffered-kill (the writer killed now and then and the WAL "
+              "reopened, crashes inside its recovery too); pmem-background, msync-background, "
+              "buffered-background (the WAL's background writer on: flushes, segments made "
+              "ahead, a checkpoint every 5 ms); buffered-log (the log workload, in the wal run "
+              "too).  Each runs on the traced core, in a child process.  [default: all but "
               "buffered-background]")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of workload and crashes.")
 @click.option("--keep-failures", type=click.Path(file_okay=False), default=None,
@@ -767,11 +767,9 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               "one, as an older or partly written-back version; background: the WAL's "
               "background writer on.")
 @click.option("--traced", is_flag=True,
-              help="Run each setup on the traced core (pmemwal._core_traced), a child process per "
-              "run: pmem setups stream records past the cache, once per CPU path this machine "
-              "has, pmem_drain as libpmem's flush instruction has it (PMEM_NO_CLWB=1 "
-              "PMEM_NO_CLFLUSHOPT=1: CLFLUSH, where it is empty).  The page-cache setups run "
-              "there with or without it.")
+              help="Run each pmem setup once per streaming CPU path this machine has (without "
+              "it: the best one only); pmem_drain as libpmem's flush instruction has it "
+              "(PMEM_NO_CLWB=1 PMEM_NO_CLFLUSHOPT=1: CLFLUSH, where it is empty).")
 @click.option("--max-failures", type=click.IntRange(min=0), default=20, show_default=True,
               help="Stop after the setup (or workload) that brings the failing images to this "
               "many; 0: run them all.")
@@ -802,9 +800,8 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
 
     Example: pmemwal powerloss --traced --images 500 --setups pmem-checkpointer,msync-kill
     """
-    if not traced:  # (--traced: each child puts it in, on the core it runs)
-        _mutants.apply_from_environment()  # PMEMWAL_MUTANT
     if fs_model is not None:
+        _mutants.apply_from_environment()  # PMEMWAL_MUTANT (the data setups: each child's)
         _fs_powerloss(fs_model, images, seed, as_json, quiet, max_failures)
         return
     reports = []
@@ -822,13 +819,11 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
             options = {"workload": workload, **_powerloss.SETUPS[setup], "seed": seed,
                        "keep_failures": keep_failures}  # (a setup may name its workload)
             bar.set_postfix_str(setup + (f" ({cpu})" if cpu else ""))
-            # the page-cache setups always: the regular core's model counts everything
-            # durable once a flush returns, blind to a sync missing or short
-            if traced or options["mode"] != "pmem":
-                report = _traced.run_traced(images=images, cpu=cpu, progress=bar.update,
-                                            streaming=options["mode"] == "pmem", **options)
-            else:
-                report = _powerloss.run_power_loss(images=images, progress=bar.update, **options)
+            # on the traced core, always: the regular core's page-cache model counts
+            # everything durable once a flush returns (blind to a sync missing or short),
+            # and its pmem runs never stream (blind to a fence missing after streaming)
+            report = _traced.run_traced(images=images, cpu=cpu, progress=bar.update,
+                                        streaming=options["mode"] == "pmem", **options)
             reports.append(report)
             if _stop(reports, max_failures):
                 break

@@ -62,6 +62,9 @@ SETUPS: dict[str, dict[str, Any]] = {
     "pmem": {"mode": "pmem"}, "pmem-threads": {"mode": "pmem", "threads": 4},
     "pmem-checkpointer": {"mode": "pmem", "threads": 4, "checkpointer": True},
     "pmem-shared": {"mode": "pmem", "threads": 4, "shared": True},
+    # libpmem's CLFLUSH configuration: pmem_drain is empty, only the core's own sfence
+    # fences its streaming stores
+    "pmem-clflush": {"mode": "pmem", "flush_instruction": "clflush"},
     "msync": {"mode": "msync"},
     "msync-kill": {"mode": "msync", "kills": True}, "buffered": {"mode": "buffered"},
     "buffered-kill": {"mode": "buffered", "kills": True},
