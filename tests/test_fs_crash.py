@@ -230,7 +230,7 @@ def test_control_rebuilt_from_a_half_renamed_segment_set_fails():
     suffices), it builds on a rename that writers killed mid-recycle never synced, and
     acknowledges records in that segment that a power cut then takes away."""
     with mutants.applied("control-from-unsynced-segments"):
-        report = run_fs_crash("ext4", 500, seed=2, workload="shared", crash_rate=0.1)
+        report = run_fs_crash("ext4", 300, seed=2, workload="shared")
     assert report.kills and report.lost, table([report])
     assert any("had been acknowledged" in f for f in report.failures), report.failures[:3]
 

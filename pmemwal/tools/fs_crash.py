@@ -76,7 +76,7 @@ METADATA_WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive",
 SEGMENT_SIZE = 1 << 20            # the smallest allowed: many file operations per record
 MAX_SEGMENTS = 4                  # truncate beyond this
 ROUNDS_PER_WAL = 160              # workload steps before a fresh WAL (keeps states small)
-KILL_RATE = 0.3                   # shared: chance that a truncation's writers are killed mid-way
+KILL_RATE = 0.9                   # shared: chance that a truncation's writers are killed mid-way
 PER_FILE_STATES = 4               # drawn at each crash point where a file has several versions
 INDEX_CHECKPOINT_RATE = 0.15      # log, eventsourcing: chance of an index checkpoint after a step
 ORIGINATORS = 24                  # eventsourcing: aggregates the events go to
@@ -297,6 +297,10 @@ class SharedWorkload(TruncateWorkload):
                             background=False, prepare_segments=0, prefault=False, shared=True,
                             **self.options)
 
+    # Crash points seldom: the states come from many steps, so that many truncations run,
+    # and writers killed amid them (the states a kill leaves are few and cheap).
+    crash_rate = 0.01
+
     def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
         super().__init__(root, seed, recorder)
         self.handles = [self.work.wal, self._open_shared()]
@@ -307,7 +311,7 @@ class SharedWorkload(TruncateWorkload):
 
     def retain(self, rng: random.Random) -> None:
         wal = self.work.wal
-        if not (len(wal._dir.list_segments(tidy=False)) > MAX_SEGMENTS or rng.random() < 0.05):
+        if not (len(wal._dir.list_segments(tidy=False)) > MAX_SEGMENTS or rng.random() < 0.2):
             return
         if rng.random() < KILL_RATE:
             count = [rng.randrange(1, 4)]  # before the 1st, 2nd or 3rd directory sync
@@ -734,15 +738,17 @@ _WORKLOAD_CLASSES = {"growth": GrowthWorkload, "truncate": TruncateWorkload,
 # ---- the driver ---------------------------------------------------------------------------------
 
 def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "growth",
-                 directory: str | None = None, crash_rate: float = 0.5,
+                 directory: str | None = None, crash_rate: float | None = None,
                  progress: Callable[[int], None] | None = None,
                  max_seconds: float | None = None,
                  per_file: int = PER_FILE_STATES) -> FsCrashReport:
     """Run ``workload`` under the recorder, crashing at random recorded operations (each with
-    chance ``crash_rate``) and after steps, until ``states`` distinct crash states of the
+    chance ``crash_rate``: the workload's own, else 0.5) and after steps, until ``states`` distinct crash states of the
     ``fs_model`` file system have been recovered and checked (or ``max_seconds`` passed);
     ``per_file``: the states drawn at a crash point where files take data outcomes of their
     own (fs_model.MetadataModel.states)."""
+    if crash_rate is None:
+        crash_rate = getattr(_WORKLOAD_CLASSES.get(workload), "crash_rate", 0.5)
     if workload not in WORKLOADS:
         raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
     model = MetadataModel(fs_model)
