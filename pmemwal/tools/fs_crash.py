@@ -59,7 +59,7 @@ from pmemwal.tools.fs_model import CrashState, Killed, MetadataModel, Recorder
 from pmemwal.tools.powerloss import Workload, _default_dir, _write_image, check_image, payload
 from pmemwal.tools.shadow import Image
 
-WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore")
+WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore", "salvage")
 METADATA_WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive")  # and restore
 SEGMENT_SIZE = 1 << 20            # the smallest allowed: many file operations per record
 MAX_SEGMENTS = 4                  # truncate beyond this
@@ -504,6 +504,10 @@ def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "
     ``fs_model`` file system have been recovered and checked (or ``max_seconds`` passed)."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
+    if workload == "salvage":  # crashes inside a recovery that cuts, then a second one
+        from pmemwal.tools.fs_salvage import run_salvage
+        return run_salvage(fs_model, states, seed, directory=directory, crash_rate=crash_rate,
+                           progress=progress, max_seconds=max_seconds)
     model = MetadataModel(fs_model)
     report = FsCrashReport(fs_model, workload, seed)
     base = Path(tempfile.mkdtemp(prefix="pmemwal-fscrash-", dir=directory or _default_dir()))

@@ -101,7 +101,8 @@ def make_case(path: Path, pattern: str, seed: int) -> Case:
     source = path.parent / (path.name + ".source")
     wal = pmemwal.open(source, mode="buffered", segment_size=SEGMENT_SIZE, background=False,
                        prepare_segments=0, recycle_segments=0)
-    size = int(1.3 * SEGMENT_SIZE) if pattern == "across-segments" else 40 * PAGE_SIZE
+    # (every page past the damage is copied, a write and a crash point each: a few pages)
+    size = SEGMENT_SIZE + 8 * PAGE_SIZE if pattern == "across-segments" else 14 * PAGE_SIZE
     lsns, payloads = [], []
     while wal.insert_lsn < size:
         data = payload(seed, len(lsns), rng.randrange(16, 6000 if size > SEGMENT_SIZE else 2500))
@@ -208,12 +209,13 @@ def _judge(case: Case, got: list[tuple[int, bytes]], held: dict[tuple[int, bytes
     for lsn, data in got:
         if case.written.get(lsn) != data:
             return "stale", f"the WAL returned a record at {lsn:#x} that was not written there"
+    in_wal = set(got)
     for (lsn, data), names in held.items():
         if case.written.get(lsn) != data:
             return "stale", f"lost+found entry {names[0]} holds a record at {lsn:#x} not written there"
         if len(names) > 1:
             return "duplicated", f"the record at {lsn:#x} is held by entries {', '.join(names)}"
-        if (lsn, data) in set(got):
+        if (lsn, data) in in_wal:
             return "duplicated", f"the record at {lsn:#x} is in the WAL and in entry {names[0]}"
     for lsn, data in case.after.items():
         if (lsn, data) not in held:
@@ -293,6 +295,7 @@ class _Run:
     base: Path
     crash_rate: float
     third_rate: float
+    third_crash_rate: float
     put_back_rate: float
     progress: Callable[[int], None] | None
     seen: set[bytes] = field(default_factory=set)
@@ -381,7 +384,7 @@ def _case(run: _Run, case_no: int, pattern: str, seed: int) -> None:
         what = f"in the first recovery ({where}; {pattern})"
         if run.rng.random() < run.third_rate:
             _recover_under_recorder(run, image, case, what, third_of(what), check=True,
-                                    crash_rate=THIRD_CRASH_RATE)
+                                    crash_rate=run.third_crash_rate)
         else:
             verdict, detail, n = check_recovery(image / "wal", case,
                                                 put_back=run.rng.random() < run.put_back_rate)
@@ -404,12 +407,14 @@ def _case(run: _Run, case_no: int, pattern: str, seed: int) -> None:
 
 def run_salvage(fs_model: str, states: int, seed: int = 0, *, directory: str | None = None,
                 crash_rate: float = 1.0, third_rate: float = THIRD_RATE,
-                put_back_rate: float = PUT_BACK_RATE, patterns: tuple[str, ...] = tuple(PATTERNS),
+                third_crash_rate: float = THIRD_CRASH_RATE, put_back_rate: float = PUT_BACK_RATE, patterns: tuple[str, ...] = tuple(PATTERNS),
                 progress: Callable[[int], None] | None = None,
                 max_seconds: float | None = None) -> SalvageReport:
     """Damaged WALs, one pattern after another, each recovered under the recorder with a
     crash point at each recorded call (with chance ``crash_rate``), until ``states``
-    distinct states of a crash in a first recovery were recovered again and checked."""
+    distinct states of a crash in a first recovery were recovered again and checked.  With
+    chance ``third_rate`` such a second recovery runs under a recorder too (its crash points
+    with chance ``third_crash_rate``), each state of a crash in it recovered a third time."""
     for pattern in patterns:
         if pattern not in PATTERNS:
             raise ValueError(f"pattern {pattern!r}: one of {', '.join(PATTERNS)}")
@@ -417,7 +422,7 @@ def run_salvage(fs_model: str, states: int, seed: int = 0, *, directory: str | N
     report = SalvageReport(fs_model, "salvage", seed)
     base = Path(tempfile.mkdtemp(prefix="pmemwal-salvage-", dir=directory or _default_dir()))
     run = _Run(fs_model, report, random.Random(seed), base, crash_rate, third_rate,
-               put_back_rate, progress)
+               third_crash_rate, put_back_rate, progress)
     t0 = time.perf_counter()
     try:
         case_no = 0
