@@ -103,7 +103,8 @@ def make_case(path: Path, pattern: str, seed: int) -> Case:
                        prepare_segments=0, recycle_segments=0)
     # (every page past the damage is copied, a write and a crash point each: a few pages)
     size = SEGMENT_SIZE + 8 * PAGE_SIZE if pattern == "across-segments" else 14 * PAGE_SIZE
-    lsns, payloads = [], []
+    lsns: list[int] = []
+    payloads: list[bytes] = []
     while wal.insert_lsn < size:
         data = payload(seed, len(lsns), rng.randrange(16, 6000 if size > SEGMENT_SIZE else 2500))
         # a torn tail's records were written before any flush: their durable hints prove none

@@ -102,6 +102,8 @@ def apply_from_environment() -> None:
         blind_spot="a crash during recovery, then a second recovery",
         caught_by="pmemwal powerloss --fs-model ext4 (workload salvage)")
 def _aside_synced_after_cut() -> Iterator[None]:
+    from typing import Any
+
     from pmemwal import lostfound
     real_set_aside, real_write, real_sync = (lostfound.set_aside, lostfound.write_synced,
                                              lostfound.sync_directory)
@@ -120,7 +122,7 @@ def _aside_synced_after_cut() -> Iterator[None]:
         if not inside[0]:
             real_sync(path)
 
-    def set_aside(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def set_aside(*args: Any, **kwargs: Any) -> Any:
         inside[0] += 1
         try:
             return real_set_aside(*args, **kwargs)
