@@ -33,6 +33,8 @@ may leave at each point and run recovery on it.
   power cut must never leave a WAL that does not open.
 
 ``run_fs_crash`` is the driver; ``pmemwal powerloss --fs-model ext4|xfs`` its command line.
+The ``salvage`` workload (fs_salvage.py) has a driver of its own: crashes inside a recovery
+that cuts and sets aside, each state recovered again and its lost+found checked.
 """
 
 from __future__ import annotations
