@@ -76,6 +76,8 @@ class SalvageReport(FsCrashReport):
     put_backs: int = 0            # entries put back and read back
     duplicated: int = 0           # a record held twice (two entries, or an entry and the WAL)
     pending: int = 0              # an entry still pending once the open returned
+    orphans: int = 0              # states after whose recovery lost+found keeps a directory with
+                                  # no manifest (a set-aside a crash stopped: unread, never removed)
 
     @property
     def ok(self) -> bool:
@@ -261,6 +263,13 @@ def _adopt(recorder: Recorder, root: Path) -> None:
             recorder._inode(os.lstat(path), os.path.relpath(path, root))
 
 
+def _orphaned(path: Path) -> bool:
+    """Whether lost+found in ``path`` keeps a directory that is no entry (no manifest)."""
+    root = path / lostfound.LOST_FOUND_NAME
+    names = {e.name for e in lostfound.entries(str(path))}
+    return root.is_dir() and any(not n.startswith(".") and n not in names for n in os.listdir(root))
+
+
 def _materialize(state: CrashState, directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
@@ -391,6 +400,7 @@ def _case(run: _Run, case_no: int, pattern: str, seed: int) -> None:
                                                 put_back=run.rng.random() < run.put_back_rate)
             run.report.put_backs += n
             run.count(verdict, detail, what, state)
+            run.report.orphans += _orphaned(image / "wal")
 
     def third_of(what: str) -> Callable[[CrashState, str], None]:
         def third(state: CrashState, where: str) -> None:
