@@ -40,12 +40,6 @@ def test_a_crash_in_the_second_recovery_recovers_a_third_time():
     assert report.third_states >= 5
 
 
-def test_the_salvage_workload_is_one_of_the_file_system_model_s():
-    assert "salvage" in fs_crash.WORKLOADS
-    report = fs_crash.run_fs_crash("ext4", 5, seed=1, workload="salvage", crash_rate=0.1)
-    assert report.ok and report.workload == "salvage", _why(report)
-
-
 # ---- bugs only a crash inside the recovery shows -------------------------------------------------
 
 def test_a_set_aside_synced_only_after_the_cut_loses_records():
