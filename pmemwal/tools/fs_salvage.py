@@ -414,6 +414,7 @@ def _case(run: _Run, case_no: int, pattern: str, seed: int) -> None:
 
     _recover_under_recorder(run, root, case, "", second, check=False, crash_rate=run.crash_rate)
     shutil.rmtree(root, ignore_errors=True)
+    _fs_model._HASHES.clear()  # (it keeps the contents it hashed: segments, a MiB each)
 
 
 def run_salvage(fs_model: str, states: int, seed: int = 0, *, directory: str | None = None,
