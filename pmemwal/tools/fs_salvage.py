@@ -314,9 +314,8 @@ class _Run:
     def count(self, verdict: str, detail: str, where: str, state: CrashState | None) -> None:
         if verdict == "ok":
             return
-        name = {"lost": "lost", "stale": "stale", "untyped": "untyped", "refused": "refused",
-                "duplicated": "duplicated", "pending": "pending"}[verdict]
-        setattr(self.report, name, getattr(self.report, name) + 1)
+        assert verdict in ("lost", "stale", "untyped", "refused", "duplicated", "pending"), verdict
+        setattr(self.report, verdict, getattr(self.report, verdict) + 1)
         if len(self.report.failures) < 50:
             kept = "" if state is None else (f" ({state.prefix} of {state.pending} pending "
                                              f"operations kept, {state.data} data)")
@@ -346,7 +345,7 @@ def _recover_under_recorder(run: _Run, root: Path, case: Case, where: str,
         if run.rng.random() < crash_rate:
             run.report.crash_points += 1
             for state in run.states(recorder, seen):
-                on_state(state, f"{at}, {where}")
+                on_state(state, f"{at}, {where}" if where else at)
 
     recorder.on_point = crash
     saved = _installed()
