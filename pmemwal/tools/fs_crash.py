@@ -40,6 +40,8 @@ may leave at each point and run recovery on it.
   every acknowledged event back by its aggregate and by its notification ID.
 
 ``run_fs_crash`` is the driver; ``pmemwal powerloss --fs-model ext4|xfs`` its command line.
+The ``salvage`` workload (fs_salvage.py) has a driver of its own: crashes inside a recovery
+that cuts and sets aside, each state recovered again and its lost+found checked.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ from pmemwal.tools.powerloss import (LogWorkload, Workload, _default_dir, _write
 from pmemwal.tools.shadow import Image
 
 WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive", "restore", "log",
-             "eventsourcing", "background")
+             "eventsourcing", "background", "salvage")
 METADATA_WORKLOADS = ("growth", "truncate", "recycle", "shared", "archive",
                       "background")  # and restore
 SEGMENT_SIZE = 1 << 20            # the smallest allowed: many file operations per record
@@ -751,6 +753,10 @@ def run_fs_crash(fs_model: str, states: int, seed: int = 0, *, workload: str = "
         crash_rate = getattr(_WORKLOAD_CLASSES.get(workload), "crash_rate", 0.5)
     if workload not in WORKLOADS:
         raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
+    if workload == "salvage":  # crashes inside a recovery that cuts, then a second one
+        from pmemwal.tools.fs_salvage import run_salvage
+        return run_salvage(fs_model, states, seed, directory=directory, crash_rate=crash_rate,
+                           progress=progress, max_seconds=max_seconds)
     model = MetadataModel(fs_model)
     report = FsCrashReport(fs_model, workload, seed)
     base = Path(tempfile.mkdtemp(prefix="pmemwal-fscrash-", dir=directory or _default_dir()))

@@ -471,6 +471,70 @@ def _es_run_unsynced() -> Iterator[None]:
 
 # ---- blind spot 4: a crash during recovery, then a second recovery ------------------------
 
+@mutant("aside-synced-after-cut",
+        "a cut's lost+found entry: its manifest written without fsync and its directories not "
+        "synced, left to the entry's finish, which runs after the cut's zeroing is synced",
+        blind_spot="a crash during recovery, then a second recovery",
+        caught_by="pmemwal powerloss --fs-model ext4 (workload salvage)")
+def _aside_synced_after_cut() -> Iterator[None]:
+    from typing import Any
+
+    from pmemwal import lostfound
+    real_set_aside, real_write, real_sync = (lostfound.set_aside, lostfound.write_synced,
+                                             lostfound.sync_directory)
+    inside = [0]
+
+    def write_synced(path: str, data: bytes, flags: int = os.O_EXCL) -> None:
+        if not (inside[0] and path.endswith(lostfound.MANIFEST)):
+            return real_write(path, data, flags)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def sync_directory(path: str) -> None:
+        if not inside[0]:
+            real_sync(path)
+
+    def set_aside(*args: Any, **kwargs: Any) -> Any:
+        inside[0] += 1
+        try:
+            return real_set_aside(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    lostfound.set_aside, lostfound.write_synced, lostfound.sync_directory = (
+        set_aside, write_synced, sync_directory)
+    try:
+        yield
+    finally:
+        lostfound.set_aside, lostfound.write_synced, lostfound.sync_directory = (
+            real_set_aside, real_write, real_sync)
+
+
+@mutant("unpend-before-cut",
+        "a cut's lost+found entry stops being pending (CUTTING removed) before the cut's "
+        "zeroing is written and synced, not after",
+        blind_spot="a crash during recovery, then a second recovery",
+        caught_by="pmemwal powerloss --fs-model ext4 (workload salvage)")
+def _unpend_before_cut() -> Iterator[None]:
+    from pmemwal import lostfound
+    from pmemwal.recovery import Recovery
+    real_wipe = Recovery._wipe_beyond
+
+    def wipe(self: Recovery, end: int, pages: list[int]) -> None:
+        for entry in lostfound._pending(self._dir.path, self._wal_id, end, end):
+            lostfound._unpend(entry.path)
+        real_wipe(self, end, pages)
+
+    Recovery._wipe_beyond = wipe  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Recovery._wipe_beyond = real_wipe  # type: ignore[method-assign]
+
+
 
 # ---- blind spot 5: a second file system ---------------------------------------------------
 
