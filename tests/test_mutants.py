@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from pmemwal import archive, archiver, segments, wal
-from pmemwal.tools import fs_crash, mutants
+from pmemwal.tools import fs_crash, mutant_runner, mutants
 from pmemwal.tools.torture.setups import child_env
 
 # where the library mutants patch
@@ -69,22 +69,22 @@ def test_the_torture_children_keep_and_read_PMEMWAL_MUTANT(monkeypatch):
 
 def test_the_runner_calls_a_failing_checker_run_caught_and_a_passing_one_missed():
     argv = ["powerloss", "--setups", "buffered", "--images", "20", "--seed", "5"]
-    caught = mutants.run_checker("buffered", argv, "drop-every-fifth-record", 300)
+    caught = mutant_runner.run_checker("buffered", argv, "drop-every-fifth-record", 300)
     assert caught.verdict == "caught", caught
     assert "did not come back" in caught.detail
     assert caught.command.startswith("PMEMWAL_MUTANT=drop-every-fifth-record pmemwal powerloss")
     # it drops records of the torture's format only: the power-loss run cannot see it
-    missed = mutants.run_checker("buffered", argv, "recovery-skips-records", 300)
+    missed = mutant_runner.run_checker("buffered", argv, "recovery-skips-records", 300)
     assert missed.verdict == "missed", missed
 
 
 def test_the_runner_names_what_caught_each_mutant():
-    runs = [mutants.Run("powerloss", "", "missed"), mutants.Run("fs", "", "missed"),
-            mutants.Run("torture", "", "missed"), mutants.Run("pmemwal x", "", "caught")]
-    assert mutants.verdict(runs) == "ONLY a non-default run: pmemwal x"
-    assert mutants.verdict(runs[:2] + [mutants.Run("torture", "", "caught")]) == "torture"
-    assert mutants.verdict(runs[:3]).startswith("MISSED")
-    assert mutants._command_of("A=1 pmemwal powerloss --images 3") == (
+    runs = [mutant_runner.Run("powerloss", "", "missed"), mutant_runner.Run("fs", "", "missed"),
+            mutant_runner.Run("torture", "", "missed"), mutant_runner.Run("pmemwal x", "", "caught")]
+    assert mutant_runner.verdict(runs) == "ONLY a non-default run: pmemwal x"
+    assert mutant_runner.verdict(runs[:2] + [mutant_runner.Run("torture", "", "caught")]) == "torture"
+    assert mutant_runner.verdict(runs[:3]).startswith("MISSED")
+    assert mutant_runner._command_of("A=1 pmemwal powerloss --images 3") == (
         {"A": "1"}, ["powerloss", "--images", "3"])
 
 
