@@ -54,7 +54,6 @@ import time
 import traceback
 import uuid
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -67,6 +66,7 @@ from pmemwal.format import HEADER_SIZE, SegmentHeader, parse_segment_name, segme
 from pmemwal.segments import RESTORING_NAME
 from pmemwal.tools import restore as _restore
 from pmemwal.tools.fs_model import CrashState, Killed, MetadataModel, Recorder
+from pmemwal.tools.fs_report import FsCrashReport
 from pmemwal.tools.powerloss import (LogWorkload, Workload, _default_dir, _write_image,
                                      check_image, payload)
 from pmemwal.tools.shadow import Image
@@ -85,38 +85,6 @@ ORIGINATORS = 24                  # eventsourcing: aggregates the events go to
 
 
 # ---- checks ---------------------------------------------------------------------------------
-
-@dataclass
-class FsCrashReport:
-    """What a run checked, and what (must not have) failed."""
-
-    fs_model: str
-    workload: str
-    seed: int = 0
-    crash_points: int = 0
-    background_points: int = 0    # ... of which in the WAL's background writer's operations
-    states_checked: int = 0       # recoveries run (a distinct state is checked again when
-    distinct_states: int = 0      # ... what had been acknowledged differs)
-    metadata_states: int = 0      # distinct states that lost some pending metadata operation
-    per_file_states: int = 0      # distinct states whose files took data outcomes of their own
-    lost: int = 0
-    stale: int = 0
-    untyped: int = 0              # recovery raised something that is not a WALError
-    refused: int = 0              # a WALError where nothing was lost (a failure)
-    expected_refusals: int = 0    # a restore cut short: open refuses, as designed
-    kills: int = 0                # shared: writers killed mid-truncation, then reopened
-    operations: int = 0           # metadata operations recorded
-    records_written: int = 0
-    seconds: float = 0.0
-    failures: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.lost or self.stale or self.untyped or self.refused)
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "ok": self.ok}
-
 
 def _verdict_of_error(exc: BaseException, acked: int) -> tuple[str, str]:
     if not isinstance(exc, WALError):

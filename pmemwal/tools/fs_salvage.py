@@ -54,8 +54,8 @@ from pmemwal import lostfound, putback
 from pmemwal.errors import WALError
 from pmemwal.format import CHECKPOINTED, HEADER_SIZE, PAGE_SIZE, SPARE, SegmentHeader, segment_name
 from pmemwal.tools import fs_model as _fs_model
-from pmemwal.tools.fs_crash import FsCrashReport
 from pmemwal.tools.fs_model import CrashState, MetadataModel, Recorder
+from pmemwal.tools.fs_report import FsCrashReport
 from pmemwal.tools.powerloss import _default_dir, payload
 
 SEGMENT_SIZE = 1 << 20

@@ -1,6 +1,6 @@
 """The mutants' runner: every registered mutant against the shipped crash checkers.
 
-``python -m pmemwal.tools.mutants`` (or this module) runs, for each mutant of
+``python -m pmemwal.tools.mutant_runner`` runs, for each mutant of
 pmemwal.tools.mutants, the three checkers at their default sizes (``pmemwal powerloss``,
 ``pmemwal powerloss --fs-model ext4``, ``pmemwal torture --rounds 20``) as child processes
 with ``PMEMWAL_MUTANT`` set, the one its ``caught_by`` names first, until one fails on it: a
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     import time
     parser = argparse.ArgumentParser(
-        prog="python -m pmemwal.tools.mutants",
+        prog="python -m pmemwal.tools.mutant_runner",
         description="Run the shipped crash checkers at their default sizes against each "
                     "registered mutant (a known persistence bug put back): which catches it.")
     parser.add_argument("--only", nargs="+", metavar="NAME", choices=sorted(MUTANTS),

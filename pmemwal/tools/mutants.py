@@ -5,7 +5,7 @@ mutant here is one plausible bug (a sync dropped, an order swapped, a guard lost
 the library by patching it in this process (``applied``), or, for the native core, by the
 traced core's ``TRACE_*`` bits (pmemwal.tools.traced).  The suite holds each one against the
 checker meant to catch it (tests/test_mutants.py and the checkers' own tests), and
-``python -m pmemwal.tools.mutants`` runs the shipped checkers at their default sizes against
+``python -m pmemwal.tools.mutant_runner`` runs the shipped checkers at their default sizes against
 every mutant and says which caught it.
 
 ``PMEMWAL_MUTANT=NAME`` puts a mutant into a checker's run (``pmemwal powerloss``,
@@ -95,7 +95,7 @@ def apply_from_environment() -> None:
 
 # ---- mutants the checkers caught before (ported from their tests) -------------------------
 
-# What the default runs catch each with is the runner's to say (python -m pmemwal.tools.mutants);
+# What the default runs catch each with is the runner's to say (python -m pmemwal.tools.mutant_runner);
 # caught_by names the smallest run of a shipped checker that catches it, as its test runs it.
 
 _active_core_bits: list[str] = []   # TRACE_* names of the core mutants in (see core_mask)
@@ -112,20 +112,30 @@ def core_mask() -> int:
     return mask
 
 
-def _core_mutant(name: str, description: str, bit: str, caught_by: str) -> None:
+def _core_mutant(name: str, description: str, bit: str, caught_by: str,
+                 blind_spot: str = "") -> None:
     """A bug of the native core, put in by its traced build's ``bit`` (no patch of Python
-    can reach it): only a run on the traced core (``--traced``) can carry it."""
+    can reach it).  On the regular core it goes into the traced children this process
+    starts (``PMEMWAL_MUTANT``: the checker runs them), and nowhere else."""
     def patch() -> Iterator[None]:
         from pmemwal import _core
-        if not _core.TRACED:
-            raise RuntimeError(f"mutant {name!r} is put into the traced core only: run the "
-                               "checker with --traced (PMEMWAL_TRACED_CORE=1)")
-        _active_core_bits.append(bit)
+        if _core.TRACED:
+            _active_core_bits.append(bit)
+            try:
+                yield
+            finally:
+                _active_core_bits.remove(bit)
+            return
+        before = os.environ.get(ENV)
+        os.environ[ENV] = name
         try:
             yield
         finally:
-            _active_core_bits.remove(bit)
-    mutant(name, description, caught_by=caught_by, core_bits=bit)(patch)
+            if before is None:
+                os.environ.pop(ENV, None)
+            else:
+                os.environ[ENV] = before
+    mutant(name, description, caught_by=caught_by, core_bits=bit, blind_spot=blind_spot)(patch)
 
 
 @contextlib.contextmanager
@@ -375,26 +385,13 @@ def _background_checkpoint_before_msync() -> Iterator[None]:
 # ---- concurrent writers in the page-cache modes: group commit -----------------------------
 
 
-@mutant("commit-syncs-own-record",
-        "a commit (append(flush=True)) in msync or buffered mode syncs from the flushed "
-        "position to its own record's end, yet publishes as flushed everything complete below "
-        "the frontier: other writers' records past it are acknowledged unsynced (a lone "
-        "writer's record always ends at the frontier)",
-        blind_spot="concurrent writers in the page-cache modes",
-        caught_by="pmemwal powerloss --setups msync-threads --images 200",
-        core_bits="TRACE_SYNC_OWN_RECORD")
-def _commit_syncs_own_record() -> Iterator[None]:
-    # A native mutant: only the traced core carries it, in the checker's children
-    # (pmemwal.tools.traced reads the variable as each child starts).
-    before = os.environ.get(ENV)
-    os.environ[ENV] = "commit-syncs-own-record"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
+_core_mutant("commit-syncs-own-record",
+             "a commit (append(flush=True)) in msync or buffered mode syncs from the flushed "
+             "position to its own record's end, yet publishes as flushed everything complete "
+             "below the frontier: other writers' records past it are acknowledged unsynced (a "
+             "lone writer's record always ends at the frontier)", "TRACE_SYNC_OWN_RECORD",
+             "pmemwal powerloss --setups msync-threads --images 200",
+             blind_spot="concurrent writers in the page-cache modes")
 
 
 # ---- files other than segments: older and partial versions ------------------
@@ -564,7 +561,3 @@ def _archive_rename_unsynced() -> Iterator[None]:
     finally:
         archive.fsync_path = fsync_path
 
-
-if __name__ == "__main__":  # (the runner's module imports this one: run it from there)
-    from pmemwal.tools.mutant_runner import main
-    raise SystemExit(main())
