@@ -381,3 +381,30 @@ def test_a_background_checkpoint_written_before_its_flush_fails(monkeypatch) -> 
     [report] = json.loads(result.stdout)["reports"]
     assert report["recovery_errors"] + report["lost"] + report["bad"] > 0
     assert any("(background)" in failure for failure in report["failures"])
+
+
+def test_a_spare_armed_without_its_sync_fails(monkeypatch) -> None:
+    """The mutant arm-without-sync: a spare's header rewritten as in use with no fdatasync.
+    The shadow took every armed file for synced (it did not look), so powerloss missed it;
+    now the header stays spare in the durable bytes until a sync of the file is seen, and
+    on pmem (whose flushes cover the records' cache lines, not the header's) records are
+    acknowledged under a header a crash can leave spare or torn."""
+    monkeypatch.setenv(mutants.ENV, "arm-without-sync")
+    result = cli_runner().invoke(main, ["powerloss", "--images", "60", "--setups", "pmem",
+                                        "--seed", "1", "--json", "--quiet"])
+    assert result.exit_code == 1, result.output
+    [report] = json.loads(result.stdout)["reports"]
+    assert report["recovery_errors"] + report["lost"] + report["bad"] > 0
+
+
+def test_a_segment_created_without_its_sync_fails(monkeypatch) -> None:
+    """The mutant create-header-unsynced: a new segment renamed into place without the
+    fdatasync of its .tmp.  Its durable bytes are zeros (a new file) until a sync of it
+    is seen, so an image can hold no header under acknowledged records."""
+    monkeypatch.setenv(mutants.ENV, "create-header-unsynced")
+    result = cli_runner().invoke(main, ["powerloss", "--images", "80", "--setups",
+                                        "msync,msync-background", "--seed", "1", "--json",
+                                        "--quiet"])
+    assert result.exit_code == 1, result.output
+    reports = json.loads(result.stdout)["reports"]
+    assert sum(r["recovery_errors"] + r["lost"] + r["bad"] for r in reports) > 0

@@ -533,6 +533,70 @@ def _unpend_before_cut() -> Iterator[None]:
 
 
 
+# ---- segment files' own writes ----------------------------------------------------------
+
+
+@mutant("arm-without-sync",
+        "a spare segment armed (its header rewritten without SPARE) with no fdatasync "
+        "(segments.py:356 left out): records stored into it and synced by msync of their "
+        "own range can be durable under a header that still says spare, which recovery "
+        "passes by",
+        blind_spot="segment headers written by Python taken as durable: the power-loss "
+        "shadow tracked an armed (created, recycled) file as synced without looking "
+        "(shadow.py _follow); now it counts only a sync it saw.  In the page-cache modes "
+        "the first msync (or fdatasync) of the segment covers its header page too: pmem only",
+        caught_by="pmemwal powerloss --setups pmem")
+def _arm_without_sync() -> Iterator[None]:
+    from pmemwal import segments
+    from pmemwal.format import HEADER_SIZE, SegmentHeader
+
+    def arm(self: Any, segno: int, segment_size: int, wal_id: bytes, fd: int) -> None:
+        with segments.storage_errors(f"writing the header of {self.file(segno)}"):
+            header = SegmentHeader(segno, segment_size, wal_id, self.header_flags(),
+                                   cuts=self.cuts)
+            os.pwrite(fd, header.pack()[:HEADER_SIZE], 0)
+    with _replaced(segments.WalDirectory, "arm", arm):
+        yield
+
+
+@mutant("create-header-unsynced",
+        "a new segment renamed into place without the fdatasync of its .tmp file "
+        "(segments.py:310 left out): its header, and with fallocate its size, wait on the "
+        "page cache while records are acknowledged in it by msync of their own range",
+        blind_spot="segment headers written by Python taken as durable (as arm-without-sync)",
+        caught_by="pmemwal powerloss --setups msync")
+def _create_header_unsynced() -> Iterator[None]:
+    from pmemwal import segments
+
+    def create(self: Any, segno: int, segment_size: int, wal_id: bytes, zero_fill: bool = False,
+               flags: int | None = None, spare: bool = False) -> None:  # its fdatasync left out
+        flags = self.header_flags() if flags is None else flags
+        path = self.file(segno)
+        tmp = path + ".tmp"
+        with segments.storage_errors(f"creating {path}"):
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                if zero_fill:
+                    offset = 0
+                    while offset < segment_size:
+                        offset += os.pwrite(fd, segments._ZEROS[:segment_size - offset], offset)
+                else:
+                    os.posix_fallocate(fd, 0, segment_size)
+                header = segments.SegmentHeader(
+                    segno, segment_size, wal_id,
+                    flags | (segments.SPARE if spare else 0), cuts=self.cuts)
+                os.pwrite(fd, header.pack(), 0)
+            except OSError:
+                os.unlink(tmp)
+                raise
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+            self.sync()
+    with _replaced(segments.WalDirectory, "create", create):
+        yield
+
+
 # ---- a second file system ---------------------------------------------------
 
 

@@ -245,8 +245,23 @@ def _written_through(real: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+# per thread, while a segment file operation runs (DurableShadow._follow): the paths of the
+# files it synced (a background writer may sync others at the same time)
+_syncs_seen = threading.local()
+
+
+def _sync_seen(fd: int) -> None:
+    seen = getattr(_syncs_seen, "paths", None)
+    if seen is not None:
+        try:
+            seen.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+
+
 def _synced_through(real: Callable[..., Any]) -> Callable[..., Any]:
     def call(fd: int) -> Any:
+        _sync_seen(fd)
         owner = _owner_of_fd(fd)
         if owner is None:
             return real(fd)
@@ -499,26 +514,28 @@ class DurableShadow:
 
     def _follow(self, directory) -> None:
         """Track segment files as the WAL makes, recycles, arms and removes them: a made,
-        recycled or armed file is synced, so durable as it is, before the core can store
-        into it (it attaches it afterwards).  Each file operation and its tracking
-        are one step for the images: a checkpointer thread recycles while writers
-        run, and an image must not look for a file renamed under it."""
+        recycled or armed file is durable as it is, before the core can store into it (it
+        attaches it afterwards), where the operation synced it (an fsync or fdatasync of
+        it, or of its ``.tmp`` name, seen while ``follow_files`` holds).  Where it did not,
+        the file's durable bytes stay as they were (a new file's: zeros), and what it
+        holds now is one more version the kernel may have written back.  Each file
+        operation and its tracking are one step for the images: a checkpointer thread
+        recycles while writers run, and an image must not look for a file renamed under it."""
         create, recycle, remove = directory.create, directory.recycle, directory.remove
         arm = directory.arm
 
         def created(segno: int, *args, **kwargs) -> None:
             self._background_point("create")
             with self.lock:
-                create(segno, *args, **kwargs)
-                self.track(segno)
+                synced = self._watching_syncs(directory, lambda: create(segno, *args, **kwargs))
+                self._made(segno, synced(segno), None)
 
         def recycled(old: int, new: int, *args, **kwargs) -> None:
             self._before_removal()
             self._background_point("recycle")
             with self.lock:
-                recycle(old, new, *args, **kwargs)
-                self.track(new)
-                self.forget(old)
+                synced = self._watching_syncs(directory, lambda: recycle(old, new, *args, **kwargs))
+                self._made(new, synced(new), old)
 
         def removed(segno: int) -> None:
             self._before_removal()
@@ -527,14 +544,58 @@ class DurableShadow:
                 remove(segno)
                 self.forget(segno)
 
-        def armed(segno: int, *args, **kwargs) -> None:  # a spare's header, synced
+        def armed(segno: int, *args, **kwargs) -> None:  # a spare's header rewritten
             self._background_point("arm")
             with self.lock:
-                arm(segno, *args, **kwargs)
-                self.track(segno)
+                synced = self._watching_syncs(directory, lambda: arm(segno, *args, **kwargs))
+                self._made(segno, synced(segno), segno)
 
         directory.create, directory.recycle, directory.remove = created, recycled, removed
         directory.arm = armed
+
+    def _watching_syncs(self, directory, operation: Callable[[], Any]) -> Callable[[int], bool]:
+        """Runs ``operation``; returns whether it synced segment ``segno``'s file (by its
+        name or its ``.tmp`` name).  Only while ``follow_files`` holds are syncs seen:
+        otherwise every operation counts as synced, as it should be."""
+        if self not in _followers:
+            operation()
+            return lambda segno: True
+        outer = getattr(_syncs_seen, "paths", None)
+        seen = _syncs_seen.paths = set()
+        try:
+            operation()
+        finally:
+            _syncs_seen.paths = outer
+            if outer is not None:
+                outer |= seen
+        where = os.path.realpath(directory.path)
+
+        def synced(segno: int) -> bool:
+            path = os.path.join(where, os.path.basename(directory.file(segno)))
+            return path in seen or path + ".tmp" in seen
+        return synced
+
+    def _made(self, segno: int, synced: bool, was: int | None) -> None:
+        """Segment ``segno`` made, recycled from ``was`` or armed (``was`` itself): durable
+        as it is if ``synced``; else its durable bytes are the file's before (``was``'s;
+        a new file's, zeros) and what it holds now may have been written back."""
+        if synced:
+            self.track(segno)
+            if was is not None and was != segno:
+                self.forget(was)
+            return
+        with self.lock:
+            if was is None or was not in self.segments:
+                durable, kept = np.zeros(self.wal.segment_size, np.uint8), []
+            else:
+                durable, kept = self.segments[was], self.versions_since_sync.get(was, [])
+            if was != segno:
+                self.forget(segno)
+                if was is not None:
+                    self.forget(was)
+            self.segments[segno] = durable
+            self.versions_since_sync[segno] = kept
+            self.remember([segno])
 
     def _background_point(self, what: str) -> None:
         """The background writer is about to do ``what`` (a file operation, a CHECKPOINT
