@@ -15,7 +15,11 @@ point, and every state a crash there may leave is recovered again and checked:
 - no entry is left pending (``CUTTING``) once the open returns;
 - the open neither refuses (a ``WALError``) nor raises anything untyped;
 - now and then, each entry is put back (putback.restore) and its records read back at
-  the WAL's end, in order.
+  the WAL's end, in order.  That put-back runs under a recorder too, each recorded call a
+  crash point; each state a crash there leaves is (with chance ``PUT_BACK_STATE_RATE``)
+  opened, put back again as a user repeats a put-back cut short (putback.restore of each
+  entry still listed, in order: "safe to repeat"), and the WAL must then hold every
+  set-aside record exactly once, in order, with no entry and no RESTORING note left.
 
 Some of those second recoveries run under a recorder of their own, and every state a
 crash in them leaves is recovered a third time and checked the same way.
@@ -28,7 +32,8 @@ the damage prove no flush: the default ``on_corruption="raise"`` cuts it).
 What it takes as given: the recovery writes its cut with ``os.pwrite`` and syncs it with
 ``os.fdatasync`` (recovery.py, ``_wipe_beyond``), and the set-aside with ``os`` calls
 (lostfound.py), all of which the recorder sees; nothing in an open that appends nothing
-writes a segment through the native core.  Files that exist before the recovery are taken
+writes a segment through the native core; a put-back's records are written by the core,
+unseen, and durable only once a ``WAL.flush`` returned (the recorder settles the segments there).  Files that exist before the recovery are taken
 as durable as they are; the recorder does not settle the damaged WAL's segments at a
 checkpoint's sync (other workloads do: there the core wrote them), so a zeroing is durable
 only once an ``fdatasync`` of its file returned.  Unsynced writes to one file reach the disk
