@@ -57,7 +57,7 @@ def test_an_entry_unpended_before_the_cut_is_synced_is_set_aside_twice():
     assert report.duplicated and not report.ok, _why(report)
 
 
-# ---- a crash during a put-back --------------------------------------------------------------------
+# ---- a crash during a put-back ------------------------------------------------------------------
 
 def test_every_state_of_a_crash_in_a_put_back_puts_back_again_exactly_once():
     report = run_salvage("ext4", 1, seed=0, patterns=("torn-page",), crash_rate=0.05,

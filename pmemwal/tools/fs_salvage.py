@@ -33,7 +33,8 @@ What it takes as given: the recovery writes its cut with ``os.pwrite`` and syncs
 ``os.fdatasync`` (recovery.py, ``_wipe_beyond``), and the set-aside with ``os`` calls
 (lostfound.py), all of which the recorder sees; nothing in an open that appends nothing
 writes a segment through the native core; a put-back's records are written by the core,
-unseen, and durable only once a ``WAL.flush`` returned (the recorder settles the segments there).  Files that exist before the recovery are taken
+unseen, and durable only once a ``WAL.flush`` returned (the recorder settles the segments
+there).  Files that exist before the recovery are taken
 as durable as they are; the recorder does not settle the damaged WAL's segments at a
 checkpoint's sync (other workloads do: there the core wrote them), so a zeroing is durable
 only once an ``fdatasync`` of its file returned.  Unsynced writes to one file reach the disk
@@ -57,7 +58,8 @@ from typing import Callable, Iterator
 import pmemwal
 from pmemwal import lostfound, putback
 from pmemwal.errors import WALError
-from pmemwal.format import CHECKPOINTED, parse_segment_name, HEADER_SIZE, PAGE_SIZE, SPARE, SegmentHeader, segment_name
+from pmemwal.format import (CHECKPOINTED, HEADER_SIZE, PAGE_SIZE, SPARE, SegmentHeader,
+                            parse_segment_name, segment_name)
 from pmemwal.tools import fs_model as _fs_model
 from pmemwal.tools.fs_model import CrashState, MetadataModel, Recorder
 from pmemwal.tools.fs_report import FsCrashReport
@@ -71,7 +73,7 @@ PATTERNS = {"torn-page": "truncate", "zeroed-range": "truncate", "across-segment
 THIRD_RATE = 0.03     # chance that a second recovery runs under a recorder, its states recovered a third time
 THIRD_CRASH_RATE = 0.5  # ... each of its recorded calls a crash point with this chance
 PUT_BACK_RATE = 0.1   # chance that a checked state's entries are put back and read back
-PUT_BACK_STATE_RATE = 0.25  # ... under a recorder: each state of a crash in it checked with this chance
+PUT_BACK_STATE_RATE = 0.25  # ... under a recorder: each state a crash there leaves, checked
 
 
 @dataclass
@@ -288,7 +290,7 @@ def _put_back_recorded(run: _Run, root: Path, case: Case, where: str) -> int:
     model = MetadataModel(run.fs_model)
     recorder = Recorder(model, str(root))
     _adopt(recorder, root)
-    for name in os.listdir(path):  # the core writes them: read again at each point, settled at a flush
+    for name in os.listdir(path):  # (the core writes them: read at each point, settled at a flush)
         if parse_segment_name(name) is not None:
             recorder.segment_inodes.add(recorder.inodes[os.lstat(path / name).st_ino])
     seen: set[bytes] = set()
