@@ -1,6 +1,7 @@
 """Crashes inside a recovery that cuts and sets aside, then a second (and third) recovery
 (pmemwal/tools/fs_salvage.py, the ``salvage`` workload of ``pmemwal powerloss --fs-model``):
-the library passes, and two ordering bugs that only such a crash shows are caught."""
+the library passes, and the ordering bugs that only such a crash (or one inside a put-back)
+shows are caught."""
 
 from __future__ import annotations
 
@@ -54,3 +55,20 @@ def test_an_entry_unpended_before_the_cut_is_synced_is_set_aside_twice():
         report = run_salvage("ext4", 10, seed=0, patterns=("torn-tail",), crash_rate=0.5,
                              third_rate=0.0, put_back_rate=0.0)
     assert report.duplicated and not report.ok, _why(report)
+
+
+# ---- a crash during a put-back ------------------------------------------------------------------
+
+def test_every_state_of_a_crash_in_a_put_back_puts_back_again_exactly_once():
+    report = run_salvage("ext4", 1, seed=0, patterns=("torn-page",), crash_rate=0.05,
+                         third_rate=0.0, put_back_rate=0.0, put_back_state_rate=1.0)
+    assert report.ok, _why(report)
+    assert report.put_backs and report.put_back_states >= 5
+
+
+def test_a_put_back_marker_renamed_unsynced_puts_its_records_back_twice():
+    with mutants.applied("putback-marker-unsynced"):
+        report = run_salvage("ext4", 1, seed=0, patterns=("torn-page",), crash_rate=0.05,
+                             third_rate=0.0, put_back_rate=0.0, put_back_state_rate=1.0)
+    assert report.duplicated and not report.ok, _why(report)
+    assert any("in a put-back" in f for f in report.failures), _why(report)

@@ -15,7 +15,11 @@ point, and every state a crash there may leave is recovered again and checked:
 - no entry is left pending (``CUTTING``) once the open returns;
 - the open neither refuses (a ``WALError``) nor raises anything untyped;
 - now and then, each entry is put back (putback.restore) and its records read back at
-  the WAL's end, in order.
+  the WAL's end, in order.  That put-back runs under a recorder too, each recorded call a
+  crash point; each state a crash there leaves is (with chance ``PUT_BACK_STATE_RATE``)
+  opened, put back again as a user repeats a put-back cut short (putback.restore of each
+  entry still listed, in order: "safe to repeat"), and the WAL must then hold every
+  set-aside record exactly once, in order, with no entry and no RESTORING note left.
 
 Some of those second recoveries run under a recorder of their own, and every state a
 crash in them leaves is recovered a third time and checked the same way.
@@ -28,7 +32,9 @@ the damage prove no flush: the default ``on_corruption="raise"`` cuts it).
 What it takes as given: the recovery writes its cut with ``os.pwrite`` and syncs it with
 ``os.fdatasync`` (recovery.py, ``_wipe_beyond``), and the set-aside with ``os`` calls
 (lostfound.py), all of which the recorder sees; nothing in an open that appends nothing
-writes a segment through the native core.  Files that exist before the recovery are taken
+writes a segment through the native core; a put-back's records are written by the core,
+unseen, and durable only once a ``WAL.flush`` returned (the recorder settles the segments
+there).  Files that exist before the recovery are taken
 as durable as they are; the recorder does not settle the damaged WAL's segments at a
 checkpoint's sync (other workloads do: there the core wrote them), so a zeroing is durable
 only once an ``fdatasync`` of its file returned.  Unsynced writes to one file reach the disk
@@ -52,11 +58,13 @@ from typing import Callable, Iterator
 import pmemwal
 from pmemwal import lostfound, putback
 from pmemwal.errors import WALError
-from pmemwal.format import CHECKPOINTED, HEADER_SIZE, PAGE_SIZE, SPARE, SegmentHeader, segment_name
+from pmemwal.format import (CHECKPOINTED, HEADER_SIZE, PAGE_SIZE, SPARE, SegmentHeader,
+                            parse_segment_name, segment_name)
 from pmemwal.tools import fs_model as _fs_model
 from pmemwal.tools.fs_model import CrashState, MetadataModel, Recorder
 from pmemwal.tools.fs_report import FsCrashReport
 from pmemwal.tools.powerloss import _default_dir, payload
+from pmemwal.wal import WAL
 
 SEGMENT_SIZE = 1 << 20
 # pattern -> the on_corruption every recovery of it is opened with
@@ -65,6 +73,7 @@ PATTERNS = {"torn-page": "truncate", "zeroed-range": "truncate", "across-segment
 THIRD_RATE = 0.03     # chance that a second recovery runs under a recorder, its states recovered a third time
 THIRD_CRASH_RATE = 0.5  # ... each of its recorded calls a crash point with this chance
 PUT_BACK_RATE = 0.1   # chance that a checked state's entries are put back and read back
+PUT_BACK_STATE_RATE = 0.25  # ... under a recorder: each state a crash there leaves, checked
 
 
 @dataclass
@@ -74,6 +83,7 @@ class SalvageReport(FsCrashReport):
     cases: int = 0                # damaged WALs made
     third_states: int = 0         # states of a crash in a second recovery, recovered a third time
     put_backs: int = 0            # entries put back and read back
+    put_back_states: int = 0      # states of a crash in a put-back, recovered and put back again
     duplicated: int = 0           # a record held twice (two entries, or an entry and the WAL)
     pending: int = 0              # an entry still pending once the open returned
     orphans: int = 0              # states after whose recovery lost+found keeps a directory with
@@ -229,6 +239,12 @@ def _judge(case: Case, got: list[tuple[int, bytes]], held: dict[tuple[int, bytes
     return "ok", ""
 
 
+def _restoring_left(path: Path) -> list[str]:
+    """The entries of lost+found in ``path`` that still hold a put-back's RESTORING note."""
+    return [e.name for e in lostfound.entries(str(path))
+            if os.path.exists(os.path.join(e.path, putback._RESTORING))]
+
+
 def _put_back(path: Path, case: Case, got: list[tuple[int, bytes]],
               found: list[lostfound.SetAside]) -> tuple[str, str, int]:
     """Each entry put back, in order; the WAL must then end with their records."""
@@ -240,13 +256,102 @@ def _put_back(path: Path, case: Case, got: list[tuple[int, bytes]],
         with pmemwal.open(path, create=False, mode="buffered", background=False) as wal:
             now = [bytes(r.payload) for r in wal.records()]
         left = [e.name for e in lostfound.entries(str(path)) if e.manifest["records"]]
+        left += [f"{name} (its RESTORING note)" for name in _restoring_left(path)]
     except BaseException as exc:
         kind = "refused" if isinstance(exc, WALError) else "untyped"
         return kind, f"putting lost+found back: {type(exc).__name__}: {exc}", 0
-    if now != [data for _, data in got] + expected or left:
-        return "lost", (f"after the put-back the WAL holds {len(now)} records, "
-                        f"{len(got) + len(expected)} expected; entries left: {left}"), 0
-    return "ok", "", len(found)
+    return (*_judge_put_back([data for _, data in got] + expected, now, left), len(found))
+
+
+def _judge_put_back(want: list[bytes], now: list[bytes], left: list[str]) -> tuple[str, str]:
+    """The WAL after a put-back: ``want`` (what it held, then every entry's records, each
+    once, in order), and no entry or RESTORING note ``left``."""
+    if now == want and not left:
+        return "ok", ""
+    extra = [data for data in now if now.count(data) > want.count(data)]
+    kind = "duplicated" if extra else "lost"
+    return kind, (f"after the put-back the WAL holds {len(now)} records, {len(want)} expected"
+                  f"{f' ({len(extra)} of them twice)' if extra else ''}; entries left: {left}")
+
+
+def _put_back_recorded(run: _Run, root: Path, case: Case, where: str) -> int:
+    """Put back every lost+found entry of the (recovered, checked) WAL in ``root``/wal under
+    the recorder, each recorded call a crash point; each state a crash there leaves is, with
+    chance ``run.put_back_state_rate``, recovered and put back again as after a crash (each
+    entry still listed restored again, in order: putback.restore, "safe to repeat"), and
+    the WAL must then hold what it held, then every entry's records, each once, in order,
+    with no entry or RESTORING note left.  Returns the entries put back."""
+    path = root / "wal"
+    with pmemwal.open(path, create=False, mode="buffered", background=False) as wal:
+        got = [bytes(r.payload) for r in wal.records()]
+    found = [e for e in lostfound.entries(str(path)) if e.manifest["records"]]
+    want = got + [data for e in found for _, data in e.records()]
+    names = [e.name for e in found]
+    model = MetadataModel(run.fs_model)
+    recorder = Recorder(model, str(root))
+    _adopt(recorder, root)
+    for name in os.listdir(path):  # (the core writes them: read at each point, settled at a flush)
+        if parse_segment_name(name) is not None:
+            recorder.segment_inodes.add(recorder.inodes[os.lstat(path / name).st_ino])
+    seen: set[bytes] = set()
+
+    def again(state: CrashState, at: str) -> None:
+        run.report.put_back_states += 1
+        run.report.states_checked += 1
+        image = run.base / "image-put-back"
+        _materialize(state, image)
+        try:
+            _open(image / "wal", case).close()  # (the open after the crash: a recovery)
+            there = {e.name for e in lostfound.entries(str(image / "wal"))}
+            for name in names:
+                if name in there:
+                    putback.restore(str(image / "wal"), name, mode="buffered", background=False)
+            with pmemwal.open(image / "wal", create=False, mode="buffered",
+                              background=False) as wal:
+                now = [bytes(r.payload) for r in wal.records()]
+            left = [e.name for e in lostfound.entries(str(image / "wal")) if e.manifest["records"]]
+            left += [f"{name} (its RESTORING note)" for name in _restoring_left(image / "wal")]
+        except BaseException as exc:
+            kind = "refused" if isinstance(exc, WALError) else "untyped"
+            run.count(kind, f"putting lost+found back again: {type(exc).__name__}: {exc}",
+                      f"in a put-back ({at}) after {where}", state)
+            return
+        verdict, detail = _judge_put_back(want, now, left)
+        run.count(verdict, detail, f"in a put-back ({at}) after {where}", state)
+
+    def crash(at: str) -> None:
+        run.report.crash_points += 1
+        for state in recorder.states():
+            digest = state.digest()
+            if digest not in seen:
+                seen.add(digest)
+                if run.rng.random() < run.put_back_state_rate:
+                    again(state, at)
+
+    real_flush = WAL.flush
+
+    def flush(self: WAL, *args, **kwargs):  # the core made the segments' data durable
+        result = real_flush(self, *args, **kwargs)
+        recorder.settle_segments()
+        return result
+
+    recorder.on_point = crash
+    saved = _installed()
+    WAL.flush = flush  # type: ignore[method-assign]
+    try:
+        with recorder:
+            try:
+                for name in names:
+                    putback.restore(str(path), name, mode="buffered", background=False)
+            except BaseException:
+                pass  # (judged at the state "after it returned": nothing written since)
+            with recorder.pause():
+                crash("after it returned")
+            run.report.operations += model.recorded
+    finally:
+        WAL.flush = real_flush  # type: ignore[method-assign]
+        _reinstall(saved)
+    return len(names)
 
 
 # ---- recording a recovery ------------------------------------------------------------------------
@@ -307,6 +412,7 @@ class _Run:
     third_rate: float
     third_crash_rate: float
     put_back_rate: float
+    put_back_state_rate: float
     progress: Callable[[int], None] | None
     seen: set[bytes] = field(default_factory=set)
     seen_third: set[bytes] = field(default_factory=set)
@@ -373,9 +479,11 @@ def _case(run: _Run, case_no: int, pattern: str, seed: int) -> None:
     run.report.records_written += len(case.written)
     reference = run.base / "reference"
     shutil.copytree(root, reference)
-    verdict, detail, n = check_recovery(reference / "wal", case, put_back=True)
-    run.report.put_backs += n
+    verdict, detail, _ = check_recovery(reference / "wal", case)
     run.count(verdict, detail, f"nowhere ({pattern}: the recovery alone)", None)
+    if verdict == "ok":
+        run.report.put_backs += _put_back_recorded(run, reference, case,
+                                                   f"the recovery alone ({pattern})")
     shutil.rmtree(reference)
     if not case.after:
         run.count("lost", "the damage left no intact record past it (a case that tests nothing)",
@@ -395,11 +503,12 @@ def _case(run: _Run, case_no: int, pattern: str, seed: int) -> None:
             _recover_under_recorder(run, image, case, what, third_of(what), check=True,
                                     crash_rate=run.third_crash_rate)
         else:
-            verdict, detail, n = check_recovery(image / "wal", case,
-                                                put_back=run.rng.random() < run.put_back_rate)
-            run.report.put_backs += n
+            put_back = run.rng.random() < run.put_back_rate
+            verdict, detail, _ = check_recovery(image / "wal", case)
             run.count(verdict, detail, what, state)
             run.report.orphans += _orphaned(image / "wal")
+            if put_back and verdict == "ok":
+                run.report.put_backs += _put_back_recorded(run, image, case, f"a crash {what}")
 
     def third_of(what: str) -> Callable[[CrashState, str], None]:
         def third(state: CrashState, where: str) -> None:
@@ -418,7 +527,8 @@ def _case(run: _Run, case_no: int, pattern: str, seed: int) -> None:
 
 def run_salvage(fs_model: str, states: int, seed: int = 0, *, directory: str | None = None,
                 crash_rate: float = 1.0, third_rate: float = THIRD_RATE,
-                third_crash_rate: float = THIRD_CRASH_RATE, put_back_rate: float = PUT_BACK_RATE, patterns: tuple[str, ...] = tuple(PATTERNS),
+                third_crash_rate: float = THIRD_CRASH_RATE, put_back_rate: float = PUT_BACK_RATE,
+                put_back_state_rate: float = PUT_BACK_STATE_RATE, patterns: tuple[str, ...] = tuple(PATTERNS),
                 progress: Callable[[int], None] | None = None,
                 max_seconds: float | None = None) -> SalvageReport:
     """Damaged WALs, one pattern after another, each recovered under the recorder with a
@@ -433,7 +543,7 @@ def run_salvage(fs_model: str, states: int, seed: int = 0, *, directory: str | N
     report = SalvageReport(fs_model, "salvage", seed)
     base = Path(tempfile.mkdtemp(prefix="pmemwal-salvage-", dir=directory or _default_dir()))
     run = _Run(fs_model, report, random.Random(seed), base, crash_rate, third_rate,
-               third_crash_rate, put_back_rate, progress)
+               third_crash_rate, put_back_rate, put_back_state_rate, progress)
     t0 = time.perf_counter()
     try:
         case_no = 0

@@ -597,6 +597,28 @@ def _create_header_unsynced() -> Iterator[None]:
         yield
 
 
+# ---- a crash during a put-back ------------------------------------------------------------
+
+@mutant("putback-marker-unsynced",
+        "a put-back's RESTORING marker renamed into place without the sync of the entry's "
+        "directory (putback.py:194 left out): a crash after the records are appended and "
+        "flushed, before the entry goes, can lose the marker, and the repeat appends them all "
+        "again",
+        blind_spot="a crash during a put-back: the salvage workload put entries back "
+        "with no crash point inside (it now records them), power-loss images take metadata "
+        "for durable in order, the torture makes no put-back",
+        caught_by="pmemwal powerloss --fs-model ext4")
+def _putback_marker_unsynced() -> Iterator[None]:
+    from pmemwal import lostfound, putback
+
+    def write_synced_over(path: str, data: bytes) -> None:
+        tmp = path + ".tmp"
+        lostfound.write_synced(tmp, data, os.O_TRUNC)
+        os.rename(tmp, path)
+    with _replaced(putback, "_write_synced_over", write_synced_over):
+        yield
+
+
 # ---- a second file system ---------------------------------------------------
 
 
