@@ -345,7 +345,7 @@ def _recovery_skips_records() -> Iterator[None]:
 
 
 
-# ---- the background writer: its checkpoints, flushes and segments made ahead --------------------------------------------------
+# ---- the background writer: its checkpoints, flushes and segments made ahead ----------------
 
 
 @mutant("background-checkpoint-before-msync",
@@ -394,7 +394,7 @@ _core_mutant("commit-syncs-own-record",
              blind_spot="concurrent writers in the page-cache modes")
 
 
-# ---- files other than segments: older and partial versions ------------------
+# ---- files other than segments: older and partial versions --------------------------------
 
 @mutant("index-chunk-unsynced", "an index checkpoint writes its chunk slots (the Log's "
         "index/*.lidx, eventsourcing's rows) without their fdatasync: the LOG slot written "
@@ -619,7 +619,7 @@ def _putback_marker_unsynced() -> Iterator[None]:
         yield
 
 
-# ---- a second file system ---------------------------------------------------
+# ---- a second file system ---------------------------------------------------------------
 
 
 @mutant("archive-rename-unsynced",
