@@ -686,7 +686,10 @@ def test_a_wait_for_a_stopped_writer_sleeps(wal_dir, hook):
 
 
 _INTERRUPTED = r"""
-import json, os, sys, pmemwal
+import json, os, signal, sys, pmemwal
+# SIGINT as an interactive program has it, whatever state the test runner passed down
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+signal.signal(signal.SIGINT, signal.default_int_handler)
 spec = json.loads(sys.argv[1])
 wal = pmemwal.open(spec["path"], shared=True, segment_size=spec["seg"], background=False,
                    wait_timeout=None)
@@ -724,7 +727,11 @@ def test_sigint_reaches_a_process_waiting_for_a_stopped_writer(wal_dir, hook):
         else:
             pytest.fail("the waiter never slept in the core's wait")
         waiter.send_signal(signal.SIGINT)
-        assert waiter.wait(20) == 0, "SIGINT did not end the wait"
+        try:
+            status = waiter.wait(20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"SIGINT did not end the wait: {_where(waiter.pid)}")
+        assert status == 0, "SIGINT did not end the wait"
         lsn = json.loads(waiter.stdout.readline())
     finally:
         for proc in (waiter, child):
@@ -738,6 +745,17 @@ def test_sigint_reaches_a_process_waiting_for_a_stopped_writer(wal_dir, hook):
     with pmemwal.open(wal_dir, shared=True, segment_size=SEG) as again:
         kept = {r.lsn: bytes(r.payload) for r in again.records()}
     assert [kept.get(l) for l in acknowledged] == [b"acknowledged %d" % i for i in range(20)]
+
+
+def _where(pid: int) -> str:
+    """What process ``pid``'s threads are doing, and its signal state (for a failure)."""
+    told = []
+    with open(f"/proc/{pid}/status") as f:
+        told += [line.strip() for line in f if line.startswith(("Sig", "Shd", "Threads"))]
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+            told.append(f"thread {tid}: syscall {f.read().split()[0]}")
+    return "; ".join(told)
 
 
 def _waiting_in_the_core(pid: int, hook: str) -> bool:
