@@ -26,8 +26,8 @@ if sanitize:
     compile_args = ["-O1", "-g", *WARNINGS, *flags]
     link_args = flags
 
-SOURCES = ["native/module.c", "native/module_reader.c", "native/wal_core.c", "native/wal_insert.c",
-           "native/wal_flush.c", "native/wal_shared.c", "native/wal_reader.c", "native/crc32c.c",
+SOURCES = ["native/module.c", "native/module_reader.c", "native/module_batch.c", "native/wal_core.c", "native/wal_insert.c",
+           "native/wal_flush.c", "native/wal_shared.c", "native/wal_reader.c", "native/wal_batch.c", "native/crc32c.c",
            "native/trace.c"]
 
 

@@ -52,6 +52,9 @@ static uint32_t (*update_fn)(uint32_t, const unsigned char *, size_t);
  * dst on the way when dst is not NULL, with non-temporal stores when nt (dst 64-byte aligned);
  * NULL where the chosen path does not fold. */
 static uint32_t (*fold_fn)(uint32_t, unsigned char *, const unsigned char *, size_t, int);
+/* copy_run_fn: raw CRC register over len bytes copied to dst, one word at a time (short
+ * copies, such as a small record's payload read back), or NULL on the table path. */
+static uint32_t (*copy_run_fn)(uint32_t, unsigned char *, const unsigned char *, size_t);
 #define FOLD_MIN 256
 static const char *impl_name = "none";
 
@@ -341,6 +344,28 @@ hw_run(uint32_t crc, const unsigned char *p, size_t len)
     return crc;
 }
 
+/* copy_run -- hw_run, each word also stored to dst: one pass for a short copy. */
+__attribute__((target("sse4.2"))) static uint32_t
+copy_run(uint32_t crc, unsigned char *d, const unsigned char *p, size_t len)
+{
+    uint64_t c = crc;
+    while (len >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        memcpy(d, &word, 8);
+        c = __builtin_ia32_crc32di(c, word);
+        p += 8;
+        d += 8;
+        len -= 8;
+    }
+    crc = (uint32_t)c;
+    while (len--) {
+        *d++ = *p;
+        crc = __builtin_ia32_crc32qi(crc, *p++);
+    }
+    return crc;
+}
+
 /* hw_three -- three interleaved chains over blocks of 3*block bytes. */
 __attribute__((target("sse4.2"))) static uint32_t
 hw_three(uint32_t crc, const unsigned char **pp, size_t *lenp, size_t block,
@@ -443,6 +468,7 @@ static int cpu_has_path(int path) { return path == PATH_TABLE; }
 #define fold_copy_pclmul NULL
 #define fold_copy_avx2 NULL
 #define fold_copy_avx512 NULL
+#define copy_run NULL
 /* nt_three -- never called: no streaming path away from x86-64. */
 static uint32_t nt_three(uint32_t crc, unsigned char **dp, const unsigned char **sp, size_t *lenp)
 {
@@ -478,6 +504,7 @@ static void crc32c_init(void)
     while (!cpu_has_path(want) || (want == PATH_PCLMUL && !named))
         want--;
     update_fn = want == PATH_TABLE ? update_table : update_hw;
+    copy_run_fn = want == PATH_TABLE ? NULL : copy_run;
     fold_fn = want == PATH_PCLMUL   ? fold_copy_pclmul
               : want == PATH_AVX2   ? fold_copy_avx2
               : want == PATH_AVX512 ? fold_copy_avx512
@@ -500,6 +527,8 @@ uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
     const unsigned char *s = src;
     unsigned char *d = dst;
     pthread_once(&init_once, crc32c_init);
+    if (copy_run_fn && len < FOLD_MIN)
+        return ~copy_run_fn(~crc, d, s, len);
     if (fold_fn && len >= FOLD_MIN) { /* one pass: the folding loads are stored */
         size_t body = len & ~(size_t)63;
         crc = ~fold_fn(~crc, d, s, body, 0);
@@ -518,6 +547,17 @@ uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
         len -= n;
     }
     return crc;
+}
+
+/* crc32c_copy_after -- see crc32c.h. */
+uint32_t crc32c_copy_after(const void *head, size_t head_len, void *dst, const void *src,
+                           size_t len)
+{
+    pthread_once(&init_once, crc32c_init);
+    uint32_t crc = update_fn(~0u, head, head_len);
+    if (copy_run_fn && len < FOLD_MIN)
+        return ~copy_run_fn(crc, dst, src, len);
+    return crc32c_copy(~crc, dst, src, len);
 }
 
 /* crc32c_impl -- see crc32c.h. */

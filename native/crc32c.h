@@ -11,6 +11,11 @@ uint32_t crc32c_update(uint32_t crc, const void *buf, size_t len);
 /* crc32c_copy -- copy len bytes from src to dst and extend crc over them in one pass. */
 uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 
+/* crc32c_copy_after -- the CRC (from 0) of head_len bytes at head and then of len bytes
+ * copied from src to dst: a record's header and payload, read back in one call. */
+uint32_t crc32c_copy_after(const void *head, size_t head_len, void *dst, const void *src,
+                           size_t len);
+
 /* crc32c_copy_nt -- as crc32c_copy, but with non-temporal stores that bypass the
  * cache (a persistent-memory copy: the caller issues the fence).  dst and len
  * must be multiples of 8 apart from a ragged end, which is padded with zeros to

@@ -991,7 +991,8 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC PyInit__core(void)
 {
     if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&ReaderType) < 0 ||
-        PyType_Ready(&SegmentViewType) < 0)
+        PyType_Ready(&RecordType) < 0 ||
+        PyType_Ready(&BatchBufferType) < 0)
         return NULL;
     PyObject *threading = PyImport_ImportModule("threading");
     PyObject *main = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
@@ -1009,10 +1010,10 @@ PyMODINIT_FUNC PyInit__core(void)
         return NULL;
     Py_INCREF(&CoreType);
     Py_INCREF(&ReaderType);
-    Py_INCREF(&SegmentViewType);
+    Py_INCREF(&RecordType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0 ||
         PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
-        PyModule_AddObject(m, "SegmentView", (PyObject *)&SegmentViewType) < 0)
+        PyModule_AddObject(m, "Record", (PyObject *)&RecordType) < 0)
         return NULL;
     PyModule_AddIntConstant(m, "CONTROL_SIZE", (long)sizeof(wal_shared));
     PyModule_AddIntConstant(m, "CONTROL_HEADER", WAL_CTL_HEADER);

@@ -3,9 +3,9 @@
  *
  * A Reader validates and reads records from segments that Python maps: it asks its getter
  * for a segment's buffer (cached for the call, READER_CACHE of them) and hands the C reader
- * a wal_src over them, held for the call alone.  SegmentView (below) exports payload views
- * of a mapping and counts them.  It stands apart from the writer's binding (module.c, the Core
- * type): it shares no state and no helper with it, and module.c only registers its type.
+ * a wal_src over them, held for the call alone.  Its many-record methods are module_batch.c's.
+ * It stands apart from the writer's binding (module.c, the Core type): it shares no state
+ * and no helper with it, and module.c only registers its type.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -14,71 +14,110 @@
 #include <string.h>
 
 #include "module.h"
-#include "wal_reader.h"
+#include "module_reader.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
 
-#define READER_CACHE 4
+static held_segment *call_find(reader_call *c, uint64_t segno)
+{
+    for (size_t i = 0; i < c->n; i++)
+        if (c->held[i].segno == segno)
+            return &c->held[i];
+    return NULL;
+}
 
-typedef struct {
-    PyObject_HEAD
-    wal_geom g;
-    PyObject *getter;
-    int salvage; /* page headers unchecked: see wal_src (wal_reader.h) */
-} ReaderObject;
+/* call_slot -- room for one more buffer: a new one when holding (the array grown as needed),
+ * else the oldest let go once READER_CACHE are kept. */
+static held_segment *call_slot(reader_call *c)
+{
+    if (c->n < c->cap)
+        return &c->held[c->n++];
+    if (c->hold) {
+        held_segment *more = PyMem_Malloc(2 * c->cap * sizeof(held_segment));
+        if (!more)
+            return (held_segment *)PyErr_NoMemory();
+        memcpy(more, c->held, c->n * sizeof(held_segment));
+        if (c->held != c->fixed)
+            PyMem_Free(c->held);
+        c->held = more;
+        c->cap *= 2;
+        return &c->held[c->n++];
+    }
+    held_segment *slot = &c->held[c->next];
+    c->next = (c->next + 1) % c->cap;
+    if (slot->have)
+        PyBuffer_Release(&slot->view);
+    slot->have = 0;
+    return slot;
+}
 
-/* One call's segment buffers: each call has its own, on its stack, so that threads reading
- * through one Reader at once (the getter is Python and lets the GIL go) never release a
- * buffer another call still reads through. */
-typedef struct {
-    wal_src src;
-    PyObject *getter;
-    uint64_t segno[READER_CACHE];
-    Py_buffer view[READER_CACHE];
-    int used[READER_CACHE];
-    int next;
-} reader_call;
+int call_take(reader_call *c, uint64_t segno)
+{
+    PyObject *obj = PyObject_CallFunction(c->getter, "K", (unsigned long long)segno);
+    if (!obj) {
+        c->failed = 1;
+        return -1;
+    }
+    if (obj == Py_None && !c->hold) {
+        Py_DECREF(obj); /* (only a holding call remembers that there is none) */
+        return 0;
+    }
+    held_segment *slot = call_slot(c);
+    if (!slot) {
+        Py_DECREF(obj);
+        c->failed = 1;
+        return -1;
+    }
+    slot->segno = segno;
+    slot->have = 0;
+    int rc = obj == Py_None ? 0 : PyObject_GetBuffer(obj, &slot->view, PyBUF_SIMPLE);
+    Py_DECREF(obj);
+    if (rc < 0) {
+        slot->segno = UINT64_MAX; /* (no segment has that number) */
+        c->failed = 1;
+        return -1;
+    }
+    if (obj == Py_None)
+        return 0;
+    if ((uint64_t)slot->view.len < c->src.g.seg_size)
+        PyBuffer_Release(&slot->view); /* a short file holds no complete segment */
+    else
+        slot->have = 1;
+    return 0;
+}
 
-/* reader_segment -- the getter's buffer for segno, held until the call ends. */
+/* reader_segment -- the call's buffer for segno, taken from the getter when not held yet
+ * (asked for instead when the call runs without the GIL). */
 static const uint8_t *reader_segment(void *ctx, uint64_t segno, int *error)
 {
     reader_call *c = ctx;
-    for (int i = 0; i < READER_CACHE; i++)
-        if (c->used[i] && c->segno[i] == segno)
-            return c->view[i].buf;
-    PyObject *obj = PyObject_CallFunction(c->getter, "K", (unsigned long long)segno);
-    if (!obj) {
+    if (c->failed) {
         *error = 1;
         return NULL;
     }
-    if (obj == Py_None) {
-        Py_DECREF(obj);
-        return NULL;
-    }
-    int i = c->next;
-    c->next = (c->next + 1) % READER_CACHE;
-    if (c->used[i])
-        PyBuffer_Release(&c->view[i]);
-    c->used[i] = 0;
-    int rc = PyObject_GetBuffer(obj, &c->view[i], PyBUF_SIMPLE);
-    Py_DECREF(obj);
-    if (rc < 0) {
+    held_segment *h = call_find(c, segno);
+    if (!h && c->nogil) {
+        c->need = 1;
+        c->need_segno = segno;
         *error = 1;
         return NULL;
     }
-    c->used[i] = 1;
-    c->segno[i] = segno;
-    if ((uint64_t)c->view[i].len < c->src.g.seg_size)
-        return NULL; /* a short file holds no complete segment */
-    return c->view[i].buf;
+    if (!h) {
+        if (call_take(c, segno) < 0) {
+            *error = 1;
+            return NULL;
+        }
+        h = call_find(c, segno);
+    }
+    return h && h->have ? h->view.buf : NULL;
 }
 
 /* call_begin -- a call's source over the Reader's geometry and getter; -1 (RuntimeError)
  * for a Reader whose __init__ never ran (no geometry: its arithmetic would divide by zero). */
-static int call_begin(ReaderObject *r, reader_call *c)
+int call_begin(ReaderObject *r, reader_call *c)
 {
     memset(c, 0, sizeof(*c));
+    c->held = c->fixed;
+    c->cap = READER_CACHE;
     if (!r->getter) {
         PyErr_SetString(PyExc_RuntimeError, "Reader: not initialised");
         return -1;
@@ -93,13 +132,15 @@ static int call_begin(ReaderObject *r, reader_call *c)
 }
 
 /* call_done -- release the call's buffers (never kept between calls) and return result. */
-static PyObject *call_done(reader_call *c, PyObject *result)
+PyObject *call_done(reader_call *c, PyObject *result)
 {
-    for (int i = 0; i < READER_CACHE; i++)
-        if (c->used[i]) {
-            PyBuffer_Release(&c->view[i]);
-            c->used[i] = 0;
-        }
+    for (size_t i = 0; i < c->n; i++)
+        if (c->held[i].have)
+            PyBuffer_Release(&c->held[i].view);
+    if (c->held != c->fixed)
+        PyMem_Free(c->held);
+    c->held = c->fixed;
+    c->n = 0;
     Py_CLEAR(c->getter);
     if (PyErr_Occurred()) {
         Py_XDECREF(result);
@@ -419,6 +460,16 @@ static PyMethodDef Reader_methods[] = {
      "headers alone (wal_follow)"},
     {"heads", (PyCFunction)Reader_heads, METH_VARARGS,
      "heads(lsn, expect_prev, stop_lsn, head_bytes, max_count) -> (status, next, last, lsns, lengths, heads)"},
+    {"fill", (PyCFunction)Reader_fill, METH_VARARGS,
+     "fill(lsn, expect_prev, stop_lsn, max_records, max_bytes) -> (status, next_lsn, last_lsn, "
+     "bad_lsn, lsns, prev_lsns, lengths, offsets, data), read without the GIL"},
+    {"fetch", (PyCFunction)Reader_fetch, METH_VARARGS,
+     "fetch(lsns, max_bytes) -> (status, done, bad_lsn, prev_lsns, lengths, offsets, data)"},
+    {"records", (PyCFunction)Reader_records, METH_VARARGS,
+     "records(lsn, expect_prev, stop_lsn, max_records, max_bytes) -> (status, next_lsn, "
+     "last_lsn, bad_lsn, [Record])"},
+    {"records_at", (PyCFunction)Reader_records_at, METH_VARARGS,
+     "records_at(lsns) -> (status, done, bad_lsn, [Record])"},
     {"first_record", (PyCFunction)Reader_first_record, METH_VARARGS, "first_record(segno) -> (status, lsn)"},
     {"beyond", (PyCFunction)Reader_beyond, METH_VARARGS, "beyond(x, last_segno, min_prev) -> (durable_lsn, pages)"},
     {"salvage", (PyCFunction)Reader_salvage, METH_VARARGS,
@@ -436,153 +487,4 @@ PyTypeObject ReaderType = {
     .tp_init = (initproc)Reader_init,
     .tp_dealloc = (destructor)Reader_dealloc,
     .tp_methods = Reader_methods,
-};
-
-/*
- * pmemwal._core.SegmentView -- the exporter of payload views over one segment mapping.
- *
- * Payload memoryviews point into a segment's mapping; once the file is recycled (renamed to a
- * future number and written again) or a later open reuses it, they would show other records'
- * bytes.  Every payload view is made from a SegmentView, which counts the views alive
- * (``exports``: a memoryview and every slice of it count once, until the last is gone), so
- * that the WAL recycles no file a view still shows (truncation removes it instead: the
- * mapping keeps the unlinked file's pages), and detach() replaces the pages under the views
- * with a private copy when the WAL closes.  It holds its own export of the mapping: the
- * mapping cannot be unmapped under a view (mmap.close() raises BufferError).
- */
-typedef struct {
-    PyObject_HEAD
-    Py_buffer base; /* the mapping's buffer, held while has_base */
-    int has_base;
-    int detached;
-    Py_ssize_t exports;
-} SegmentViewObject;
-
-static int SegmentView_init(SegmentViewObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwlist[] = {"mapping", NULL};
-    PyObject *mapping;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O", kwlist, &mapping))
-        return -1;
-    if (self->has_base) {
-        PyErr_SetString(PyExc_RuntimeError, "SegmentView: already initialised");
-        return -1;
-    }
-    if (PyObject_GetBuffer(mapping, &self->base, PyBUF_SIMPLE) < 0)
-        return -1;
-    /* detach() remaps whole pages over base.buf: a buffer that starts inside a page, or ends
-     * inside one, would have its neighbours' pages replaced too (the owner's next page). */
-    long page = sysconf(_SC_PAGESIZE);
-    if ((uintptr_t)self->base.buf % (uintptr_t)page || self->base.len == 0 ||
-        self->base.len % page) {
-        PyBuffer_Release(&self->base);
-        PyErr_SetString(PyExc_ValueError, "SegmentView: the mapping must be whole pages at a "
-                                          "page boundary");
-        return -1;
-    }
-    self->has_base = 1;
-    return 0;
-}
-
-static void SegmentView_dealloc(SegmentViewObject *self)
-{
-    if (self->has_base)
-        PyBuffer_Release(&self->base);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-/* SegmentView_getbuffer -- a read-only buffer over the whole mapping, counted. */
-static int SegmentView_getbuffer(SegmentViewObject *self, Py_buffer *view, int flags)
-{
-    if (!self->has_base) {
-        PyErr_SetString(PyExc_ValueError, "SegmentView: released");
-        view->obj = NULL;
-        return -1;
-    }
-    if (PyBuffer_FillInfo(view, (PyObject *)self, self->base.buf, self->base.len, 1, flags) < 0)
-        return -1;
-    self->exports++;
-    return 0;
-}
-
-static void SegmentView_releasebuffer(SegmentViewObject *self, Py_buffer *view)
-{
-    (void)view;
-    self->exports--;
-}
-
-/* release() -> bool: let the mapping go when no view is alive (True); False otherwise. */
-static PyObject *SegmentView_release(SegmentViewObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (self->exports > 0)
-        Py_RETURN_FALSE;
-    if (self->has_base) {
-        PyBuffer_Release(&self->base);
-        self->has_base = 0;
-    }
-    Py_RETURN_TRUE;
-}
-
-/* detach() -> bool: put a private, read-only copy of the mapping's pages in place under the
- * views (mremap over the same addresses), so that they keep their bytes whatever happens to
- * the file; once only, and only where views are alive (False otherwise).  Nothing may write
- * through the mapping after it: the WAL calls it when closing. */
-static PyObject *SegmentView_detach(SegmentViewObject *self, PyObject *unused)
-{
-    (void)unused;
-    if (self->exports == 0 || !self->has_base || self->detached)
-        Py_RETURN_FALSE;
-    size_t len = (size_t)self->base.len;
-    void *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (copy == MAP_FAILED)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    memcpy(copy, self->base.buf, len);
-    if (mprotect(copy, len, PROT_READ) != 0 ||
-        mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, self->base.buf) == MAP_FAILED) {
-        int err = errno;
-        munmap(copy, len);
-        errno = err;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    self->detached = 1;
-    Py_RETURN_TRUE;
-}
-
-static PyObject *SegmentView_get_exports(SegmentViewObject *self, void *closure)
-{
-    (void)closure;
-    return PyLong_FromSsize_t(self->exports);
-}
-
-static PyBufferProcs SegmentView_as_buffer = {
-    (getbufferproc)SegmentView_getbuffer,
-    (releasebufferproc)SegmentView_releasebuffer,
-};
-
-static PyMethodDef SegmentView_methods[] = {
-    {"release", (PyCFunction)SegmentView_release, METH_NOARGS,
-     "release() -> bool: let the mapping go if no view is alive"},
-    {"detach", (PyCFunction)SegmentView_detach, METH_NOARGS,
-     "detach() -> bool: a private copy of the pages under the views alive"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef SegmentView_getset[] = {
-    {"exports", (getter)SegmentView_get_exports, NULL, "payload views alive", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-PyTypeObject SegmentViewType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "pmemwal._core.SegmentView",
-    .tp_basicsize = sizeof(SegmentViewObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Exports read-only payload views of a segment mapping and counts them.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)SegmentView_init,
-    .tp_dealloc = (destructor)SegmentView_dealloc,
-    .tp_as_buffer = &SegmentView_as_buffer,
-    .tp_methods = SegmentView_methods,
-    .tp_getset = SegmentView_getset,
 };

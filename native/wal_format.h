@@ -76,6 +76,7 @@ typedef struct wal_geom {
     uint64_t seg_size;       /* bytes per segment file, a power of two */
     uint64_t seg_usable;     /* usable stream bytes per segment */
     uint32_t wal_id_lo;
+    uint32_t seg_shift;      /* log2(seg_size): an LSN's segment without a division */
 } wal_geom;
 
 static inline void wal_geom_init(wal_geom *g, uint64_t seg_size, uint32_t wal_id_lo)
@@ -83,6 +84,7 @@ static inline void wal_geom_init(wal_geom *g, uint64_t seg_size, uint32_t wal_id
     g->seg_size = seg_size;
     g->seg_usable = (seg_size / WAL_PAGE_SIZE - 1) * WAL_PAGE_USABLE;
     g->wal_id_lo = wal_id_lo;
+    g->seg_shift = (uint32_t)__builtin_ctzll(seg_size);
 }
 
 /* wal_rec_size -- bytes a record of len payload bytes takes in the stream. */
@@ -108,7 +110,7 @@ static inline uint64_t wal_lsn_end(const wal_geom *g, uint64_t u)
 /* wal_usable -- usable position of an LSN; -1 when it lies in a header. */
 static inline int64_t wal_usable(const wal_geom *g, uint64_t lsn)
 {
-    uint64_t seg = lsn / g->seg_size, off = lsn % g->seg_size;
+    uint64_t seg = lsn >> g->seg_shift, off = lsn & (g->seg_size - 1);
     uint64_t page = off / WAL_PAGE_SIZE, in = off % WAL_PAGE_SIZE;
     if (page == 0 || in < WAL_PAGE_HDR)
         return -1;

@@ -26,6 +26,7 @@ const char *wal_status_text(int status)
     case WAL_BAD_PREV: return "prev-link mismatch";
     case WAL_BAD_CRC: return "CRC mismatch";
     case WAL_SOURCE_ERROR: return "segment source failed";
+    case WAL_VOID_RECORD: return "a void range (its writer died before finishing it)";
     }
     return "unknown";
 }
@@ -42,17 +43,18 @@ static int page_at(const wal_src *s, uint64_t u, const uint8_t **page, uint64_t 
     if (!base)
         return WAL_NO_SEGMENT;
     const uint8_t *p = base + *page_lsn % s->g.seg_size;
-    if (s->salvage) {
-        *page = p;
-        return WAL_OK;
-    }
-    wal_page_hdr h;
-    memcpy(&h, p, sizeof(h));
-    if (h.magic != WAL_PAGE_MAGIC || h.page_lsn != *page_lsn || h.wal_id_lo != s->g.wal_id_lo ||
-        h.crc != crc32c_update(0, p, offsetof(wal_page_hdr, crc)))
+    if (!s->salvage && !wal_page_ok(&s->g, *page_lsn, p))
         return WAL_BAD_PAGE;
     *page = p;
     return WAL_OK;
+}
+
+int wal_page_ok(const wal_geom *g, uint64_t page_lsn, const uint8_t *p)
+{
+    wal_page_hdr h;
+    memcpy(&h, p, sizeof(h));
+    return h.magic == WAL_PAGE_MAGIC && h.page_lsn == page_lsn && h.wal_id_lo == g->wal_id_lo &&
+           h.crc == crc32c_update(0, p, offsetof(wal_page_hdr, crc));
 }
 
 /* walk -- visit the stream bytes [from, to) page by page, checking each page;
@@ -102,6 +104,7 @@ struct body {
     uint32_t crc;
     int pieces;
     uint64_t first_u;
+    uint8_t *dst;              /* where the payload is copied as it is checked, or NULL */
 };
 
 static int body_visit(void *arg, uint64_t u, const uint8_t *bytes, uint64_t n)
@@ -112,23 +115,38 @@ static int body_visit(void *arg, uint64_t u, const uint8_t *bytes, uint64_t n)
     if (lo < hi) {
         if (b->pieces++ == 0)
             b->first_u = lo;
-        b->crc = crc32c_update(b->crc, bytes + (lo - u), hi - lo);
+        if (b->dst)
+            b->crc = crc32c_copy(b->crc, b->dst + (lo - b->pay_from), bytes + (lo - u), hi - lo);
+        else
+            b->crc = crc32c_update(b->crc, bytes + (lo - u), hi - lo);
     }
     return 0;
 }
 
 static int read_record(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r,
-                       int check_body);
+                       int check_body, uint8_t *dst);
 
 int wal_read(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r)
 {
-    return read_record(s, lsn, expect_prev, r, 1);
+    return read_record(s, lsn, expect_prev, r, 1, NULL);
+}
+
+int wal_peek(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r)
+{
+    return read_record(s, lsn, expect_prev, r, 0, NULL);
+}
+
+int wal_read_into(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r,
+                  uint8_t *dst)
+{
+    return read_record(s, lsn, expect_prev, r, 1, dst);
 }
 
 /* read_record -- wal_read; without check_body, rules 1-4 for the header's bytes only (the
- * pages the rest spans and the CRC unchecked): enough to step over records known good. */
+ * pages the rest spans and the CRC unchecked): enough to step over records known good.
+ * dst: the payload is copied there in the same pass as its CRC (room for length bytes). */
 static int read_record(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r,
-                       int check_body)
+                       int check_body, uint8_t *dst)
 {
     memset(r, 0, sizeof(*r));
     r->lsn = r->bad_lsn = lsn;
@@ -158,7 +176,7 @@ static int read_record(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal
         r->next_lsn = wal_lsn(&s->g, end);
         return WAL_OK;
     }
-    struct body b = {u + WAL_REC_HDR, u + WAL_REC_HDR + h.length, 0, 0, 0};
+    struct body b = {u + WAL_REC_HDR, u + WAL_REC_HDR + h.length, 0, 0, 0, dst};
     b.crc = crc32c_update(0, (const uint8_t *)&h + 4, WAL_REC_HDR - 4);
     if ((st = walk(s, u, end, u, end, body_visit, &b, &r->bad_lsn)) != WAL_OK)
         return st;
@@ -169,6 +187,18 @@ static int read_record(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal
     r->payload_lsn = wal_lsn(&s->g, b.pieces ? b.first_u : b.pay_from);
     r->next_lsn = wal_lsn(&s->g, end);
     return WAL_OK;
+}
+
+static int skip_visit(void *arg, uint64_t u, const uint8_t *bytes, uint64_t n)
+{
+    (void)arg, (void)u, (void)bytes, (void)n;
+    return 0;
+}
+
+int wal_check_pages(const wal_src *s, wal_record *r)
+{
+    uint64_t u = (uint64_t)wal_usable(&s->g, r->lsn), end = u + wal_rec_size(r->length);
+    return walk(s, u, end, u, end, skip_visit, NULL, &r->bad_lsn);
 }
 
 int wal_copy_payload(const wal_src *s, const wal_record *r, uint8_t *dst)
@@ -189,7 +219,7 @@ static void scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t 
     memset(r, 0, sizeof(*r));
     wal_record rec;
     while (lsn < stop_lsn) {
-        int st = read_record(s, lsn, expect_prev, &rec, check_body);
+        int st = read_record(s, lsn, expect_prev, &rec, check_body, NULL);
         if (st != WAL_OK) {
             r->status = st;
             r->bad_lsn = rec.bad_lsn;
@@ -288,7 +318,7 @@ static uint64_t claimed_end(const wal_src *s, uint64_t x, uint64_t link, uint64_
 {
     wal_record r;
     *confirmed = 0;
-    if (read_record(s, x, link, &r, 0) != WAL_OK || r.prev_lsn < floor)
+    if (read_record(s, x, link, &r, 0, NULL) != WAL_OK || r.prev_lsn < floor)
         return x;
     for (uint64_t segno = x / s->g.seg_size; segno <= (r.next_lsn - 1) / s->g.seg_size; segno++) {
         int err = 0;
@@ -296,7 +326,7 @@ static uint64_t claimed_end(const wal_src *s, uint64_t x, uint64_t link, uint64_
             return x;
     }
     uint64_t end = r.next_lsn;
-    *confirmed = read_record(s, end, x, &r, 1) == WAL_OK;
+    *confirmed = read_record(s, end, x, &r, 1, NULL) == WAL_OK;
     return end;
 }
 
@@ -400,10 +430,10 @@ static uint64_t chain(const wal_src *s, uint64_t start, uint64_t floor, uint64_t
     uint64_t lsn = start, prev = WAL_ANY_PREV;
     wal_record r;
     /* the first record's link checked before its CRC: a long claimed length costs nothing */
-    if (read_record(s, start, WAL_ANY_PREV, &r, 0) != WAL_OK || r.prev_lsn < floor ||
+    if (read_record(s, start, WAL_ANY_PREV, &r, 0, NULL) != WAL_OK || r.prev_lsn < floor ||
         (exact != WAL_ANY_PREV && r.prev_lsn != exact))
         return start;
-    while (read_record(s, lsn, prev, &r, 1) == WAL_OK &&
+    while (read_record(s, lsn, prev, &r, 1, NULL) == WAL_OK &&
            (prev != WAL_ANY_PREV || r.prev_lsn >= floor)) {
         if (r.type != WAL_REC_VOID && (*err = push(out, n, cap, &r)))
             return 0;
@@ -424,7 +454,7 @@ int wal_salvage(const wal_src *s, uint64_t x, const uint64_t *pages, size_t npag
         floor = link;
     wal_record r;
     int confirmed = 0;
-    uint64_t extent = read_record(s, x, WAL_ANY_PREV, &r, 1) == WAL_OK ? x
+    uint64_t extent = read_record(s, x, WAL_ANY_PREV, &r, 1, NULL) == WAL_OK ? x
                       : claimed_end(s, x, link, floor, &confirmed);
     uint64_t reach = confirmed ? extent : x;
     uint64_t page = x - x % WAL_PAGE_SIZE, from = x;

@@ -34,6 +34,7 @@ enum wal_status {
     WAL_BAD_PREV,     /* rule 4 */
     WAL_BAD_CRC,      /* rule 5 */
     WAL_SOURCE_ERROR, /* the segment source failed (an exception in the binding) */
+    WAL_VOID_RECORD,  /* asked for a record, found a void range (wal_batch.h) */
 };
 
 /* wal_src -- where the reader finds segments: base of the mapping, or NULL.
@@ -67,6 +68,23 @@ typedef struct wal_scan_result {
 const char *wal_status_text(int status);
 
 int wal_read(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r);
+
+/* wal_peek -- rules 1-4 for the header's bytes only (the rest of the record unchecked):
+ * its length and links, before room is made for its payload. */
+int wal_peek(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r);
+
+/* wal_read_into -- wal_read, the payload copied to dst (room for r->length bytes) in the
+ * same pass as its CRC is checked: dst's bytes are the record's only when WAL_OK. */
+int wal_read_into(const wal_src *s, uint64_t lsn, uint64_t expect_prev, wal_record *r,
+                  uint8_t *dst);
+
+/* wal_check_pages -- rules 2 and 3 over every page the record r (as wal_peek read it)
+ * spans: whether a length read before the CRC could be checked is the record's (*r's
+ * bad_lsn set on failure), at a cost per page instead of per byte. */
+int wal_check_pages(const wal_src *s, wal_record *r);
+
+/* wal_page_ok -- rule 2 for the page at page_lsn whose bytes are p. */
+int wal_page_ok(const wal_geom *g, uint64_t page_lsn, const uint8_t *p);
 
 /* wal_copy_payload -- gather a valid record's payload (len bytes) into dst. */
 int wal_copy_payload(const wal_src *s, const wal_record *r, uint8_t *dst);

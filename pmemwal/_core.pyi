@@ -15,6 +15,8 @@ from typing import Final, Literal, final
 
 from _typeshed import ReadableBuffer, WriteableBuffer
 
+import numpy as np
+
 # the shared WAL's control file (wal_shared)
 CONTROL_SIZE: Final[int]
 CONTROL_HEADER: Final[int]
@@ -110,6 +112,20 @@ class Reader:
     def heads(self, lsn: int, expect_prev: int, stop_lsn: int, head_bytes: int, max_count: int, /
               ) -> tuple[int, int, int, bytes, bytes, bytes]:
         """(status, next_lsn, last_lsn, lsns (u64s), lengths (u32s), heads)."""
+    def fill(self, lsn: int, expect_prev: int, stop_lsn: int, max_records: int, max_bytes: int, /
+             ) -> tuple[int, int, int, int, tuple[memoryview, memoryview, memoryview,
+                                                  memoryview, memoryview]]:
+        """(status, next_lsn, last_lsn, bad_lsn, (lsns, prev_lsns, lengths, offsets, data)):
+        the chain from lsn in one batch, read without the GIL."""
+    def fetch(self, lsns: ReadableBuffer | np.ndarray, max_bytes: int, /
+              ) -> tuple[int, int, int, tuple[memoryview, memoryview, memoryview,
+                                              memoryview, memoryview]]:
+        """(status, done, bad_lsn, arrays): the records at lsns (u64s), in one batch."""
+    def records(self, lsn: int, expect_prev: int, stop_lsn: int, max_records: int,
+                max_bytes: int, /) -> tuple[int, int, int, int, list[Record]]:
+        """(status, next_lsn, last_lsn, bad_lsn, records)."""
+    def records_at(self, lsns: ReadableBuffer | np.ndarray, /) -> tuple[int, int, int, list[Record]]:
+        """(status, done, bad_lsn, records)."""
     def first_record(self, segno: int, /) -> tuple[int, int]:
         """(status, lsn)."""
     def beyond(self, x: int, last_segno: int, min_prev: int, /) -> tuple[int, list[int]]:
@@ -119,16 +135,18 @@ class Reader:
         """(lsn, next_lsn, length, crc) of each valid record past a cut at x (a salvage
         reader's: lostfound.records_past), the scan run without the GIL."""
 
-class SegmentView:
-    """Exports read-only payload views of a segment mapping and counts them."""
+@final
+class Record:
+    """A record read back: its LSN, its payload, and the LSN of the record before it."""
 
-    exports: int
-    def __init__(self, mapping: ReadableBuffer) -> None: ...
-    def __buffer__(self, flags: int, /) -> memoryview: ...
-    def release(self) -> bool:
-        """Let the mapping go if no view is alive."""
-    def detach(self) -> bool:
-        """A private copy of the pages under the views alive."""
+    def __init__(self, lsn: int, payload: memoryview, prev_lsn: int) -> None: ...
+    @property
+    def lsn(self) -> int: ...
+    @property
+    def payload(self) -> memoryview:
+        """A read-only memoryview of the record's own copy of its payload."""
+    @property
+    def prev_lsn(self) -> int: ...
 
 def crc32c(data: ReadableBuffer, crc: int = 0, /) -> int: ...
 def status_text(status: int, /) -> str: ...

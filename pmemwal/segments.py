@@ -402,7 +402,6 @@ class Segment:
         self.writable = writable
         self.map: mmap.mmap | None = None
         self.map_sync = False  # whether the mapping is MAP_SYNC (DAX: cache flushes persist)
-        self.views: _core.SegmentView | None = None  # exports the payload views of the mapping
         self.spare = False  # its header says spare: not attached to the writer (wal/supply.py)
 
     def mapping(self, *, populate: bool = False, sync: bool = False,
@@ -441,26 +440,6 @@ class Segment:
                     self.map = mmap.mmap(self.fd, self.size, flags, prot)
         return self.map
 
-    def payload_source(self) -> _core.SegmentView:
-        """The exporter of payload views of the mapping (made on first use), which counts
-        the views alive."""
-        if self.views is None:
-            self.views = _core.SegmentView(self.mapping())
-        return self.views
-
-    @property
-    def viewed(self) -> bool:
-        """Whether a payload view of the mapping is alive: the file must not be recycled
-        (the view would show the records written into it next)."""
-        return self.views is not None and self.views.exports > 0
-
-    def detach_views(self) -> None:
-        """For good (nothing writes through the mapping after it): the payload views alive
-        keep the bytes they show whatever happens to the file, by a private copy of the
-        pages put in place under them."""
-        if self.views is not None:
-            self.views.detach()
-
     def close_fd(self) -> None:
         """Close the descriptor of a segment mapped for reading alone: the mapping keeps the
         file's pages (Python's mmap holds a descriptor of its own until it is unmapped)."""
@@ -469,8 +448,7 @@ class Segment:
             self.fd = -1
 
     def close(self) -> None:
-        """Unmap and close; a mapping still exported to a payload view lives on until it dies."""
-        if self.views is not None and self.views.release():
-            self.views = None
+        """Unmap and close; a mapping a read in another thread still holds lives on until it
+        lets it go."""
         close_mapped(self.map, self.fd)
         self.map, self.fd = None, -1

@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
@@ -140,7 +141,34 @@ def test_mutated_wal_never_crashes_or_lies(request, tmp_path_factory, after, mut
 
 def read_checked(wal, written) -> tuple[int, pmemwal.CorruptionError | None]:
     """Read every record, checking each against what was written: how many were read,
-    and the CorruptionError reading stopped at (None: it reached the end)."""
+    and the CorruptionError reading stopped at (None: it reached the end).  The batch
+    scan and the reads by LSN say the same of every record."""
+    kept, error = read_one_by_one(wal, written)
+    batched, batch_error = read_batched(wal, written)
+    assert batched == sorted(written)[:kept] and repr(batch_error) == repr(error)
+    order = np.random.default_rng(kept).permutation(np.array(batched, dtype=np.uint64))
+    again = wal.read_many(order)
+    assert [bytes(p) for p in again.payloads()] == [written[int(lsn)] for lsn in order]
+    if error is not None:
+        with pytest.raises((pmemwal.CorruptionError, ValueError)):
+            wal.read_many([error.lsn])
+    return kept, error
+
+
+def read_batched(wal, written) -> tuple[list[int], pmemwal.CorruptionError | None]:
+    """The LSNs scan() read, in small batches, each payload checked; and its error."""
+    lsns: list[int] = []
+    try:
+        for batch in wal.scan(max_records=7, max_bytes=3000):
+            for lsn, payload in zip(batch.lsns.tolist(), batch.payloads()):
+                assert bytes(payload) == written[lsn]
+                lsns.append(lsn)
+    except pmemwal.CorruptionError as error:
+        return lsns, error
+    return lsns, None
+
+
+def read_one_by_one(wal, written) -> tuple[int, pmemwal.CorruptionError | None]:
     order = sorted(written)
     previous = kept = 0
     try:

@@ -190,18 +190,18 @@ def test_a_held_payload_view_keeps_its_bytes_when_its_segment_is_truncated(wal_d
         wal.truncate(first_lsn(3, SEG))
         _fill(wal, 6, start=len(lsns))  # into whatever files the truncation recycled
         assert [bytes(v) for v in held] == [_payload(0), _payload(1)]
-        assert wal.stats()["segments_removed"] >= 1  # the one the views show: not reused
+        assert wal.stats()["segments_recycled"] >= 1  # a payload is a copy: it pins nothing
 
 
-def test_segments_no_view_shows_are_recycled(wal_dir, mode):
+def test_segments_whose_payloads_are_held_are_recycled_all_the_same(wal_dir, mode):
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
                       recycle_segments=8) as wal:
         lsns = _fill(wal, 3)
-        held = wal.record(lsns[0]).payload
-        assert bytes(held) == _payload(0)
-        del held  # released: nothing stops recycling now
+        held = [wal.record(lsns[0]).payload, next(iter(wal.scan())).payload(0)]
         wal.truncate(first_lsn(3, SEG))
         assert wal.stats()["segments_recycled"] == 3 and wal.stats()["segments_removed"] == 0
+        _fill(wal, 6, start=len(lsns))  # into the recycled files
+        assert [bytes(v) for v in held] == [_payload(0), _payload(0)]
 
 
 def test_a_held_payload_view_keeps_its_bytes_after_close(wal_dir, mode):
@@ -286,23 +286,34 @@ class _ReaderThen:
         return wrapped
 
 
-@pytest.mark.parametrize("size", [200, 20000])  # in one page (a view), across pages (a copy)
-def test_a_truncation_between_reading_a_record_and_its_payload_is_a_truncated_error(
-        wal_dir, mode, size):
+@pytest.mark.parametrize("size", [200, 20000])  # in one page, across pages
+def test_a_truncation_right_after_a_read_leaves_the_record_read_whole(wal_dir, mode, size):
+    """The record, read and copied in one native call, comes back whole; read again, it is
+    a TruncatedError; a truncation just before the call makes the call one."""
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False,
                       recycle_segments=8) as wal:
-        lsns = _fill(wal, 4, size=size)
+        lsns = _fill(wal, 10, size=size)
 
         def truncate_past_it() -> None:
             wal.truncate(first_lsn(wal.first_lsn // SEG + 1, SEG))
 
-        for call in (lambda: wal.record(lsns[1]), lambda: next(wal.records(lsns[1]))):
-            wal._reader = _ReaderThen(wal, "read", truncate_past_it)
-            with pytest.raises(pmemwal.TruncatedError) as err:
-                call()
-            assert err.value.lsn == lsns[1] and err.value.first_lsn == wal.first_lsn
+        reads = {"records_at": lambda lsn: wal.record(lsn),
+                 "records": lambda lsn: next(wal.records(lsn)),
+                 "fetch": lambda lsn: next(iter(wal.read_many([lsn]))),
+                 "fill": lambda lsn: next(iter(next(wal.scan(lsn))))}
+        for method, read in reads.items():
+            first = next(wal.records()).lsn
+            wal._reader = _ReaderThen(wal, method, truncate_past_it)
+            assert bytes(read(first).payload) == _payload(lsns.index(first), size)
             wal._reader = wal._reader._real
-            lsns[1] = next(wal.records()).lsn  # the oldest record now: read it again
+            with pytest.raises(pmemwal.TruncatedError) as err:
+                read(first)
+            assert err.value.lsn == first and err.value.first_lsn == wal.first_lsn
+            first = next(wal.records()).lsn
+            wal._reader = _ReaderThen(wal, method, truncate_past_it, after=False)
+            with pytest.raises(pmemwal.TruncatedError):
+                read(first)
+            wal._reader = wal._reader._real
 
 
 def test_three_readers_a_truncating_appender_and_close_see_only_typed_errors(wal_dir, mode):
@@ -367,52 +378,40 @@ def test_three_readers_a_truncating_appender_and_close_see_only_typed_errors(wal
 # ---- reads after close --------------------------------------------------------------------
 
 def test_a_records_iterator_resumed_after_close_raises_closed_error(wal_dir, mode):
+    """Once what it had read ahead (whole records, copies) is handed out."""
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
-        _fill(wal, 3)
-        reader, heads = wal.records(), wal.record_heads(4, batch=10)
-        next(reader), next(heads)
-    for read in (reader, heads):
+        lsns = _fill(wal, 3)
+        reader, heads, batches = wal.records(), wal.record_heads(4, batch=10), \
+            wal.scan(max_records=10)
+        next(reader), next(heads), next(batches)
+    read_ahead = []
+    with pytest.raises(pmemwal.ClosedError):
+        for record in reader:
+            read_ahead.append(record)
+    assert 0 < len(read_ahead) < len(lsns) - 1
+    assert [bytes(r.payload) for r in read_ahead] == [_payload(i) for i in
+                                                      range(1, len(read_ahead) + 1)]
+    for read in (heads, batches):
         with pytest.raises(pmemwal.ClosedError):
             next(read)
     assert not wal._read_cache and not wal._segments  # nothing mapped again after close
 
 
 def test_a_read_that_close_overtakes_raises_closed_error(wal_dir, mode):
-    """close() lands between a read of a record and the view of its payload: the view is
-    refused (one taken after close would never be detached, and would show what another
-    open writes into the file next)."""
-    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
-    lsns = _fill(wal, 3)
-    wal._reader = _ReaderThen(wal, "read", wal.close)
-    with pytest.raises(pmemwal.ClosedError):
-        next(wal.records(lsns[1]))
-    assert not wal._read_cache and not wal._segments
+    """close() lands just before a read's native call: the call's first segment is refused
+    (a mapping made after close would never be let go)."""
+    for method, read in (("records", lambda wal, lsn: next(wal.records(lsn))),
+                         ("records_at", lambda wal, lsn: wal.record(lsn)),
+                         ("fill", lambda wal, lsn: next(wal.scan(lsn)))):
+        wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
+        lsns = _fill(wal, 3)
+        wal._reader = _ReaderThen(wal, method, wal.close, after=False)
+        with pytest.raises(pmemwal.ClosedError):
+            read(wal, lsns[1])
+        assert not wal._read_cache and not wal._segments
 
 
 # ---- close releases everything, whatever fails --------------------------------------------
-
-def test_a_close_whose_detach_fails_still_releases_the_wal_and_says_so(wal_dir, mode,
-                                                                     monkeypatch):
-    """A view's private copy cannot be made (no memory for it): close raises that error, and
-    every segment and the directory lock are released all the same."""
-    wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
-    lsns = _fill(wal, 3)
-    held = [wal.record(lsns[0]).payload, wal.record(lsns[-1]).payload]
-
-    def no_memory(seg: segments.Segment) -> None:
-        if seg.viewed:
-            raise OSError(errno.ENOMEM, "no memory for the private copy")
-    monkeypatch.setattr(segments.Segment, "detach_views", no_memory)
-    with pytest.raises(OSError) as err:
-        wal.close()
-    assert err.value.errno == errno.ENOMEM
-    monkeypatch.undo()
-    wal.close()  # closed already: nothing more to do
-    assert wal.closed and not wal._read_cache and not wal._segments
-    with pmemwal.open(wal_dir, mode=mode, background=False) as again:  # the lock was let go
-        assert bytes(again.record(lsns[0]).payload) == _payload(0)
-    del held
-
 
 # ---- a bad LSN on an undamaged WAL --------------------------------------------------------
 
@@ -444,17 +443,7 @@ def test_a_truncation_while_a_bad_lsn_is_looked_into_is_a_truncated_error(wal_di
         assert not wal._damage_read  # no damage was read
 
 
-# ---- SegmentView and Reader refuse what they cannot work with -----------------------------
-
-def test_a_segment_view_takes_only_whole_pages_at_a_page_boundary():
-    area = mmap.mmap(-1, 4 * mmap.PAGESIZE)
-    for bad in (bytearray(100), memoryview(area)[8:8 + mmap.PAGESIZE],
-                memoryview(area)[:mmap.PAGESIZE + 8]):
-        with pytest.raises(ValueError):
-            _core.SegmentView(bad)
-    view = _core.SegmentView(memoryview(area)[mmap.PAGESIZE:3 * mmap.PAGESIZE])
-    assert view.release()
-
+# ---- the Reader refuses what it cannot work with ------------------------------------------
 
 def test_a_reader_never_initialised_refuses_every_call():
     script = """
@@ -462,7 +451,9 @@ import pmemwal._core as c
 r = c.Reader.__new__(c.Reader)  # __init__ never ran
 for call in (lambda: r.read(0), lambda: r.payload(0), lambda: r.scan(0, -1, 100),
              lambda: r.heads(0, -1, 100, 8, 10), lambda: r.first_record(0),
-             lambda: r.beyond(0, 0, 0)):
+             lambda: r.beyond(0, 0, 0), lambda: r.fill(0, -1, 100, 10, 100),
+             lambda: r.fetch(bytes(8), 100), lambda: r.records(0, -1, 100, 10, 100),
+             lambda: r.records_at(bytes(8))):
     try:
         call()
     except RuntimeError:

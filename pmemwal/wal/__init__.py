@@ -16,7 +16,8 @@ that each room may call the rooms below it and never those above:
 - options.py: the options' defaults and checks.
 """
 
-from pmemwal.wal.api import WAL, Record, open
+from pmemwal._core import Record
+from pmemwal.wal.api import WAL, open
 from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
                                  DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
                                  DEFAULT_GIL_RELEASE_SIZE, DEFAULT_MAX_PENDING,

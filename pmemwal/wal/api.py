@@ -11,14 +11,17 @@ truncation, the background writer's rounds and opening.
 
 from __future__ import annotations
 
+import operator
 import os
+import sys
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from pmemwal import _core
+from pmemwal._core import Record
+from pmemwal.batch import RecordBatch, concat
 from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
 from pmemwal.control import ControlFile, archive_tag
 from pmemwal.errors import CorruptionError, StorageError, TruncatedError, format_lsn
@@ -38,6 +41,11 @@ if TYPE_CHECKING:
 
 _SHARED: weakref.WeakSet[WAL] = weakref.WeakSet()  # shared WALs open in this process
 _BAD_POSITION = 2  # wal_status: WAL_BAD_POSITION, not a record's position (native/wal_reader.h)
+_VOID_RECORD = 9   # wal_status: WAL_VOID_RECORD, a void range where a record was asked for
+_RECORDS_PER_CALL = 1024        # records() reads ahead this many records, or
+_RECORD_BYTES_PER_CALL = 1 << 18  # this many payload bytes, in one native call
+DEFAULT_BATCH_RECORDS = 1 << 16
+DEFAULT_BATCH_BYTES = 1 << 20
 
 
 def _after_fork_in_child() -> None:
@@ -49,15 +57,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-@dataclass(frozen=True)
-class Record:
-    """A record read back: its LSN, its payload, and the LSN of the record before it."""
-
-    lsn: int
-    payload: memoryview
-    prev_lsn: int
 
 
 def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = True,
@@ -291,25 +290,83 @@ class WAL(Opening):
         """The records from ``start`` (a record's LSN; None: the oldest) to the end.
 
         What was appended before the call is flushed first, then read back
-        (once an error stopped the writer: what had been flushed).  Payloads
-        are read-only views of the segments where a record lies in one page,
-        bytes otherwise; a view keeps the bytes it shows for as long as it is
-        held (see ``record``).  CorruptionError where a record is damaged;
-        TruncatedError where a truncation took the records asked for, before
-        or while they are read; ValueError when ``start`` is not a record's LSN.
+        (once an error stopped the writer: what had been flushed), a batch of
+        records at a time in native code.  Each payload is a read-only memoryview
+        of the record's own copy, validated as it was copied.  CorruptionError
+        where a record is damaged; TruncatedError where a truncation took the
+        records asked for, before or while they are read; ValueError when
+        ``start`` is not a record's LSN.  ``scan`` reads the same records as arrays.
         """
-        prev = -1
         bounds = self._read_bounds(start)
         if bounds is None:
             return
         lsn, end = bounds
+        prev = -1
         while lsn < end:
-            status, _, next_lsn, prev_lsn, length, _, _, payload_lsn, _, void = self._reader.read(lsn, prev)
+            status, lsn, last, _, records = self._reader.records(
+                lsn, prev, end, _RECORDS_PER_CALL, _RECORD_BYTES_PER_CALL)
+            if records:
+                self._check_copied(records[0].lsn)
+            yield from records
             if status:
-                raise self._read_error(lsn, status, start is not None and prev == -1)
-            if not void:  # a void record is a range a dead writer left: no record
-                yield Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
-            prev, lsn = lsn, next_lsn
+                raise self._read_error(lsn, status, start is not None and prev == -1 and not last)
+            prev = last or prev
+
+    def scan(self, start: int | None = None, *, max_records: int = DEFAULT_BATCH_RECORDS,
+             max_bytes: int = DEFAULT_BATCH_BYTES) -> Iterator[RecordBatch]:
+        """The records ``records(start)`` gives, as RecordBatches (arrays of LSNs, prev-links,
+        lengths and offsets, and the payloads in one buffer) of up to ``max_records``
+        records or ``max_bytes`` payload bytes each (a larger record comes alone), each
+        read in one native call without the GIL.  Errors as ``records``: the records
+        before a failing one come in a batch first."""
+        bounds = self._read_bounds(start)
+        if bounds is None:
+            return
+        lsn, end = bounds
+        prev = -1
+        while lsn < end:
+            status, lsn, last, _, arrays = self._reader.fill(lsn, prev, end, max_records,
+                                                             max_bytes)
+            batch = RecordBatch.from_native(*arrays)
+            if len(batch):
+                self._check_copied(int(batch.lsns[0]))
+                yield batch
+            if status:
+                raise self._read_error(lsn, status, start is not None and prev == -1 and not last)
+            prev = last or prev
+
+    def read_many(self, lsns: Sequence[int] | np.ndarray, *,
+                  max_bytes: int = DEFAULT_BATCH_BYTES) -> RecordBatch:
+        """The records at ``lsns`` (records whose appends have returned), in that order, as
+        one RecordBatch, read in native calls of up to ``max_bytes`` payload bytes each
+        without the GIL.  Errors as ``record`` gives them, for the first LSN that fails."""
+        self._check_open()
+        batch, failed = self._fetch(_lsn_array(lsns), max_bytes)
+        if failed is not None:
+            raise self._record_error(*failed)
+        return batch
+
+    def _fetch(self, want: np.ndarray, max_bytes: int = DEFAULT_BATCH_BYTES, whole: bool = True
+               ) -> tuple[RecordBatch, tuple[int, int] | None]:
+        """The records at ``want`` (uint64), flushed first where they are not yet (all of
+        them, or when not ``whole`` as many as one native call of ``max_bytes`` reads), and
+        (LSN, status) of the first one that did not read (None: all did)."""
+        if len(want) and int(want.max()) >= self._core.flushed_lsn and not self._core.error:
+            self._core.flush(int(want.max()))
+        parts, done = [], 0
+        while done < len(want):
+            status, n, _, arrays = self._reader.fetch(want[done:], max_bytes)
+            if n:
+                parts.append(RecordBatch.from_native(*arrays))
+            done += n
+            if status:
+                return concat(parts), (int(want[done]), status)
+            if not whole:
+                want = want[:done]
+                break
+        if len(want):
+            self._check_copied(int(want.min()))
+        return concat(parts), None
 
     def _read_bounds(self, start: int | None) -> tuple[int, int] | None:
         """(first LSN, end) of a read from ``start`` (None: the oldest record), after
@@ -382,12 +439,8 @@ class WAL(Opening):
 
         ValueError if no record starts there, CorruptionError if the one there is
         damaged, TruncatedError if a truncation took it.  The payload is a read-only
-        view of the segment where the record lies in one page (bytes otherwise), and
-        keeps the bytes it shows for as long as it is held, after the WAL is closed too:
-        truncation recycles no segment such a view shows (it removes it instead), and
-        ``close()`` puts a private copy under the views alive.  A shared WAL's payload is
-        a copy (another process's truncation may recycle a segment under a view, knowing
-        nothing of this process's views: docs/SHARED.md).
+        memoryview of the record's own copy, validated as it was copied: it pins no
+        segment and outlives the WAL.  ``read_many`` reads many LSNs in one call.
 
         Direct mode reads it in place, durable or not.  Buffered mode flushes up to it
         first when it is not yet (the record is in the WAL buffer, not in its file); so
@@ -395,19 +448,37 @@ class WAL(Opening):
         writing the header of the page the record starts in.
         """
         self._check_open()
+        lsn = operator.index(lsn)
+        if not 0 <= lsn < 1 << 64:
+            raise ValueError(f"no record at LSN {lsn}: LSNs are 0..2**64-1")
+        at = lsn.to_bytes(8, sys.byteorder)
         unflushed = lsn >= self._core.flushed_lsn and not self._core.error
         if unflushed and not self._direct:
             self._core.flush(lsn)
-        status, _, _, prev_lsn, length, _, _, payload_lsn, _, void = self._reader.read(lsn, -1)
+        status, _, _, records = self._reader.records_at(at)
         if status and unflushed and self._direct:
             self._core.flush(lsn)
-            status, _, _, prev_lsn, length, _, _, payload_lsn, _, void = self._reader.read(lsn, -1)
-        if void:
-            raise ValueError(f"no record at LSN {format_lsn(lsn)}: a void range (its writer died "
-                             "before finishing it)")
+            status, _, _, records = self._reader.records_at(at)
         if status:
-            raise self._read_error(lsn, status, True)
-        return Record(lsn, self._payload(lsn, length, payload_lsn), prev_lsn)
+            raise self._record_error(lsn, status)
+        self._check_copied(lsn)
+        return records[0]
+
+    def _record_error(self, lsn: int, status: int) -> Exception:
+        """The error of a read of the record at ``lsn``, which the caller named."""
+        if status == _VOID_RECORD:
+            return ValueError(f"no record at LSN {format_lsn(lsn)}: a void range (its writer "
+                              "died before finishing it)")
+        return self._read_error(lsn, status, True)
+
+    def _check_copied(self, lsn: int) -> None:
+        """For a shared WAL: TruncatedError when a truncation took ``lsn``'s segment before
+        its records from ``lsn`` on were copied.  Another process truncates knowing nothing
+        of this one's reads, and raises the shared oldest segment before it touches a file:
+        copies checked against it afterwards hold the records' own bytes."""
+        if self._control is not None and lsn // self.segment_size < self._oldest_shared() and \
+                (truncated := self._truncated(lsn)) is not None:  # (the lock only then)
+            raise truncated
 
     def record_heads(self, head_bytes: int, start: int | None = None,
                      batch: int = 1 << 16) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -439,31 +510,6 @@ class WAL(Opening):
         """The error of a read that found damage at ``lsn``, noted for close."""
         self._damage_read = True
         return CorruptionError(lsn, lsn // self.segment_size, reason)
-
-    def _payload(self, lsn: int, length: int, payload_lsn: int) -> memoryview:
-        """A record's payload: a copy when it spans pages, else a read-only view of its
-        segment, exported by the segment's SegmentView (which counts the views alive).
-
-        A shared WAL's is always a copy: another process, which knows nothing of this
-        one's views, may recycle the segment under a view (rename it to a future number and
-        write it again).  The copy is checked against the shared oldest segment once made: a
-        truncation raises that before it touches a file, so a copy made before it still
-        reads below it has the record's own bytes."""
-        if payload_lsn >= 0:
-            payload = self._payload_view(lsn, payload_lsn, length)
-            if self._control is None:
-                return payload
-            payload = memoryview(payload.tobytes())
-        else:
-            try:
-                payload = memoryview(self._reader.payload(lsn))
-            except ValueError:  # read again: the error it fails with says why (a truncation...)
-                status = self._reader.read(lsn, -1)[0]
-                raise self._read_error(lsn, status or _BAD_POSITION, False) from None
-        if self._control is not None and lsn // self.segment_size < self._oldest_shared() and \
-                (truncated := self._truncated(lsn)) is not None:  # (the lock only then)
-            raise truncated
-        return payload
 
     def stats(self) -> dict[str, int]:
         """Counters since open.
@@ -566,24 +612,10 @@ class WAL(Opening):
             for table in (self._segments, self._read_cache, self._retired):
                 table.clear()
         try:
-            self._close_segments(segments)
+            for seg in segments:
+                seg.close()
         finally:
             self._dir.close()  # (the directory lock: let go whatever failed above)
-
-    @staticmethod
-    def _close_segments(segments: list[Segment]) -> None:
-        """Close every segment, nothing writing to them now: the payload views alive keep a
-        private copy.  One that fails (no memory for the copy) stops no other from closing:
-        the first error is raised after all were closed (its views show the file still)."""
-        error: BaseException | None = None
-        for seg in segments:
-            try:
-                seg.detach_views()
-            except BaseException as exc:  # noqa: BLE001 (raised below, once all are closed)
-                error = error or exc
-            seg.close()
-        if error is not None:
-            raise error
 
     def _mark_clean(self, point: tuple[int, int] | None) -> None:
         """Close, the core closed and truncations shut out: a one-process WAL with nothing
@@ -632,3 +664,14 @@ class WAL(Opening):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"insert {format_lsn(self.insert_lsn)}"
         return f"<pmemwal.WAL {self.path} {self.mode}/{self.persist_method} {state}>"
+
+
+def _lsn_array(lsns: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``lsns`` as a contiguous uint64 array; ValueError for one that is no LSN."""
+    try:
+        want = np.ascontiguousarray(lsns, dtype=np.uint64)
+    except (OverflowError, TypeError, ValueError):
+        raise ValueError(f"LSNs are integers from 0 to 2**64 - 1: {lsns!r}"[:200]) from None
+    if want.ndim != 1:
+        raise ValueError(f"LSNs: a sequence of integers, not an array of shape {want.shape}")
+    return want

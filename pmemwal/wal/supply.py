@@ -234,22 +234,6 @@ class SegmentSupply(SharedSegments):
                     return None if seg is None else memoryview(seg.map)  # type: ignore[arg-type]
             self._await_arrival(segno)
 
-    def _payload_view(self, lsn: int, payload_lsn: int, length: int) -> memoryview:
-        """A read-only view of the ``length`` payload bytes at ``payload_lsn`` of the record at
-        ``lsn`` (just read), exported under the segment lock by the segment's SegmentView,
-        which counts the views alive: truncation recycles no segment with views alive.
-        TruncatedError if a truncation took the segment meanwhile."""
-        segno, offset = divmod(payload_lsn, self.segment_size)
-        while True:
-            with self._seg_lock:
-                if segno not in self._arriving:
-                    seg = self._mapped_for_reading(segno)
-                    if seg is not None:
-                        return memoryview(seg.views or seg.payload_source())[offset:offset + length]
-                    raise TruncatedError(lsn, first_lsn(self._oldest_segment(),
-                                                        self.segment_size))
-            self._await_arrival(segno)
-
     def _await_arrival(self, segno: int) -> None:
         """Wait until segment ``segno`` is not on its way in (the background writer opening an
         existing file, which after a reopen can be the one the WAL ends in): it exists, and
@@ -281,13 +265,9 @@ class SegmentSupply(SharedSegments):
         return seg
 
     def _trim_read_cache(self) -> None:
-        """Make room for one more mapping: close the least recently read past _READ_CACHE,
-        except those payload views still show (they stay until truncated, so that
-        truncation sees them)."""
-        for segno in [n for n, seg in self._read_cache.items() if not seg.viewed]:
-            if len(self._read_cache) < _READ_CACHE:
-                return
-            self._read_cache.pop(segno).close()
+        """Make room for one more mapping: close the least recently read past _READ_CACHE."""
+        while len(self._read_cache) >= _READ_CACHE:
+            self._read_cache.pop(next(iter(self._read_cache))).close()
 
     def _segment_map(self, segno: int) -> memoryview:
         """_segment_buffer for a segment that exists; StorageError if a truncation took it

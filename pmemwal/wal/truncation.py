@@ -113,14 +113,11 @@ class Truncation(Checkpointing):
         for segno in victims:
             self._core.detach(segno)
             seg, cached = self._segments.pop(segno, None), self._read_cache.pop(segno, None)
-            # A file that payload views still show is removed, not recycled: their mapping
-            # keeps the unlinked file's pages, which nothing writes again.
-            viewed = any(s is not None and s.viewed for s in (seg, cached))
             if cached is not None:
                 cached.close()
             self._segnos.remove(segno)
             new = None
-            if spares < target and not viewed:
+            if spares < target:
                 new = self._segnos[-1] + 1
                 self._segnos.append(new)
                 self._arriving[new] = threading.Event()

@@ -1,0 +1,554 @@
+/*
+ * module_batch.c -- the Reader's many-record methods (wal_batch.c) and pmemwal._core.Record.
+ *
+ * fill/fetch hand back arrays (LSNs, prev-links, lengths, offsets) and one buffer of
+ * payloads, read without the GIL: a segment the reader has not taken yet stops it, the
+ * segment is taken with the GIL (call_take) and it goes on where it stopped.  records and
+ * records_at hand back Record objects, each payload its own bytes (a read-only memoryview of
+ * them): nothing a caller keeps pins a segment or a batch, and none ever shows other bytes.
+ * They hold the GIL but for a payload of RECORD_UNLOCKED_SIZE or more.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include "module.h"
+#include "module_reader.h"
+#include "wal_batch.h"
+
+#define RECORD_UNLOCKED_SIZE (256u << 10)
+
+/* ---- pmemwal._core.Record ------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    unsigned long long lsn, prev_lsn;
+    PyObject *payload;
+} RecordObject;
+
+static PyObject *record_new(uint64_t lsn, uint64_t prev_lsn, PyObject *payload)
+{
+    RecordObject *rec = PyObject_New(RecordObject, &RecordType);
+    if (!rec)
+        return NULL;
+    rec->lsn = lsn;
+    rec->prev_lsn = prev_lsn;
+    Py_INCREF(payload);
+    rec->payload = payload;
+    return (PyObject *)rec;
+}
+
+static PyObject *Record_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"lsn", "payload", "prev_lsn", NULL};
+    unsigned long long lsn, prev;
+    PyObject *payload;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KOK", kwlist, &lsn, &payload, &prev))
+        return NULL;
+    (void)type;
+    return record_new(lsn, prev, payload);
+}
+
+static void Record_dealloc(RecordObject *self)
+{
+    Py_XDECREF(self->payload);
+    PyObject_Free(self);
+}
+
+static PyObject *Record_repr(RecordObject *self)
+{
+    return PyUnicode_FromFormat("Record(lsn=%llu, payload=%R, prev_lsn=%llu)", self->lsn,
+                                self->payload, self->prev_lsn);
+}
+
+static PyObject *Record_richcompare(PyObject *a, PyObject *b, int op)
+{
+    if (!PyObject_TypeCheck(b, &RecordType) || (op != Py_EQ && op != Py_NE))
+        Py_RETURN_NOTIMPLEMENTED;
+    RecordObject *x = (RecordObject *)a, *y = (RecordObject *)b;
+    int eq = x->lsn == y->lsn && x->prev_lsn == y->prev_lsn;
+    if (eq && (eq = PyObject_RichCompareBool(x->payload, y->payload, Py_EQ)) < 0)
+        return NULL;
+    return PyBool_FromLong(op == Py_EQ ? eq : !eq);
+}
+
+static PyMemberDef Record_members[] = {
+    {"lsn", T_ULONGLONG, offsetof(RecordObject, lsn), READONLY, "the record's LSN"},
+    {"payload", T_OBJECT, offsetof(RecordObject, payload), READONLY,
+     "its payload: a read-only memoryview of its own copy"},
+    {"prev_lsn", T_ULONGLONG, offsetof(RecordObject, prev_lsn), READONLY,
+     "the LSN of the record before it"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyTypeObject RecordType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pmemwal.Record",
+    .tp_basicsize = sizeof(RecordObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Record(lsn, payload, prev_lsn): a record read back: its LSN, its payload, and "
+              "the LSN of the record before it.",
+    .tp_new = Record_new,
+    .tp_dealloc = (destructor)Record_dealloc,
+    .tp_repr = (reprfunc)Record_repr,
+    .tp_richcompare = Record_richcompare,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_members = Record_members,
+};
+
+/* ---- running without the GIL ----------------------------------------------------------- */
+
+typedef int (*batch_step)(const wal_src *s, void *arg);
+
+/* unlocked -- step(arg) without the GIL until it needs no segment it lacks: each one it
+ * stopped for is taken with the GIL, and it runs again from where it stopped (a step keeps
+ * its position in arg and moves it past a record only once that record is read).  Returns
+ * its status, or -1 with the getter's exception. */
+static int unlocked(reader_call *c, batch_step step, void *arg)
+{
+    for (;;) {
+        int st;
+        c->need = 0;
+        c->nogil = 1;
+        Py_BEGIN_ALLOW_THREADS
+        st = step(&c->src, arg);
+        Py_END_ALLOW_THREADS
+        c->nogil = 0;
+        if (!c->need)
+            return st;
+        if (call_take(c, c->need_segno) < 0)
+            return -1;
+    }
+}
+
+/* ---- fill and fetch: arrays and one payload buffer --------------------------------------- */
+
+/*
+ * A batch lives in one block: its four arrays (room for cap records) and then its payloads.
+ * The block belongs to a BatchBuffer, which exports it read-only to the memoryviews (and the
+ * numpy arrays) the batch is made of; when the last of them is gone the block goes back to a
+ * small pool for the next batch.  A block fresh from the allocator costs a page fault per
+ * 4 KiB touched (about as much as reading the records into it); a pooled one is mapped
+ * already, and most likely still in cache.
+ */
+#define POOL_BLOCKS 4
+#define POOL_MAX_BLOCK (8u << 20)
+
+static struct {
+    uint8_t *mem;
+    size_t size;
+} pool[POOL_BLOCKS]; /* (taken and given back with the GIL held) */
+static int pool_n;
+
+/* block_take -- a block of size bytes or more: the smallest pooled one that will do, or a new
+ * one; NULL with MemoryError. */
+static uint8_t *block_take(size_t size, size_t *got)
+{
+    int best = -1;
+    for (int i = 0; i < pool_n; i++)
+        if (pool[i].size >= size && (best < 0 || pool[i].size < pool[best].size))
+            best = i;
+    if (best >= 0) {
+        uint8_t *mem = pool[best].mem;
+        *got = pool[best].size;
+        pool[best] = pool[--pool_n];
+        return mem;
+    }
+    uint8_t *mem = PyMem_RawMalloc(size ? size : 1);
+    if (!mem)
+        PyErr_NoMemory();
+    *got = size;
+    return mem;
+}
+
+/* block_give -- back to the pool (the largest blocks kept), or freed. */
+static void block_give(uint8_t *mem, size_t size)
+{
+    if (size <= POOL_MAX_BLOCK && pool_n < POOL_BLOCKS) {
+        pool[pool_n].mem = mem;
+        pool[pool_n++].size = size;
+        return;
+    }
+    int small = -1;
+    for (int i = 0; i < pool_n; i++)
+        if (pool[i].size < size && size <= POOL_MAX_BLOCK && (small < 0 || pool[i].size < pool[small].size))
+            small = i;
+    if (small >= 0) {
+        PyMem_RawFree(pool[small].mem);
+        pool[small].mem = mem;
+        pool[small].size = size;
+        return;
+    }
+    PyMem_RawFree(mem);
+}
+
+typedef struct {
+    PyObject_HEAD
+    uint8_t *mem;
+    size_t size, used;
+} BatchBufferObject;
+
+static void BatchBuffer_dealloc(BatchBufferObject *self)
+{
+    if (self->mem)
+        block_give(self->mem, self->size);
+    PyObject_Free(self);
+}
+
+static int BatchBuffer_getbuffer(BatchBufferObject *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->mem, (Py_ssize_t)self->used, 1, flags);
+}
+
+static PyBufferProcs BatchBuffer_as_buffer = {(getbufferproc)BatchBuffer_getbuffer, NULL};
+
+PyTypeObject BatchBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pmemwal._core.BatchBuffer",
+    .tp_basicsize = sizeof(BatchBufferObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The memory of one batch of records, exported read-only.",
+    .tp_dealloc = (destructor)BatchBuffer_dealloc,
+    .tp_as_buffer = &BatchBuffer_as_buffer,
+};
+
+typedef struct {
+    BatchBufferObject *buf;
+    wal_batch b;
+} batch_out;
+
+/* out_layout -- the arrays and the payloads at their places in the block. */
+static void out_layout(batch_out *o, size_t cap, uint64_t data_cap)
+{
+    uint8_t *mem = o->buf->mem;
+    o->b.lsn = (uint64_t *)mem;
+    o->b.prev = o->b.lsn + cap;
+    o->b.off = o->b.prev + cap;
+    o->b.len = (uint32_t *)(o->b.off + cap);
+    o->b.data = (uint8_t *)(o->b.len + cap);
+    o->b.cap = cap;
+    o->b.data_cap = data_cap;
+}
+
+/* out_block -- a block for cap records (even: the payloads start 8-byte aligned) and
+ * data_cap payload bytes in o->buf (its old block given back); -1 with an exception. */
+static int out_block(batch_out *o, size_t cap, uint64_t data_cap)
+{
+    cap += cap & 1;
+    if (data_cap > PY_SSIZE_T_MAX - 28 * cap) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t got;
+    uint8_t *mem = block_take(28 * cap + data_cap, &got);
+    if (!mem)
+        return -1;
+    if (o->buf->mem)
+        block_give(o->buf->mem, o->buf->size);
+    o->buf->mem = mem;
+    o->buf->size = got;
+    out_layout(o, cap, got - 28 * cap);
+    return 0;
+}
+
+static int out_init(batch_out *o, Py_ssize_t max_records, Py_ssize_t max_bytes)
+{
+    memset(o, 0, sizeof(*o));
+    if (max_records < 1 || max_bytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_records >= 1 and max_bytes >= 0");
+        return -1;
+    }
+    if (!(o->buf = PyObject_New(BatchBufferObject, &BatchBufferType)))
+        return -1;
+    o->buf->mem = NULL;
+    o->buf->size = o->buf->used = 0;
+    if (out_block(o, (size_t)max_records, (uint64_t)max_bytes) < 0) {
+        Py_CLEAR(o->buf);
+        return -1;
+    }
+    o->b.cap = (size_t)max_records; /* (the block may be larger: what was asked for holds) */
+    o->b.data_cap = (uint64_t)max_bytes;
+    return 0;
+}
+
+/* out_run -- step until it ends, room made for a first record larger than max_bytes (which
+ * then comes alone); the status, or -1 with an exception. */
+static int out_run(reader_call *c, batch_out *o, batch_step step, void *arg)
+{
+    for (;;) {
+        int st = unlocked(c, step, arg);
+        if (st < 0 || !o->b.want)
+            return st;
+        uint64_t want = o->b.want;
+        if (out_block(o, o->b.cap, want) < 0) /* (b.n is 0: nothing to move) */
+            return -1;
+        o->b.cap = 1; /* it comes alone */
+        o->b.data_cap = want;
+        o->b.want = 0;
+    }
+}
+
+/* out_arrays -- (lsns, prev_lsns, lengths, offsets, data): memoryviews of the block, cut
+ * to what was read; the block's owner goes with them. */
+static PyObject *out_arrays(batch_out *o)
+{
+    uint8_t *mem = o->buf->mem;
+    size_t n = o->b.n;
+    o->buf->used = (size_t)(o->b.data - mem) + o->b.data_used;
+    PyObject *whole = PyMemoryView_FromObject((PyObject *)o->buf);
+    Py_CLEAR(o->buf);
+    if (!whole)
+        return NULL;
+    Py_ssize_t at[5][2] = {
+        {(uint8_t *)o->b.lsn - mem, 8 * n}, {(uint8_t *)o->b.prev - mem, 8 * n},
+        {(uint8_t *)o->b.len - mem, 4 * n}, {(uint8_t *)o->b.off - mem, 8 * n},
+        {o->b.data - mem, o->b.data_used},
+    };
+    PyObject *t = PyTuple_New(5);
+    for (int i = 0; t && i < 5; i++) {
+        PyObject *part = PySequence_GetSlice(whole, at[i][0], at[i][0] + at[i][1]);
+        if (!part)
+            Py_CLEAR(t);
+        else
+            PyTuple_SET_ITEM(t, i, part);
+    }
+    Py_DECREF(whole);
+    return t;
+}
+
+static void out_clear(batch_out *o)
+{
+    Py_CLEAR(o->buf);
+}
+
+typedef struct {
+    wal_batch *b;
+    uint64_t lsn, prev, stop, bad;
+    const uint64_t *lsns;
+    size_t count, done;
+} batch_pos;
+
+static int fill_step(const wal_src *s, void *arg)
+{
+    batch_pos *p = arg;
+    return wal_fill(s, &p->lsn, &p->prev, p->stop, p->b, &p->bad);
+}
+
+static int fetch_step(const wal_src *s, void *arg)
+{
+    batch_pos *p = arg;
+    return wal_fetch(s, p->lsns, p->count, &p->done, p->b, &p->bad);
+}
+
+/* fill(lsn, expect_prev, stop_lsn, max_records, max_bytes)
+ *   -> (status, next_lsn, last_lsn, bad_lsn, lsns, prev_lsns, lengths, offsets, data)
+ * The chain from lsn, void records stepped over, until stop_lsn, max_records records or
+ * max_bytes of payload (a first record larger than that comes alone), or a failure (status
+ * nonzero, next_lsn the failing record).  last_lsn: the last record read, void ones
+ * included (0: none), the next call's expect_prev.  The arrays are native-endian u64 (u32
+ * for lengths) bytes; payload i is data[offsets[i]:offsets[i] + lengths[i]]. */
+PyObject *Reader_fill(ReaderObject *self, PyObject *args)
+{
+    unsigned long long lsn, stop;
+    long long expect;
+    Py_ssize_t max_records, max_bytes;
+    if (!PyArg_ParseTuple(args, "KLKnn", &lsn, &expect, &stop, &max_records, &max_bytes))
+        return NULL;
+    batch_out o;
+    if (out_init(&o, max_records, max_bytes) < 0)
+        return NULL;
+    reader_call c;
+    if (call_begin(self, &c) < 0) {
+        out_clear(&o);
+        return NULL;
+    }
+    c.hold = 1;
+    batch_pos p = {&o.b, lsn, expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, stop, 0, NULL, 0, 0};
+    int st = out_run(&c, &o, fill_step, &p);
+    if (st < 0) {
+        out_clear(&o);
+        return call_done(&c, NULL);
+    }
+    PyObject *arrays = out_arrays(&o);
+    uint64_t last = p.prev == WAL_ANY_PREV ? 0 : p.prev;
+    return call_done(&c, arrays ? Py_BuildValue("(iKKKN)", st, p.lsn, last, p.bad, arrays)
+                                : NULL);
+}
+
+/* fetch(lsns, max_bytes) -> (status, done, bad_lsn, lsns, prev_lsns, lengths, offsets, data)
+ * The records at lsns (a buffer of native-endian u64s), each on its own, in that order,
+ * until max_bytes of payload (a first record larger than that comes alone) or a failure
+ * (status nonzero at lsns[done]; WAL_VOID_RECORD where a void range starts there). */
+PyObject *Reader_fetch(ReaderObject *self, PyObject *args)
+{
+    Py_buffer in;
+    Py_ssize_t max_bytes;
+    if (!PyArg_ParseTuple(args, "y*n", &in, &max_bytes))
+        return NULL;
+    size_t count = (size_t)in.len / 8;
+    batch_out o;
+    if (out_init(&o, count ? (Py_ssize_t)count : 1, max_bytes) < 0) {
+        PyBuffer_Release(&in);
+        return NULL;
+    }
+    reader_call c;
+    if (call_begin(self, &c) < 0) {
+        out_clear(&o);
+        PyBuffer_Release(&in);
+        return NULL;
+    }
+    c.hold = 1;
+    batch_pos p = {&o.b, 0, 0, 0, 0, in.buf, count, 0};
+    int st = out_run(&c, &o, fetch_step, &p);
+    PyObject *arrays = st < 0 ? (out_clear(&o), NULL) : out_arrays(&o);
+    PyBuffer_Release(&in);
+    return call_done(&c, arrays ? Py_BuildValue("(inKN)", st, (Py_ssize_t)p.done, p.bad, arrays)
+                                : NULL);
+}
+
+/* ---- records and records_at: Record objects ------------------------------------------- */
+
+typedef struct {
+    wal_batch *b;
+    uint64_t lsn, prev;
+    wal_record *r;
+} one_pos;
+
+static int one_step(const wal_src *s, void *arg)
+{
+    one_pos *p = arg;
+    return wal_batch_read(s, p->b, p->lsn, p->prev, p->r);
+}
+
+/* read_object -- the record at lsn, its payload (a data record's) in *payload: copied out
+ * of a page-sized scratch buffer, or read straight into bytes of its own when larger
+ * (without the GIL from RECORD_UNLOCKED_SIZE).  Its status, or -1 with an exception. */
+static int read_object(reader_call *c, wal_batch *b, uint64_t lsn, uint64_t prev,
+                       wal_record *r, PyObject **payload)
+{
+    uint8_t scratch[WAL_PAGE_SIZE];
+    *payload = NULL;
+    b->n = b->data_used = b->want = 0;
+    b->cap = 1;
+    b->data = scratch;
+    b->data_cap = sizeof(scratch);
+    int st = wal_batch_read(&c->src, b, lsn, prev, r);
+    if (PyErr_Occurred())
+        return -1;
+    if (st == WAL_BATCH_FULL) {
+        if (!(*payload = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)b->want)))
+            return -1;
+        b->data = (uint8_t *)PyBytes_AS_STRING(*payload);
+        b->data_cap = b->want;
+        one_pos p = {b, lsn, prev, r};
+        st = b->want >= RECORD_UNLOCKED_SIZE ? unlocked(c, one_step, &p) : one_step(&c->src, &p);
+        if (PyErr_Occurred()) {
+            Py_CLEAR(*payload);
+            return -1;
+        }
+        /* a length other than the one room was made for: the bytes changed under the read */
+        if (st == WAL_BATCH_FULL || (st == WAL_OK && r->length != b->data_cap))
+            st = WAL_BAD_CRC;
+        if (st != WAL_OK)
+            Py_CLEAR(*payload);
+        return st;
+    }
+    if (st == WAL_OK && r->type == WAL_REC_DATA &&
+        !(*payload = PyBytes_FromStringAndSize((const char *)scratch, r->length)))
+        return -1;
+    return st;
+}
+
+/* push_record -- append Record(lsn, memoryview(payload), prev) to list; steals payload. */
+static int push_record(PyObject *list, const wal_record *r, PyObject *payload)
+{
+    PyObject *view = PyMemoryView_FromObject(payload);
+    Py_DECREF(payload);
+    if (!view)
+        return -1;
+    PyObject *rec = record_new(r->lsn, r->prev_lsn, view);
+    Py_DECREF(view);
+    if (!rec)
+        return -1;
+    int rc = PyList_Append(list, rec);
+    Py_DECREF(rec);
+    return rc;
+}
+
+/* records(lsn, expect_prev, stop_lsn, max_records, max_bytes)
+ *   -> (status, next_lsn, last_lsn, bad_lsn, [Record])
+ * As fill, each record a Record (void ones stepped over). */
+PyObject *Reader_records(ReaderObject *self, PyObject *args)
+{
+    unsigned long long lsn, stop;
+    long long expect;
+    Py_ssize_t max_records, max_bytes;
+    if (!PyArg_ParseTuple(args, "KLKnn", &lsn, &expect, &stop, &max_records, &max_bytes))
+        return NULL;
+    reader_call c;
+    if (call_begin(self, &c) < 0)
+        return NULL;
+    c.hold = 1;
+    PyObject *list = PyList_New(0);
+    uint64_t prev = expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, bad = 0, bytes = 0;
+    wal_batch b = {0};
+    int st = WAL_OK;
+    while (list && lsn < stop && PyList_GET_SIZE(list) < max_records &&
+           bytes < (uint64_t)max_bytes) {
+        wal_record r;
+        PyObject *payload;
+        if ((st = read_object(&c, &b, lsn, prev, &r, &payload)) < 0)
+            Py_CLEAR(list);
+        else if (st != WAL_OK)
+            bad = r.bad_lsn;
+        else if (payload && push_record(list, &r, payload) < 0)
+            Py_CLEAR(list);
+        if (!list || st != WAL_OK)
+            break;
+        bytes += r.length;
+        prev = lsn;
+        lsn = r.next_lsn;
+    }
+    unsigned long long last = prev == WAL_ANY_PREV ? 0 : prev;
+    return call_done(&c, list ? Py_BuildValue("(iKKKN)", st, lsn, last, bad, list) : NULL);
+}
+
+/* records_at(lsns) -> (status, done, bad_lsn, [Record]): the records at lsns (a buffer of
+ * native-endian u64s), each on its own, in that order, until one fails (status nonzero at
+ * lsns[done]; WAL_VOID_RECORD where a void range starts there). */
+PyObject *Reader_records_at(ReaderObject *self, PyObject *args)
+{
+    Py_buffer in;
+    if (!PyArg_ParseTuple(args, "y*", &in))
+        return NULL;
+    reader_call c;
+    if (call_begin(self, &c) < 0) {
+        PyBuffer_Release(&in);
+        return NULL;
+    }
+    c.hold = 1;
+    const uint64_t *lsns = in.buf;
+    size_t count = (size_t)in.len / 8, done = 0;
+    PyObject *list = PyList_New(0);
+    uint64_t bad = 0;
+    wal_batch b = {0};
+    int st = WAL_OK;
+    for (; list && done < count; done++) {
+        wal_record r;
+        PyObject *payload;
+        if ((st = read_object(&c, &b, lsns[done], WAL_ANY_PREV, &r, &payload)) < 0) {
+            Py_CLEAR(list);
+            break;
+        }
+        if (st == WAL_OK && r.type == WAL_REC_VOID)
+            st = WAL_VOID_RECORD;
+        if (st != WAL_OK) {
+            bad = r.bad_lsn;
+            break;
+        }
+        if (push_record(list, &r, payload) < 0)
+            Py_CLEAR(list);
+    }
+    PyBuffer_Release(&in);
+    return call_done(&c, list ? Py_BuildValue("(inKN)", st, (Py_ssize_t)done, bad, list) : NULL);
+}

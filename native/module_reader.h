@@ -1,0 +1,59 @@
+/*
+ * module_reader.h -- what the Reader's two units share: module_reader.c (the type, its
+ * segment source and its one-record methods) and module_batch.c (its many-record methods
+ * and the Record type they make).
+ */
+#ifndef PMEMWAL_MODULE_READER_H
+#define PMEMWAL_MODULE_READER_H
+
+#include <Python.h>
+
+#include "wal_reader.h"
+
+#define READER_CACHE 4
+
+typedef struct {
+    PyObject_HEAD
+    wal_geom g;
+    PyObject *getter;
+    int salvage; /* page headers unchecked: see wal_src (wal_reader.h) */
+} ReaderObject;
+
+/* A segment buffer a call took from the getter: have, when it gave a whole segment (else
+ * there is none: the getter said None, or the file is short). */
+typedef struct {
+    uint64_t segno;
+    Py_buffer view;
+    int have;
+} held_segment;
+
+/* One call's segment buffers: each call has its own, on its stack, so that threads reading
+ * through one Reader at once (the getter is Python and lets the GIL go) never release a
+ * buffer another call still reads through.  A call keeps at most READER_CACHE of them, the
+ * oldest let go first, unless it holds them all (hold: pointers into them stay valid for the
+ * whole call, as the batch reader's page cache needs).  nogil: the source runs without the
+ * GIL and cannot ask the getter; a segment not held yet is asked for (need) instead, and the
+ * caller takes it and runs again. */
+typedef struct {
+    wal_src src;
+    PyObject *getter;
+    held_segment fixed[READER_CACHE];
+    held_segment *held; /* fixed, or a larger array once a holding call outgrows it */
+    size_t n, cap, next;
+    int hold, nogil, need;
+    int failed; /* the getter raised: every later segment fails at once, the exception kept */
+    uint64_t need_segno;
+} reader_call;
+
+int call_begin(ReaderObject *r, reader_call *c);
+PyObject *call_done(reader_call *c, PyObject *result);
+/* call_take -- ask the getter for segment segno (GIL held) and keep its buffer; -1 with the
+ * getter's exception. */
+int call_take(reader_call *c, uint64_t segno);
+
+PyObject *Reader_fill(ReaderObject *self, PyObject *args);
+PyObject *Reader_fetch(ReaderObject *self, PyObject *args);
+PyObject *Reader_records(ReaderObject *self, PyObject *args);
+PyObject *Reader_records_at(ReaderObject *self, PyObject *args);
+
+#endif

@@ -1,0 +1,186 @@
+/*
+ * wal_batch.c -- read many records in one call (wal_batch.h).
+ */
+#include "wal_batch.h"
+
+#include "crc32c.h"
+
+/* room -- whether a payload of len bytes fits in what is left of b; when it does not and
+ * b is empty, b->want asks for that much. */
+static int room(wal_batch *b, uint64_t len)
+{
+    if (b->n < b->cap && b->data_used + len <= b->data_cap)
+        return 1;
+    if (b->n == 0)
+        b->want = len;
+    return 0;
+}
+
+static void push(wal_batch *b, const wal_record *r)
+{
+    b->lsn[b->n] = r->lsn;
+    b->prev[b->n] = r->prev_lsn;
+    b->len[b->n] = r->length;
+    b->off[b->n] = b->data_used;
+    b->data_used += r->length;
+    b->n++;
+}
+
+/* checked_page -- the page at page_lsn, its header valid (rule 2), remembered for the next
+ * records; NULL when it is not valid or not at hand (the page walk then says why). */
+static const uint8_t *checked_page(const wal_src *s, wal_batch *b, uint64_t page_lsn)
+{
+    if (b->page && b->page_lsn == page_lsn)
+        return b->page;
+    int err = 0;
+    const uint8_t *base = s->segment(s->ctx, page_lsn / s->g.seg_size, &err);
+    if (err || !base)
+        return NULL;
+    const uint8_t *page = base + page_lsn % s->g.seg_size;
+    if (!wal_page_ok(&s->g, page_lsn, page))
+        return NULL;
+    b->page_lsn = page_lsn;
+    b->page = page;
+    return page;
+}
+
+/* read_in_page -- a data record that lies in one page, read from that page alone: rule 1
+ * (usable position), 2 (the page's header), 3 (a record at the page's usable start finds
+ * rem_len 0), 4 and 5 checked here as the walk would.  WAL_OK, WAL_BATCH_FULL, or
+ * WAL_BAD_POSITION for anything else: the caller then walks (and finds the true status). */
+static int read_in_page(const wal_src *s, wal_batch *b, uint64_t lsn, uint64_t expect_prev,
+                        wal_record *r)
+{
+    int64_t su = wal_usable(&s->g, lsn);
+    if (s->salvage || su < 0 || lsn % WAL_ALIGN)
+        return WAL_BAD_POSITION;
+    uint64_t in_page = (uint64_t)su % WAL_PAGE_USABLE;
+    if (in_page + WAL_REC_HDR > WAL_PAGE_USABLE)
+        return WAL_BAD_POSITION;
+    const uint8_t *page = checked_page(s, b, lsn - in_page - WAL_PAGE_HDR);
+    if (!page || (in_page == 0 && le_load32(page + offsetof(wal_page_hdr, rem_len)) != 0))
+        return WAL_BAD_POSITION;
+    const uint8_t *at = page + WAL_PAGE_HDR + in_page;
+    wal_rec_hdr h;
+    memcpy(&h, at, sizeof(h));
+    uint64_t size = wal_rec_size(h.length);
+    if (h.info != WAL_REC_DATA || in_page + size > WAL_PAGE_USABLE ||
+        (expect_prev == WAL_ANY_PREV ? h.prev_lsn >= lsn : h.prev_lsn != expect_prev))
+        return WAL_BAD_POSITION;
+    if (!room(b, h.length))
+        return WAL_BATCH_FULL;
+    if (crc32c_copy_after((const uint8_t *)&h + 4, WAL_REC_HDR - 4, b->data + b->data_used,
+                          at + WAL_REC_HDR, h.length) != h.crc)
+        return WAL_BAD_POSITION;
+    memset(r, 0, sizeof(*r));
+    r->lsn = r->bad_lsn = r->payload_lsn = lsn;
+    r->next_lsn = in_page + size < WAL_PAGE_USABLE ? lsn + size : wal_lsn(&s->g, (uint64_t)su + size);
+    r->prev_lsn = h.prev_lsn;
+    r->durable_hint = lsn - h.flushed_gap;
+    r->length = h.length;
+    r->crc = h.crc;
+    r->type = WAL_REC_DATA;
+    r->contiguous = 1;
+    return WAL_OK;
+}
+
+/* read_walking -- the record at lsn by the page walk (wal_read_into).  Its length is known
+ * valid before room is asked for it (wal_check_pages): a damaged length asks for nothing. */
+static int read_walking(const wal_src *s, wal_batch *b, uint64_t lsn, uint64_t expect_prev,
+                        wal_record *r)
+{
+    int st = wal_peek(s, lsn, expect_prev, r);
+    if (st != WAL_OK)
+        return st;
+    if (r->type == WAL_REC_VOID)
+        return wal_read_into(s, lsn, expect_prev, r, NULL);
+    if (b->n == 0 && b->data_used + r->length > b->data_cap &&
+        (st = wal_check_pages(s, r)) != WAL_OK)
+        return st;
+    if (!room(b, r->length))
+        return WAL_BATCH_FULL;
+    return wal_read_into(s, lsn, expect_prev, r, b->data + b->data_used);
+}
+
+int wal_batch_read(const wal_src *s, wal_batch *b, uint64_t lsn, uint64_t expect_prev,
+                   wal_record *r)
+{
+    int st = read_in_page(s, b, lsn, expect_prev, r);
+    return st == WAL_BAD_POSITION ? read_walking(s, b, lsn, expect_prev, r) : st;
+}
+
+/* page_run -- the data records from *lsn on that lie inside the page checked last, each
+ * linked to the one before, read with no arithmetic but their offsets in it (a chain's
+ * common case).  It leaves to wal_batch_read, which gives the status of one that fails, the
+ * first record that is not such a record, fails its CRC or does not fit; and a page's first
+ * and last records (rule 3; the step to the next page). */
+static void page_run(wal_batch *b, uint64_t *lsn, uint64_t *prev, uint64_t stop_lsn)
+{
+    const uint8_t *page = b->page;
+    uint64_t base = b->page_lsn;
+    if (!page || *prev == WAL_ANY_PREV)
+        return;
+    while (*lsn < stop_lsn && *lsn > base + WAL_PAGE_HDR &&
+           *lsn - base + WAL_REC_HDR < WAL_PAGE_SIZE) {
+        uint64_t off = *lsn - base;
+        wal_rec_hdr h;
+        memcpy(&h, page + off, sizeof(h));
+        uint64_t size = wal_rec_size(h.length);
+        if (h.info != WAL_REC_DATA || off + size >= WAL_PAGE_SIZE || h.prev_lsn != *prev ||
+            b->n >= b->cap || b->data_used + h.length > b->data_cap)
+            return;
+        if (crc32c_copy_after((const uint8_t *)&h + 4, WAL_REC_HDR - 4, b->data + b->data_used,
+                              page + off + WAL_REC_HDR, h.length) != h.crc)
+            return;
+        b->lsn[b->n] = *lsn;
+        b->prev[b->n] = h.prev_lsn;
+        b->len[b->n] = h.length;
+        b->off[b->n] = b->data_used;
+        b->data_used += h.length;
+        b->n++;
+        *prev = *lsn;
+        *lsn += size;
+    }
+}
+
+int wal_fill(const wal_src *s, uint64_t *lsn, uint64_t *prev, uint64_t stop_lsn, wal_batch *b,
+             uint64_t *bad_lsn)
+{
+    while (*lsn < stop_lsn) {
+        page_run(b, lsn, prev, stop_lsn);
+        if (*lsn >= stop_lsn)
+            break;
+        wal_record r;
+        int st = wal_batch_read(s, b, *lsn, *prev, &r);
+        if (st == WAL_BATCH_FULL)
+            return WAL_OK;
+        if (st != WAL_OK) {
+            *bad_lsn = r.bad_lsn;
+            return st;
+        }
+        if (r.type == WAL_REC_DATA) /* a void record closes a range: no record */
+            push(b, &r);
+        *prev = *lsn;
+        *lsn = r.next_lsn;
+    }
+    return WAL_OK;
+}
+
+int wal_fetch(const wal_src *s, const uint64_t *lsns, size_t count, size_t *done, wal_batch *b,
+              uint64_t *bad_lsn)
+{
+    for (; *done < count; (*done)++) {
+        wal_record r;
+        int st = wal_batch_read(s, b, lsns[*done], WAL_ANY_PREV, &r);
+        if (st == WAL_BATCH_FULL)
+            return WAL_OK;
+        if (st == WAL_OK && r.type == WAL_REC_VOID)
+            st = WAL_VOID_RECORD;
+        if (st != WAL_OK) {
+            *bad_lsn = r.bad_lsn;
+            return st;
+        }
+        push(b, &r);
+    }
+    return WAL_OK;
+}
