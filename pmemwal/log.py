@@ -19,10 +19,11 @@ import os
 import struct
 import threading
 from enum import Enum
-from typing import TYPE_CHECKING, Iterable, Iterator, Unpack
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Unpack
 
 import numpy as np
 
+from pmemwal.batch import EntryBatch, entries_of
 from pmemwal.errors import (ConfigError, CorruptionError, LogIndexError, TermError,
                             TruncatedError, WALError, format_lsn)
 from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, MAX_INDEX,
@@ -31,12 +32,14 @@ from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, M
 from pmemwal.log_index import IndexFiles, TieredIndex
 from pmemwal.log_replay import LogReplay, _span
 from pmemwal.wal import WAL, WALOptions, _weak
+from pmemwal.wal.api import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 _ENTRY_PREFIX = HEADER.pack(MAGIC, VERSION, ENTRY, 0, 0, 0)[:8]  # an entry's header: this, then
-_ENTRIES_CHUNK = 4096                   # LSNs entries() takes from the index at a time
+_ENTRIES_AHEAD = 1024                   # entries() reads ahead this many entries, or
+_ENTRY_BYTES_AHEAD = 1 << 18            # this many bytes of them, in one native call
 _INDEX_TERM = struct.Struct("<qQ")  # its index and term (q: an index past MAX_INDEX fails to pack)
 
 
@@ -274,6 +277,21 @@ class Log(LogReplay):
             record = self._record(ix.lsn_at(index))
             return entry_of(index, record, self.wal.segment_size)
 
+    def entries_at(self, indices: Sequence[int] | np.ndarray) -> EntryBatch:
+        """Entries ``indices`` (any order, repeats allowed), each read and checked as
+        ``entry`` does, in one native call without the GIL: an EntryBatch (indices, terms
+        and payloads as arrays and one buffer).  LogIndexError for one outside
+        [first_index, last_index]."""
+        want = _index_array(indices)
+        with self._lock:
+            self._check_open()
+            ix = self._index
+            outside = (want < ix.first) | (want >= ix.next)
+            if outside.any():
+                raise LogIndexError(f"no entry {int(want[outside][0])}: entries are {_span(ix)}")
+            records = self._records(ix.lsns_at(want))
+        return entries_of(want, records, self.wal.segment_size)
+
     def __getitem__(self, index: int) -> Entry:
         """``log[i]``: entry ``i``, as ``entry``; a slice is refused (``entries(start, stop)``
         iterates a range without holding it all)."""
@@ -286,47 +304,84 @@ class Log(LogReplay):
         """The entries from ``start`` (None: the first) to before ``stop`` (None: the end)
         there when the iteration begins: entries appended meanwhile are not in it, and one
         it has yet to yield that a compaction, rewind or reset voids meanwhile raises
-        LogIndexError (never a voided entry).  The index is read a chunk at a time, so
-        memory and the time the log's lock is held do not follow the range."""
+        LogIndexError (never a voided entry).  Read ahead a batch at a time
+        (``entry_batches``), so memory and the time the log's lock is held do not follow
+        the range; a payload held keeps its batch's buffer (at most 256 KiB) alive."""
+        ix = self._index
+        for batch, changes, stop in self._batches(start, stop, _ENTRIES_AHEAD,
+                                                  _ENTRY_BYTES_AHEAD):
+            first = int(batch.indices[0])
+            limit = first + len(batch)  # entries from here on went since the batch was read
+            for entry in batch:
+                if ix.changes != changes:  # (read without the lock: one int)
+                    changes, named = self._named(entry.index, batch.lsns[entry.index - first:],
+                                                 stop)
+                    limit = entry.index + named
+                if entry.index >= limit:
+                    raise self._went(entry.index)
+                yield entry
+
+    def entry_batches(self, start: int | None = None, stop: int | None = None, *,
+                      max_entries: int = DEFAULT_BATCH_RECORDS,
+                      max_bytes: int = DEFAULT_BATCH_BYTES) -> Iterator[EntryBatch]:
+        """The entries ``entries(start, stop)`` gives, as EntryBatches of up to
+        ``max_entries`` entries or ``max_bytes`` payload bytes each (a larger entry comes
+        alone), each read in one native call without the GIL.  A batch is the entries as
+        they were when it was read."""
+        for batch, _, _ in self._batches(start, stop, max_entries, max_bytes):
+            yield batch
+
+    def _batches(self, start: int | None, stop: int | None, max_entries: int,
+                 max_bytes: int) -> Iterator[tuple[EntryBatch, int, int]]:
+        """entry_batches's batches, each with the index's count of changes it was checked
+        at and the entry the iteration stops before."""
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be 1 or more, not {max_entries}")
         with self._lock:
             self._check_open()
             ix = self._index
             start = ix.first if start is None else max(start, ix.first)
             stop = ix.next if stop is None else min(stop, ix.next)
             horizon = self.wal.insert_lsn  # an entry at or past it came after this call
-        if start >= stop:
-            return
-        # One pass over the WAL from the first entry, stepping over the records in between
-        # that are not these entries (voided ones, rewinds, markers, states).
-        index, ix, segment_size = start, self._index, self.wal.segment_size
-        lsns, changes = self._entry_lsns(index, stop, horizon)
-        want, at = lsns[0], 0
+        index = start
+        while index < stop:
+            lsns, changes = self._entry_lsns(index, min(stop, index + max_entries), horizon)
+            batch = self._read_entries(index, lsns, max_bytes)
+            with self._lock:  # a rewind, compaction or reset meanwhile: looked at after the
+                now = self._index.changes  # read, so none comes between
+            if now != changes:
+                changes, named = self._named(index, batch.lsns, stop)
+                if named == 0:
+                    raise self._went(index)
+                batch = batch[:named]
+            yield batch, changes, stop
+            index += len(batch)
+
+    def _read_entries(self, index: int, lsns: np.ndarray, max_bytes: int) -> EntryBatch:
+        """Entries ``index``.. at ``lsns``, as far as ``max_bytes`` of records take them (at
+        least one); a compaction meanwhile is a LogIndexError, not damage."""
         try:
-            self._record(want)  # the first must read: a start that does not is damage
-            for record in self.wal.records(want):
-                if record.lsn != want:
-                    if record.lsn < want:
-                        continue
-                    raise self._no_record(index, want)  # no record starts where it names
-                if ix.changes != changes:  # a rewind, compaction or reset meanwhile: looked
-                    lsns, changes = self._entry_lsns(index, stop, horizon)  # at after the
-                    at = 0                                  # read, so none comes between
-                    if lsns[0] != want:
-                        raise self._went(index)
-                yield entry_of(index, record, segment_size)
-                index, at = index + 1, at + 1
-                if index == stop:
-                    return
-                if at == len(lsns):
-                    lsns, changes = self._entry_lsns(index, stop, horizon)
-                    at = 0
-                want = lsns[at]
-            raise self._no_record(index, want)  # the chain ended before it
+            records = self._records(lsns, max_bytes, whole=False)
         except (CorruptionError, TruncatedError):  # (a compaction meanwhile: TruncatedError)
             self._check_not_compacted(index)
             raise
+        return entries_of(np.arange(index, index + len(records), dtype=np.int64), records,
+                          self.wal.segment_size)
 
-    def _entry_lsns(self, start: int, stop: int, horizon: int) -> tuple[list[int], int]:
+    def _named(self, index: int, read: np.ndarray, stop: int) -> tuple[int, int]:
+        """The index's count of changes now, and how many of the entries from ``index`` it
+        still names at the LSNs they were ``read`` at (0: entry ``index`` went)."""
+        with self._lock:
+            self._check_open()
+            ix = self._index
+            if not ix.first <= index < ix.next:
+                return ix.changes, 0
+            lsns = ix.lsns(index, min(stop, index + len(read), ix.next))  # (any appended since
+            changes = ix.changes                       # the iteration began lie past horizon)
+        same = lsns == read[:len(lsns)]
+        return changes, len(same) if same.all() else int(np.argmin(same))
+
+    def _entry_lsns(self, start: int, stop: int, horizon: int) -> tuple[np.ndarray, int]:
         """Under the lock, the LSNs of up to a chunk of entries from ``start`` to before
         ``stop`` (or the end) for an iteration that began at insert position ``horizon``,
         and the index's count of changes then; LogIndexError when entry ``start`` went."""
@@ -335,20 +390,12 @@ class Log(LogReplay):
             ix = self._index
             if not ix.first <= start < ix.next:
                 raise self._went(start)
-            lsns = ix.lsns(start, min(stop, start + _ENTRIES_CHUNK, ix.next))
+            lsns = ix.lsns(start, min(stop, ix.next))
             changes = ix.changes
         later = lsns >= horizon  # voided, and the index appended again since
         if later.any():
             raise self._went(start + int(np.argmax(later)))
-        return lsns.tolist(), changes
-
-    def _no_record(self, index: int, lsn: int) -> WALError:
-        """The chain passed (or ended before) the LSN the index names for entry ``index``:
-        it went meanwhile (LogIndexError), or no record starts there (damage)."""
-        self._check_not_compacted(index)
-        return CorruptionError(lsn, lsn // self.wal.segment_size, f"the log's index names "
-                               f"{format_lsn(lsn)} for entry {index}, and no record of the "
-                               "WAL's chain starts there")
+        return lsns, changes
 
     def _check_not_compacted(self, index: int) -> None:
         """LogIndexError if entry ``index``, which an iteration was reading, went in a
@@ -435,3 +482,15 @@ class Log(LogReplay):
 
 __all__ = ["Log", "open_log", "Entry", "HardState", "describe", "KIND_NAMES", "HEADER",
            "HEADER_SIZE", "MAGIC", "VERSION", "ENTRY", "REWIND", "SNAPSHOT", "STATE", "RESET"]
+
+
+def _index_array(indices: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``indices`` as a contiguous int64 array; LogIndexError for one that is no index."""
+    try:
+        want = np.ascontiguousarray(indices, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        raise LogIndexError(f"entry indexes are integers: {indices!r}"[:200]) from None
+    if want.ndim != 1:
+        raise LogIndexError(f"entry indexes: a sequence of integers, not an array of shape "
+                            f"{want.shape}")
+    return want

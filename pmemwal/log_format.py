@@ -87,6 +87,22 @@ def entry_of(index: int, record: Record, segment_size: int) -> Entry:
     return Entry(index, head[5], payload[HEADER_SIZE:])
 
 
+def check_entry_record(indices: np.ndarray, lsns: np.ndarray, lengths: np.ndarray,
+                       head: np.ndarray, heads: np.ndarray, segment_size: int) -> None:
+    """entry_of's test for many records at once (``head``: their headers, ``heads`` the
+    same bytes): CorruptionError at the first that is not entry ``indices[i]``."""
+    bad = (lengths < HEADER_SIZE) | (head["magic"] != MAGIC) | (head["version"] != VERSION) | \
+        (head["kind"] != ENTRY) | (head["index"] != indices.astype(np.uint64))
+    if bad.any():
+        i = int(np.argmax(bad))
+        lsn = int(lsns[i])
+        shown = bytes(heads[i]) if lengths[i] >= HEADER_SIZE else b""
+        raise CorruptionError(lsn, lsn // segment_size,
+                              f"the log's index names the record at {format_lsn(lsn)} for "
+                              f"entry {int(indices[i])}, but it is "
+                              f"{describe(shown) or 'no log record'}")
+
+
 def check_headers(lsns: np.ndarray, lengths: np.ndarray, head: np.ndarray) -> None:
     """FormatError at the first record that is not a log record of a version we read."""
     bad = (lengths < HEADER_SIZE) | (head["magic"] != MAGIC) | (head["version"] != VERSION)

@@ -278,6 +278,15 @@ class TieredIndex:
             return self.files.slot(index)[1]
         return int(self.heap.term[self.heap.slot(index)])
 
+    def lsns_at(self, indices: np.ndarray) -> np.ndarray:
+        """LSNs of the entries ``indices`` (int64, each within [first, next))."""
+        h, out = self.heap, np.empty(len(indices), np.uint64)
+        recent = indices >= self.durable_next
+        out[recent] = h.lsn[indices[recent] - h.first + h.slot(h.first)]
+        for i in np.flatnonzero(~recent).tolist():  # (the files' tier: one mapped item each)
+            out[i] = self.files.slot(int(indices[i]))[0]
+        return out
+
     def lsns(self, start: int, stop: int) -> np.ndarray:
         """LSNs of the entries [start, stop), within [first, next) (their terms are read
         from the records: log.py's _entry)."""

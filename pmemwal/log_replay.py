@@ -47,7 +47,9 @@ from pmemwal.log_format import (ENTRY, HEADER_DTYPE, HEADER_SIZE, RESET, REWIND,
                                 entry_of)
 from pmemwal.log_index import IndexFiles, IndexState, TieredIndex, payload_crc
 from pmemwal.recovery import RecoveryWarning
+from pmemwal.batch import RecordBatch
 from pmemwal.wal import WAL, Record
+from pmemwal.wal.api import DEFAULT_BATCH_BYTES
 
 _SCAN_BATCH = 1 << 16                       # records per native call on open
 _WRITER_WAIT = 0.005    # seconds the WAL's writer waits for the log's lock in an index round
@@ -307,6 +309,20 @@ class LogReplay:
             return self.wal.record(lsn)
         except ValueError as exc:
             raise CorruptionError(lsn, lsn // self.wal.segment_size, str(exc)) from None
+
+    def _records(self, lsns: np.ndarray, max_bytes: int = DEFAULT_BATCH_BYTES,
+                 whole: bool = True) -> RecordBatch:
+        """The WAL records at ``lsns``, which the index names (all of them, or when not
+        ``whole`` as many as one native call of ``max_bytes`` reads): one that does not
+        read is damage (CorruptionError), not a caller's wrong LSN."""
+        batch, failed = self.wal._fetch(lsns, max_bytes, whole)
+        if failed is None:
+            return batch
+        lsn, status = failed
+        error = self.wal._record_error(lsn, status)
+        if isinstance(error, ValueError):
+            raise CorruptionError(lsn, lsn // self.wal.segment_size, str(error))
+        raise error
 
     def _check_open(self) -> None:
         if self.wal.closed:
