@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/read_speed.py [--records 1000000] [--sizes 64,8k,1m]
         [--max-bytes 800m] [--dir /dev/shm] [--repeat 3] [--json out.json] [--quick]
 
+(py-lmdb comes with the ``peers`` extra: pip install 'pmemwal[peers]'.)
+
 For each payload size the same payloads (seeded random bytes) are written to four stores in
 one scratch directory under ``--dir``: a WAL and a Log (``append_many`` in direct mode,
 64 MiB segments, flushed), an LMDB environment (8-byte big-endian keys, so that its cursor
