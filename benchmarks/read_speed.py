@@ -29,8 +29,10 @@ LMDB reads both ways, ``buffers=True`` (views, as pmemwal's payloads are) and co
 for small values); each comparison is with the faster of the two, named in the table.
 
 Every reading is reported as records/s and MB/s beside its peer's in the same run, with the
-ratio pmemwal / peer: above 1, pmemwal reads faster.  MB/s counts the payload bytes handed
-out, whether as views or as copies (the ceiling's: the segment bytes copied).  The
+ratio of the records/s, pmemwal / peer: above 1, pmemwal reads faster.  MB/s counts the
+payload bytes handed out, whether as views or as copies; the ceiling's MB/s counts the
+segment bytes it copied (headers too), its records/s the records they hold, so that its
+ratio is the copy's time over the scan's.  The
 per-record readings must agree on the payloads (the xor of their first bytes) and every
 reading must read every record, or the run stops.  A reading the installed pmemwal lacks
 is "n/a".
@@ -109,8 +111,8 @@ def key(i: int) -> bytes:
     return i.to_bytes(8, "big")
 
 
-def fill(root: str, size: int, count: int) -> Stores:
-    """Write ``count`` payloads of ``size`` bytes to the four stores (time not measured)."""
+def open_stores(root: str, size: int, count: int) -> Stores:
+    """The four stores, new and empty, in ``root``."""
     s = Stores(size, count, root)
     s.wal = pmemwal.open(os.path.join(root, "wal"), mode="direct", segment_size=SEGMENT)
     s.log = pmemwal.open_log(os.path.join(root, "log"), mode="direct", segment_size=SEGMENT)
@@ -119,19 +121,27 @@ def fill(root: str, size: int, count: int) -> Stores:
     s.db = sqlite3.connect(os.path.join(root, "t.sqlite"))
     s.db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;"
                        "CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB);")
+    return s
+
+
+def write(s: Stores, first: int, payloads: list[bytes]) -> None:
+    """Payloads ``first``, ``first + 1``, ... to every store."""
+    s.lsns += s.wal.append_many(payloads).tolist()
+    s.log.append_many(payloads, term=1)
+    with s.env.begin(write=True) as txn:
+        txn.cursor().putmulti(((key(first + i), p) for i, p in enumerate(payloads)), append=True)
+    with s.db:
+        s.db.executemany("INSERT INTO t VALUES (?, ?)", enumerate(payloads, first))
+
+
+def fill(root: str, size: int, count: int) -> Stores:
+    """Write ``count`` payloads of ``size`` bytes to the four stores (time not measured)."""
+    s = open_stores(root, size, count)
     rng = np.random.default_rng(SEED + size)
     step = max(1, WRITE_BYTES // size)
     for first in range(0, count, step):
-        n = min(step, count - first)
-        blob = rng.bytes(n * size)
-        payloads = [blob[i * size:(i + 1) * size] for i in range(n)]
-        s.lsns += s.wal.append_many(payloads).tolist()
-        s.log.append_many(payloads, term=1)
-        with s.env.begin(write=True) as txn:
-            txn.cursor().putmulti(((key(first + i), p) for i, p in enumerate(payloads)),
-                                  append=True)
-        with s.db:
-            s.db.executemany("INSERT INTO t VALUES (?, ?)", enumerate(payloads, first))
+        blob = rng.bytes(min(step, count - first) * size)
+        write(s, first, [blob[i:i + size] for i in range(0, len(blob), size)])
     s.wal.flush()
     s.log.sync()
     s.env.sync(True)
@@ -334,10 +344,12 @@ def measure(s: Stores, repeat: int) -> dict[str, dict[str, Any] | None]:
 
 
 def finish(s: Stores, name: str, result: dict[str, Any]) -> dict[str, Any]:
-    """Rates of one reading, after checking it read every record (the ceiling: bytes)."""
+    """Rates of one reading, after checking it read every record (the ceiling: the bytes
+    that hold them, its records/s the records whose bytes it copied)."""
     seconds, n = result["seconds"], result["count"]
     if name == "segment copy (ceiling)":
-        return {"seconds": seconds, "bytes": n, "records_per_s": None, "mb_per_s": n / seconds / 1e6}
+        return {"seconds": seconds, "bytes": n, "records_per_s": s.count / seconds,
+                "mb_per_s": n / seconds / 1e6}
     if n != s.count:
         raise SystemExit(f"{name} read {n} records of {s.count}")
     return {"seconds": seconds, "records": n, "bytes": n * s.size, "xor": result["xor"],
@@ -355,10 +367,10 @@ def comparisons(size: int, results: dict[str, dict[str, Any] | None]) -> list[di
     rows = []
     for ours, peer, target, target_sizes in COMPARISONS:
         peer = max(PEER_VARIANTS.get(peer, [peer]),
-                   key=lambda name: results[name]["mb_per_s"])
+                   key=lambda name: results[name]["records_per_s"])
         a, b = results[ours], results[peer]
         rows.append({"reading": ours, "peer": peer,
-                     "ratio": a["mb_per_s"] / b["mb_per_s"] if a and b else None,
+                     "ratio": a["records_per_s"] / b["records_per_s"] if a and b else None,
                      "target": target if size in target_sizes else ""})
     return rows
 
@@ -366,8 +378,7 @@ def comparisons(size: int, results: dict[str, dict[str, Any] | None]) -> list[di
 def rate_cells(result: dict[str, Any] | None) -> list[str]:
     if result is None:
         return ["n/a", "n/a"]
-    per_s = result["records_per_s"]
-    return [human(per_s) if per_s else "-", f"{result['mb_per_s']:.0f}"]
+    return [human(result["records_per_s"]), f"{result['mb_per_s']:.0f}"]
 
 
 def table(results: dict[str, dict[str, Any] | None], rows: list[dict[str, Any]]) -> str:
