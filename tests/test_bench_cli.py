@@ -414,7 +414,8 @@ READ_ROWS = [
     ("Log.entry_batches()", "lmdb cursor"), ("Log.entries_at(4096 random)", "lmdb get random"),
 ]
 # the readings of an API that may not be there yet: "n/a" without it
-READ_NEEDS = {"WAL.scan()": (pmemwal.WAL, "scan"), "WAL.read_many(4096 random)": (pmemwal.WAL, "read_many"),
+READ_NEEDS = {"WAL.scan()": (pmemwal.WAL, "scan"),
+              "WAL.read_many(4096 random)": (pmemwal.WAL, "read_many"),
               "Log.entry_batches()": (pmemwal.Log, "entry_batches"),
               "Log.entries_at(4096 random)": (pmemwal.Log, "entries_at")}
 RATE = re.compile(r"^\d+(\.\d+)?( [kM])?$")
