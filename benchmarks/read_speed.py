@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/read_speed.py [--records 1000000] [--sizes 64,8k,1m]
         [--max-bytes 819200000] [--dir /dev/shm] [--repeat 3] [--json out.json] [--quick]
 
-(py-lmdb comes with the ``peers`` extra: pip install 'pmemwal[peers]'.)
+(py-lmdb comes with the ``bench`` extra: pip install 'pmemwal[bench]'.)
 
 For each payload size the same payloads (seeded random bytes) are written to four stores in
 one scratch directory under ``--dir``: a WAL and a Log (``append_many`` in direct mode,
