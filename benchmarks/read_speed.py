@@ -32,10 +32,9 @@ Every reading is reported as records/s and MB/s beside its peer's in the same ru
 ratio of the records/s, pmemwal / peer: above 1, pmemwal reads faster.  MB/s counts the
 payload bytes handed out, whether as views or as copies; the ceiling's MB/s counts the
 segment bytes it copied (headers too), its records/s the records they hold, so that its
-ratio is the copy's time over the scan's.  The
-per-record readings must agree on the payloads (the xor of their first bytes) and every
-reading must read every record, or the run stops.  A reading the installed pmemwal lacks
-is "n/a".
+ratio is the copy's time over the scan's.  The per-record readings must agree on the
+payloads (the xor of their first bytes) and every reading must read every record, or the
+run stops.  A reading the installed pmemwal lacks is "n/a".
 """
 
 from __future__ import annotations
