@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_runner
+from conftest import REPO_ROOT, child_env, cli_runner
 
 import pmemwal
 from pmemwal.tools import bench
@@ -399,3 +400,63 @@ def test_bench_processes_need_direct_mode(shm_dir: Path, mode: str) -> None:
     assert "processes" in result.stderr and "direct" in result.stderr
     assert "Traceback" not in result.output
     assert os.listdir(shm_dir) == []
+
+
+# ---- the read benchmark (benchmarks/read_speed.py) ----------------------------------
+
+READ_SPEED = REPO_ROOT / "benchmarks" / "read_speed.py"
+# (pmemwal's reading, its peer), one table row each, for every payload size
+READ_ROWS = [
+    ("WAL.records()", "lmdb cursor"), ("WAL.records()", "sqlite select"),
+    ("WAL.record(lsn) random", "lmdb get random"), ("WAL.scan()", "lmdb cursor"),
+    ("WAL.scan()", "segment copy (ceiling)"), ("WAL.read_many(4096 random)", "lmdb get random"),
+    ("Log.entries()", "lmdb cursor"), ("Log.entry(i) random", "lmdb get random"),
+    ("Log.entry_batches()", "lmdb cursor"), ("Log.entries_at(4096 random)", "lmdb get random"),
+]
+# the readings of an API that may not be there yet: "n/a" without it
+READ_NEEDS = {"WAL.scan()": (pmemwal.WAL, "scan"),
+              "WAL.read_many(4096 random)": (pmemwal.WAL, "read_many"),
+              "Log.entry_batches()": (pmemwal.Log, "entry_batches"),
+              "Log.entries_at(4096 random)": (pmemwal.Log, "entries_at")}
+RATE = re.compile(r"^\d+(\.\d+)?( [kM])?$")
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of a markdown table's body rows."""
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| pmemwal |")]
+
+
+def test_read_speed_quick_names_every_reading(shm_dir: Path) -> None:
+    """--quick runs every reading at each size, names each beside its peer with rates and a
+    ratio (n/a where the API is missing), and leaves nothing in --dir but its JSON."""
+    pytest.importorskip("lmdb")
+    out = shm_dir / "reads.json"
+    proc = subprocess.run([sys.executable, str(READ_SPEED), "--quick", "--dir", str(shm_dir),
+                           "--json", str(out)], env=child_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^CPU: .+; load average [\d.]+ [\d.]+ [\d.]+;", proc.stdout, re.M)
+    sections = re.split(r"^(\d+ (?:B|KiB|MiB)) payloads, [\d,]+ records$", proc.stdout, flags=re.M)
+    assert sections[1::2] == ["64 B", "8 KiB", "1 MiB"]
+    for body in sections[2::2]:
+        rows = table_rows(body)
+        # LMDB's rows name the faster of its two ways, views or copies
+        assert [(r[0], re.sub(r" \((views|bytes)\)$", "", r[3])) for r in rows] == READ_ROWS
+        assert all(r[3].endswith(("(views)", "(bytes)")) for r in rows if "lmdb" in r[3])
+        for reading, ours, _, peer, peer_rate, _, ratio, _ in rows:
+            owner, attr = READ_NEEDS.get(reading, (pmemwal.WAL, "records"))
+            if hasattr(owner, attr):
+                assert RATE.match(ours) and float(ratio) > 0, (reading, ours, ratio)
+            else:
+                assert ours == ratio == "n/a", reading
+            assert RATE.match(peer_rate), (peer, peer_rate)
+    report = json.loads(out.read_text())
+    assert [s["size"] for s in report["sizes"]] == [64, 8192, 1 << 20]
+    for size in report["sizes"]:
+        readings = size["readings"]
+        assert readings["WAL.records()"]["records"] == size["records"] > 0
+        assert readings["segment copy (ceiling)"]["bytes"] > size["records"] * size["size"]
+        for reading, (owner, attr) in READ_NEEDS.items():
+            assert (readings[reading] is None) != hasattr(owner, attr), reading
+    assert os.listdir(shm_dir) == ["reads.json"]  # its stores removed
