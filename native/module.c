@@ -26,6 +26,7 @@
 
 #include "crc32c.h"
 #include "module.h"
+#include "module_reader.h"
 #include "trace.h"
 #include "wal_core.h"
 #include "wal_reader.h"
@@ -973,6 +974,7 @@ static PyObject *mod_trace_forget(PyObject *m, PyObject *unused)
 static PyMethodDef module_methods[] = {
     {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, crc=0) -> int"},
     {"status_text", mod_status_text, METH_O, "status_text(status) -> str"},
+    {"split", batch_split, METH_VARARGS, "split(data, offsets, lengths) -> [bytes]"},
     {"_crc32c_copy", mod_crc32c_copy, METH_VARARGS,
      "_crc32c_copy(dst, src, crc=0, how=1, repeat=1) -> int: how 0 CRC only, 1 copy, 2 streaming copy"},
 #ifdef PMEMWAL_TRACE

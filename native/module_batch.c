@@ -4,8 +4,9 @@
  * fill/fetch hand back arrays (LSNs, prev-links, lengths, offsets) and one buffer of
  * payloads, read without the GIL: a segment the reader has not taken yet stops it, the
  * segment is taken with the GIL (call_take) and it goes on where it stopped.  records and
- * records_at hand back Record objects, each payload its own bytes (a read-only memoryview of
- * them): nothing a caller keeps pins a segment or a batch, and none ever shows other bytes.
+ * records_at hand back Record objects, each payload its own bytes (a memoryview over them
+ * would cost more than the rest of the record's read): nothing a caller keeps pins a segment
+ * or a batch, and none ever shows other bytes.
  * They hold the GIL but for a payload of RECORD_UNLOCKED_SIZE or more.
  */
 #define PY_SSIZE_T_CLEAN
@@ -75,7 +76,7 @@ static PyObject *Record_richcompare(PyObject *a, PyObject *b, int op)
 static PyMemberDef Record_members[] = {
     {"lsn", T_ULONGLONG, offsetof(RecordObject, lsn), READONLY, "the record's LSN"},
     {"payload", T_OBJECT, offsetof(RecordObject, payload), READONLY,
-     "its payload: a read-only memoryview of its own copy"},
+     "its payload: bytes of its own (a view of its batch's buffer from a RecordBatch)"},
     {"prev_lsn", T_ULONGLONG, offsetof(RecordObject, prev_lsn), READONLY,
      "the LSN of the record before it"},
     {NULL, 0, 0, 0, NULL},
@@ -459,15 +460,11 @@ static int read_object(reader_call *c, wal_batch *b, uint64_t lsn, uint64_t prev
     return st;
 }
 
-/* push_record -- append Record(lsn, memoryview(payload), prev) to list; steals payload. */
+/* push_record -- append Record(lsn, payload, prev) to list; steals payload. */
 static int push_record(PyObject *list, const wal_record *r, PyObject *payload)
 {
-    PyObject *view = PyMemoryView_FromObject(payload);
+    PyObject *rec = record_new(r->lsn, r->prev_lsn, payload);
     Py_DECREF(payload);
-    if (!view)
-        return -1;
-    PyObject *rec = record_new(r->lsn, r->prev_lsn, view);
-    Py_DECREF(view);
     if (!rec)
         return -1;
     int rc = PyList_Append(list, rec);
@@ -513,6 +510,37 @@ PyObject *Reader_records(ReaderObject *self, PyObject *args)
     return call_done(&c, list ? Py_BuildValue("(iKKKN)", st, lsn, last, bad, list) : NULL);
 }
 
+/* record(lsn) -> (status, bad_lsn, Record or None): the record at lsn on its own (any
+ * earlier prev-link); WAL_VOID_RECORD where a void range starts there.  OverflowError for
+ * an int that is no u64. */
+PyObject *Reader_record(ReaderObject *self, PyObject *arg)
+{
+    PyObject *index = PyNumber_Index(arg); /* (a numpy integer too) */
+    if (!index)
+        return NULL;
+    unsigned long long lsn = PyLong_AsUnsignedLongLong(index);
+    Py_DECREF(index);
+    if (lsn == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    reader_call c;
+    if (call_begin(self, &c) < 0)
+        return NULL;
+    c.hold = 1;
+    wal_batch b = {0};
+    wal_record r;
+    PyObject *payload, *rec = NULL;
+    int st = read_object(&c, &b, lsn, WAL_ANY_PREV, &r, &payload);
+    if (st == WAL_OK && r.type == WAL_REC_VOID)
+        st = WAL_VOID_RECORD;
+    if (st == WAL_OK && !(rec = record_new(r.lsn, r.prev_lsn, payload)))
+        st = -1;
+    Py_XDECREF(payload);
+    if (st < 0)
+        return call_done(&c, NULL);
+    return call_done(&c, Py_BuildValue("(iKN)", st, st ? r.bad_lsn : 0ULL,
+                                       rec ? rec : Py_NewRef(Py_None)));
+}
+
 /* records_at(lsns) -> (status, done, bad_lsn, [Record]): the records at lsns (a buffer of
  * native-endian u64s), each on its own, in that order, until one fails (status nonzero at
  * lsns[done]; WAL_VOID_RECORD where a void range starts there). */
@@ -551,4 +579,42 @@ PyObject *Reader_records_at(ReaderObject *self, PyObject *args)
     }
     PyBuffer_Release(&in);
     return call_done(&c, list ? Py_BuildValue("(inKN)", st, (Py_ssize_t)done, bad, list) : NULL);
+}
+
+/* split(data, offsets, lengths) -> [bytes]: the payloads of a batch (data[offsets[i]:
+ * offsets[i] + lengths[i]], offsets u64s, lengths u32s, as many), each bytes of its own:
+ * what iterating a batch hands out, made without a Python step per payload. */
+PyObject *batch_split(PyObject *module, PyObject *args)
+{
+    (void)module;
+    Py_buffer data, off, len;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &data, &off, &len))
+        return NULL;
+    PyObject *list = NULL;
+    Py_ssize_t n = off.len / 8;
+    if (len.len / 4 != n) {
+        PyErr_SetString(PyExc_ValueError, "split: as many offsets (u64) as lengths (u32)");
+        goto done;
+    }
+    if (!(list = PyList_New(n)))
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t o = ((const uint64_t *)off.buf)[i], l = ((const uint32_t *)len.buf)[i];
+        if (o > (uint64_t)data.len || l > (uint64_t)data.len - o) {
+            PyErr_SetString(PyExc_ValueError, "split: a payload past the end of the data");
+            Py_CLEAR(list);
+            goto done;
+        }
+        PyObject *item = PyBytes_FromStringAndSize((const char *)data.buf + o, (Py_ssize_t)l);
+        if (!item) {
+            Py_CLEAR(list);
+            goto done;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&len);
+    return list;
 }

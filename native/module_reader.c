@@ -2,8 +2,9 @@
  * module_reader.c -- pmemwal._core.Reader: the binding of the record reader (wal_reader.c).
  *
  * A Reader validates and reads records from segments that Python maps: it asks its getter
- * for a segment's buffer (cached for the call, READER_CACHE of them) and hands the C reader
- * a wal_src over them, held for the call alone.  Its many-record methods are module_batch.c's.
+ * for a segment's buffer (READER_CACHE of them per call, or all a holding call needs) and
+ * hands the C reader a wal_src over them; it keeps the last READER_KEEP of them between
+ * calls until forget().  Its many-record methods are module_batch.c's.
  * It stands apart from the writer's binding (module.c, the Core type): it shares no state
  * and no helper with it, and module.c only registers its type.
  */
@@ -25,6 +26,28 @@ static held_segment *call_find(reader_call *c, uint64_t segno)
     return NULL;
 }
 
+static const uint8_t *held_buf(const held_segment *h)
+{
+    return h->kept ? h->kept->view.buf : h->view.buf;
+}
+
+/* held_release -- a call is done with h: its own view released, or the kept one unpinned
+ * (and released when stale and no other call uses it). */
+static void held_release(held_segment *h)
+{
+    kept_segment *k = h->kept;
+    if (k) {
+        if (--k->pins == 0 && k->stale) {
+            PyBuffer_Release(&k->view);
+            k->used = k->stale = 0;
+        }
+    } else if (h->have) {
+        PyBuffer_Release(&h->view);
+    }
+    h->have = 0;
+    h->kept = NULL;
+}
+
 /* call_slot -- room for one more buffer: a new one when holding (the array grown as needed),
  * else the oldest let go once READER_CACHE are kept. */
 static held_segment *call_slot(reader_call *c)
@@ -44,14 +67,74 @@ static held_segment *call_slot(reader_call *c)
     }
     held_segment *slot = &c->held[c->next];
     c->next = (c->next + 1) % c->cap;
-    if (slot->have)
-        PyBuffer_Release(&slot->view);
-    slot->have = 0;
+    held_release(slot);
     return slot;
+}
+
+/* kept_find -- the Reader's live buffer of segment segno, or NULL. */
+static kept_segment *kept_find(ReaderObject *r, uint64_t segno)
+{
+    for (int i = 0; i < READER_KEEP; i++)
+        if (r->kept[i].used && !r->kept[i].stale && r->kept[i].segno == segno)
+            return &r->kept[i];
+    return NULL;
+}
+
+/* keep -- hand a call's own whole-segment view to the Reader to keep (a free entry, or the
+ * least recently used one no call uses), pinned for the call; left the call's own when
+ * every entry is in use. */
+static void keep(ReaderObject *r, held_segment *h)
+{
+    kept_segment *k = NULL;
+    for (int i = 0; i < READER_KEEP; i++) {
+        kept_segment *e = &r->kept[i];
+        if (!e->used) {
+            k = e;
+            break;
+        }
+        if (e->pins == 0 && (!k || e->last_use < k->last_use))
+            k = e;
+    }
+    if (!k)
+        return;
+    if (k->used)
+        PyBuffer_Release(&k->view);
+    k->view = h->view;
+    k->segno = h->segno;
+    k->used = k->pins = 1;
+    k->stale = 0;
+    k->last_use = ++r->uses;
+    h->kept = k;
+}
+
+void reader_forget(ReaderObject *r)
+{
+    for (int i = 0; i < READER_KEEP; i++) {
+        kept_segment *k = &r->kept[i];
+        if (!k->used)
+            continue;
+        k->stale = 1;
+        if (k->pins == 0) {
+            PyBuffer_Release(&k->view);
+            k->used = k->stale = 0;
+        }
+    }
 }
 
 int call_take(reader_call *c, uint64_t segno)
 {
+    kept_segment *k = kept_find(c->reader, segno);
+    if (k) {
+        held_segment *slot = call_slot(c);
+        if (!slot) {
+            c->failed = 1;
+            return -1;
+        }
+        k->pins++;
+        k->last_use = ++c->reader->uses;
+        *slot = (held_segment){segno, {0}, 1, k};
+        return 0;
+    }
     PyObject *obj = PyObject_CallFunction(c->getter, "K", (unsigned long long)segno);
     if (!obj) {
         c->failed = 1;
@@ -69,6 +152,7 @@ int call_take(reader_call *c, uint64_t segno)
     }
     slot->segno = segno;
     slot->have = 0;
+    slot->kept = NULL;
     int rc = obj == Py_None ? 0 : PyObject_GetBuffer(obj, &slot->view, PyBUF_SIMPLE);
     Py_DECREF(obj);
     if (rc < 0) {
@@ -78,10 +162,12 @@ int call_take(reader_call *c, uint64_t segno)
     }
     if (obj == Py_None)
         return 0;
-    if ((uint64_t)slot->view.len < c->src.g.seg_size)
+    if ((uint64_t)slot->view.len < c->src.g.seg_size) {
         PyBuffer_Release(&slot->view); /* a short file holds no complete segment */
-    else
-        slot->have = 1;
+        return 0;
+    }
+    slot->have = 1;
+    keep(c->reader, slot);
     return 0;
 }
 
@@ -108,7 +194,7 @@ static const uint8_t *reader_segment(void *ctx, uint64_t segno, int *error)
         }
         h = call_find(c, segno);
     }
-    return h && h->have ? h->view.buf : NULL;
+    return h && h->have ? held_buf(h) : NULL;
 }
 
 /* call_begin -- a call's source over the Reader's geometry and getter; -1 (RuntimeError)
@@ -122,6 +208,7 @@ int call_begin(ReaderObject *r, reader_call *c)
         PyErr_SetString(PyExc_RuntimeError, "Reader: not initialised");
         return -1;
     }
+    c->reader = r;
     c->src.g = r->g;
     c->src.segment = reader_segment;
     c->src.ctx = c;
@@ -131,12 +218,11 @@ int call_begin(ReaderObject *r, reader_call *c)
     return 0;
 }
 
-/* call_done -- release the call's buffers (never kept between calls) and return result. */
+/* call_done -- let the call's buffers go (the Reader keeps some) and return result. */
 PyObject *call_done(reader_call *c, PyObject *result)
 {
     for (size_t i = 0; i < c->n; i++)
-        if (c->held[i].have)
-            PyBuffer_Release(&c->held[i].view);
+        held_release(&c->held[i]);
     if (c->held != c->fixed)
         PyMem_Free(c->held);
     c->held = c->fixed;
@@ -163,6 +249,7 @@ static int Reader_init(ReaderObject *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_ValueError, "segment_size must be a power of two of two pages or more");
         return -1;
     }
+    reader_forget(self); /* (another __init__: what it kept may be another WAL's) */
     wal_geom_init(&self->g, seg_size, wal_id_lo);
     self->salvage = salvage;
     Py_INCREF(getter);
@@ -172,6 +259,7 @@ static int Reader_init(ReaderObject *self, PyObject *args, PyObject *kw)
 
 static void Reader_dealloc(ReaderObject *self)
 {
+    reader_forget(self); /* (no call is in flight: it would hold a reference) */
     Py_XDECREF(self->getter);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -299,6 +387,15 @@ fail:
     Py_XDECREF(lens);
     Py_XDECREF(heads);
     return call_done(&c, NULL);
+}
+
+/* forget() -- let go of the segment buffers the Reader keeps between calls (those a call in
+ * flight uses, once it is done): the WAL calls it before it unmaps or moves a segment. */
+static PyObject *Reader_forget_method(ReaderObject *self, PyObject *unused)
+{
+    (void)unused;
+    reader_forget(self);
+    Py_RETURN_NONE;
 }
 
 static PyObject *Reader_first_record(ReaderObject *self, PyObject *args)
@@ -468,8 +565,12 @@ static PyMethodDef Reader_methods[] = {
     {"records", (PyCFunction)Reader_records, METH_VARARGS,
      "records(lsn, expect_prev, stop_lsn, max_records, max_bytes) -> (status, next_lsn, "
      "last_lsn, bad_lsn, [Record])"},
+    {"record", (PyCFunction)Reader_record, METH_O,
+     "record(lsn) -> (status, bad_lsn, Record or None)"},
     {"records_at", (PyCFunction)Reader_records_at, METH_VARARGS,
      "records_at(lsns) -> (status, done, bad_lsn, [Record])"},
+    {"forget", (PyCFunction)Reader_forget_method, METH_NOARGS,
+     "forget(): let go of the segment buffers kept between calls"},
     {"first_record", (PyCFunction)Reader_first_record, METH_VARARGS, "first_record(segno) -> (status, lsn)"},
     {"beyond", (PyCFunction)Reader_beyond, METH_VARARGS, "beyond(x, last_segno, min_prev) -> (durable_lsn, pages)"},
     {"salvage", (PyCFunction)Reader_salvage, METH_VARARGS,

@@ -11,20 +11,34 @@
 #include "wal_reader.h"
 
 #define READER_CACHE 4
+#define READER_KEEP 8
+
+/* A segment buffer the Reader keeps between calls (asking the getter, which is Python and
+ * takes the WAL's segment lock, costs more than reading a small record): pins counts the
+ * calls using it now; forget() makes every one stale, let go once no call uses it. */
+typedef struct {
+    uint64_t segno, last_use;
+    Py_buffer view;
+    int used, pins, stale;
+} kept_segment;
 
 typedef struct {
     PyObject_HEAD
     wal_geom g;
     PyObject *getter;
     int salvage; /* page headers unchecked: see wal_src (wal_reader.h) */
+    kept_segment kept[READER_KEEP];
+    uint64_t uses;
 } ReaderObject;
 
-/* A segment buffer a call took from the getter: have, when it gave a whole segment (else
- * there is none: the getter said None, or the file is short). */
+/* A segment buffer a call took: have, when the getter gave a whole segment (else there is
+ * none: the getter said None, or the file is short); its own view, or one the Reader keeps
+ * (kept, pinned for the call). */
 typedef struct {
     uint64_t segno;
     Py_buffer view;
     int have;
+    kept_segment *kept;
 } held_segment;
 
 /* One call's segment buffers: each call has its own, on its stack, so that threads reading
@@ -36,6 +50,7 @@ typedef struct {
  * caller takes it and runs again. */
 typedef struct {
     wal_src src;
+    ReaderObject *reader;
     PyObject *getter;
     held_segment fixed[READER_CACHE];
     held_segment *held; /* fixed, or a larger array once a holding call outgrows it */
@@ -46,6 +61,8 @@ typedef struct {
 } reader_call;
 
 int call_begin(ReaderObject *r, reader_call *c);
+/* reader_forget -- every kept buffer stale: let go now, or by the last call using it. */
+void reader_forget(ReaderObject *r);
 PyObject *call_done(reader_call *c, PyObject *result);
 /* call_take -- ask the getter for segment segno (GIL held) and keep its buffer; -1 with the
  * getter's exception. */
@@ -55,5 +72,7 @@ PyObject *Reader_fill(ReaderObject *self, PyObject *args);
 PyObject *Reader_fetch(ReaderObject *self, PyObject *args);
 PyObject *Reader_records(ReaderObject *self, PyObject *args);
 PyObject *Reader_records_at(ReaderObject *self, PyObject *args);
+PyObject *Reader_record(ReaderObject *self, PyObject *arg);
+PyObject *batch_split(PyObject *module, PyObject *args);
 
 #endif

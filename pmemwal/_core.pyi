@@ -124,8 +124,12 @@ class Reader:
     def records(self, lsn: int, expect_prev: int, stop_lsn: int, max_records: int,
                 max_bytes: int, /) -> tuple[int, int, int, int, list[Record]]:
         """(status, next_lsn, last_lsn, bad_lsn, records)."""
+    def record(self, lsn: int, /) -> tuple[int, int, Record | None]:
+        """(status, bad_lsn, the record or None)."""
     def records_at(self, lsns: ReadableBuffer | np.ndarray, /) -> tuple[int, int, int, list[Record]]:
         """(status, done, bad_lsn, records)."""
+    def forget(self) -> None:
+        """Let go of the segment buffers kept between calls."""
     def first_record(self, segno: int, /) -> tuple[int, int]:
         """(status, lsn)."""
     def beyond(self, x: int, last_segno: int, min_prev: int, /) -> tuple[int, list[int]]:
@@ -139,17 +143,20 @@ class Reader:
 class Record:
     """A record read back: its LSN, its payload, and the LSN of the record before it."""
 
-    def __init__(self, lsn: int, payload: memoryview, prev_lsn: int) -> None: ...
+    def __init__(self, lsn: int, payload: bytes, prev_lsn: int) -> None: ...
     @property
     def lsn(self) -> int: ...
     @property
-    def payload(self) -> memoryview:
-        """A read-only memoryview of the record's own copy of its payload."""
+    def payload(self) -> bytes:
+        """The record's payload, bytes of its own."""
     @property
     def prev_lsn(self) -> int: ...
 
 def crc32c(data: ReadableBuffer, crc: int = 0, /) -> int: ...
 def status_text(status: int, /) -> str: ...
+def split(data: ReadableBuffer | np.ndarray, offsets: ReadableBuffer | np.ndarray,
+          lengths: ReadableBuffer | np.ndarray, /) -> list[bytes]:
+    """Each payload data[offsets[i]:offsets[i] + lengths[i]] as bytes of its own."""
 def _crc32c_copy(dst: WriteableBuffer, src: ReadableBuffer, crc: int = 0, how: int = 1,
                  repeat: int = 1, /) -> int: ...
 

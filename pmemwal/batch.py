@@ -15,13 +15,12 @@ of a segment would keep it from being recycled, and from being unmapped at close
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Iterator
 
 import numpy as np
 
-from pmemwal._core import Record
-from pmemwal.log_format import Entry
+from pmemwal._core import Record, split
+from pmemwal.log_format import Entry, new_entry
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,8 @@ class RecordBatch:
         return list(_views(self.data, self.offsets, self.lengths))
 
     def __iter__(self) -> Iterator[Record]:
-        """The records, as ``WAL.records`` gives them (each payload a view of ``data``)."""
-        return map(Record, self.lsns.tolist(), _views(self.data, self.offsets, self.lengths),
+        """The records, as ``WAL.records`` gives them (each payload bytes of its own)."""
+        return map(Record, self.lsns.tolist(), split(self.data, self.offsets, self.lengths),
                    self.prev_lsns.tolist())
 
 
@@ -86,9 +85,6 @@ def concat(batches: list[RecordBatch]) -> RecordBatch:
                        np.concatenate([b.prev_lsns for b in batches]),
                        np.concatenate([b.lengths for b in batches]),
                        np.concatenate([b.offsets + s for b, s in zip(batches, starts)]), data)
-
-
-_new_entry = partial(tuple.__new__, Entry)  # (Entry(*fields) without its Python __new__)
 
 
 @dataclass(frozen=True)
@@ -117,9 +113,9 @@ class EntryBatch:
         return list(_views(self.data, self.offsets, self.lengths))
 
     def __iter__(self) -> Iterator[Entry]:
-        """The entries, as ``Log.entries`` gives them (each payload a view of ``data``)."""
-        return map(_new_entry, zip(self.indices.tolist(), self.terms.tolist(),
-                                   _views(self.data, self.offsets, self.lengths)))
+        """The entries, as ``Log.entries`` gives them (each payload bytes of its own)."""
+        return map(new_entry, zip(self.indices.tolist(), self.terms.tolist(),
+                                   split(self.data, self.offsets, self.lengths)))
 
     def __getitem__(self, where: slice) -> EntryBatch:
         """The entries of a slice of the batch (the same data)."""

@@ -26,7 +26,7 @@ import numpy as np
 from pmemwal.batch import EntryBatch, entries_of
 from pmemwal.errors import (ConfigError, CorruptionError, LogIndexError, TermError,
                             TruncatedError, WALError, format_lsn)
-from pmemwal.log_format import (ENTRY, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, MAX_INDEX,
+from pmemwal.log_format import (ENTRY, ENTRY_PREFIX, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, MAX_INDEX,
                                 MAX_TERM, RESET, REWIND, SNAPSHOT, STATE, VERSION, Entry,
                                 HardState, describe, encode_state, entry_of, out_of_range)
 from pmemwal.log_index import IndexFiles, TieredIndex
@@ -37,10 +37,10 @@ from pmemwal.wal.api import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
-_ENTRY_PREFIX = HEADER.pack(MAGIC, VERSION, ENTRY, 0, 0, 0)[:8]  # an entry's header: this, then
 _ENTRIES_AHEAD = 1024                   # entries() reads ahead this many entries, or
 _ENTRY_BYTES_AHEAD = 1 << 18            # this many bytes of them, in one native call
-_INDEX_TERM = struct.Struct("<qQ")  # its index and term (q: an index past MAX_INDEX fails to pack)
+_INDEX_TERM = struct.Struct("<qQ")  # an entry's index and term after ENTRY_PREFIX (q: an
+                                    # index past MAX_INDEX fails to pack)
 
 
 class _Keep(Enum):
@@ -114,7 +114,7 @@ class Log(LogReplay):
                 if term < self._last_term:
                     raise TermError(f"term {term} is below the last entry's term "
                                     f"{self._last_term}")
-                head = _ENTRY_PREFIX + _INDEX_TERM.pack(index, term)
+                head = ENTRY_PREFIX + _INDEX_TERM.pack(index, term)
             except (struct.error, TypeError):  # (TypeError: a term "2" met the comparison)
                 raise out_of_range(index, term) from None
             lsn = self.wal.append_prefixed(head, payload)
@@ -137,7 +137,7 @@ class Log(LogReplay):
             except TypeError:  # (a term "2")
                 raise out_of_range(first, term) from None
             try:
-                records = [b"".join((_ENTRY_PREFIX, _INDEX_TERM.pack(first + i, term), p))
+                records = [b"".join((ENTRY_PREFIX, _INDEX_TERM.pack(first + i, term), p))
                            for i, p in enumerate(payloads)]
             except struct.error:
                 raise out_of_range(MAX_INDEX + 1, term) from None  # (the first that fails)
@@ -270,12 +270,13 @@ class Log(LogReplay):
     def entry(self, index: int) -> Entry:
         """Entry ``index``; LogIndexError outside [first_index, last_index]."""
         with self._lock:
-            self._check_open()
+            if self.wal._closed:
+                self._check_open()
             ix = self._index
             if not ix.first <= index < ix.next:
                 raise LogIndexError(f"no entry {index}: entries are {_span(ix)}")
             record = self._record(ix.lsn_at(index))
-            return entry_of(index, record, self.wal.segment_size)
+        return entry_of(index, record, self.wal.segment_size)
 
     def entries_at(self, indices: Sequence[int] | np.ndarray) -> EntryBatch:
         """Entries ``indices`` (any order, repeats allowed), each read and checked as

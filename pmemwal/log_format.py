@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import operator
 import struct
+from functools import partial
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
@@ -43,11 +44,17 @@ HEADER_DTYPE = np.dtype([("magic", "<u2"), ("version", "u1"), ("kind", "u1"), ("
 
 
 class Entry(NamedTuple):
-    """A log entry: its index, its term, and its payload (a read-only memoryview)."""
+    """A log entry: its index, its term, and its payload (bytes of its own; a view of its
+    batch's buffer from ``EntryBatch.payload``)."""
 
     index: int  # type: ignore[assignment]  # the entry's number, in place of tuple.index
     term: int
-    payload: memoryview
+    payload: bytes
+
+
+new_entry = partial(tuple.__new__, Entry)  # (Entry(*fields) without its Python __new__)
+ENTRY_PREFIX = HEADER.pack(MAGIC, VERSION, ENTRY, 0, 0, 0)[:8]  # an entry's header: this,
+_ENTRY_HEAD = struct.Struct("<8sQQ")                            # then its index and term
 
 
 class HardState(NamedTuple):
@@ -78,13 +85,14 @@ def entry_of(index: int, record: Record, segment_size: int) -> Entry:
     """Entry ``index`` from the record the index names for it, which must say so itself (the
     index files hold no checksum: a record of another entry is damage, never an answer)."""
     payload = record.payload
-    head = HEADER.unpack_from(payload) if len(payload) >= HEADER_SIZE else None
-    if head is None or head[:3] != (MAGIC, VERSION, ENTRY) or head[4] != index:
+    prefix, at, term = _ENTRY_HEAD.unpack_from(payload) if len(payload) >= HEADER_SIZE \
+        else (b"", -1, 0)
+    if prefix != ENTRY_PREFIX or at != index:
         raise CorruptionError(record.lsn, record.lsn // segment_size,
                               f"the log's index names the record at {format_lsn(record.lsn)} "
                               f"for entry {index}, but it is "
                               f"{describe(bytes(payload[:HEADER_SIZE])) or 'no log record'}")
-    return Entry(index, head[5], payload[HEADER_SIZE:])
+    return new_entry((index, term, payload[HEADER_SIZE:]))
 
 
 def check_entry_record(indices: np.ndarray, lsns: np.ndarray, lengths: np.ndarray,
@@ -164,7 +172,7 @@ def encode_state(state: HardState) -> bytes:
     return HEADER.pack(MAGIC, VERSION, STATE, aux, state.commit, state.term) + body
 
 
-def decode_state(payload: memoryview) -> HardState:
+def decode_state(payload: bytes | memoryview) -> HardState:
     _, _, _, aux, commit, term = HEADER.unpack_from(payload)
     body = bytes(payload[HEADER_SIZE:])
     decoders: dict[int, Callable[[bytes], int | str | bytes | None]] = {

@@ -269,9 +269,10 @@ class TieredIndex:
         self.heap.push(lsn, term)
 
     def lsn_at(self, index: int) -> int:
-        if index < self.durable_next:
+        h = self.heap
+        if index < h.first:  # (h.first is durable_next)
             return self.files.slot(index)[0]
-        return int(self.heap.lsn[self.heap.slot(index)])
+        return h.lsn.item(h.start + index - h.first)
 
     def term_at(self, index: int) -> int:
         if index < self.durable_next:

@@ -354,6 +354,7 @@ class SetAside:
         try:
             yield reader
         finally:
+            reader.forget()  # (the buffers it keeps between reads: the maps close next)
             del reader
             for m in maps.values():
                 if m is not None:

@@ -447,22 +447,23 @@ class WAL(Opening):
         does direct mode when the read fails there, as an earlier insertion may still be
         writing the header of the page the record starts in.
         """
-        self._check_open()
-        lsn = operator.index(lsn)
-        if not 0 <= lsn < 1 << 64:
-            raise ValueError(f"no record at LSN {lsn}: LSNs are 0..2**64-1")
-        at = lsn.to_bytes(8, sys.byteorder)
+        if self._closed:
+            self._check_open()
         unflushed = lsn >= self._core.flushed_lsn and not self._core.error
         if unflushed and not self._direct:
-            self._core.flush(lsn)
-        status, _, _, records = self._reader.records_at(at)
-        if status and unflushed and self._direct:
-            self._core.flush(lsn)
-            status, _, _, records = self._reader.records_at(at)
+            self._core.flush(operator.index(lsn))
+        try:
+            status, _, record = self._reader.record(lsn)
+            if status and unflushed and self._direct:
+                self._core.flush(operator.index(lsn))
+                status, _, record = self._reader.record(lsn)
+        except OverflowError:  # (a negative int, or one past 64 bits)
+            raise ValueError(f"no record at LSN {lsn}: LSNs are 0..2**64-1") from None
         if status:
             raise self._record_error(lsn, status)
-        self._check_copied(lsn)
-        return records[0]
+        if self._control is not None:
+            self._check_copied(lsn)
+        return record  # type: ignore[return-value]  # (a record when status is 0)
 
     def _record_error(self, lsn: int, status: int) -> Exception:
         """The error of a read of the record at ``lsn``, which the caller named."""
@@ -607,6 +608,7 @@ class WAL(Opening):
         if self._archiver is not None:  # after the background writer, which wakes it
             self._archiver.close()
         with self._seg_lock:  # (a truncation or an appender may still be on its way out)
+            self._forget_mappings()
             segments = [seg for table in (self._segments, self._read_cache, self._retired)
                         for seg in table.values()]
             for table in (self._segments, self._read_cache, self._retired):

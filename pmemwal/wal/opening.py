@@ -262,6 +262,7 @@ class Opening(BackgroundRounds):
                 os.path.isdir(os.path.join(self._dir.path, ARCHIVE_STATUS_NAME)):
             from pmemwal.archive import ArchiveStatus
             status = ArchiveStatus(self._dir.path, create=False)
+        self._forget_mappings()
         while self._segnos and self._segnos[0] < oldest:
             segno = self._segnos.pop(0)
             cached = self._read_cache.pop(segno, None)

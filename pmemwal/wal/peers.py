@@ -63,6 +63,7 @@ class SharedSegments(PersistenceChoice):
             oldest = self._oldest_shared()
             if oldest <= self._segnos[0]:
                 return
+            self._forget_mappings()
             for segno in [n for n in self._read_cache if n < oldest]:
                 self._read_cache.pop(segno).close()
             for segno in [n for n in self._segments if n < oldest]:

@@ -112,6 +112,14 @@ class WALState:
         else:
             self._counters[name] += n
 
+    def _forget_mappings(self) -> None:
+        """Before a segment's mapping is closed or its file moved: the reader lets go of the
+        buffers it keeps between reads (an export it kept would hold an unmapped segment
+        mapped, and show a recycled file under its old number until then)."""
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.forget()
+
     def _check_open(self) -> None:
         """ClosedError once the WAL is closed (or was opened before fork())."""
         if self._closed:

@@ -266,8 +266,11 @@ class SegmentSupply(SharedSegments):
 
     def _trim_read_cache(self) -> None:
         """Make room for one more mapping: close the least recently read past _READ_CACHE."""
+        if len(self._read_cache) >= _READ_CACHE:
+            self._forget_mappings()
         while len(self._read_cache) >= _READ_CACHE:
             self._read_cache.pop(next(iter(self._read_cache))).close()
+
 
     def _segment_map(self, segno: int) -> memoryview:
         """_segment_buffer for a segment that exists; StorageError if a truncation took it

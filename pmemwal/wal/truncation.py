@@ -110,6 +110,7 @@ class Truncation(Checkpointing):
         spares = sum(1 for s in self._segnos if s > current)
         target = self._spare_target(sum(1 for s in self._segnos if cut <= s <= current))
         plan = []
+        self._forget_mappings()
         for segno in victims:
             self._core.detach(segno)
             seg, cached = self._segments.pop(segno, None), self._read_cache.pop(segno, None)

@@ -158,6 +158,8 @@ class WalView(DirectoryChecks, RecordLines):
             max(in_page - PAGE_HEADER_SIZE, 0)
 
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.forget()  # (the buffers it keeps between reads: the maps close next)
         self._reader = None
         for seg_map in self._maps.values():
             seg_map.close()
