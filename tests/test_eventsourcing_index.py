@@ -589,3 +589,108 @@ def test_close_from_inside_an_inserts_commit_does_not_hang(shm_dir: Path, monkey
     store = reopen(shm_dir)             # the registry lock is free: opens go on
     assert store.max_notification_id() == 1
     store.close()
+
+
+# ---- a key with many versions: found by binary search, across runs and tails ----------
+
+def versions_in_runs(shm_dir: Path, monkeypatch, collide: bool) -> tuple:
+    """A datastore where originator BIG has versions 1..1170 spread over three runs (each
+    under an eighth of the one before: a merge leaves them apart) and the tail, with other
+    originators' events between (sharing BIG's key hash when ``collide``)."""
+    if collide:
+        monkeypatch.setattr(es_index, "HASH_MASK", 0x3)
+    big, others = OIDS[0], OIDS[1:6]
+    store = reopen(shm_dir)
+    version, other_version = 0, dict.fromkeys(others, 0)
+
+    def add(n: int) -> None:
+        nonlocal version
+        for first in range(version + 1, version + n + 1, 50):
+            count = min(50, version + n + 1 - first)
+            store.insert([StoredEvent(originator_id=big, originator_version=v, topic="t",
+                                      state=b"%d" % v) for v in range(first, first + count)])
+            oid = others[first % len(others)]
+            other_version[oid] += 1
+            store.insert([StoredEvent(originator_id=oid, originator_version=other_version[oid],
+                                      topic="t", state=b"other")])
+        version += n
+
+    for n in (1000, 100, 10):
+        add(n)
+        store.checkpoint()
+    add(60)
+    return store, big, version
+
+
+BOUNDS = [(None, None), (0, None), (None, 0), (10, 20), (995, 1005), (1095, 1115), (1105, 1165),
+          (1050, 5000), (5, 5), (1169, None), (None, 1), (-5, 3)]
+
+
+def check_every_bound(store: pes.PmemwalDatastore, big, last: int) -> None:
+    for gt, lte in BOUNDS:
+        expected = list(range(max(gt or 0, 0) + 1, min(lte if lte is not None else last, last) + 1))
+        for desc in (False, True):
+            want = expected[::-1] if desc else expected
+            for limit in (None, 1, 2, 7, 100, 2000):
+                got = store.select_events(big, gt=gt, lte=lte, desc=desc, limit=limit)
+                assert [e.originator_version for e in got] == want[:limit], (gt, lte, desc,
+                                                                            limit)
+                assert all(e.originator_id == big and e.state == b"%d" % e.originator_version
+                           for e in got)
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["hashes", "shared-hash"])
+def test_every_version_of_a_key_across_runs_is_found_within_bounds(shm_dir: Path, monkeypatch,
+                                                                   collide: bool) -> None:
+    store, big, last = versions_in_runs(shm_dir, monkeypatch, collide)
+    assert len(store._index.runs) >= 3, store._index.runs
+    assert store._index.tail and not store._index.frozen
+    check_every_bound(store, big, last)
+    with pytest.raises(IntegrityError):     # a version in each part is taken
+        for v in (3, 1050, 1105, last):
+            try:
+                store.insert([StoredEvent(originator_id=big, originator_version=v, topic="t",
+                                          state=b"x")])
+            except IntegrityError:
+                continue
+            raise AssertionError(f"version {v} was taken again")
+        raise IntegrityError("all taken")
+    store._index.capture()                  # the tail frozen, as a checkpoint in flight has it
+    check_every_bound(store, big, last)
+    drop(store)
+    store = reopen(shm_dir)                 # the runs read back, the rest replayed
+    check_every_bound(store, big, last)
+    store.close()
+    store = reopen(shm_dir)
+    assert store.replayed_from == store._log.last_index + 1
+    check_every_bound(store, big, last)
+    store.close()
+
+
+def test_a_lookup_copies_what_it_gives_not_every_version_of_the_key(shm_dir: Path) -> None:
+    """Inserting the next version of an originator of 60,000 versions, and reading its last
+    event, allocate about what they do for an originator of 10 (they used to copy the key's
+    every (version, notification ID) pair from each run: about 1 MiB here)."""
+    store = reopen(shm_dir)
+    big, small = OIDS[0], OIDS[1]
+    for first in range(1, 60_001, 2000):
+        store.insert([StoredEvent(originator_id=big, originator_version=v, topic="t", state=b"")
+                      for v in range(first, first + 2000)])
+    store.insert([StoredEvent(originator_id=small, originator_version=v, topic="t", state=b"")
+                  for v in range(1, 11)])
+    store.checkpoint()
+    allocated = {}
+    for name, oid, version in (("big", big, 60_001), ("small", small, 11)):
+        store.insert([StoredEvent(originator_id=oid, originator_version=version, topic="t",
+                                  state=b"")])     # (warm)
+        tracemalloc.start()
+        try:
+            store.insert([StoredEvent(originator_id=oid, originator_version=version + 1,
+                                      topic="t", state=b"")])
+            last = store.select_events(oid, desc=True, limit=1)
+            allocated[name] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert last[0].originator_version == version + 1
+    assert allocated["big"] < allocated["small"] + (64 << 10), allocated
+    store.close()

@@ -144,17 +144,29 @@ class Run:
         self.a = np.frombuffer(self._map, "<i8", count, at + 8 * count)
         self.b = np.frombuffer(self._map, "<i8", count, at + 16 * count)
 
-    def find(self, h: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (a, b) pairs of hash ``h``, sorted by a, copied."""
+    def span(self, h: int) -> tuple[int, int]:
+        """The positions [lo, hi) of hash ``h``'s pairs: two binary searches."""
         h = np.uint64(h)
         lo = int(np.searchsorted(self.hash, h, "left"))
         if lo == self.count or self.hash[lo] != h:
+            return lo, lo
+        return lo, int(np.searchsorted(self.hash, h, "right"))
+
+    def between(self, h: int, gt: int | None, lte: int | None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """The (a, b) pairs of hash ``h`` with gt < a <= lte, sorted by a: views of the
+        map (the caller copies what it keeps before the run may close), found by binary
+        search, so a key's lookup does not follow its number of pairs."""
+        lo, hi = self.span(h)
+        if lo == hi:
             return _NONE, _NONE
-        hi = int(np.searchsorted(self.hash, h, "right"))
-        return self.a[lo:hi].copy(), self.b[lo:hi].copy()
+        a = self.a[lo:hi]
+        i = 0 if gt is None else int(np.searchsorted(a, gt, "right"))
+        j = hi - lo if lte is None else int(np.searchsorted(a, lte, "right"))
+        return a[i:j], self.b[lo + i:lo + j]
 
     def close(self) -> None:
-        self.hash = self.a = self.b = _NONE     # (lookups copy what they take)
+        self.hash = self.a = self.b = _NONE     # (lookups copy what they keep)
         close_map(self._map)
 
 
@@ -186,6 +198,43 @@ def sorted_pairs(hashes: np.ndarray, a: np.ndarray, b: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order = np.lexsort((a, hashes))
     return hashes[order], a[order], b[order]
+
+
+class _ListSpan:
+    """values[i:j] of a tail's list, sliced further without copying the rest."""
+
+    __slots__ = ("values", "i", "j")
+
+    def __init__(self, values: list[int], i: int, j: int) -> None:
+        self.values, self.i, self.j = values, i, j
+
+    def __len__(self) -> int:
+        return self.j - self.i
+
+    def __getitem__(self, span: slice) -> list[int]:
+        lo, hi, _ = span.indices(self.j - self.i)
+        return self.values[self.i + lo:self.i + hi]
+
+
+def _take(a, b, desc: bool, limit: int | None, upto: int | None  # type: ignore[no-untyped-def]
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``limit`` pairs with b <= upto of sorted pairs (a run's views or a tail's
+    span), from the end when ``desc``, copied.  Pairs over ``upto`` (not durable yet) are
+    few and recent: the window read doubles past them."""
+    size = len(a)
+    window = size if limit is None else min(limit, size)
+    while True:
+        lo, hi = (size - window, size) if desc else (0, window)
+        wa, wb = np.array(a[lo:hi], np.int64), np.array(b[lo:hi], np.int64)
+        if desc:
+            wa, wb = wa[::-1], wb[::-1]
+        if upto is not None:
+            keep = wb <= upto
+            if not keep.all():
+                wa, wb = wa[keep], wb[keep]
+        if limit is None or len(wa) >= limit or window == size:
+            return wa[:limit], wb[:limit]
+        window = min(size, 2 * window)
 
 
 # ---- the index in memory: rows, names, keys, tracking ----------------------------------
@@ -323,24 +372,38 @@ class StoredIndex:
                                     last - self.durable_rows]
         return recent if stored is None else np.concatenate([stored, recent])
 
-    def pairs(self, key: Hashable) -> tuple[np.ndarray, np.ndarray, bool]:
-        """(a, b) of ``key``'s pairs sorted by a, and whether a run gave some (which a
-        caller checks against the events: another key may share the hash)."""
+    def key_pairs(self, key: Hashable, gt: int | None = None, lte: int | None = None,
+                  desc: bool = False, limit: int | None = None, upto: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """(a, b) of ``key``'s pairs with gt < a <= lte and b <= upto, sorted by a (descending
+        when ``desc``), the first ``limit`` of them, and whether a run gave some (which a
+        caller checks against the events: another key may share the hash).  Each run, and
+        the tails, are searched (bisect): what is copied is what is given, not the key's
+        every pair."""
         parts: list[tuple[np.ndarray, np.ndarray]] = []
+        from_runs = False
         if self.runs:
             h = key_hash(self._tagged(key))
-            parts = [run.find(h) for run in self.runs]
-        from_runs = any(len(p[0]) for p in parts)
+            for run in self.runs:
+                a, b = run.between(h, gt, lte)
+                if len(a):
+                    parts.append(_take(a, b, desc, limit, upto))
+                    from_runs = True
         for held in (self.frozen.get(key), self.tail.get(key)):
             if held is not None:
-                parts.append((np.asarray(held[0], np.int64), np.asarray(held[1], np.int64)))
+                values, bs = held
+                i = 0 if gt is None else bisect.bisect_right(values, gt)
+                j = len(values) if lte is None else bisect.bisect_right(values, lte)
+                if i < j:
+                    parts.append(_take(_ListSpan(values, i, j), _ListSpan(bs, i, j), desc,
+                                       limit, upto))
         parts = [p for p in parts if len(p[0])]
         if not parts:
-            return _NONE, _NONE, False
+            return _NONE, _NONE, from_runs
         if len(parts) == 1:
             return parts[0][0], parts[0][1], from_runs
         a, b = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-        order = np.argsort(a, kind="stable")
+        order = np.argsort(-a if desc else a, kind="stable")[:limit]
         return a[order], b[order], from_runs
 
     def has_pair(self, key: Hashable, a: int, verify: Callable[[int], bool]) -> bool:
@@ -353,8 +416,8 @@ class StoredIndex:
         if self.runs:
             h = key_hash(self._tagged(key))
             for run in self.runs:
-                values, bs = run.find(h)
-                if len(values) and any(verify(b) for b in bs[values == a].tolist()):
+                _, bs = run.between(h, a - 1, a)
+                if any(verify(b) for b in bs.tolist()):
                     return True
         return False
 

@@ -129,7 +129,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from threading import Event
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 from uuid import UUID
 
 import numpy as np
@@ -332,19 +332,24 @@ class _Index(StoredIndex):
         return ids
 
     def event_ids(self, key: Key, gt: int | None, lte: int | None, desc: bool,
-                  limit: int | None, upto: int) -> tuple[list[int], bool]:
-        """Notification IDs up to ``upto`` of an originator's events with gt < version <=
-        lte, in order, and whether they are the key's for certain: when not, every ID in the
-        range is given (no limit), and the caller drops the events of another key."""
-        versions, ids, unsure = self.pairs(key)
-        if len(ids) and ids.max() > upto:       # (inserts not durable yet: not seen)
-            versions, ids = versions[ids <= upto], ids[ids <= upto]
-        lo = 0 if gt is None else int(np.searchsorted(versions, gt, "right"))
-        hi = len(versions) if lte is None else int(np.searchsorted(versions, lte, "right"))
-        chosen = ids[lo:hi][::-1] if desc else ids[lo:hi]
-        if limit is not None and not unsure:
-            chosen = chosen[:limit]
-        return chosen.tolist(), not unsure
+                  limit: int | None, upto: int
+                  ) -> tuple[list[int], bool, tuple[int | None, int | None] | None]:
+        """Notification IDs up to ``upto`` of the first ``limit`` of an originator's events
+        with gt < version <= lte, in order; whether they are the key's for certain; and the
+        bounds (gt, lte) of the events after them (None: there are none).  When not certain
+        (a run found them by hash), the caller drops the events of another key and asks for
+        the rest while it wants more: a page never splits one version's IDs, so the rest's
+        bounds leave none out."""
+        n = limit
+        while True:
+            versions, ids, from_runs = self.key_pairs(key, gt, lte, desc, n, upto)
+            if not from_runs or n is None or len(versions) < n:
+                return ids.tolist(), not from_runs, None
+            kept = int(np.argmax(versions == versions[-1]))    # the last version's first
+            if kept:
+                last = int(versions[kept - 1])
+                return ids[:kept].tolist(), False, ((gt, last - 1) if desc else (last, lte))
+            n *= 2                  # (one version's pairs fill the page: keys sharing a hash)
 
     def notification_ids(self, first: int, stop: int | None, topics: Sequence[str],
                          limit: int, upto: int) -> list[int]:
@@ -479,10 +484,9 @@ class _DCBIndex(StoredIndex):
                 continue
             lists = []
             for tag in set(item.tags):
-                positions, _, unsure = self.pairs(tag)
+                positions, _, unsure = self.key_pairs(tag, first - 1, last)
                 sure &= not unsure
-                lists.append(positions[np.searchsorted(positions, first):
-                                       np.searchsorted(positions, last, "right")])
+                lists.append(positions)
             lists.sort(key=len)     # the rarest tag's positions, in every other tag's
             found = lists[0]
             for other in lists[1:]:
@@ -513,6 +517,14 @@ def dcb_matches(event: DCBEvent, query: DCBQuery) -> bool:
 
 
 # ---- datastores: one log directory each -----------------------------------------------
+
+def read_payloads(log: pmemwal.Log, indices: Sequence[int]) -> list[memoryview]:
+    """The payloads of log entries ``indices``, in that order (zero-copy views): every read
+    of events goes through here, one call for what a read needs.  LogIndexError for an
+    index the log does not hold."""
+    entry = log.entry
+    return [entry(i).payload for i in indices]
+
 
 _T = TypeVar("_T")
 _CLOSE_WAIT = 5.0    # seconds close waits for inserts it overtook to finish their commit
@@ -738,22 +750,31 @@ class _LogStore:
 
     def _decoded(self, places: list[tuple[int, int]], decode: Callable[[memoryview, int], _T]
                  ) -> Iterator[_T]:
-        """``decode(payload, offset)`` of each (entry, offset) place, read as asked for.
-        Outside the lock: an entry never changes once written, and the log serializes its
-        own reads.  A place where no event is (a damaged index) is DatabaseError."""
-        payloads: dict[int, memoryview] = {}     # a batch's events share one read
-        for entry, offset in places:
+        """``decode(payload, offset)`` of each (entry, offset) place, in order: the entries
+        read in one batch (a batch's events share one read), decoded as asked for.  Outside
+        the lock: an entry never changes once written, and the log serializes its own reads.
+        A place where no event is (a damaged index) is DatabaseError."""
+        entries = list(dict.fromkeys(entry for entry, _ in places))
+        try:
+            payloads = dict(zip(entries, read_payloads(self._log, entries)))
+        except LogIndexError as exc:
+            log = self._log
+            gone = [p for p in places if not log.first_index <= p[0] <= log.last_index]
+            self._misplaced((gone or places)[0], exc)
+        except WALError as exc:
+            with _translated():
+                raise exc
+        for place in places:
             try:
-                if entry not in payloads:
-                    payloads[entry] = self._log.entry(entry).payload
-                yield decode(payloads[entry], offset)
-            except (LogIndexError, ValueError, struct.error) as exc:
-                raise DatabaseError(f"pmemwal: {self.path}: the index names offset {offset} of "
-                                    f"entry {entry}, where no event is ({exc}); removing "
-                                    f"{es_index.INDEX_DIR}/ there rebuilds it") from exc
-            except WALError as exc:
-                with _translated():
-                    raise exc
+                yield decode(payloads[place[0]], place[1])
+            except (ValueError, struct.error) as exc:
+                self._misplaced(place, exc)
+
+    def _misplaced(self, place: tuple[int, int], exc: Exception) -> NoReturn:
+        entry, offset = place
+        raise DatabaseError(f"pmemwal: {self.path}: the index names offset {offset} of entry "
+                            f"{entry}, where no event is ({exc}); removing "
+                            f"{es_index.INDEX_DIR}/ there rebuilds it") from exc
 
     # ---- subscriptions: events set after each insert ----
 
@@ -897,23 +918,23 @@ class PmemwalDatastore(_LogStore):
                       lte: int | None = None, desc: bool = False,
                       limit: int | None = None) -> list[StoredEvent]:
         key = originator_key(originator_id)[1]
-        with self._locked():
-            if limit is not None and limit <= 0:
-                return []
-            ids, sure = self._index.event_ids(key, gt, lte, desc, limit, self._visible)
-            places = self._index.places(ids if limit is None else ids[:limit])
-        events, done = [], 0
-        while True:     # (ids a run found by hash are read until ``limit`` are the key's)
-            for fields in self._decoded(places, decode_event):
-                if sure or originator_key(fields[0])[1] == key:
-                    events.append(StoredEvent(*fields))
-                    if len(events) == limit:
-                        return events
-            done += len(places)
-            if done >= len(ids):
-                return events
+        events: list[StoredEvent] = []
+        bounds: tuple[int | None, int | None] | None = (gt, lte)
+        while bounds is not None:   # (pages found by hash: read until ``limit`` are the key's)
+            want = None if limit is None else max(limit - len(events), 0)
             with self._locked():
-                places = self._index.places(ids[done:done + max(limit - len(events), 16)])
+                if want == 0:
+                    return events
+                ids, sure, bounds = self._index.event_ids(key, *bounds, desc, want,
+                                                          self._visible)
+                places = self._index.places(ids)
+            decoded = self._decoded(places, decode_event)
+            if sure:
+                events += [StoredEvent(*fields) for fields in decoded]
+            else:
+                events += [StoredEvent(*fields) for fields in decoded
+                           if originator_key(fields[0])[1] == key]
+        return events
 
     def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
                              topics: Sequence[str] = (), *,
