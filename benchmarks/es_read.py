@@ -7,13 +7,13 @@ module on the same file system, in one run.
 
 Both stores get the same events: ``--aggregates`` aggregates (UUIDs) of ``--per-aggregate``
 events each, 100-byte states, inserted 30 events of one aggregate at a time, the aggregates in
-turn (so an aggregate's events are spread over the log).  Then, each the median of
+turn (so an aggregate's events are spread over the log); pmemwal's index is then stored (a
+checkpoint), so that it is read from its files, as after a reopen.  Then, each the median of
 ``--rounds``:
 
 - ``--read`` aggregates read whole (``select_events``);
 - the whole notification log read in pages of ``--page`` (``select_notifications``);
-- one originator with ``--versions`` versions and one with 10 (pmemwal's index stored by a
-  checkpoint after they are written): the time to insert one more event of each, and to
+- in another store, one originator with ``--versions`` versions and one with 10: the time to insert one more event of each, and to
   read its last event (``select_events(desc=True, limit=1)``).
 
 Reported: each time, pmemwal's over SQLite's, and the large originator's over the small one's.
@@ -40,12 +40,13 @@ STATE = bytes(100)
 BIG, SMALL = uuid.uuid5(NAMESPACE, "big"), uuid.uuid5(NAMESPACE, "small")
 
 
-def environments(base: str) -> dict[str, dict[str, str]]:
-    os.makedirs(os.path.join(base, "pmemwal"), exist_ok=True)
+def environments(base: str, store: str) -> dict[str, dict[str, str]]:
+    """Each module's environment for a store named ``store`` under ``base``."""
+    os.makedirs(os.path.join(base, "pmemwal", store), exist_ok=True)
     return {"pmemwal": {"PERSISTENCE_MODULE": "pmemwal.integrations.eventsourcing",
-                        "PMEMWAL_PATH": os.path.join(base, "pmemwal")},
+                        "PMEMWAL_PATH": os.path.join(base, "pmemwal", store)},
             "sqlite": {"PERSISTENCE_MODULE": "eventsourcing.sqlite",
-                       "SQLITE_DBNAME": os.path.join(base, "events.sqlite")}}
+                       "SQLITE_DBNAME": os.path.join(base, f"{store}.sqlite")}}
 
 
 def aggregate(i: int) -> uuid.UUID:
@@ -57,15 +58,25 @@ def events(oid: uuid.UUID, first: int, count: int) -> list[StoredEvent]:
             for v in range(first, first + count)]
 
 
-def fill(recorder: Any, aggregates: int, per_aggregate: int, versions: int) -> None:
+def fill(recorder: Any, aggregates: int, per_aggregate: int) -> None:
     for first in range(1, per_aggregate + 1, 30):
         for a in range(aggregates):
             recorder.insert_events(events(aggregate(a), first, min(30, per_aggregate + 1 - first)))
+    stored(recorder)
+
+
+def fill_versions(recorder: Any, versions: int) -> None:
     for first in range(1, versions + 1, 1000):
         recorder.insert_events(events(BIG, first, min(1000, versions + 1 - first)))
     recorder.insert_events(events(SMALL, 1, 10))
+    stored(recorder)
+
+
+def stored(recorder: Any) -> None:
+    """pmemwal: the index stored (a checkpoint), so that what was inserted is read from its
+    files, as after a reopen."""
     checkpoint = getattr(getattr(recorder, "datastore", None), "checkpoint", None)
-    if checkpoint is not None:      # pmemwal: the index stored, its runs read from files
+    if checkpoint is not None:
         checkpoint()
 
 
@@ -100,15 +111,22 @@ def read_log(recorder: Any, page: int, total: int) -> Callable[[int], object]:
     return step
 
 
-def measure(env: dict[str, str], args: argparse.Namespace) -> dict[str, float]:
+def measure(env: dict[str, str], versions_env: dict[str, str], args: argparse.Namespace
+            ) -> dict[str, float]:
     factory = InfrastructureFactory.construct(Environment(env=env))
     try:
         recorder = factory.application_recorder()
-        fill(recorder, args.aggregates, args.per_aggregate, args.versions)
-        total = args.aggregates * args.per_aggregate + args.versions + 10
+        fill(recorder, args.aggregates, args.per_aggregate)
+        total = args.aggregates * args.per_aggregate
         out = {"aggregates": median_time(read_aggregates(recorder, args.aggregates, args.read,
                                                          args.per_aggregate), args.rounds),
                "log": median_time(read_log(recorder, args.page, total), args.rounds)}
+    finally:
+        factory.close()
+    factory = InfrastructureFactory.construct(Environment(env=versions_env))
+    try:
+        recorder = factory.application_recorder()
+        fill_versions(recorder, args.versions)
         next_version = {BIG: args.versions + 1, SMALL: 11}
         for name, oid in (("big", BIG), ("small", SMALL)):
             def insert(_: int, oid: uuid.UUID = oid) -> None:
@@ -142,19 +160,20 @@ def main() -> None:
         args.page, args.versions, args.rounds, args.repeat = 100, 2000, 2, 20
     results = {}
     with scratch_dir() as base:
-        for name, env in environments(base).items():
+        versions_envs = environments(base, "versions")
+        for name, env in environments(base, "aggregates").items():
             print(f"{name}: filling and reading", file=sys.stderr, flush=True)
-            results[name] = measure(env, args)
+            results[name] = measure(env, versions_envs[name], args)
     p, s = results["pmemwal"], results["sqlite"]
     rows = [[f"read {args.read} aggregates of {args.per_aggregate} events", "aggregates"],
-            [f"read the log ({args.aggregates * args.per_aggregate + args.versions + 10:,} "
-             f"events) in pages of {args.page}", "log"],
+            [f"read the log ({args.aggregates * args.per_aggregate:,} events) in pages of "
+             f"{args.page}", "log"],
             [f"insert 1 event, originator of {args.versions:,} versions", "insert big"],
             ["insert 1 event, originator of 10 versions", "insert small"],
             [f"last event (desc, limit 1), originator of {args.versions:,} versions", "last big"],
             ["last event (desc, limit 1), originator of 10 versions", "last small"]]
     print(f"{args.aggregates * args.per_aggregate:,} events over {args.aggregates} aggregates "
-          f"and {args.versions + 10:,} over 2, under {SCRATCH}; median of {args.rounds} rounds "
+          f"(another store: {args.versions + 10:,} over 2), under {SCRATCH}; median of {args.rounds} rounds "
           f"(reads) or {args.repeat} calls (single events)")
     print(markdown_table(["operation", "pmemwal", "sqlite", "pmemwal / sqlite"],
                          [[label, f"{p[k] * 1e3:.3f} ms", f"{s[k] * 1e3:.3f} ms",

@@ -119,6 +119,7 @@ batch), OperationalError (the rest: locked, storage failures).
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
@@ -126,7 +127,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from threading import Event
 from typing import Any, NamedTuple, NoReturn, TypeVar
@@ -266,6 +267,61 @@ def decode_event(payload: memoryview, offset: int) -> tuple[UUID | str, int, str
     return originator_id, version, str(topic, "utf-8"), bytes(state)
 
 
+def decode_events(payloads: Mapping[int, memoryview], places: Sequence[tuple[int, int]],
+                  key: Key | None = None) -> list[tuple[UUID | str, int, str, bytes]]:
+    """decode_event's fields of the event at each (entry, offset) place, of the entries'
+    ``payloads``; with ``key``, only the events of that originator.  One loop, each ID
+    decoded once a call (the events of a batch, or a page, share few originators).
+    PlaceError (a ValueError) names a place where no event is."""
+    out = []
+    known_ids: tuple[dict[bytes, tuple[UUID | str, Key]], ...] = ({}, {})   # by ID kind
+    unpack, header = EVENT.unpack_from, EVENT.size
+    entry, offset = -1, -1
+    try:
+        for entry, offset in places:
+            payload = payloads[entry]
+            kind, id_len, topic_len, state_len, version = unpack(payload, offset)
+            a = offset + header
+            b, c = a + id_len, a + id_len + topic_len
+            end = c + state_len
+            if end > len(payload) or kind > ID_STR:
+                raise ValueError(f"event at offset {offset} has originator ID kind {kind}"
+                                 if kind > ID_STR else
+                                 f"event at offset {offset} runs past the entry's end")
+            ident = payload[a:b].tobytes()
+            known = known_ids[kind].get(ident)
+            if known is None:
+                known = known_ids[kind][ident] = _originator(kind, ident)
+            if key is None or known[1] == key:
+                out.append((known[0], version, str(payload[b:c], "utf-8"),
+                            payload[c:end].tobytes()))
+    except (ValueError, struct.error) as exc:
+        raise PlaceError(entry, offset, exc) from exc
+    return out
+
+
+class PlaceError(ValueError):
+    """No event is at this (entry, offset) place."""
+
+    def __init__(self, entry: int, offset: int, why: Exception) -> None:
+        super().__init__(str(why))
+        self.place = (entry, offset)
+
+
+def _originator(kind: int, ident: bytes) -> tuple[UUID | str, Key]:
+    """(originator ID, index key) of an event's stored ID."""
+    if kind == ID_UUID:
+        return _uuid(ident), ident
+    text = str(ident, "utf-8")
+    return text, str_key(text)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _uuid(ident: bytes) -> UUID:
+    """UUIDs are immutable: an aggregate read again takes the one made before."""
+    return UUID(bytes=ident)
+
+
 def _event_parts(payload: memoryview, offset: int
                  ) -> tuple[int, memoryview, memoryview, memoryview, int, int]:
     """(kind, ID, topic, state, version, end) of the event at ``offset``; the parts are views."""
@@ -341,11 +397,15 @@ class _Index(StoredIndex):
         the rest while it wants more: a page never splits one version's IDs, so the rest's
         bounds leave none out."""
         n = limit
-        while True:
-            versions, ids, from_runs = self.key_pairs(key, gt, lte, desc, n, upto)
-            if not from_runs or n is None or len(versions) < n:
+        while True:         # (one more pair than the page: is the last version's split?)
+            versions, ids, from_runs = self.key_pairs(key, gt, lte, desc,
+                                                      None if n is None else n + 1, upto)
+            if n is None or len(versions) <= n:
                 return ids.tolist(), not from_runs, None
-            kept = int(np.argmax(versions == versions[-1]))    # the last version's first
+            if not from_runs:
+                return ids[:n].tolist(), True, None
+            kept = n if versions[n] != versions[n - 1] else \
+                int(np.argmax(versions == versions[n - 1]))     # that version's first
             if kept:
                 last = int(versions[kept - 1])
                 return ids[:kept].tolist(), False, ((gt, last - 1) if desc else (last, lte))
@@ -748,22 +808,34 @@ class _LogStore:
                 self._durable_tracking[tracking.application_name] = tracking.notification_id
         self._visible = self._pending[0][1] if self._pending else self._index.count
 
-    def _decoded(self, places: list[tuple[int, int]], decode: Callable[[memoryview, int], _T]
-                 ) -> Iterator[_T]:
-        """``decode(payload, offset)`` of each (entry, offset) place, in order: the entries
-        read in one batch (a batch's events share one read), decoded as asked for.  Outside
-        the lock: an entry never changes once written, and the log serializes its own reads.
-        A place where no event is (a damaged index) is DatabaseError."""
+    def _payloads(self, places: Sequence[tuple[int, int]]) -> dict[int, memoryview]:
+        """The payloads of the entries of these (entry, offset) places, read in one batch.
+        Outside the lock: an entry never changes once written, and the log serializes its
+        own reads.  An entry the log does not hold (a damaged index) is DatabaseError."""
         entries = list(dict.fromkeys(entry for entry, _ in places))
         try:
-            payloads = dict(zip(entries, read_payloads(self._log, entries)))
+            return dict(zip(entries, read_payloads(self._log, entries)))
         except LogIndexError as exc:
             log = self._log
             gone = [p for p in places if not log.first_index <= p[0] <= log.last_index]
-            self._misplaced((gone or places)[0], exc)
+            self._misplaced((gone or list(places))[0], exc)
         except WALError as exc:
             with _translated():
                 raise exc
+
+    def _events(self, places: Sequence[tuple[int, int]], key: Key | None = None
+                ) -> list[tuple[UUID | str, int, str, bytes]]:
+        """decode_events of these places (only ``key``'s events, when given)."""
+        payloads = self._payloads(places)
+        try:
+            return decode_events(payloads, places, key)
+        except PlaceError as exc:
+            self._misplaced(exc.place, exc)
+
+    def _decoded(self, places: list[tuple[int, int]], decode: Callable[[memoryview, int], _T]
+                 ) -> Iterator[_T]:
+        """``decode(payload, offset)`` of each (entry, offset) place, decoded as asked for."""
+        payloads = self._payloads(places)
         for place in places:
             try:
                 yield decode(payloads[place[0]], place[1])
@@ -920,21 +992,18 @@ class PmemwalDatastore(_LogStore):
         key = originator_key(originator_id)[1]
         events: list[StoredEvent] = []
         bounds: tuple[int | None, int | None] | None = (gt, lte)
-        while bounds is not None:   # (pages found by hash: read until ``limit`` are the key's)
-            want = None if limit is None else max(limit - len(events), 0)
+        while True:     # (pages found by hash: read until ``limit`` are the key's)
+            want = None if limit is None else limit - len(events)
             with self._locked():
-                if want == 0:
+                if want is not None and want <= 0:
                     return events
                 ids, sure, bounds = self._index.event_ids(key, *bounds, desc, want,
                                                           self._visible)
                 places = self._index.places(ids)
-            decoded = self._decoded(places, decode_event)
-            if sure:
-                events += [StoredEvent(*fields) for fields in decoded]
-            else:
-                events += [StoredEvent(*fields) for fields in decoded
-                           if originator_key(fields[0])[1] == key]
-        return events
+            events += [StoredEvent(*fields) for fields in
+                       self._events(places, None if sure else key)]
+            if bounds is None or len(events) == limit:
+                return events
 
     def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
                              topics: Sequence[str] = (), *,
@@ -944,8 +1013,7 @@ class PmemwalDatastore(_LogStore):
             ids = self._index.notification_ids(max(first, 1), stop, topics, limit,
                                                self._visible)
             places = self._index.places(ids)
-        return [Notification(*fields, id=i)
-                for i, fields in zip(ids, self._decoded(places, decode_event))]
+        return [Notification(*fields, id=i) for i, fields in zip(ids, self._events(places))]
 
     def max_notification_id(self) -> int | None:
         with self._locked():
