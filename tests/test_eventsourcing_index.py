@@ -25,6 +25,7 @@ import warnings
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("eventsourcing")
@@ -694,3 +695,138 @@ def test_a_lookup_copies_what_it_gives_not_every_version_of_the_key(shm_dir: Pat
         assert last[0].originator_version == version + 1
     assert allocated["big"] < allocated["small"] + (64 << 10), allocated
     store.close()
+
+
+# ---- run merges: streamed, chunk by chunk --------------------------------------------
+
+def random_pairs(rng, count: int, ties: bool) -> tuple:
+    """Pairs with few hashes and versions (many equal (hash, a) pairs), or spread ones;
+    b numbers each pair, so the order among equal pairs shows."""
+    hashes = rng.integers(0, 5, count, dtype=np.uint64) * np.uint64(1 << 61) if ties else \
+        rng.integers(0, 1 << 64, count, dtype=np.uint64)
+    a = rng.integers(-3, 4 if ties else 1 << 40, count, dtype=np.int64)
+    return es_index.sorted_pairs(hashes, a, rng.permutation(count).astype(np.int64))
+
+
+def test_a_streamed_merge_is_the_sort_of_both_runs(shm_dir: Path) -> None:
+    """Whatever the chunk, a merge writes the file a sort of the older run's pairs, then the
+    newer's, writes (the whole-run merge it replaced: equal pairs keep that order)."""
+    rng = np.random.default_rng(39)
+    for trial in range(40):
+        ties = trial % 2 == 0
+        runs = []
+        for ident in (1, 2):
+            path = str(shm_dir / f"{trial}-{ident}.run")
+            pairs = random_pairs(rng, int(rng.integers(1, 3000)), ties)
+            es_index.write_run(path, *pairs)
+            runs.append(es_index.Run(ident, path, len(pairs[0])))
+        older, newer = runs
+        chunk = int(rng.choice([1, 2, 3, 17, 256, 5000]))
+        merged, sorted_ = shm_dir / f"{trial}.merged", shm_dir / f"{trial}.sorted"
+        es_index.merge_runs(str(merged), older, newer, chunk)
+        es_index.write_run(str(sorted_), *es_index.sorted_pairs(
+            *(np.concatenate([getattr(older, c), getattr(newer, c)]) for c in ("hash", "a", "b"))))
+        assert merged.read_bytes() == sorted_.read_bytes(), (trial, chunk)
+        for run in runs:
+            run.close()
+
+
+def test_a_merge_holds_a_chunk_of_the_runs_not_both(shm_dir: Path) -> None:
+    """Merging runs of 200,000 pairs each allocates a few MiB (it used to load both runs
+    and sort them: about 20 MiB here, +80 MiB at a million pairs)."""
+    store = es_index.IndexStore(str(shm_dir), bytes(16), es_index.ORIGINATORS,
+                                pes.originator_bytes)
+    os.makedirs(store.path)
+    rng = np.random.default_rng(7)
+    older = store._run(1, *random_pairs(rng, 200_000, False))
+    newer = store._run(2, *random_pairs(rng, 200_000, False))
+    tracemalloc.start()
+    try:
+        merged = store._merge(older, newer, 3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    expected = es_index.sorted_pairs(
+        *(np.concatenate([getattr(older, c), getattr(newer, c)]) for c in ("hash", "a", "b")))
+    assert all((getattr(merged, c) == e).all() for c, e in zip(("hash", "a", "b"), expected))
+    for run in (older, newer, merged):
+        run.close()
+
+
+_MERGING_CHILD = r"""
+import sys, uuid
+from eventsourcing.persistence import StoredEvent
+from pmemwal.integrations import es_index, eventsourcing as pes
+es_index.MERGE_CHUNK = 16       # a merge of many steps, for the parent to kill it amid them
+store = pes.open_datastore(sys.argv[1], segment_size=1 << 24, checkpoint_interval=3600)
+for k in range(int(sys.argv[2]), int(sys.argv[3]), 100):
+    store.insert([StoredEvent(originator_id=uuid.UUID(int=1 + (k + j) % 50),
+                              originator_version=1 + (k + j) // 50, topic="t", state=b"%d" % (k + j))
+                  for j in range(100)])
+print("checkpoint", flush=True)
+store.checkpoint()          # a run of the new pairs, merged into the stored one
+print("done", flush=True)
+store.close()
+"""
+
+
+def named_runs(index: Path) -> set[str]:
+    import json
+    return {f"{ident:016X}.run" for manifest in index.glob("*.manifest")
+            for ident, _ in json.loads(manifest.read_text())["runs"]}
+
+
+def test_a_merge_killed_midway_leaves_the_index_openable_and_whole(shm_dir: Path) -> None:
+    """SIGKILL at several points of a checkpoint that merges runs (a real child process):
+    the next open takes the last stored index (no warning), finds every event, and the
+    merge's unfinished file goes."""
+    import shutil
+    import signal
+    import subprocess
+    from conftest import child_env
+    base = shm_dir / "base"
+    store = pes.open_datastore(str(base), segment_size=1 << 24, checkpoint_interval=3600)
+    stored, added = 24_000, 4_000       # (4,000 pairs: over an eighth of 24,000, so merged)
+    for k in range(0, stored, 1000):
+        store.insert([StoredEvent(originator_id=uuid.UUID(int=1 + (k + j) % 50),
+                                  originator_version=1 + (k + j) // 50, topic="t",
+                                  state=b"%d" % (k + j)) for j in range(1000)])
+    store.close()
+    rng = np.random.default_rng(5)
+    cut_midway = 0
+    for trial in range(6):
+        path = shm_dir / f"trial-{trial}"
+        shutil.copytree(base, path)
+        index = path / es_index.INDEX_DIR
+        before = {p.name for p in index.glob("*.run")}
+        child = subprocess.Popen([sys.executable, "-c", _MERGING_CHILD, str(path), str(stored),
+                                  str(stored + added)], env=child_env(),
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline() == "checkpoint\n"
+            deadline = time.monotonic() + 10
+            while len({p.name for p in index.glob("*.run")} - before) < 2:  # merging
+                assert time.monotonic() < deadline and child.poll() is None, "no merge seen"
+                time.sleep(0.0002)
+            time.sleep(float(rng.uniform(0, 0.02)))
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait()
+        left = {p.name for p in index.glob("*.run")} - named_runs(index)
+        cut_midway += bool(left)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            store = pes.open_datastore(str(path), segment_size=1 << 24)
+        assert store.replayed_from > 1     # the stored index, and the inserts after it
+        assert store.max_notification_id() == stored + added
+        for n in range(50):
+            events = store.select_events(uuid.UUID(int=1 + n))
+            assert [e.originator_version for e in events] == list(range(1, 1 + (stored + added) // 50))
+            assert [e.state for e in events] == [b"%d" % (n + 50 * i) for i in range(len(events))]
+        last = store.select_events(uuid.UUID(int=7), desc=True, limit=1)
+        assert last[0].originator_version == (stored + added) // 50
+        store.close()               # (its checkpoint merges again, and collects the rest)
+        assert not {p.name for p in index.glob("*.run")} - named_runs(index)
+    assert cut_midway, "no kill landed between a merge's file and the manifest naming it"

@@ -46,10 +46,12 @@ notification ID; for a tag ``a`` and ``b`` are both a position.  Two keys may sh
 hash, so what a run finds is checked against the event itself (the caller's ``verify``).
 
 A checkpoint writes the rows added since the last one (synced), a run of the key pairs
-added since (synced, and the directory), merged runs (the same), then the manifest
-(synced, and the directory), then the next STATE slot: a slot never names rows or a file
-that is not durable.  The newest run is merged into the one before while it is at least
-an eighth of its size, so a key takes a few binary searches.  Files that neither slot's
+added since (synced), merged runs (each a new file, synced), the directory, then the
+manifest (synced, and the directory), then the next STATE slot: a slot never names rows or
+a file that is not durable, and no file is written over once named.  The newest run is
+merged into the one before while it is at least an eighth of its size, so a key takes a
+few binary searches; a merge streams both runs into its file a chunk at a time, so its
+memory does not follow their size.  Files that neither slot's
 manifest names go after the slot is written.  An open that finds the stored index
 unusable writes a slot that names nothing before it replays, so no older slot comes back.
 """
@@ -63,7 +65,7 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,6 +82,7 @@ RUN_MAGIC = b"PWESRUN1"
 VERSION = 1
 ORIGINATORS, TAGS = 1, 2                    # flavors
 FANOUT = 8                                  # runs merge while the newer is >= 1/FANOUT of the older
+MERGE_CHUNK = 1 << 14                       # pairs a merge takes from each run at a time
 ROW = np.dtype([("entry", "<i8"), ("offset", "<u4"), ("name", "<i4")])
 _BODY = struct.Struct("<8sIIQ16sQQIIQQ")
 _RUN_HEADER = struct.Struct("<8sQ16x")
@@ -192,6 +195,60 @@ def _write_file(path: str, parts: list) -> None:
             os.fdatasync(fd)
         finally:
             os.close(fd)
+
+
+def merge_runs(path: str, older: Run, newer: Run, chunk: int | None = None) -> None:
+    """A run file of both runs' pairs, synced: sorted by (hash, a), and among equal pairs
+    ``older``'s first (a stable sort of older's then newer's pairs).  Written chunk by chunk
+    (each column's part at its place), so memory follows ``chunk``, not the runs."""
+    count, base = older.count + newer.count, _RUN_HEADER.size
+    with storage_errors(f"writing {path}"):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _write_at(fd, _RUN_HEADER.pack(RUN_MAGIC, count), 0)
+            done = 0
+            for columns in _merged(older, newer, chunk or MERGE_CHUNK):
+                for k, column in enumerate(columns):
+                    _write_at(fd, column, base + 8 * (k * count + done))
+                done += len(columns[0])
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+
+def _merged(older: Run, newer: Run, chunk: int
+            ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The (hash, a, b) columns of both runs' pairs in order, a part at a time: each part
+    is every pair up to the smaller of the two next chunks' last pairs (ties included), so
+    what follows sorts after it."""
+    i = j = 0
+    while i < older.count or j < newer.count:
+        ends = [(int(run.hash[at + chunk - 1]), int(run.a[at + chunk - 1]))
+                for run, at in ((older, i), (newer, j)) if at + chunk < run.count]
+        if ends:
+            h, a = min(ends)
+            stop_i, stop_j = _upper(older, h, a), _upper(newer, h, a)
+        else:
+            stop_i, stop_j = older.count, newer.count
+        hashes = np.concatenate([older.hash[i:stop_i], newer.hash[j:stop_j]])
+        values = np.concatenate([older.a[i:stop_i], newer.a[j:stop_j]])
+        order = np.lexsort((values, hashes))    # (stable: older's first among equal pairs)
+        yield (hashes[order], values[order],
+               np.concatenate([older.b[i:stop_i], newer.b[j:stop_j]])[order])
+        i, j = stop_i, stop_j
+
+
+def _upper(run: Run, h: int, a: int) -> int:
+    """How many of ``run``'s pairs sort at or before (h, a)."""
+    lo, hi = run.span(h)
+    return lo + int(np.searchsorted(run.a[lo:hi], a, "right"))
+
+
+def _write_at(fd: int, part: bytes | np.ndarray, offset: int) -> None:
+    data = memoryview(part).cast("B")
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
 
 
 def sorted_pairs(hashes: np.ndarray, a: np.ndarray, b: np.ndarray
@@ -589,9 +646,9 @@ class IndexStore:
         return self._run(ident, *sorted_pairs(hashes, a, b))
 
     def _merge(self, older: Run, newer: Run, ident: int) -> Run:
-        return self._run(ident, *sorted_pairs(np.concatenate([older.hash, newer.hash]),
-                                              np.concatenate([older.a, newer.a]),
-                                              np.concatenate([older.b, newer.b])))
+        path = self._file(ident, "run")
+        merge_runs(path, older, newer)
+        return Run(ident, path, older.count + newer.count)
 
     def _run(self, ident: int, hashes: np.ndarray, a: np.ndarray, b: np.ndarray) -> Run:
         path = self._file(ident, "run")
