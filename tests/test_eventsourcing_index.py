@@ -1,4 +1,4 @@
-"""The eventsourcing datastores' stored index (pmemwal/integrations/es_index.py):
+"""The eventsourcing datastores' stored index (pmemwal/integrations/eventsourcing/stored_index.py):
 
 - a reopen reads it and replays only the entries after it, with memory that does not follow
   the number of events stored;
@@ -35,7 +35,7 @@ from eventsourcing.persistence import (DatabaseError, IntegrityError, InterfaceE
                                        OperationalError, StoredEvent, Tracking)
 
 import pmemwal  # noqa: E402
-from pmemwal.integrations import es_index  # noqa: E402
+from pmemwal.integrations.eventsourcing import stored_index as es_index  # noqa: E402
 from pmemwal.integrations import eventsourcing as pes  # noqa: E402
 from pmemwal.recovery import RecoveryWarning  # noqa: E402
 
@@ -757,7 +757,8 @@ def test_a_merge_holds_a_chunk_of_the_runs_not_both(shm_dir: Path) -> None:
 _MERGING_CHILD = r"""
 import sys, uuid
 from eventsourcing.persistence import StoredEvent
-from pmemwal.integrations import es_index, eventsourcing as pes
+from pmemwal.integrations import eventsourcing as pes
+from pmemwal.integrations.eventsourcing import stored_index as es_index
 es_index.MERGE_CHUNK = 16       # a merge of many steps, for the parent to kill it amid them
 store = pes.open_datastore(sys.argv[1], segment_size=1 << 24, checkpoint_interval=3600)
 for k in range(int(sys.argv[2]), int(sys.argv[3]), 100):

@@ -442,7 +442,7 @@ def _index_chunk_unsynced() -> Iterator[None]:
         blind_spot="files other than segments",
         caught_by="pmemwal powerloss --fs-model ext4")
 def _es_run_unsynced() -> Iterator[None]:
-    from pmemwal.integrations import es_index
+    from pmemwal.integrations.eventsourcing import stored_index as es_index
     real = es_index.write_run
 
     def write_run(path, hashes, a, b):  # es_index.write_run, _write_file's fdatasync left out

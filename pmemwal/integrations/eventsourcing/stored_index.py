@@ -2,7 +2,7 @@
 replays only the entries appended after it, as the Log does with its own
 (pmemwal/log_index.py).
 
-Concern: the storage of one datastore's index (pmemwal/integrations/eventsourcing.py keeps
+Concern: the storage of one datastore's index (index.py keeps
 what the index means).  A *row* is a notification (in a DCB log, a position), numbered
 densely from 1: the log entry that holds its event, the event's offset in that entry's
 payload, and its *name* (the event's topic, or the DCB event's type: a number into the
@@ -149,11 +149,11 @@ class Run:
 
     def span(self, h: int) -> tuple[int, int]:
         """The positions [lo, hi) of hash ``h``'s pairs: two binary searches."""
-        h = np.uint64(h)
-        lo = int(np.searchsorted(self.hash, h, "left"))
-        if lo == self.count or self.hash[lo] != h:
+        key = np.uint64(h)
+        lo = int(np.searchsorted(self.hash, key, "left"))
+        if lo == self.count or self.hash[lo] != key:
             return lo, lo
-        return lo, int(np.searchsorted(self.hash, h, "right"))
+        return lo, int(np.searchsorted(self.hash, key, "right"))
 
     def between(self, h: int, gt: int | None, lte: int | None
                 ) -> tuple[np.ndarray, np.ndarray]:
@@ -245,7 +245,7 @@ def _upper(run: Run, h: int, a: int) -> int:
 
 
 def _write_at(fd: int, part: bytes | np.ndarray, offset: int) -> None:
-    data = memoryview(part).cast("B")
+    data = memoryview(part if isinstance(part, bytes) else part.data).cast("B")
     while data:
         written = os.pwrite(fd, data, offset)
         data, offset = data[written:], offset + written
