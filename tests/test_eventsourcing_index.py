@@ -831,3 +831,17 @@ def test_a_merge_killed_midway_leaves_the_index_openable_and_whole(shm_dir: Path
         store.close()               # (its checkpoint merges again, and collects the rest)
         assert not {p.name for p in index.glob("*.run")} - named_runs(index)
     assert cut_midway, "no kill landed between a merge's file and the manifest naming it"
+
+
+def test_events_whose_id_and_topic_join_alike_read_back_apart(shm_dir: Path) -> None:
+    """A read decodes each (ID, topic) once: "ab" + "c" and "a" + "bc" are two of them."""
+    store = reopen(shm_dir)
+    stored = [StoredEvent(originator_id="ab", originator_version=1, topic="c", state=b"1"),
+              StoredEvent(originator_id="a", originator_version=1, topic="bc", state=b"2"),
+              StoredEvent(originator_id="ab", originator_version=2, topic="c", state=b"3"),
+              StoredEvent(originator_id="a", originator_version=2, topic="bc", state=b"4")]
+    store.insert(stored)
+    got = store.select_notifications(None, 10)
+    assert [(n.originator_id, n.topic, n.state) for n in got] == \
+        [(e.originator_id, e.topic, e.state) for e in stored]
+    store.close()

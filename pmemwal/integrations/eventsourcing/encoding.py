@@ -109,31 +109,30 @@ def decode_event(payload: memoryview, offset: int) -> tuple[UUID | str, int, str
 def decode_events(payloads: Mapping[int, memoryview], places: Sequence[tuple[int, int]],
                   key: Key | None = None) -> list[tuple[UUID | str, int, str, bytes]]:
     """decode_event's fields of the event at each (entry, offset) place, of the entries'
-    ``payloads``; with ``key``, only the events of that originator.  One loop, each ID
-    decoded once a call (the events of a batch, or a page, share few originators).
-    PlaceError (a ValueError) names a place where no event is."""
+    ``payloads``; with ``key``, only the events of that originator.  One loop, in which the
+    ID and topic, read as one piece, are decoded once a call (the events of a batch, or of
+    a page, share few originators and topics).  PlaceError (a ValueError) names a place
+    where no event is."""
     out = []
-    known_ids: tuple[dict[bytes, tuple[UUID | str, Key]], ...] = ({}, {})   # by ID kind
+    known: tuple[dict[bytes, tuple[UUID | str, Key, str, int]], ...] = ({}, {})   # by ID kind
     unpack, header = EVENT.unpack_from, EVENT.size
     entry, offset = -1, -1
     try:
         for entry, offset in places:
             payload = payloads[entry]
             kind, id_len, topic_len, state_len, version = unpack(payload, offset)
-            a = offset + header
-            b, c = a + id_len, a + id_len + topic_len
+            c = offset + header + id_len + topic_len
             end = c + state_len
             if end > len(payload) or kind > ID_STR:
                 raise ValueError(f"event at offset {offset} has originator ID kind {kind}"
                                  if kind > ID_STR else
                                  f"event at offset {offset} runs past the entry's end")
-            ident = payload[a:b].tobytes()
-            known = known_ids[kind].get(ident)
-            if known is None:
-                known = known_ids[kind][ident] = _originator(kind, ident)
-            if key is None or known[1] == key:
-                out.append((known[0], version, str(payload[b:c], "utf-8"),
-                            payload[c:end].tobytes()))
+            head = payload[offset + header:c].tobytes()       # the ID, then the topic
+            fields = known[kind].get(head)
+            if fields is None or fields[3] != id_len:    # (str IDs: "ab"+"c" is "a"+"bc")
+                fields = known[kind][head] = _id_and_topic(kind, head, id_len)
+            if key is None or fields[1] == key:
+                out.append((fields[0], version, fields[2], payload[c:end].tobytes()))
     except (ValueError, struct.error) as exc:
         raise PlaceError(entry, offset, exc) from exc
     return out
@@ -147,12 +146,15 @@ class PlaceError(ValueError):
         self.place = (entry, offset)
 
 
-def _originator(kind: int, ident: bytes) -> tuple[UUID | str, Key]:
-    """(originator ID, index key) of an event's stored ID."""
+def _id_and_topic(kind: int, head: bytes, id_len: int
+                  ) -> tuple[UUID | str, Key, str, int]:
+    """(originator ID, index key, topic, ID length) of an event's ID and topic, stored one
+    after the other."""
+    ident, topic = head[:id_len], str(head[id_len:], "utf-8")
     if kind == ID_UUID:
-        return _uuid(ident), ident
+        return _uuid(ident), ident, topic, id_len
     text = str(ident, "utf-8")
-    return text, str_key(text)
+    return text, str_key(text), topic, id_len
 
 
 @functools.lru_cache(maxsize=1 << 14)
