@@ -845,3 +845,44 @@ def test_events_whose_id_and_topic_join_alike_read_back_apart(shm_dir: Path) -> 
     assert [(n.originator_id, n.topic, n.state) for n in got] == \
         [(e.originator_id, e.topic, e.state) for e in stored]
     store.close()
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["hashes", "shared-hash"])
+def test_a_tag_of_many_positions_across_runs_reads_within_after_and_limit(
+        shm_dir: Path, monkeypatch, collide: bool) -> None:
+    if collide:
+        monkeypatch.setattr(es_index, "HASH_MASK", 0x3)
+    path = str(shm_dir / "dcb")
+    store = pes.open_dcb_datastore(path, segment_size=1 << 20)
+    tags = {}
+    for n in (1000, 100, 10, 30):           # three runs, then the tail
+        for _ in range(0, n, 10):
+            events = [DCBEvent(type=f"type-{k % 3}", data=b"", tags=[
+                "many", f"few-{k % 5}"] if k % 4 else [f"few-{k % 5}"]) for k in range(10)]
+            last = store.append(events)
+            for position, event in zip(range(last - 9, last + 1), events):
+                for tag in event.tags + [event.type]:
+                    tags.setdefault(tag, []).append(position)
+        if n != 30:
+            store.checkpoint()
+    assert len(store._index.runs) >= 3
+
+    def check(store) -> None:
+        for after in (None, 0, 5, 999, 1100, 1139):
+            for limit in (None, 1, 3, 500):
+                for query, expected in (
+                        (DCBQuery(items=[DCBQueryItem(tags=["many"])]), tags["many"]),
+                        (DCBQuery(items=[DCBQueryItem(tags=["many", "few-2"])]),
+                         sorted(set(tags["many"]) & set(tags["few-2"]))),
+                        (DCBQuery(items=[DCBQueryItem(types=["type-1"], tags=["few-1"]),
+                                         DCBQueryItem(tags=["few-3"])]),
+                         sorted(set(tags["few-1"]) & set(tags["type-1"]) | set(tags["few-3"])))):
+                    expected = [p for p in expected if p > (after or 0)][:limit]
+                    got, _ = store.read(query, after=after, limit=limit)
+                    assert [e.position for e in got] == expected, (after, limit, query)
+
+    check(store)
+    store.close()
+    store = pes.open_dcb_datastore(path, segment_size=1 << 20)
+    check(store)
+    store.close()

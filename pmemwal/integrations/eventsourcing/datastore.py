@@ -570,12 +570,17 @@ class PmemwalDCBDatastore(_LogStore):
                  ) -> list[DCBSequencedEvent]:
         """The events at these positions, up to ``limit``, each checked against ``query``
         where the index found it by a tag's hash (not ``sure``)."""
-        events = []
-        for position, (event, _) in zip(positions, self._decoded(places, decode_dcb_event)):
-            if sure or dcb_matches(event, query):
-                events.append(DCBSequencedEvent(event=event, position=position))
-                if len(events) == limit:
-                    break
+        events: list[DCBSequencedEvent] = []
+        done, step = 0, max(2 * (limit or 0), 64)
+        while done < len(places):   # (a limit, and candidates by hash: read a part at a time)
+            part = places[done:] if limit is None else places[done:done + step]
+            for position, (event, _) in zip(positions[done:],
+                                            self._decoded(part, decode_dcb_event)):
+                if sure or dcb_matches(event, query):    # type: ignore[arg-type]
+                    events.append(DCBSequencedEvent(event=event, position=position))
+                    if len(events) == limit:
+                        return events
+            done, step = done + len(part), 2 * step
         return events
 
 
