@@ -8,13 +8,14 @@ module on the same file system, in one run.
 Both stores get the same events: ``--aggregates`` aggregates (UUIDs) of ``--per-aggregate``
 events each, 100-byte states, inserted 30 events of one aggregate at a time, the aggregates in
 turn (so an aggregate's events are spread over the log); pmemwal's index is then stored (a
-checkpoint), so that it is read from its files, as after a reopen.  Then, each the median of
-``--rounds``:
+checkpoint), so that it is read from its files, as after a reopen.  Then (the median of
+``--rounds`` rounds, or of ``--repeat`` calls for single events):
 
 - ``--read`` aggregates read whole (``select_events``);
 - the whole notification log read in pages of ``--page`` (``select_notifications``);
-- in another store, one originator with ``--versions`` versions and one with 10: the time to insert one more event of each, and to
-  read its last event (``select_events(desc=True, limit=1)``).
+- in another store, one originator with ``--versions`` versions and one with 10: the time
+  to insert one more event of each, and to read its last event
+  (``select_events(desc=True, limit=1)``).
 
 Reported: each time, pmemwal's over SQLite's, and the large originator's over the small one's.
 ``--quick`` makes every size small (a smoke run of a few seconds).
@@ -173,8 +174,8 @@ def main() -> None:
             [f"last event (desc, limit 1), originator of {args.versions:,} versions", "last big"],
             ["last event (desc, limit 1), originator of 10 versions", "last small"]]
     print(f"{args.aggregates * args.per_aggregate:,} events over {args.aggregates} aggregates "
-          f"(another store: {args.versions + 10:,} over 2), under {SCRATCH}; median of {args.rounds} rounds "
-          f"(reads) or {args.repeat} calls (single events)")
+          f"(another store: {args.versions + 10:,} over 2), under {SCRATCH}; median of "
+          f"{args.rounds} rounds (reads) or {args.repeat} calls (single events)")
     print(markdown_table(["operation", "pmemwal", "sqlite", "pmemwal / sqlite"],
                          [[label, f"{p[k] * 1e3:.3f} ms", f"{s[k] * 1e3:.3f} ms",
                            f"{p[k] / s[k]:.2f}x"] for label, k in rows]))

@@ -763,8 +763,8 @@ es_index.MERGE_CHUNK = 16       # a merge of many steps, for the parent to kill 
 store = pes.open_datastore(sys.argv[1], segment_size=1 << 24, checkpoint_interval=3600)
 for k in range(int(sys.argv[2]), int(sys.argv[3]), 100):
     store.insert([StoredEvent(originator_id=uuid.UUID(int=1 + (k + j) % 50),
-                              originator_version=1 + (k + j) // 50, topic="t", state=b"%d" % (k + j))
-                  for j in range(100)])
+                              originator_version=1 + (k + j) // 50, topic="t",
+                              state=b"%d" % (k + j)) for j in range(100)])
 print("checkpoint", flush=True)
 store.checkpoint()          # a run of the new pairs, merged into the stored one
 print("done", flush=True)
@@ -824,7 +824,8 @@ def test_a_merge_killed_midway_leaves_the_index_openable_and_whole(shm_dir: Path
         assert store.max_notification_id() == stored + added
         for n in range(50):
             events = store.select_events(uuid.UUID(int=1 + n))
-            assert [e.originator_version for e in events] == list(range(1, 1 + (stored + added) // 50))
+            versions = (stored + added) // 50
+            assert [e.originator_version for e in events] == list(range(1, 1 + versions))
             assert [e.state for e in events] == [b"%d" % (n + 50 * i) for i in range(len(events))]
         last = store.select_events(uuid.UUID(int=7), desc=True, limit=1)
         assert last[0].originator_version == (stored + added) // 50
@@ -886,3 +887,14 @@ def test_a_tag_of_many_positions_across_runs_reads_within_after_and_limit(
     store = pes.open_dcb_datastore(path, segment_size=1 << 20)
     check(store)
     store.close()
+
+
+def test_the_read_benchmark_runs_quick() -> None:
+    """benchmarks/es_read.py --quick: every measurement, against eventsourcing.sqlite."""
+    import subprocess
+    from conftest import REPO_ROOT, child_env
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "es_read.py"), "--quick"],
+                         env=child_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("x |") == 6, out.stdout      # six rows, each with its ratio
+    assert "pmemwal: 2,000 versions / 10 versions" in out.stdout
