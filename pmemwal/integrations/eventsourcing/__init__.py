@@ -83,18 +83,18 @@ notification 7: the UUID 00010203-0405-0607-0809-0a0b0c0d0e0f, version 1, topic
     00 1000 0b00 02000000 0100000000000000   UUID, 16-byte ID, 11-byte topic, 2-byte state, v1
     000102030405060708090a0b0c0d0e0f "bank:Opened" "{}"
 
-Notification IDs are not stored: they are the events' positions in the log, counted on
-replay (dense: 1, 2, 3... across entries).  The index is stored beside the log (``index/es/``), and
-opening a directory maps it and replays the entries after it: per notification, the entry
-and offset of its event and its topic (numpy columns); per originator, its versions in order
-and their notification IDs (sorted runs, and lists for those added since: ``select_events``
-and an insert's version check search them by bisection, so that neither follows the
-originator's number of versions nor scans other events); per application name, the last
-tracked notification.  Events are read back from the log when selected, the entries a read
-needs in one batch (zero-copy).  An originator is indexed by its UUID, and a str that is a UUID's string form
+Notification IDs are not stored: they are the events' positions in the log, counted on replay
+(dense: 1, 2, 3... across entries).  The index is stored beside the log (``index/es/``), and
+opening a directory maps it and replays the entries after it: per notification, the entry and
+offset of its event and its topic (numpy columns); per originator, its versions in order and
+their notification IDs (sorted runs, and lists for those added since: ``select_events`` and an
+insert's version check search them by bisection, so that neither follows the originator's
+number of versions nor scans other events); per application name, the last tracked
+notification.  Events are read back from the log when selected, the entries a read needs in one
+batch (zero-copy).  An originator is indexed by its UUID, and a str that is a UUID's string form
 (``str(uuid)``: 36 characters, lower case) is that UUID, as in eventsourcing's POPO and
-PostgreSQL modules: an event stored under either form is found by either, and takes the
-version for both.  Each event comes back with the ID as it was stored (kind 0 or 1); other
+PostgreSQL modules: an event stored under either form is found by either, and takes the version
+for both.  Each event comes back with the ID as it was stored (kind 0 or 1); other
 spellings of a UUID (``uuid.hex``, upper case) are other originators, as in POPO.
 
 A DCB events log holds DCB batches, one entry per ``append`` (all or nothing, durable on
