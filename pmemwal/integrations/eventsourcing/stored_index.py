@@ -66,6 +66,7 @@ import os
 import re
 import struct
 from collections.abc import Callable, Hashable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -178,9 +179,29 @@ _NONE = np.empty(0, np.int64)
 
 def write_run(path: str, hashes: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     """A run file of these pairs (sorted by the caller), synced."""
-    _write_file(path, [_RUN_HEADER.pack(RUN_MAGIC, len(hashes))] +
-                [np.ascontiguousarray(column, dtype).view(np.uint8)
-                 for column, dtype in ((hashes, "<u8"), (a, "<i8"), (b, "<i8"))])
+    with _new_run(path) as fd:
+        _write_at(fd, _RUN_HEADER.pack(RUN_MAGIC, len(hashes)), 0)
+        at = _RUN_HEADER.size
+        for column, dtype in ((hashes, "<u8"), (a, "<i8"), (b, "<i8")):
+            _write_at(fd, np.ascontiguousarray(column, dtype), at)
+            at += 8 * len(hashes)
+
+
+@contextmanager
+def _new_run(path: str) -> Iterator[int]:
+    """A new run file's descriptor, to write whole; synced (``sync_run``) and closed after."""
+    with storage_errors(f"writing {path}"):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            yield fd
+            sync_run(fd)
+        finally:
+            os.close(fd)
+
+
+def sync_run(fd: int) -> None:
+    """A run file's data durable before anything names it."""
+    os.fdatasync(fd)
 
 
 def _write_file(path: str, parts: list) -> None:
@@ -202,18 +223,13 @@ def merge_runs(path: str, older: Run, newer: Run, chunk: int | None = None) -> N
     ``older``'s first (a stable sort of older's then newer's pairs).  Written chunk by chunk
     (each column's part at its place), so memory follows ``chunk``, not the runs."""
     count, base = older.count + newer.count, _RUN_HEADER.size
-    with storage_errors(f"writing {path}"):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            _write_at(fd, _RUN_HEADER.pack(RUN_MAGIC, count), 0)
-            done = 0
-            for columns in _merged(older, newer, chunk or MERGE_CHUNK):
-                for k, column in enumerate(columns):
-                    _write_at(fd, column, base + 8 * (k * count + done))
-                done += len(columns[0])
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
+    with _new_run(path) as fd:
+        _write_at(fd, _RUN_HEADER.pack(RUN_MAGIC, count), 0)
+        done = 0
+        for columns in _merged(older, newer, chunk or MERGE_CHUNK):
+            for k, column in enumerate(columns):
+                _write_at(fd, column, base + 8 * (k * count + done))
+            done += len(columns[0])
 
 
 def _merged(older: Run, newer: Run, chunk: int
