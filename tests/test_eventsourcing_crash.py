@@ -39,7 +39,7 @@ from eventsourcing.popo import POPOProcessRecorder  # noqa: E402
 from eventsourcing.utils import Environment  # noqa: E402
 
 import pmemwal  # noqa: E402
-from pmemwal.integrations import es_index  # noqa: E402
+from pmemwal.integrations.eventsourcing import stored_index as es_index  # noqa: E402
 from pmemwal.integrations import eventsourcing as pes  # noqa: E402
 
 CHILD = str(TESTS_DIR / "_eventsourcing_child.py")

@@ -1,4 +1,4 @@
-"""The eventsourcing datastores' stored index (pmemwal/integrations/es_index.py):
+"""The eventsourcing datastores' stored index (pmemwal/integrations/eventsourcing/stored_index.py):
 
 - a reopen reads it and replays only the entries after it, with memory that does not follow
   the number of events stored;
@@ -25,6 +25,7 @@ import warnings
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("eventsourcing")
@@ -34,7 +35,7 @@ from eventsourcing.persistence import (DatabaseError, IntegrityError, InterfaceE
                                        OperationalError, StoredEvent, Tracking)
 
 import pmemwal  # noqa: E402
-from pmemwal.integrations import es_index  # noqa: E402
+from pmemwal.integrations.eventsourcing import stored_index as es_index  # noqa: E402
 from pmemwal.integrations import eventsourcing as pes  # noqa: E402
 from pmemwal.recovery import RecoveryWarning  # noqa: E402
 
@@ -589,3 +590,311 @@ def test_close_from_inside_an_inserts_commit_does_not_hang(shm_dir: Path, monkey
     store = reopen(shm_dir)             # the registry lock is free: opens go on
     assert store.max_notification_id() == 1
     store.close()
+
+
+# ---- a key with many versions: found by binary search, across runs and tails ----------
+
+def versions_in_runs(shm_dir: Path, monkeypatch, collide: bool) -> tuple:
+    """A datastore where originator BIG has versions 1..1170 spread over three runs (each
+    under an eighth of the one before: a merge leaves them apart) and the tail, with other
+    originators' events between (sharing BIG's key hash when ``collide``)."""
+    if collide:
+        monkeypatch.setattr(es_index, "HASH_MASK", 0x3)
+    big, others = OIDS[0], OIDS[1:6]
+    store = reopen(shm_dir)
+    version, other_version = 0, dict.fromkeys(others, 0)
+
+    def add(n: int) -> None:
+        nonlocal version
+        for first in range(version + 1, version + n + 1, 50):
+            count = min(50, version + n + 1 - first)
+            store.insert([StoredEvent(originator_id=big, originator_version=v, topic="t",
+                                      state=b"%d" % v) for v in range(first, first + count)])
+            oid = others[first % len(others)]
+            other_version[oid] += 1
+            store.insert([StoredEvent(originator_id=oid, originator_version=other_version[oid],
+                                      topic="t", state=b"other")])
+        version += n
+
+    for n in (1000, 100, 10):
+        add(n)
+        store.checkpoint()
+    add(60)
+    return store, big, version
+
+
+BOUNDS = [(None, None), (0, None), (None, 0), (10, 20), (995, 1005), (1095, 1115), (1105, 1165),
+          (1050, 5000), (5, 5), (1169, None), (None, 1), (-5, 3)]
+
+
+def check_every_bound(store: pes.PmemwalDatastore, big, last: int) -> None:
+    for gt, lte in BOUNDS:
+        expected = list(range(max(gt or 0, 0) + 1, min(lte if lte is not None else last, last) + 1))
+        for desc in (False, True):
+            want = expected[::-1] if desc else expected
+            for limit in (None, 1, 2, 7, 100, 2000):
+                got = store.select_events(big, gt=gt, lte=lte, desc=desc, limit=limit)
+                assert [e.originator_version for e in got] == want[:limit], (gt, lte, desc,
+                                                                            limit)
+                assert all(e.originator_id == big and e.state == b"%d" % e.originator_version
+                           for e in got)
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["hashes", "shared-hash"])
+def test_every_version_of_a_key_across_runs_is_found_within_bounds(shm_dir: Path, monkeypatch,
+                                                                   collide: bool) -> None:
+    store, big, last = versions_in_runs(shm_dir, monkeypatch, collide)
+    assert len(store._index.runs) >= 3, store._index.runs
+    assert store._index.tail and not store._index.frozen
+    check_every_bound(store, big, last)
+    with pytest.raises(IntegrityError):     # a version in each part is taken
+        for v in (3, 1050, 1105, last):
+            try:
+                store.insert([StoredEvent(originator_id=big, originator_version=v, topic="t",
+                                          state=b"x")])
+            except IntegrityError:
+                continue
+            raise AssertionError(f"version {v} was taken again")
+        raise IntegrityError("all taken")
+    store._index.capture()                  # the tail frozen, as a checkpoint in flight has it
+    check_every_bound(store, big, last)
+    drop(store)
+    store = reopen(shm_dir)                 # the runs read back, the rest replayed
+    check_every_bound(store, big, last)
+    store.close()
+    store = reopen(shm_dir)
+    assert store.replayed_from == store._log.last_index + 1
+    check_every_bound(store, big, last)
+    store.close()
+
+
+def test_a_lookup_copies_what_it_gives_not_every_version_of_the_key(shm_dir: Path) -> None:
+    """Inserting the next version of an originator of 60,000 versions, and reading its last
+    event, allocate about what they do for an originator of 10 (they used to copy the key's
+    every (version, notification ID) pair from each run: about 1 MiB here)."""
+    store = reopen(shm_dir)
+    big, small = OIDS[0], OIDS[1]
+    for first in range(1, 60_001, 2000):
+        store.insert([StoredEvent(originator_id=big, originator_version=v, topic="t", state=b"")
+                      for v in range(first, first + 2000)])
+    store.insert([StoredEvent(originator_id=small, originator_version=v, topic="t", state=b"")
+                  for v in range(1, 11)])
+    store.checkpoint()
+    allocated = {}
+    for name, oid, version in (("big", big, 60_001), ("small", small, 11)):
+        store.insert([StoredEvent(originator_id=oid, originator_version=version, topic="t",
+                                  state=b"")])     # (warm)
+        tracemalloc.start()
+        try:
+            store.insert([StoredEvent(originator_id=oid, originator_version=version + 1,
+                                      topic="t", state=b"")])
+            last = store.select_events(oid, desc=True, limit=1)
+            allocated[name] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert last[0].originator_version == version + 1
+    assert allocated["big"] < allocated["small"] + (64 << 10), allocated
+    store.close()
+
+
+# ---- run merges: streamed, chunk by chunk --------------------------------------------
+
+def random_pairs(rng, count: int, ties: bool) -> tuple:
+    """Pairs with few hashes and versions (many equal (hash, a) pairs), or spread ones;
+    b numbers each pair, so the order among equal pairs shows."""
+    hashes = rng.integers(0, 5, count, dtype=np.uint64) * np.uint64(1 << 61) if ties else \
+        rng.integers(0, 1 << 64, count, dtype=np.uint64)
+    a = rng.integers(-3, 4 if ties else 1 << 40, count, dtype=np.int64)
+    return es_index.sorted_pairs(hashes, a, rng.permutation(count).astype(np.int64))
+
+
+def test_a_streamed_merge_is_the_sort_of_both_runs(shm_dir: Path) -> None:
+    """Whatever the chunk, a merge writes the file a sort of the older run's pairs, then the
+    newer's, writes (the whole-run merge it replaced: equal pairs keep that order)."""
+    rng = np.random.default_rng(39)
+    for trial in range(40):
+        ties = trial % 2 == 0
+        runs = []
+        for ident in (1, 2):
+            path = str(shm_dir / f"{trial}-{ident}.run")
+            pairs = random_pairs(rng, int(rng.integers(1, 3000)), ties)
+            es_index.write_run(path, *pairs)
+            runs.append(es_index.Run(ident, path, len(pairs[0])))
+        older, newer = runs
+        chunk = int(rng.choice([1, 2, 3, 17, 256, 5000]))
+        merged, sorted_ = shm_dir / f"{trial}.merged", shm_dir / f"{trial}.sorted"
+        es_index.merge_runs(str(merged), older, newer, chunk)
+        es_index.write_run(str(sorted_), *es_index.sorted_pairs(
+            *(np.concatenate([getattr(older, c), getattr(newer, c)]) for c in ("hash", "a", "b"))))
+        assert merged.read_bytes() == sorted_.read_bytes(), (trial, chunk)
+        for run in runs:
+            run.close()
+
+
+def test_a_merge_holds_a_chunk_of_the_runs_not_both(shm_dir: Path) -> None:
+    """Merging runs of 200,000 pairs each allocates a few MiB (it used to load both runs
+    and sort them: about 20 MiB here, +80 MiB at a million pairs)."""
+    store = es_index.IndexStore(str(shm_dir), bytes(16), es_index.ORIGINATORS,
+                                pes.originator_bytes)
+    os.makedirs(store.path)
+    rng = np.random.default_rng(7)
+    older = store._run(1, *random_pairs(rng, 200_000, False))
+    newer = store._run(2, *random_pairs(rng, 200_000, False))
+    tracemalloc.start()
+    try:
+        merged = store._merge(older, newer, 3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    expected = es_index.sorted_pairs(
+        *(np.concatenate([getattr(older, c), getattr(newer, c)]) for c in ("hash", "a", "b")))
+    assert all((getattr(merged, c) == e).all() for c, e in zip(("hash", "a", "b"), expected))
+    for run in (older, newer, merged):
+        run.close()
+
+
+_MERGING_CHILD = r"""
+import sys, uuid
+from eventsourcing.persistence import StoredEvent
+from pmemwal.integrations import eventsourcing as pes
+from pmemwal.integrations.eventsourcing import stored_index as es_index
+es_index.MERGE_CHUNK = 16       # a merge of many steps, for the parent to kill it amid them
+store = pes.open_datastore(sys.argv[1], segment_size=1 << 24, checkpoint_interval=3600)
+for k in range(int(sys.argv[2]), int(sys.argv[3]), 100):
+    store.insert([StoredEvent(originator_id=uuid.UUID(int=1 + (k + j) % 50),
+                              originator_version=1 + (k + j) // 50, topic="t",
+                              state=b"%d" % (k + j)) for j in range(100)])
+print("checkpoint", flush=True)
+store.checkpoint()          # a run of the new pairs, merged into the stored one
+print("done", flush=True)
+store.close()
+"""
+
+
+def named_runs(index: Path) -> set[str]:
+    import json
+    return {f"{ident:016X}.run" for manifest in index.glob("*.manifest")
+            for ident, _ in json.loads(manifest.read_text())["runs"]}
+
+
+def test_a_merge_killed_midway_leaves_the_index_openable_and_whole(shm_dir: Path) -> None:
+    """SIGKILL at several points of a checkpoint that merges runs (a real child process):
+    the next open takes the last stored index (no warning), finds every event, and the
+    merge's unfinished file goes."""
+    import shutil
+    import signal
+    import subprocess
+    from conftest import child_env
+    base = shm_dir / "base"
+    store = pes.open_datastore(str(base), segment_size=1 << 24, checkpoint_interval=3600)
+    stored, added = 24_000, 4_000       # (4,000 pairs: over an eighth of 24,000, so merged)
+    for k in range(0, stored, 1000):
+        store.insert([StoredEvent(originator_id=uuid.UUID(int=1 + (k + j) % 50),
+                                  originator_version=1 + (k + j) // 50, topic="t",
+                                  state=b"%d" % (k + j)) for j in range(1000)])
+    store.close()
+    rng = np.random.default_rng(5)
+    cut_midway = 0
+    for trial in range(6):
+        path = shm_dir / f"trial-{trial}"
+        shutil.copytree(base, path)
+        index = path / es_index.INDEX_DIR
+        before = {p.name for p in index.glob("*.run")}
+        child = subprocess.Popen([sys.executable, "-c", _MERGING_CHILD, str(path), str(stored),
+                                  str(stored + added)], env=child_env(),
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline() == "checkpoint\n"
+            deadline = time.monotonic() + 10
+            while len({p.name for p in index.glob("*.run")} - before) < 2:  # merging
+                assert time.monotonic() < deadline and child.poll() is None, "no merge seen"
+                time.sleep(0.0002)
+            time.sleep(float(rng.uniform(0, 0.02)))
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait()
+        left = {p.name for p in index.glob("*.run")} - named_runs(index)
+        cut_midway += bool(left)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            store = pes.open_datastore(str(path), segment_size=1 << 24)
+        assert store.replayed_from > 1     # the stored index, and the inserts after it
+        assert store.max_notification_id() == stored + added
+        for n in range(50):
+            events = store.select_events(uuid.UUID(int=1 + n))
+            versions = (stored + added) // 50
+            assert [e.originator_version for e in events] == list(range(1, 1 + versions))
+            assert [e.state for e in events] == [b"%d" % (n + 50 * i) for i in range(len(events))]
+        last = store.select_events(uuid.UUID(int=7), desc=True, limit=1)
+        assert last[0].originator_version == (stored + added) // 50
+        store.close()               # (its checkpoint merges again, and collects the rest)
+        assert not {p.name for p in index.glob("*.run")} - named_runs(index)
+    assert cut_midway, "no kill landed between a merge's file and the manifest naming it"
+
+
+def test_events_whose_id_and_topic_join_alike_read_back_apart(shm_dir: Path) -> None:
+    """A read decodes each (ID, topic) once: "ab" + "c" and "a" + "bc" are two of them."""
+    store = reopen(shm_dir)
+    stored = [StoredEvent(originator_id="ab", originator_version=1, topic="c", state=b"1"),
+              StoredEvent(originator_id="a", originator_version=1, topic="bc", state=b"2"),
+              StoredEvent(originator_id="ab", originator_version=2, topic="c", state=b"3"),
+              StoredEvent(originator_id="a", originator_version=2, topic="bc", state=b"4")]
+    store.insert(stored)
+    got = store.select_notifications(None, 10)
+    assert [(n.originator_id, n.topic, n.state) for n in got] == \
+        [(e.originator_id, e.topic, e.state) for e in stored]
+    store.close()
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["hashes", "shared-hash"])
+def test_a_tag_of_many_positions_across_runs_reads_within_after_and_limit(
+        shm_dir: Path, monkeypatch, collide: bool) -> None:
+    if collide:
+        monkeypatch.setattr(es_index, "HASH_MASK", 0x3)
+    path = str(shm_dir / "dcb")
+    store = pes.open_dcb_datastore(path, segment_size=1 << 20)
+    tags = {}
+    for n in (1000, 100, 10, 30):           # three runs, then the tail
+        for _ in range(0, n, 10):
+            events = [DCBEvent(type=f"type-{k % 3}", data=b"", tags=[
+                "many", f"few-{k % 5}"] if k % 4 else [f"few-{k % 5}"]) for k in range(10)]
+            last = store.append(events)
+            for position, event in zip(range(last - 9, last + 1), events):
+                for tag in event.tags + [event.type]:
+                    tags.setdefault(tag, []).append(position)
+        if n != 30:
+            store.checkpoint()
+    assert len(store._index.runs) >= 3
+
+    def check(store) -> None:
+        for after in (None, 0, 5, 999, 1100, 1139):
+            for limit in (None, 1, 3, 500):
+                for query, expected in (
+                        (DCBQuery(items=[DCBQueryItem(tags=["many"])]), tags["many"]),
+                        (DCBQuery(items=[DCBQueryItem(tags=["many", "few-2"])]),
+                         sorted(set(tags["many"]) & set(tags["few-2"]))),
+                        (DCBQuery(items=[DCBQueryItem(types=["type-1"], tags=["few-1"]),
+                                         DCBQueryItem(tags=["few-3"])]),
+                         sorted(set(tags["few-1"]) & set(tags["type-1"]) | set(tags["few-3"])))):
+                    expected = [p for p in expected if p > (after or 0)][:limit]
+                    got, _ = store.read(query, after=after, limit=limit)
+                    assert [e.position for e in got] == expected, (after, limit, query)
+
+    check(store)
+    store.close()
+    store = pes.open_dcb_datastore(path, segment_size=1 << 20)
+    check(store)
+    store.close()
+
+
+def test_the_read_benchmark_runs_quick() -> None:
+    """benchmarks/es_read.py --quick: every measurement, against eventsourcing.sqlite."""
+    import subprocess
+    from conftest import REPO_ROOT, child_env
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "es_read.py"), "--quick"],
+                         env=child_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("x |") == 6, out.stdout      # six rows, each with its ratio
+    assert "pmemwal: 2,000 versions / 10 versions" in out.stdout

@@ -2,7 +2,7 @@
 replays only the entries appended after it, as the Log does with its own
 (pmemwal/log_index.py).
 
-Concern: the storage of one datastore's index (pmemwal/integrations/eventsourcing.py keeps
+Concern: the storage of one datastore's index (index.py keeps
 what the index means).  A *row* is a notification (in a DCB log, a position), numbered
 densely from 1: the log entry that holds its event, the event's offset in that entry's
 payload, and its *name* (the event's topic, or the DCB event's type: a number into the
@@ -46,10 +46,12 @@ notification ID; for a tag ``a`` and ``b`` are both a position.  Two keys may sh
 hash, so what a run finds is checked against the event itself (the caller's ``verify``).
 
 A checkpoint writes the rows added since the last one (synced), a run of the key pairs
-added since (synced, and the directory), merged runs (the same), then the manifest
-(synced, and the directory), then the next STATE slot: a slot never names rows or a file
-that is not durable.  The newest run is merged into the one before while it is at least
-an eighth of its size, so a key takes a few binary searches.  Files that neither slot's
+added since (synced), merged runs (each a new file, synced), the directory, then the
+manifest (synced, and the directory), then the next STATE slot: a slot never names rows or
+a file that is not durable, and no file is written over once named.  The newest run is
+merged into the one before while it is at least an eighth of its size, so a key takes a
+few binary searches; a merge streams both runs into its file a chunk at a time, so its
+memory does not follow their size.  Files that neither slot's
 manifest names go after the slot is written.  An open that finds the stored index
 unusable writes a slot that names nothing before it replays, so no older slot comes back.
 """
@@ -63,7 +65,8 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,6 +83,7 @@ RUN_MAGIC = b"PWESRUN1"
 VERSION = 1
 ORIGINATORS, TAGS = 1, 2                    # flavors
 FANOUT = 8                                  # runs merge while the newer is >= 1/FANOUT of the older
+MERGE_CHUNK = 1 << 14                       # pairs a merge takes from each run at a time
 ROW = np.dtype([("entry", "<i8"), ("offset", "<u4"), ("name", "<i4")])
 _BODY = struct.Struct("<8sIIQ16sQQIIQQ")
 _RUN_HEADER = struct.Struct("<8sQ16x")
@@ -144,17 +148,29 @@ class Run:
         self.a = np.frombuffer(self._map, "<i8", count, at + 8 * count)
         self.b = np.frombuffer(self._map, "<i8", count, at + 16 * count)
 
-    def find(self, h: int) -> tuple[np.ndarray, np.ndarray]:
-        """The (a, b) pairs of hash ``h``, sorted by a, copied."""
-        h = np.uint64(h)
-        lo = int(np.searchsorted(self.hash, h, "left"))
-        if lo == self.count or self.hash[lo] != h:
+    def span(self, h: int) -> tuple[int, int]:
+        """The positions [lo, hi) of hash ``h``'s pairs: two binary searches."""
+        key = np.uint64(h)
+        lo = int(np.searchsorted(self.hash, key, "left"))
+        if lo == self.count or self.hash[lo] != key:
+            return lo, lo
+        return lo, int(np.searchsorted(self.hash, key, "right"))
+
+    def between(self, h: int, gt: int | None, lte: int | None
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """The (a, b) pairs of hash ``h`` with gt < a <= lte, sorted by a: views of the
+        map (the caller copies what it keeps before the run may close), found by binary
+        search, so a key's lookup does not follow its number of pairs."""
+        lo, hi = self.span(h)
+        if lo == hi:
             return _NONE, _NONE
-        hi = int(np.searchsorted(self.hash, h, "right"))
-        return self.a[lo:hi].copy(), self.b[lo:hi].copy()
+        a = self.a[lo:hi]
+        i = 0 if gt is None else int(np.searchsorted(a, gt, "right"))
+        j = hi - lo if lte is None else int(np.searchsorted(a, lte, "right"))
+        return a[i:j], self.b[lo + i:lo + j]
 
     def close(self) -> None:
-        self.hash = self.a = self.b = _NONE     # (lookups copy what they take)
+        self.hash = self.a = self.b = _NONE     # (lookups copy what they keep)
         close_map(self._map)
 
 
@@ -163,9 +179,29 @@ _NONE = np.empty(0, np.int64)
 
 def write_run(path: str, hashes: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
     """A run file of these pairs (sorted by the caller), synced."""
-    _write_file(path, [_RUN_HEADER.pack(RUN_MAGIC, len(hashes))] +
-                [np.ascontiguousarray(column, dtype).view(np.uint8)
-                 for column, dtype in ((hashes, "<u8"), (a, "<i8"), (b, "<i8"))])
+    with _new_run(path) as fd:
+        _write_at(fd, _RUN_HEADER.pack(RUN_MAGIC, len(hashes)), 0)
+        at = _RUN_HEADER.size
+        for column, dtype in ((hashes, "<u8"), (a, "<i8"), (b, "<i8")):
+            _write_at(fd, np.ascontiguousarray(column, dtype), at)
+            at += 8 * len(hashes)
+
+
+@contextmanager
+def _new_run(path: str) -> Iterator[int]:
+    """A new run file's descriptor, to write whole; synced (``sync_run``) and closed after."""
+    with storage_errors(f"writing {path}"):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            yield fd
+            sync_run(fd)
+        finally:
+            os.close(fd)
+
+
+def sync_run(fd: int) -> None:
+    """A run file's data durable before anything names it."""
+    os.fdatasync(fd)
 
 
 def _write_file(path: str, parts: list) -> None:
@@ -182,10 +218,96 @@ def _write_file(path: str, parts: list) -> None:
             os.close(fd)
 
 
+def merge_runs(path: str, older: Run, newer: Run, chunk: int | None = None) -> None:
+    """A run file of both runs' pairs, synced: sorted by (hash, a), and among equal pairs
+    ``older``'s first (a stable sort of older's then newer's pairs).  Written chunk by chunk
+    (each column's part at its place), so memory follows ``chunk``, not the runs."""
+    count, base = older.count + newer.count, _RUN_HEADER.size
+    with _new_run(path) as fd:
+        _write_at(fd, _RUN_HEADER.pack(RUN_MAGIC, count), 0)
+        done = 0
+        for columns in _merged(older, newer, chunk or MERGE_CHUNK):
+            for k, column in enumerate(columns):
+                _write_at(fd, column, base + 8 * (k * count + done))
+            done += len(columns[0])
+
+
+def _merged(older: Run, newer: Run, chunk: int
+            ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The (hash, a, b) columns of both runs' pairs in order, a part at a time: each part
+    is every pair up to the smaller of the two next chunks' last pairs (ties included), so
+    what follows sorts after it."""
+    i = j = 0
+    while i < older.count or j < newer.count:
+        ends = [(int(run.hash[at + chunk - 1]), int(run.a[at + chunk - 1]))
+                for run, at in ((older, i), (newer, j)) if at + chunk < run.count]
+        if ends:
+            h, a = min(ends)
+            stop_i, stop_j = _upper(older, h, a), _upper(newer, h, a)
+        else:
+            stop_i, stop_j = older.count, newer.count
+        hashes = np.concatenate([older.hash[i:stop_i], newer.hash[j:stop_j]])
+        values = np.concatenate([older.a[i:stop_i], newer.a[j:stop_j]])
+        order = np.lexsort((values, hashes))    # (stable: older's first among equal pairs)
+        yield (hashes[order], values[order],
+               np.concatenate([older.b[i:stop_i], newer.b[j:stop_j]])[order])
+        i, j = stop_i, stop_j
+
+
+def _upper(run: Run, h: int, a: int) -> int:
+    """How many of ``run``'s pairs sort at or before (h, a)."""
+    lo, hi = run.span(h)
+    return lo + int(np.searchsorted(run.a[lo:hi], a, "right"))
+
+
+def _write_at(fd: int, part: bytes | np.ndarray, offset: int) -> None:
+    data = memoryview(part if isinstance(part, bytes) else part.data).cast("B")
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
+
+
 def sorted_pairs(hashes: np.ndarray, a: np.ndarray, b: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order = np.lexsort((a, hashes))
     return hashes[order], a[order], b[order]
+
+
+class _ListSpan:
+    """values[i:j] of a tail's list, sliced further without copying the rest."""
+
+    __slots__ = ("values", "i", "j")
+
+    def __init__(self, values: list[int], i: int, j: int) -> None:
+        self.values, self.i, self.j = values, i, j
+
+    def __len__(self) -> int:
+        return self.j - self.i
+
+    def __getitem__(self, span: slice) -> list[int]:
+        lo, hi, _ = span.indices(self.j - self.i)
+        return self.values[self.i + lo:self.i + hi]
+
+
+def _take(a, b, desc: bool, limit: int | None, upto: int | None  # type: ignore[no-untyped-def]
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``limit`` pairs with b <= upto of sorted pairs (a run's views or a tail's
+    span), from the end when ``desc``, copied.  Pairs over ``upto`` (not durable yet) are
+    few and recent: the window read doubles past them."""
+    size = len(a)
+    window = size if limit is None else min(limit, size)
+    while True:
+        lo, hi = (size - window, size) if desc else (0, window)
+        wa, wb = np.array(a[lo:hi], np.int64), np.array(b[lo:hi], np.int64)
+        if desc:
+            wa, wb = wa[::-1], wb[::-1]
+        if upto is not None:
+            keep = wb <= upto
+            if not keep.all():
+                wa, wb = wa[keep], wb[keep]
+        if limit is None or len(wa) >= limit or window == size:
+            return wa[:limit], wb[:limit]
+        window = min(size, 2 * window)
 
 
 # ---- the index in memory: rows, names, keys, tracking ----------------------------------
@@ -323,24 +445,38 @@ class StoredIndex:
                                     last - self.durable_rows]
         return recent if stored is None else np.concatenate([stored, recent])
 
-    def pairs(self, key: Hashable) -> tuple[np.ndarray, np.ndarray, bool]:
-        """(a, b) of ``key``'s pairs sorted by a, and whether a run gave some (which a
-        caller checks against the events: another key may share the hash)."""
+    def key_pairs(self, key: Hashable, gt: int | None = None, lte: int | None = None,
+                  desc: bool = False, limit: int | None = None, upto: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, bool]:
+        """(a, b) of ``key``'s pairs with gt < a <= lte and b <= upto, sorted by a (descending
+        when ``desc``), the first ``limit`` of them, and whether a run gave some (which a
+        caller checks against the events: another key may share the hash).  Each run, and
+        the tails, are searched (bisect): what is copied is what is given, not the key's
+        every pair."""
         parts: list[tuple[np.ndarray, np.ndarray]] = []
+        from_runs = False
         if self.runs:
             h = key_hash(self._tagged(key))
-            parts = [run.find(h) for run in self.runs]
-        from_runs = any(len(p[0]) for p in parts)
+            for run in self.runs:
+                a, b = run.between(h, gt, lte)
+                if len(a):
+                    parts.append(_take(a, b, desc, limit, upto))
+                    from_runs = True
         for held in (self.frozen.get(key), self.tail.get(key)):
             if held is not None:
-                parts.append((np.asarray(held[0], np.int64), np.asarray(held[1], np.int64)))
+                values, bs = held
+                i = 0 if gt is None else bisect.bisect_right(values, gt)
+                j = len(values) if lte is None else bisect.bisect_right(values, lte)
+                if i < j:
+                    parts.append(_take(_ListSpan(values, i, j), _ListSpan(bs, i, j), desc,
+                                       limit, upto))
         parts = [p for p in parts if len(p[0])]
         if not parts:
-            return _NONE, _NONE, False
+            return _NONE, _NONE, from_runs
         if len(parts) == 1:
             return parts[0][0], parts[0][1], from_runs
         a, b = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-        order = np.argsort(a, kind="stable")
+        order = np.argsort(-a if desc else a, kind="stable")[:limit]
         return a[order], b[order], from_runs
 
     def has_pair(self, key: Hashable, a: int, verify: Callable[[int], bool]) -> bool:
@@ -353,8 +489,8 @@ class StoredIndex:
         if self.runs:
             h = key_hash(self._tagged(key))
             for run in self.runs:
-                values, bs = run.find(h)
-                if len(values) and any(verify(b) for b in bs[values == a].tolist()):
+                _, bs = run.between(h, a - 1, a)
+                if any(verify(b) for b in bs.tolist()):
                     return True
         return False
 
@@ -526,9 +662,9 @@ class IndexStore:
         return self._run(ident, *sorted_pairs(hashes, a, b))
 
     def _merge(self, older: Run, newer: Run, ident: int) -> Run:
-        return self._run(ident, *sorted_pairs(np.concatenate([older.hash, newer.hash]),
-                                              np.concatenate([older.a, newer.a]),
-                                              np.concatenate([older.b, newer.b])))
+        path = self._file(ident, "run")
+        merge_runs(path, older, newer)
+        return Run(ident, path, older.count + newer.count)
 
     def _run(self, ident: int, hashes: np.ndarray, a: np.ndarray, b: np.ndarray) -> Run:
         path = self._file(ident, "run")
