@@ -341,6 +341,42 @@ static int fetch_step(const wal_src *s, void *arg)
     return wal_fetch(s, p->lsns, p->count, &p->done, p->b, &p->bad);
 }
 
+/* scan(lsn, expect_prev, stop_lsn, check_body=True)
+ *   -> (status, end_lsn, last_lsn, count, bytes, bad_lsn)
+ * The chain from lsn to stop_lsn or the first record that fails, each record checked whole
+ * (a count: wal_fill without arrays or data, without the GIL); without check_body, headers
+ * alone (wal_follow). */
+PyObject *Reader_scan(ReaderObject *self, PyObject *args)
+{
+    unsigned long long lsn, stop;
+    long long expect;
+    int check_body = 1;
+    if (!PyArg_ParseTuple(args, "KLK|p", &lsn, &expect, &stop, &check_body))
+        return NULL;
+    reader_call c;
+    if (call_begin(self, &c) < 0)
+        return NULL;
+    uint64_t prev = expect < 0 ? WAL_ANY_PREV : (uint64_t)expect;
+    wal_scan_result r = {0};
+    if (check_body) {
+        c.hold = 1;
+        wal_batch count = {.cap = SIZE_MAX, .data_cap = UINT64_MAX};
+        batch_pos p = {&count, lsn, prev, stop, 0, NULL, 0, 0};
+        r.status = unlocked(&c, fill_step, &p);
+        if (r.status < 0)
+            return call_done(&c, NULL);
+        r.end_lsn = p.lsn;
+        r.last_lsn = p.prev == WAL_ANY_PREV ? 0 : p.prev;
+        r.count = count.n;
+        r.bytes = count.data_used;
+        r.bad_lsn = r.status ? p.bad : 0;
+    } else {
+        wal_follow(&c.src, lsn, prev, stop, &r);
+    }
+    return call_done(&c, Py_BuildValue("(iKKKKK)", r.status, r.end_lsn, r.last_lsn, r.count,
+                                       r.bytes, r.bad_lsn));
+}
+
 /* fill(lsn, expect_prev, stop_lsn, max_records, max_bytes)
  *   -> (status, next_lsn, last_lsn, bad_lsn, lsns, prev_lsns, lengths, offsets, data)
  * The chain from lsn, void records stepped over, until stop_lsn, max_records records or

@@ -308,24 +308,6 @@ static PyObject *Reader_payload(ReaderObject *self, PyObject *args)
     return call_done(&c, out);
 }
 
-/* scan(lsn, expect_prev, stop_lsn) -> (status, end_lsn, last_lsn, count, bytes, bad_lsn) */
-static PyObject *Reader_scan(ReaderObject *self, PyObject *args)
-{
-    unsigned long long lsn, stop;
-    long long expect;
-    int check_body = 1;
-    if (!PyArg_ParseTuple(args, "KLK|p", &lsn, &expect, &stop, &check_body))
-        return NULL;
-    reader_call c;
-    if (call_begin(self, &c) < 0)
-        return NULL;
-    wal_scan_result r;
-    (check_body ? wal_scan : wal_follow)(&c.src, lsn,
-                                         expect < 0 ? WAL_ANY_PREV : (uint64_t)expect, stop, &r);
-    return call_done(&c, Py_BuildValue("(iKKKKK)", r.status, r.end_lsn, r.last_lsn, r.count,
-                                           r.bytes, r.bad_lsn));
-}
-
 /* heads(lsn, expect_prev, stop_lsn, head_bytes, max_count)
  *   -> (status, next_lsn, last_lsn, lsns, lengths, heads)
  * Follows the chain like scan(), at most max_count records, and returns each valid record's

@@ -68,6 +68,7 @@ PyObject *call_done(reader_call *c, PyObject *result);
  * getter's exception. */
 int call_take(reader_call *c, uint64_t segno);
 
+PyObject *Reader_scan(ReaderObject *self, PyObject *args);
 PyObject *Reader_fill(ReaderObject *self, PyObject *args);
 PyObject *Reader_fetch(ReaderObject *self, PyObject *args);
 PyObject *Reader_records(ReaderObject *self, PyObject *args);

@@ -16,14 +16,37 @@ static int room(wal_batch *b, uint64_t len)
     return 0;
 }
 
+/* put -- one more record in the batch: its fields in the arrays (when it has them: a count
+ * has none), its payload already at data + data_used. */
+static void put(wal_batch *b, uint64_t lsn, uint64_t prev, uint32_t len, uint32_t crc,
+                uint64_t next)
+{
+    if (b->lsn) {
+        b->lsn[b->n] = lsn;
+        b->prev[b->n] = prev;
+        b->len[b->n] = len;
+        b->off[b->n] = b->data_used;
+        if (b->crc) {
+            b->crc[b->n] = crc;
+            b->next[b->n] = next;
+        }
+    }
+    b->data_used += len;
+    b->n++;
+}
+
 static void push(wal_batch *b, const wal_record *r)
 {
-    b->lsn[b->n] = r->lsn;
-    b->prev[b->n] = r->prev_lsn;
-    b->len[b->n] = r->length;
-    b->off[b->n] = b->data_used;
-    b->data_used += r->length;
-    b->n++;
+    put(b, r->lsn, r->prev_lsn, r->length, r->crc, r->next_lsn);
+}
+
+/* check_copy -- the CRC of a record's header bytes 4..23 (hdr) and its payload (len bytes at
+ * src), copied to the batch's data where it has one (a count checks alone). */
+static uint32_t check_copy(wal_batch *b, const void *hdr, const uint8_t *src, uint32_t len)
+{
+    if (!b->data)
+        return crc32c_update(crc32c_update(0, hdr, WAL_REC_HDR - 4), src, len);
+    return crc32c_copy_after(hdr, WAL_REC_HDR - 4, b->data + b->data_used, src, len);
 }
 
 /* checked_page -- the page at page_lsn, its header valid (rule 2), remembered for the next
@@ -69,8 +92,7 @@ static int read_in_page(const wal_src *s, wal_batch *b, uint64_t lsn, uint64_t e
         return WAL_BAD_POSITION;
     if (!room(b, h.length))
         return WAL_BATCH_FULL;
-    if (crc32c_copy_after((const uint8_t *)&h + 4, WAL_REC_HDR - 4, b->data + b->data_used,
-                          at + WAL_REC_HDR, h.length) != h.crc)
+    if (check_copy(b, (const uint8_t *)&h + 4, at + WAL_REC_HDR, h.length) != h.crc)
         return WAL_BAD_POSITION;
     memset(r, 0, sizeof(*r));
     r->lsn = r->bad_lsn = r->payload_lsn = lsn;
@@ -99,7 +121,7 @@ static int read_walking(const wal_src *s, wal_batch *b, uint64_t lsn, uint64_t e
         return st;
     if (!room(b, r->length))
         return WAL_BATCH_FULL;
-    return wal_read_into(s, lsn, expect_prev, r, b->data + b->data_used);
+    return wal_read_into(s, lsn, expect_prev, r, b->data ? b->data + b->data_used : NULL);
 }
 
 int wal_batch_read(const wal_src *s, wal_batch *b, uint64_t lsn, uint64_t expect_prev,
@@ -129,15 +151,9 @@ static void page_run(wal_batch *b, uint64_t *lsn, uint64_t *prev, uint64_t stop_
         if (h.info != WAL_REC_DATA || off + size >= WAL_PAGE_SIZE || h.prev_lsn != *prev ||
             b->n >= b->cap || b->data_used + h.length > b->data_cap)
             return;
-        if (crc32c_copy_after((const uint8_t *)&h + 4, WAL_REC_HDR - 4, b->data + b->data_used,
-                              page + off + WAL_REC_HDR, h.length) != h.crc)
+        if (check_copy(b, (const uint8_t *)&h + 4, page + off + WAL_REC_HDR, h.length) != h.crc)
             return;
-        b->lsn[b->n] = *lsn;
-        b->prev[b->n] = h.prev_lsn;
-        b->len[b->n] = h.length;
-        b->off[b->n] = b->data_used;
-        b->data_used += h.length;
-        b->n++;
+        put(b, *lsn, h.prev_lsn, h.length, h.crc, *lsn + size);
         *prev = *lsn;
         *lsn += size;
     }

@@ -20,10 +20,13 @@
 
 /* wal_batch -- the records read so far, in arrays of room `cap` the caller provides;
  * payload i is data[off[i] .. off[i] + len[i]).  want: set when the first record of a call
- * did not fit in data_cap (its length): give it that much room and call again. */
+ * did not fit in data_cap (its length): give it that much room and call again.  Without
+ * arrays (lsn NULL) and data (NULL) a batch counts the records and their payload bytes
+ * (n, data_used), each checked all the same; crc and next (each record's CRC and the LSN
+ * after it) are filled when given. */
 typedef struct wal_batch {
-    uint64_t *lsn, *prev, *off;
-    uint32_t *len;
+    uint64_t *lsn, *prev, *off, *next;
+    uint32_t *len, *crc;
     size_t cap, n;
     uint8_t *data;
     uint64_t data_cap, data_used, want;

@@ -297,7 +297,7 @@ def test_a_truncation_right_after_a_read_leaves_the_record_read_whole(wal_dir, m
         def truncate_past_it() -> None:
             wal.truncate(first_lsn(wal.first_lsn // SEG + 1, SEG))
 
-        reads = {"records_at": lambda lsn: wal.record(lsn),
+        reads = {"record": lambda lsn: wal.record(lsn),
                  "records": lambda lsn: next(wal.records(lsn)),
                  "fetch": lambda lsn: next(iter(wal.read_many([lsn]))),
                  "fill": lambda lsn: next(iter(next(wal.scan(lsn))))}
@@ -401,7 +401,7 @@ def test_a_read_that_close_overtakes_raises_closed_error(wal_dir, mode):
     """close() lands just before a read's native call: the call's first segment is refused
     (a mapping made after close would never be let go)."""
     for method, read in (("records", lambda wal, lsn: next(wal.records(lsn))),
-                         ("records_at", lambda wal, lsn: wal.record(lsn)),
+                         ("record", lambda wal, lsn: wal.record(lsn)),
                          ("fill", lambda wal, lsn: next(wal.scan(lsn)))):
         wal = pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False)
         lsns = _fill(wal, 3)

@@ -59,11 +59,12 @@ def _translated() -> Iterator[None]:
 
 
 def read_payloads(log: pmemwal.Log, indices: Sequence[int]) -> list[memoryview]:
-    """The payloads of log entries ``indices``, in that order (zero-copy views): every read
-    of events goes through here, one call for what a read needs.  LogIndexError for an
-    index the log does not hold."""
-    entry = log.entry
-    return [entry(i).payload for i in indices]
+    """The payloads of log entries ``indices``, in that order (views of one buffer, read in
+    one native call): every read of events goes through here, one call for what a read
+    needs.  LogIndexError for an index the log does not hold."""
+    if not indices:
+        return []
+    return log.entries_at(indices).payloads()
 
 
 _T = TypeVar("_T")
