@@ -218,6 +218,8 @@ typedef struct {
     wal_batch b;
 } batch_out;
 
+#define RECORD_FIELDS 40 /* bytes of the arrays a record takes: lsn, prev, off, next, len, crc */
+
 /* out_layout -- the arrays and the payloads at their places in the block. */
 static void out_layout(batch_out *o, size_t cap, uint64_t data_cap)
 {
@@ -225,30 +227,32 @@ static void out_layout(batch_out *o, size_t cap, uint64_t data_cap)
     o->b.lsn = (uint64_t *)mem;
     o->b.prev = o->b.lsn + cap;
     o->b.off = o->b.prev + cap;
-    o->b.len = (uint32_t *)(o->b.off + cap);
-    o->b.data = (uint8_t *)(o->b.len + cap);
+    o->b.next = o->b.off + cap;
+    o->b.len = (uint32_t *)(o->b.next + cap);
+    o->b.crc = o->b.len + cap;
+    o->b.data = (uint8_t *)(o->b.crc + cap);
     o->b.cap = cap;
     o->b.data_cap = data_cap;
 }
 
-/* out_block -- a block for cap records (even: the payloads start 8-byte aligned) and
- * data_cap payload bytes in o->buf (its old block given back); -1 with an exception. */
+/* out_block -- a block for cap records (RECORD_FIELDS bytes each) and data_cap payload bytes
+ * in o->buf (its old block given back); -1 with an exception. */
 static int out_block(batch_out *o, size_t cap, uint64_t data_cap)
 {
-    cap += cap & 1;
-    if (data_cap > PY_SSIZE_T_MAX - 28 * cap) {
+    if (cap > (size_t)PY_SSIZE_T_MAX / RECORD_FIELDS ||
+        data_cap > PY_SSIZE_T_MAX - RECORD_FIELDS * cap) {
         PyErr_NoMemory();
         return -1;
     }
     size_t got;
-    uint8_t *mem = block_take(28 * cap + data_cap, &got);
+    uint8_t *mem = block_take(RECORD_FIELDS * cap + data_cap, &got);
     if (!mem)
         return -1;
     if (o->buf->mem)
         block_give(o->buf->mem, o->buf->size);
     o->buf->mem = mem;
     o->buf->size = got;
-    out_layout(o, cap, got - 28 * cap);
+    out_layout(o, cap, got - RECORD_FIELDS * cap);
     return 0;
 }
 
@@ -289,8 +293,8 @@ static int out_run(reader_call *c, batch_out *o, batch_step step, void *arg)
     }
 }
 
-/* out_arrays -- (lsns, prev_lsns, lengths, offsets, data): memoryviews of the block, cut
- * to what was read; the block's owner goes with them. */
+/* out_arrays -- (lsns, prev_lsns, lengths, offsets, data, crcs, next_lsns): memoryviews of
+ * the block, cut to what was read; the block's owner goes with them. */
 static PyObject *out_arrays(batch_out *o)
 {
     uint8_t *mem = o->buf->mem;
@@ -300,13 +304,14 @@ static PyObject *out_arrays(batch_out *o)
     Py_CLEAR(o->buf);
     if (!whole)
         return NULL;
-    Py_ssize_t at[5][2] = {
+    Py_ssize_t at[7][2] = {
         {(uint8_t *)o->b.lsn - mem, 8 * n}, {(uint8_t *)o->b.prev - mem, 8 * n},
         {(uint8_t *)o->b.len - mem, 4 * n}, {(uint8_t *)o->b.off - mem, 8 * n},
-        {o->b.data - mem, o->b.data_used},
+        {o->b.data - mem, o->b.data_used}, {(uint8_t *)o->b.crc - mem, 4 * n},
+        {(uint8_t *)o->b.next - mem, 8 * n},
     };
-    PyObject *t = PyTuple_New(5);
-    for (int i = 0; t && i < 5; i++) {
+    PyObject *t = PyTuple_New(7);
+    for (int i = 0; t && i < 7; i++) {
         PyObject *part = PySequence_GetSlice(whole, at[i][0], at[i][0] + at[i][1]);
         if (!part)
             Py_CLEAR(t);
@@ -378,12 +383,13 @@ PyObject *Reader_scan(ReaderObject *self, PyObject *args)
 }
 
 /* fill(lsn, expect_prev, stop_lsn, max_records, max_bytes)
- *   -> (status, next_lsn, last_lsn, bad_lsn, lsns, prev_lsns, lengths, offsets, data)
+ *   -> (status, next_lsn, last_lsn, bad_lsn, (lsns, prev_lsns, lengths, offsets, data,
+ *       crcs, next_lsns))
  * The chain from lsn, void records stepped over, until stop_lsn, max_records records or
  * max_bytes of payload (a first record larger than that comes alone), or a failure (status
  * nonzero, next_lsn the failing record).  last_lsn: the last record read, void ones
  * included (0: none), the next call's expect_prev.  The arrays are native-endian u64 (u32
- * for lengths) bytes; payload i is data[offsets[i]:offsets[i] + lengths[i]]. */
+ * for lengths and crcs) bytes; payload i is data[offsets[i]:offsets[i] + lengths[i]]. */
 PyObject *Reader_fill(ReaderObject *self, PyObject *args)
 {
     unsigned long long lsn, stop;

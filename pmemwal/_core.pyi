@@ -113,13 +113,11 @@ class Reader:
               ) -> tuple[int, int, int, bytes, bytes, bytes]:
         """(status, next_lsn, last_lsn, lsns (u64s), lengths (u32s), heads)."""
     def fill(self, lsn: int, expect_prev: int, stop_lsn: int, max_records: int, max_bytes: int, /
-             ) -> tuple[int, int, int, int, tuple[memoryview, memoryview, memoryview,
-                                                  memoryview, memoryview]]:
-        """(status, next_lsn, last_lsn, bad_lsn, (lsns, prev_lsns, lengths, offsets, data)):
-        the chain from lsn in one batch, read without the GIL."""
+             ) -> tuple[int, int, int, int, tuple[memoryview, ...]]:
+        """(status, next_lsn, last_lsn, bad_lsn, (lsns, prev_lsns, lengths, offsets, data,
+        crcs, next_lsns)): the chain from lsn in one batch, read without the GIL."""
     def fetch(self, lsns: ReadableBuffer | np.ndarray, max_bytes: int, /
-              ) -> tuple[int, int, int, tuple[memoryview, memoryview, memoryview,
-                                              memoryview, memoryview]]:
+              ) -> tuple[int, int, int, tuple[memoryview, ...]]:
         """(status, done, bad_lsn, arrays): the records at lsns (u64s), in one batch."""
     def records(self, lsn: int, expect_prev: int, stop_lsn: int, max_records: int,
                 max_bytes: int, /) -> tuple[int, int, int, int, list[Record]]:

@@ -40,9 +40,10 @@ class RecordBatch:
     data: np.ndarray
 
     @classmethod
-    def from_native(cls, lsns: memoryview, prev_lsns: memoryview, lengths: memoryview,
-                    offsets: memoryview, data: memoryview) -> RecordBatch:
-        """The batch of what the native reader handed back (Reader.fill and Reader.fetch)."""
+    def from_native(cls, arrays: tuple[memoryview, ...]) -> RecordBatch:
+        """The batch of what the native reader handed back (Reader.fill and Reader.fetch:
+        lsns, prev_lsns, lengths, offsets, data, then fields a batch leaves out)."""
+        lsns, prev_lsns, lengths, offsets, data = arrays[:5]
         return cls(np.frombuffer(lsns, np.uint64), np.frombuffer(prev_lsns, np.uint64),
                    np.frombuffer(lengths, np.uint32), np.frombuffer(offsets, np.uint64),
                    np.frombuffer(data, np.uint8))

@@ -327,7 +327,7 @@ class WAL(Opening):
         while lsn < end:
             status, lsn, last, _, arrays = self._reader.fill(lsn, prev, end, max_records,
                                                              max_bytes)
-            batch = RecordBatch.from_native(*arrays)
+            batch = RecordBatch.from_native(arrays)
             if len(batch):
                 self._check_copied(int(batch.lsns[0]))
                 yield batch
@@ -357,7 +357,7 @@ class WAL(Opening):
         while done < len(want):
             status, n, _, arrays = self._reader.fetch(want[done:], max_bytes)
             if n:
-                parts.append(RecordBatch.from_native(*arrays))
+                parts.append(RecordBatch.from_native(arrays))
             done += n
             if status:
                 return concat(parts), (int(want[done]), status)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+from functools import partial
 from typing import Iterator
 
 from pmemwal import _core
@@ -28,6 +29,8 @@ from pmemwal.tools.inspect.dump import RecordLines
 from pmemwal.tools.inspect.results import _END, _LIVE_RETRIES, End, Problem, RecordInfo
 
 _NO_SEGMENT = 1               # wal_status: WAL_NO_SEGMENT (native/wal_reader.h)
+_BATCH, _BATCH_BYTES = 4096, 1 << 20  # records (payload bytes) one native read takes at most
+_record_info = partial(tuple.__new__, RecordInfo)  # (RecordInfo(*fields), in C)
 
 
 class WalView(DirectoryChecks, RecordLines):
@@ -218,14 +221,13 @@ class Records:
                     if status == 0:  # it stopped at stop_lsn: a limit (above), not the end
                         continue
                 else:
-                    status, _, nxt, prv, length, crc, _, _, bad, void = reader.read(lsn, prev)
-                    if status == 0 and void:
-                        prev, lsn = lsn, nxt
-                        continue
+                    room = _BATCH if self.limit is None else min(_BATCH, self.limit - self.count)
+                    status, lsn, last, bad, arrays = reader.fill(lsn, prev, self.stop_lsn, room,
+                                                                 _BATCH_BYTES)
+                    yield from self._batch(arrays)
+                    if last:  # void records (closed ranges) move the chain, yield nothing
+                        prev = last
                     if status == 0:
-                        self._note(lsn, 1, length, lsn)
-                        yield RecordInfo(lsn, length, prv, crc, nxt)
-                        prev, lsn = lsn, nxt
                         continue
             end = self._stopped(lsn, status, bad)
             if end.kind == "damage" and retries < _LIVE_RETRIES and reader.read(lsn, prev)[0] == 0:
@@ -234,6 +236,15 @@ class Records:
                 continue
             self.end = end
             return
+
+    def _batch(self, arrays: tuple[memoryview, ...]) -> Iterator[RecordInfo]:
+        """The records of one native batch (Reader.fill), noted as read."""
+        lsn_a, prev_a, length_a, _, _, crc_a, next_a = arrays
+        lsns, prevs, nexts = (a.cast("Q").tolist() for a in (lsn_a, prev_a, next_a))
+        lengths, crcs = (a.cast("I").tolist() for a in (length_a, crc_a))
+        if lsns:
+            self._note(lsns[0], len(lsns), sum(lengths), lsns[-1])
+        return map(_record_info, zip(lsns, lengths, prevs, crcs, nexts))
 
     def _first(self) -> tuple[int, int]:
         """(status, lsn) where the walk begins: at ``start``, or at the first record of the
