@@ -118,7 +118,7 @@ class PmemwalJournal(_journal.Journal):
             base = n - len(self._recent)        # position of _recent[0]
             if step == 1 and start >= base:     # (stop may lie before start: then none)
                 return self._recent[start - base:max(stop, start) - base]
-            return [self._at(p, n) for p in range(start, stop, step)]
+            return self._read_many(range(start, stop, step), n)
         position = operator.index(item)
         if position < 0:
             position += n
@@ -170,6 +170,20 @@ class PmemwalJournal(_journal.Journal):
                 self._head = self._read(0)
             return self._head
         return self._read(position)
+
+    def _read_many(self, positions: range, n: int) -> list[Item]:
+        """Items ``positions`` of the ``n``: those older than what is kept in memory read from
+        the log in one call (a node loading its journal reads it all)."""
+        base, first = n - len(self._recent), self.log.first_index
+        read = iter(self.log.entries_at([first + p for p in positions if p < base]))
+        items = []
+        for p in positions:
+            if p < base:
+                entry = next(read)
+                items.append((entry.payload, entry.index, entry.term))
+            else:
+                items.append(self._recent[p - base])
+        return items
 
     def _read(self, position: int) -> Item:
         entry = self.log.entry(self.log.first_index + position)
