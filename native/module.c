@@ -975,6 +975,10 @@ static PyMethodDef module_methods[] = {
     {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, crc=0) -> int"},
     {"status_text", mod_status_text, METH_O, "status_text(status) -> str"},
     {"split", batch_split, METH_VARARGS, "split(data, offsets, lengths) -> [bytes]"},
+    {"heads", batch_heads, METH_VARARGS,
+     "heads(data, offsets, lengths, width) -> bytes: each payload's first width bytes"},
+    {"entries", batch_entries, METH_VARARGS,
+     "entries(type, indices, terms, data, offsets, lengths) -> [type(index, term, payload)]"},
     {"_crc32c_copy", mod_crc32c_copy, METH_VARARGS,
      "_crc32c_copy(dst, src, crc=0, how=1, repeat=1) -> int: how 0 CRC only, 1 copy, 2 streaming copy"},
 #ifdef PMEMWAL_TRACE
@@ -994,7 +998,7 @@ PyMODINIT_FUNC PyInit__core(void)
 {
     if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&ReaderType) < 0 ||
         PyType_Ready(&RecordType) < 0 ||
-        PyType_Ready(&BatchBufferType) < 0)
+        PyType_Ready(&BatchBufferType) < 0 || PyType_Ready(&UnchangedType) < 0)
         return NULL;
     PyObject *threading = PyImport_ImportModule("threading");
     PyObject *main = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
@@ -1013,9 +1017,11 @@ PyMODINIT_FUNC PyInit__core(void)
     Py_INCREF(&CoreType);
     Py_INCREF(&ReaderType);
     Py_INCREF(&RecordType);
+    Py_INCREF(&UnchangedType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0 ||
         PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
-        PyModule_AddObject(m, "Record", (PyObject *)&RecordType) < 0)
+        PyModule_AddObject(m, "Record", (PyObject *)&RecordType) < 0 ||
+        PyModule_AddObject(m, "Unchanged", (PyObject *)&UnchangedType) < 0)
         return NULL;
     PyModule_AddIntConstant(m, "CONTROL_SIZE", (long)sizeof(wal_shared));
     PyModule_AddIntConstant(m, "CONTROL_HEADER", WAL_CTL_HEADER);

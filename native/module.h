@@ -12,6 +12,7 @@
 extern PyTypeObject ReaderType;      /* module_reader.c */
 extern PyTypeObject RecordType;      /* module_batch.c */
 extern PyTypeObject BatchBufferType; /* module_batch.c */
+extern PyTypeObject UnchangedType;   /* module_batch.c */
 #pragma GCC visibility pop
 
 #endif

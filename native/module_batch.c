@@ -660,3 +660,169 @@ done:
     PyBuffer_Release(&len);
     return list;
 }
+
+/* heads(data, offsets, lengths, width) -> bytes: the first width bytes of each payload, one
+ * after another (zeros past a shorter one): what a batch's log headers are checked from as
+ * an array. */
+PyObject *batch_heads(PyObject *module, PyObject *args)
+{
+    (void)module;
+    Py_buffer data, off, len;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "y*y*y*n", &data, &off, &len, &width))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t n = off.len / 8;
+    if (len.len / 4 != n || width < 0 || width > 4096) {
+        PyErr_SetString(PyExc_ValueError, "heads: as many offsets as lengths, width 0..4096");
+        goto done;
+    }
+    if (!(out = PyBytes_FromStringAndSize(NULL, n * width)))
+        goto done;
+    uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(dst, 0, (size_t)(n * width));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t o = ((const uint64_t *)off.buf)[i], l = ((const uint32_t *)len.buf)[i];
+        if (o > (uint64_t)data.len || l > (uint64_t)data.len - o) {
+            PyErr_SetString(PyExc_ValueError, "heads: a payload past the end of the data");
+            Py_CLEAR(out);
+            goto done;
+        }
+        memcpy(dst + i * width, (const uint8_t *)data.buf + o, l < (uint64_t)width ? l : (size_t)width);
+    }
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&len);
+    return out;
+}
+
+/* entries(type, indices, terms, data, offsets, lengths) -> [type(index, term, payload)]: a
+ * Log batch's entries as instances of type (a tuple subclass of three: pmemwal.Entry), each
+ * payload bytes of its own (indices i64s, terms and offsets u64s, lengths u32s). */
+PyObject *batch_entries(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyTypeObject *type;
+    Py_buffer ix, tm, data, off, len;
+    if (!PyArg_ParseTuple(args, "O!y*y*y*y*y*", &PyType_Type, &type, &ix, &tm, &data, &off, &len))
+        return NULL;
+    PyObject *list = NULL;
+    Py_ssize_t n = ix.len / 8;
+    if (!PyType_IsSubtype(type, &PyTuple_Type) || tm.len / 8 != n || off.len / 8 != n ||
+        len.len / 4 != n) {
+        PyErr_SetString(PyExc_ValueError, "entries: a tuple type, and as many indices, terms, "
+                                          "offsets and lengths");
+        goto done;
+    }
+    if (!(list = PyList_New(n)))
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t o = ((const uint64_t *)off.buf)[i], l = ((const uint32_t *)len.buf)[i];
+        PyObject *entry = NULL;
+        if (o > (uint64_t)data.len || l > (uint64_t)data.len - o)
+            PyErr_SetString(PyExc_ValueError, "entries: a payload past the end of the data");
+        else if ((entry = type->tp_alloc(type, 3))) {
+            PyObject *index = PyLong_FromLongLong(((const long long *)ix.buf)[i]);
+            PyObject *term = PyLong_FromUnsignedLongLong(((const uint64_t *)tm.buf)[i]);
+            PyObject *payload = PyBytes_FromStringAndSize((const char *)data.buf + o, (Py_ssize_t)l);
+            PyTuple_SET_ITEM(entry, 0, index);
+            PyTuple_SET_ITEM(entry, 1, term);
+            PyTuple_SET_ITEM(entry, 2, payload);
+            if (!index || !term || !payload)
+                Py_CLEAR(entry);
+            else if (PyObject_IS_GC(entry) && type->tp_dictoffset == 0)
+                PyObject_GC_UnTrack(entry); /* (ints and bytes: no cycle; what the collector
+                                               would find out itself, at a cost per entry) */
+        }
+        if (!entry) {
+            Py_CLEAR(list);
+            goto done;
+        }
+        PyList_SET_ITEM(list, i, entry);
+    }
+done:
+    PyBuffer_Release(&ix);
+    PyBuffer_Release(&tm);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&len);
+    return list;
+}
+
+/*
+ * pmemwal._core.Unchanged(items, counter, expected): an iterator over the list items that
+ * stops early once the u64 at the start of counter (a buffer another thread may change: the
+ * Log's count of rewinds, compactions and resets) is no longer expected; ``given`` says how
+ * many it handed out.  What a Python loop would check before each entry, at a C call's cost.
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *items;
+    Py_buffer counter;
+    uint64_t expected;
+    Py_ssize_t given;
+} UnchangedObject;
+
+static PyObject *Unchanged_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)kw;
+    PyObject *items;
+    unsigned long long expected;
+    UnchangedObject *self = (UnchangedObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    if (!PyArg_ParseTuple(args, "O!y*K", &PyList_Type, &items, &self->counter, &expected)) {
+        self->counter.obj = NULL;
+        Py_DECREF(self);
+        return NULL;
+    }
+    if (self->counter.len < 8) {
+        PyErr_SetString(PyExc_ValueError, "Unchanged: the counter is a u64");
+        Py_DECREF(self);
+        return NULL;
+    }
+    Py_INCREF(items);
+    self->items = items;
+    self->expected = expected;
+    return (PyObject *)self;
+}
+
+static void Unchanged_dealloc(UnchangedObject *self)
+{
+    Py_XDECREF(self->items);
+    if (self->counter.obj)
+        PyBuffer_Release(&self->counter);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Unchanged_next(UnchangedObject *self)
+{
+    if (!self->items || self->given >= PyList_GET_SIZE(self->items))
+        return NULL;
+    uint64_t now;
+    memcpy(&now, self->counter.buf, 8); /* (written under the GIL: no torn value) */
+    if (now != self->expected)
+        return NULL;
+    PyObject *item = PyList_GET_ITEM(self->items, self->given++);
+    Py_INCREF(item);
+    return item;
+}
+
+static PyMemberDef Unchanged_members[] = {
+    {"given", T_PYSSIZET, offsetof(UnchangedObject, given), READONLY, "items handed out"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyTypeObject UnchangedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pmemwal._core.Unchanged",
+    .tp_basicsize = sizeof(UnchangedObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Unchanged(items, counter, expected): items, until the counter changes.",
+    .tp_new = Unchanged_new,
+    .tp_dealloc = (destructor)Unchanged_dealloc,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)Unchanged_next,
+    .tp_members = Unchanged_members,
+};

@@ -75,5 +75,7 @@ PyObject *Reader_records(ReaderObject *self, PyObject *args);
 PyObject *Reader_records_at(ReaderObject *self, PyObject *args);
 PyObject *Reader_record(ReaderObject *self, PyObject *arg);
 PyObject *batch_split(PyObject *module, PyObject *args);
+PyObject *batch_entries(PyObject *module, PyObject *args);
+PyObject *batch_heads(PyObject *module, PyObject *args);
 
 #endif

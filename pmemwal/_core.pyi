@@ -11,11 +11,13 @@ has ``_trace`` and ``_trace_forget`` (its ``TRACED`` is 1).
 """
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final, Literal, final
+from typing import Final, Generic, Literal, TypeVar, final
 
 from _typeshed import ReadableBuffer, WriteableBuffer
 
 import numpy as np
+
+_T = TypeVar("_T")
 
 # the shared WAL's control file (wal_shared)
 CONTROL_SIZE: Final[int]
@@ -152,6 +154,20 @@ class Record:
 
 def crc32c(data: ReadableBuffer, crc: int = 0, /) -> int: ...
 def status_text(status: int, /) -> str: ...
+def heads(data: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, width: int, /) -> bytes:
+    """Each payload's first width bytes, one after another (zeros past a shorter one)."""
+def entries(type: type[_T], indices: np.ndarray, terms: np.ndarray, data: np.ndarray,
+            offsets: np.ndarray, lengths: np.ndarray, /) -> list[_T]:
+    """A Log batch's entries as instances of type (a tuple of index, term, payload)."""
+
+@final
+class Unchanged(Generic[_T]):
+    """Unchanged(items, counter, expected): the items, until the u64 counter changes."""
+
+    given: int
+    def __init__(self, items: list[_T], counter: np.ndarray, expected: int, /) -> None: ...
+    def __iter__(self) -> Unchanged[_T]: ...
+    def __next__(self) -> _T: ...
 def split(data: ReadableBuffer | np.ndarray, offsets: ReadableBuffer | np.ndarray,
           lengths: ReadableBuffer | np.ndarray, /) -> list[bytes]:
     """Each payload data[offsets[i]:offsets[i] + lengths[i]] as bytes of its own."""

@@ -20,7 +20,9 @@ from typing import Iterator
 import numpy as np
 
 from pmemwal._core import Record, split
-from pmemwal.log_format import Entry, new_entry
+from pmemwal._core import entries as make_entries
+from pmemwal._core import heads as payload_heads
+from pmemwal.log_format import Entry
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,12 @@ class EntryBatch:
 
     def __iter__(self) -> Iterator[Entry]:
         """The entries, as ``Log.entries`` gives them (each payload bytes of its own)."""
-        return map(new_entry, zip(self.indices.tolist(), self.terms.tolist(),
-                                   split(self.data, self.offsets, self.lengths)))
+        return iter(self.entries())
+
+    def entries(self) -> list[Entry]:
+        """The entries, as ``Log.entries`` gives them (each payload bytes of its own)."""
+        return make_entries(Entry, self.indices, self.terms, self.data, self.offsets,
+                            self.lengths)
 
     def __getitem__(self, where: slice) -> EntryBatch:
         """The entries of a slice of the batch (the same data)."""
@@ -130,11 +136,8 @@ def entries_of(indices: np.ndarray, records: RecordBatch, segment_size: int) -> 
     damage, never an answer): CorruptionError at the first that does not."""
     from pmemwal.log_format import HEADER_DTYPE, HEADER_SIZE, check_entry_record
     lengths, offsets, data = records.lengths, records.offsets, records.data
-    at = offsets[:, None] + np.arange(HEADER_SIZE, dtype=np.uint64)
-    if len(data):
-        np.minimum(at, len(data) - 1, out=at)  # (a record shorter than a header fails below)
-    heads = np.ascontiguousarray(data[at] if len(data) else
-                                 np.zeros((len(offsets), HEADER_SIZE), np.uint8))
+    heads = np.frombuffer(payload_heads(data, offsets, lengths, HEADER_SIZE),
+                          np.uint8).reshape(-1, HEADER_SIZE)
     head = heads.view(HEADER_DTYPE).reshape(-1)
     check_entry_record(indices, records.lsns, lengths, head, heads, segment_size)
     return EntryBatch(indices, head["term"].copy(), lengths - HEADER_SIZE,

@@ -19,10 +19,12 @@ import os
 import struct
 import threading
 from enum import Enum
+from itertools import chain
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Unpack
 
 import numpy as np
 
+from pmemwal._core import Unchanged
 from pmemwal.batch import EntryBatch, entries_of
 from pmemwal.errors import (ConfigError, CorruptionError, LogIndexError, TermError,
                             TruncatedError, WALError, format_lsn)
@@ -270,13 +272,15 @@ class Log(LogReplay):
     def entry(self, index: int) -> Entry:
         """Entry ``index``; LogIndexError outside [first_index, last_index]."""
         with self._lock:
-            if self.wal._closed:
+            wal, ix = self.wal, self._index
+            if wal._closed:
                 self._check_open()
-            ix = self._index
-            if not ix.first <= index < ix.next:
+            h = ix.heap
+            if not ix.first <= index < h.first + h.count:
                 raise LogIndexError(f"no entry {index}: entries are {_span(ix)}")
-            record = self._record(ix.lsn_at(index))
-        return entry_of(index, record, self.wal.segment_size)
+            record = self._record(h.lsn.item(h.start + index - h.first) if index >= h.first
+                                  else ix.lsn_at(index))  # (the heap's, inline: most reads)
+        return entry_of(index, record, wal.segment_size)
 
     def entries_at(self, indices: Sequence[int] | np.ndarray) -> EntryBatch:
         """Entries ``indices`` (any order, repeats allowed), each read and checked as
@@ -308,19 +312,27 @@ class Log(LogReplay):
         LogIndexError (never a voided entry).  Read ahead a batch at a time
         (``entry_batches``), so memory and the time the log's lock is held do not follow
         the range; a payload held keeps its batch's buffer (at most 256 KiB) alive."""
-        ix = self._index
+        return chain.from_iterable(self._entry_runs(start, stop))
+
+    def _entry_runs(self, start: int | None, stop: int | None) -> Iterator[Unchanged[Entry]]:
+        """entries()'s entries a run at a time, each a batch's entries handed out in C while
+        the index's count of changes is what they were read at; after a run cut short, what
+        of the rest the index still names (LogIndexError at the first it does not)."""
+        counter = self._index.counter
         for batch, changes, stop in self._batches(start, stop, _ENTRIES_AHEAD,
                                                   _ENTRY_BYTES_AHEAD):
-            first = int(batch.indices[0])
-            limit = first + len(batch)  # entries from here on went since the batch was read
-            for entry in batch:
-                if ix.changes != changes:  # (read without the lock: one int)
-                    changes, named = self._named(entry.index, batch.lsns[entry.index - first:],
-                                                 stop)
-                    limit = entry.index + named
-                if entry.index >= limit:
-                    raise self._went(entry.index)
-                yield entry
+            entries, went = batch.entries(), None
+            while entries:
+                run = Unchanged(entries, counter, changes)
+                yield run
+                if run.given == len(entries):
+                    break
+                entries, batch = entries[run.given:], batch[run.given:]
+                changes, named = self._named(int(batch.indices[0]), batch.lsns, stop)
+                if named < len(entries):  # the index names others for those from here on
+                    went, entries, batch = int(batch.indices[named]), entries[:named], batch[:named]
+            if went is not None:
+                raise self._went(went)
 
     def entry_batches(self, start: int | None = None, stop: int | None = None, *,
                       max_entries: int = DEFAULT_BATCH_RECORDS,

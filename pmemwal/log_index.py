@@ -133,6 +133,10 @@ class IndexFiles:
         """LSNs of entries [start, stop), from the mapped chunks."""
         return self._chunks.read(start, stop)["lsn"]
 
+    def lsns_at(self, indices: np.ndarray) -> np.ndarray:
+        """LSNs of the entries ``indices`` (int64), from the mapped chunks."""
+        return self._chunks.take(indices)["lsn"]
+
     def slot(self, index: int) -> tuple[int, int]:
         lsn, term = self._chunks.item(index).tolist()
         return lsn, term
@@ -225,7 +229,11 @@ class TieredIndex:
         self.files = files
         self.first = first
         self.heap = HeapIndex(first if durable_next is None else durable_next)
-        self.changes = 0
+        self.counter = np.zeros(1, np.uint64)  # the count of changes, where C reads it too
+
+    @property
+    def changes(self) -> int:
+        return self.counter.item(0)
 
     @property
     def durable_next(self) -> int:
@@ -242,10 +250,10 @@ class TieredIndex:
     def restart(self, first: int) -> None:
         self.first = first
         self.heap.restart(first)
-        self.changes += 1
+        self.counter[0] += 1
 
     def keep_through(self, index: int) -> None:
-        self.changes += 1
+        self.counter[0] += 1
         if index < self.first:
             self.restart(index + 1)
         elif index + 1 < self.durable_next:
@@ -254,7 +262,7 @@ class TieredIndex:
             self.heap.keep_through(index)
 
     def drop_through(self, index: int) -> None:
-        self.changes += 1
+        self.counter[0] += 1
         if index + 1 >= self.next:
             self.restart(index + 1)
         elif index >= self.first:
@@ -282,10 +290,11 @@ class TieredIndex:
     def lsns_at(self, indices: np.ndarray) -> np.ndarray:
         """LSNs of the entries ``indices`` (int64, each within [first, next))."""
         h, out = self.heap, np.empty(len(indices), np.uint64)
-        recent = indices >= self.durable_next
-        out[recent] = h.lsn[indices[recent] - h.first + h.slot(h.first)]
-        for i in np.flatnonzero(~recent).tolist():  # (the files' tier: one mapped item each)
-            out[i] = self.files.slot(int(indices[i]))[0]
+        recent = indices >= h.first  # (h.first is durable_next)
+        out[recent] = h.lsn[indices[recent] - h.first + h.start]
+        stored = ~recent
+        if stored.any():
+            out[stored] = self.files.lsns_at(indices[stored])
         return out
 
     def lsns(self, start: int, stop: int) -> np.ndarray:
