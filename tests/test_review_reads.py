@@ -81,3 +81,18 @@ def test_a_read_never_returns_bytes_its_crc_did_not_cover(wal_dir, size, how):
         finally:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("max_records", [2**62, 2**63 - 1, 2**61 + 2**59])
+def test_a_huge_max_records_is_refused_or_read_right(wal_dir, max_records):
+    """max_records so large that the batch's arrays cannot be sized: MemoryError, never
+    arrays laid over one another (the block's size wrapped around)."""
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False) as wal:
+        lsns = [wal.append(bytes([i]) * 100) for i in range(3)]
+        try:
+            batches = list(wal.scan(max_records=max_records))
+        except MemoryError:
+            return
+        assert [lsn for b in batches for lsn in b.lsns.tolist()] == lsns
+        assert [bytes(p) for b in batches for p in b.payloads()] == \
+            [bytes([i]) * 100 for i in range(3)]
