@@ -235,7 +235,9 @@ static void out_layout(batch_out *o, size_t cap, uint64_t data_cap)
 static int out_block(batch_out *o, size_t cap, uint64_t data_cap)
 {
     cap += cap & 1;
-    if (data_cap > PY_SSIZE_T_MAX - 28 * cap) {
+    /* (28 * cap first: a cap past a quarter of the address space wraps it around, and the
+     * arrays would be laid over one another) */
+    if (cap > (size_t)PY_SSIZE_T_MAX / 28 || data_cap > PY_SSIZE_T_MAX - 28 * cap) {
         PyErr_NoMemory();
         return -1;
     }
