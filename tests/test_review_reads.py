@@ -96,3 +96,26 @@ def test_a_huge_max_records_is_refused_or_read_right(wal_dir, max_records):
         assert [lsn for b in batches for lsn in b.lsns.tolist()] == lsns
         assert [bytes(p) for b in batches for p in b.payloads()] == \
             [bytes([i]) * 100 for i in range(3)]
+
+
+@pytest.mark.parametrize("bad", [lambda lsn: [lsn + 0.5], lambda lsn: [str(lsn)],
+                                 lambda lsn: [float(lsn)]])
+def test_read_many_takes_integers_only(wal_dir, bad):
+    """An LSN that is not an integer is refused, as record() refuses it: never rounded, or
+    parsed from a string, to some record's LSN."""
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False) as wal:
+        lsn = wal.append(b"x" * 10)
+        with pytest.raises((TypeError, ValueError)):
+            wal.record(bad(lsn)[0])
+        with pytest.raises((TypeError, ValueError)):
+            wal.read_many(bad(lsn))
+
+
+def test_entries_at_takes_integers_only(wal_dir):
+    """Log.entries_at([1.5]) is refused: not entry 1."""
+    from pmemwal.errors import LogIndexError
+    with pmemwal.open_log(wal_dir, segment_size=SEG, background=False) as log:
+        log.append(b"a", term=1)
+        log.append(b"b", term=1)
+        with pytest.raises((TypeError, LogIndexError)):
+            log.entries_at([1.5])
