@@ -119,3 +119,45 @@ def test_entries_at_takes_integers_only(wal_dir):
         log.append(b"b", term=1)
         with pytest.raises((TypeError, LogIndexError)):
             log.entries_at([1.5])
+
+
+def test_close_during_scans_in_other_threads_unmaps_nothing_under_them_and_leaks_nothing(
+        wal_dir, mode):
+    """close() while other threads scan without the GIL: each scan ends (ClosedError, or it
+    finished), none reads through an unmapped segment, and once they are done no mapping of
+    the WAL's files is left in the process."""
+    import gc
+    import threading
+
+    from pmemwal.errors import ClosedError
+    for round_ in range(8):
+        path = wal_dir.parent / f"w{round_}"
+        wal = pmemwal.open(path, mode=mode, segment_size=SEG, background=False)
+        written = [bytes([i % 251]) * 8000 for i in range(300)]  # (three segments)
+        wal.append_many(written)
+        wal.flush()
+        started, failures = threading.Barrier(3), []
+
+        def scan() -> None:
+            started.wait()
+            try:
+                while True:
+                    got = [bytes(p) for b in wal.scan(max_bytes=1 << 24) for p in b.payloads()]
+                    if got != written:
+                        failures.append("a scan read other bytes")
+            except ClosedError:
+                pass
+            except Exception as exc:  # noqa: BLE001  (anything else is the failure)
+                failures.append(repr(exc))
+
+        threads = [threading.Thread(target=scan) for _ in range(2)]
+        for t in threads:
+            t.start()
+        started.wait()
+        wal.close()
+        for t in threads:
+            t.join()
+        assert failures == []
+        gc.collect()
+        with open("/proc/self/maps") as maps:
+            assert str(path) not in maps.read()
