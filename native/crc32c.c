@@ -359,9 +359,10 @@ copy_run(uint32_t crc, unsigned char *d, const unsigned char *p, size_t len)
         len -= 8;
     }
     crc = (uint32_t)c;
-    while (len--) {
-        *d++ = *p;
-        crc = __builtin_ia32_crc32qi(crc, *p++);
+    while (len--) { /* each byte loaded once: the copy is what the CRC covered */
+        unsigned char v = *p++;
+        *d++ = v;
+        crc = __builtin_ia32_crc32qi(crc, v);
     }
     return crc;
 }
@@ -537,11 +538,13 @@ uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
         len -= body;
     }
     /* Otherwise two passes over a block small enough to stay in L1: the copy
-     * reads it back from cache, so the cost is close to the CRC alone. */
+     * reads it back from cache, so the cost is close to the CRC alone.  The CRC is
+     * taken over the copy, not the source: a source that changes meanwhile (a mapping
+     * rewritten under a read) must not leave a copy other than what the CRC covered. */
     while (len) {
         size_t n = len < 4096 ? len : 4096;
-        crc = crc32c_update(crc, s, n);
         memcpy(d, s, n);
+        crc = crc32c_update(crc, d, n);
         s += n;
         d += n;
         len -= n;

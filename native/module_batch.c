@@ -489,8 +489,10 @@ static int read_object(reader_call *c, wal_batch *b, uint64_t lsn, uint64_t prev
             Py_CLEAR(*payload);
             return -1;
         }
-        /* a length other than the one room was made for: the bytes changed under the read */
-        if (st == WAL_BATCH_FULL || (st == WAL_OK && r->length != b->data_cap))
+        /* a length (or type) other than the one room was made for: the bytes changed under
+         * the read */
+        if (st == WAL_BATCH_FULL ||
+            (st == WAL_OK && (r->length != b->data_cap || r->type != WAL_REC_DATA)))
             st = WAL_BAD_CRC;
         if (st != WAL_OK)
             Py_CLEAR(*payload);

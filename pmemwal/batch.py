@@ -90,6 +90,23 @@ def concat(batches: list[RecordBatch]) -> RecordBatch:
                        np.concatenate([b.offsets + s for b, s in zip(batches, starts)]), data)
 
 
+def integer_array(values: object, dtype: type[np.integer]) -> np.ndarray:
+    """``values`` (a sequence of ints, or an integer array) as a contiguous array of
+    ``dtype``; ValueError for anything else: a float, a string or a bool is never rounded
+    or parsed, nor a value out of the dtype's range wrapped, to some other number."""
+    given = np.asarray(values)
+    if given.size and given.dtype.kind not in "iu":
+        if not isinstance(values, np.ndarray):  # (ints of both signs past 2**63 make floats)
+            given = np.asarray(values, dtype=object)
+        if given.dtype.kind != "O" or not all(isinstance(v, (int, np.integer)) and
+                                              not isinstance(v, bool) for v in given.flat):
+            raise ValueError(f"not integers: {values!r}"[:200])
+    limits = np.iinfo(dtype)
+    if given.size and (given.min() < limits.min or given.max() > limits.max):
+        raise ValueError(f"out of {limits.min}..{limits.max}: {values!r}"[:200])
+    return np.ascontiguousarray(given, dtype)
+
+
 @dataclass(frozen=True)
 class EntryBatch:
     """Log entries read in one call: ``indices`` (int64), ``terms`` (uint64), and each

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Unpack
 import numpy as np
 
 from pmemwal._core import Unchanged
-from pmemwal.batch import EntryBatch, entries_of
+from pmemwal.batch import EntryBatch, entries_of, integer_array
 from pmemwal.errors import (ConfigError, CorruptionError, LogIndexError, TermError,
                             TruncatedError, WALError, format_lsn)
 from pmemwal.log_format import (ENTRY, ENTRY_PREFIX, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, MAX_INDEX,
@@ -500,7 +500,7 @@ __all__ = ["Log", "open_log", "Entry", "HardState", "describe", "KIND_NAMES", "H
 def _index_array(indices: Sequence[int] | np.ndarray) -> np.ndarray:
     """``indices`` as a contiguous int64 array; LogIndexError for one that is no index."""
     try:
-        want = np.ascontiguousarray(indices, dtype=np.int64)
+        want = integer_array(indices, np.int64)
     except (OverflowError, TypeError, ValueError):
         raise LogIndexError(f"entry indexes are integers: {indices!r}"[:200]) from None
     if want.ndim != 1:

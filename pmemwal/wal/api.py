@@ -21,7 +21,7 @@ import numpy as np
 
 from pmemwal import _core
 from pmemwal._core import Record
-from pmemwal.batch import RecordBatch, concat
+from pmemwal.batch import RecordBatch, concat, integer_array
 from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
 from pmemwal.control import ControlFile, archive_tag
 from pmemwal.errors import CorruptionError, StorageError, TruncatedError, format_lsn
@@ -671,7 +671,7 @@ class WAL(Opening):
 def _lsn_array(lsns: Sequence[int] | np.ndarray) -> np.ndarray:
     """``lsns`` as a contiguous uint64 array; ValueError for one that is no LSN."""
     try:
-        want = np.ascontiguousarray(lsns, dtype=np.uint64)
+        want = integer_array(lsns, np.uint64)
     except (OverflowError, TypeError, ValueError):
         raise ValueError(f"LSNs are integers from 0 to 2**64 - 1: {lsns!r}"[:200]) from None
     if want.ndim != 1:
