@@ -33,6 +33,7 @@ class ChunkedColumn:
         self.dtype = np.dtype(dtype)
         self._name = re.compile(rf"^([0-9A-F]{{16}})\.{re.escape(suffix)}$")
         self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        self._words: dict[int, memoryview] = {}  # a chunk's u64s, for word(): dropped with it
         self._entered: set[int] = set()  # chunks whose directory entry this process synced
 
     @property
@@ -90,6 +91,15 @@ class ChunkedColumn:
         chunk, off = divmod(index, CHUNK)
         return self._chunk(chunk)[off]
 
+    def word(self, index: int, field: int) -> int:
+        """The u64 ``field`` of item ``index`` (items of u64s alone): one read of the mapping,
+        without a numpy scalar on the way (a Log's entry reads one per call)."""
+        chunk, off = divmod(index, CHUNK)
+        words = self._words.get(chunk)
+        if words is None:
+            words = self._words[chunk] = self._chunk(chunk).view(np.uint64).data.cast("B").cast("Q")
+        return words[off * (self.dtype.itemsize // 8) + field]
+
     def write(self, start: int, items: np.ndarray) -> None:
         """Items [start, start + len(items)), written and synced."""
         data = np.ascontiguousarray(items, self.dtype).view(np.uint8).data  # (a memoryview)
@@ -125,6 +135,7 @@ class ChunkedColumn:
             if match and (int(match.group(1), 16) + 1) * CHUNK <= first:
                 chunk = int(match.group(1), 16)
                 if chunk in self._maps:
+                    self._words.pop(chunk, None)
                     close_map(self._maps.pop(chunk)[0])  # (its array goes with the pair)
                 os.unlink(os.path.join(self.path, name))
                 gone = True
@@ -132,6 +143,7 @@ class ChunkedColumn:
             sync_directory(self.path)
 
     def close(self) -> None:
+        self._words.clear()
         for chunk in list(self._maps):
             close_map(self._maps.pop(chunk)[0])
 

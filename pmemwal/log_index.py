@@ -133,6 +133,9 @@ class IndexFiles:
         """LSNs of entries [start, stop), from the mapped chunks."""
         return self._chunks.read(start, stop)["lsn"]
 
+    def lsn_at(self, index: int) -> int:
+        return self._chunks.word(index, 0)
+
     def lsns_at(self, indices: np.ndarray) -> np.ndarray:
         """LSNs of the entries ``indices`` (int64), from the mapped chunks."""
         return self._chunks.take(indices)["lsn"]
@@ -279,7 +282,7 @@ class TieredIndex:
     def lsn_at(self, index: int) -> int:
         h = self.heap
         if index < h.first:  # (h.first is durable_next)
-            return self.files.slot(index)[0]
+            return self.files.lsn_at(index)
         return h.lsn.item(h.start + index - h.first)
 
     def term_at(self, index: int) -> int:
