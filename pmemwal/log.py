@@ -278,9 +278,15 @@ class Log(LogReplay):
             h = ix.heap
             if not ix.first <= index < h.first + h.count:
                 raise LogIndexError(f"no entry {index}: entries are {_span(ix)}")
-            record = self._record(h.lsn.item(h.start + index - h.first) if index >= h.first
-                                  else ix.lsn_at(index))  # (the heap's, inline: most reads)
-        return entry_of(index, record, wal.segment_size)
+            lsn = h.lsn.item(h.start + index - h.first) if index >= h.first \
+                else ix.files.lsn_at(index)
+            # A durable record of a WAL of this process alone reads in one native call;
+            # anything else (to flush first, a failed read, a shared WAL) as WAL.record does.
+            status, _, record = wal._reader.record(lsn) if lsn < wal._core.flushed_lsn and \
+                wal._control is None else (-1, 0, None)
+            if status:
+                record = self._record(lsn)
+        return entry_of(index, record, wal.segment_size)  # type: ignore[arg-type]
 
     def entries_at(self, indices: Sequence[int] | np.ndarray) -> EntryBatch:
         """Entries ``indices`` (any order, repeats allowed), each read and checked as
