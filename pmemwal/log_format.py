@@ -27,7 +27,7 @@ import numpy as np
 from pmemwal.errors import CorruptionError, FormatError, LogIndexError, TermError, format_lsn
 
 if TYPE_CHECKING:
-    from pmemwal.wal import Record
+    from pmemwal._core import Record
 
 MAGIC = 0x4C50
 VERSION = 1

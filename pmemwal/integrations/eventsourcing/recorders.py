@@ -51,7 +51,7 @@ class PmemwalApplicationRecorder(PmemwalAggregateRecorder, ApplicationRecorder):
 
     def subscribe(self, gt: int | None = None,
                   topics: Sequence[str] = ()) -> PmemwalSubscription:
-        return PmemwalSubscription(self, gt=gt, topics=topics)
+        return PmemwalSubscription(self, self.datastore, gt=gt, topics=topics)
 
 
 class PmemwalTrackingRecorder(PmemwalRecorder, TrackingRecorder):
@@ -104,7 +104,7 @@ class PmemwalDCBRecorder(PmemwalRecorder, DCBRecorder):
 
     def subscribe(self, query: DCBQuery | None = None, *,
                   after: int | None = None) -> PmemwalDCBSubscription:
-        return PmemwalDCBSubscription(self, query=query, after=after)
+        return PmemwalDCBSubscription(self, self.datastore, query=query, after=after)
 
 
 class PmemwalDCBReadResponse(DCBReadResponse):
