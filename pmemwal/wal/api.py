@@ -364,6 +364,7 @@ class WAL(Opening):
             if not whole:
                 want = want[:done]
                 break
+            max_bytes = min(2 * max(max_bytes, 1 << 16), 1 << 30)  # (few parts to join)
         if len(want):
             self._check_copied(int(want.min()))
         return concat(parts), None
