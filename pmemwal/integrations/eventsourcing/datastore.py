@@ -62,12 +62,14 @@ def read_payloads(log: pmemwal.Log, indices: Sequence[int]) -> list[memoryview]:
     """The payloads of log entries ``indices``, in that order (views of one buffer, read in
     one native call): every read of events goes through here, one call for what a read
     needs.  LogIndexError for an index the log does not hold."""
-    if not indices:
-        return []
+    if len(indices) <= _ONE_BY_ONE:  # (a batch's arrays cost more than a few entry calls)
+        entry = log.entry
+        return [memoryview(entry(i).payload) for i in indices]
     return log.entries_at(indices).payloads()
 
 
 _T = TypeVar("_T")
+_ONE_BY_ONE = 8      # reads of this many entries or fewer go one entry at a time
 _CLOSE_WAIT = 5.0    # seconds close waits for inserts it overtook to finish their commit
 _WRITER_WAIT = 0.5   # seconds the WAL writer's index checkpoint waits for the datastore's lock
 
