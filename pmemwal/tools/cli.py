@@ -244,6 +244,7 @@ def _archive_options(archive: str | None, endpoint: str | None) -> dict | None:
 from pmemwal.tools import inspect as _inspect  # noqa: E402  (kept beside the commands that use it)
 
 LSN = _Parsed("lsn", _inspect.parse_lsn)
+_DUMP_BLOCK = 4096  # lines dump writes at once
 
 
 @main.command()
@@ -271,15 +272,21 @@ def dump(path: str, start: int | None, limit: int | None, preview: int, as_json:
     with _inspect.WalView(path) as view:
         records = view.records(start, limit)
         holds_log = view.holds_log()
+        lines: list[str] = []  # (written a block at a time: one echo per line costs more)
         for rec in records:
             fields = view.log_fields(rec) if holds_log else None
             if as_json:
-                click.echo(json.dumps({**rec.as_dict(), **({"data": view.preview(rec, preview)}
-                                                           if preview else {}),
-                                       **({"log": fields} if holds_log else {})}))
+                lines.append(json.dumps({**rec.as_dict(), **({"data": view.preview(rec, preview)}
+                                                             if preview else {}),
+                                         **({"log": fields} if holds_log else {})}))
             else:
                 line = view.format_record(rec, preview)
-                click.echo(line + _inspect.format_log_fields(fields) if holds_log else line)
+                lines.append(line + _inspect.format_log_fields(fields) if holds_log else line)
+            if len(lines) == _DUMP_BLOCK:
+                click.echo("\n".join(lines))
+                lines.clear()
+        if lines:
+            click.echo("\n".join(lines))
         summary = records.summary()
         click.echo(json.dumps(summary) if as_json else _inspect.format_summary(summary))
         for problem in view.problems:

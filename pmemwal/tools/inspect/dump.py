@@ -10,6 +10,7 @@ records, and the LSN text ``--start`` takes.  ``RecordLines`` is the part of ``W
 from __future__ import annotations
 
 import re
+from functools import cached_property
 
 from pmemwal.errors import format_lsn
 from pmemwal.format import PAGE_SIZE
@@ -61,10 +62,15 @@ class RecordLines:
         span = (self.segments[-1] - self.segments[0] + 1) * (self.segment_size or PAGE_SIZE)
         return len(str(span))
 
+    @cached_property
+    def _widths(self) -> tuple[int, int]:
+        """(lsn_width, length_width): the files' span, the same for every line."""
+        return self.lsn_width(), self.length_width()
+
     def format_record(self, rec: RecordInfo, preview: int = 0) -> str:
         """``lsn: 0/2018  len:   100 prev: 0/0     crc: 0x1234abcd`` (pg_waldump-like, aligned)."""
-        w = self.lsn_width()
-        line = (f"lsn: {format_lsn(rec.lsn):<{w}} len: {rec.length:>{self.length_width()}} "
+        w, lw = self._widths
+        line = (f"lsn: {format_lsn(rec.lsn):<{w}} len: {rec.length:>{lw}} "
                 f"prev: {format_lsn(rec.prev_lsn):<{w}} crc: 0x{rec.crc:08x}")
         if preview > 0:
             line += f" data: {self.preview(rec, preview)}"
