@@ -315,9 +315,9 @@ class Log(LogReplay):
         """The entries from ``start`` (None: the first) to before ``stop`` (None: the end)
         there when the iteration begins: entries appended meanwhile are not in it, and one
         it has yet to yield that a compaction, rewind or reset voids meanwhile raises
-        LogIndexError (never a voided entry).  Read ahead a batch at a time
+        LogIndexError (never a voided entry).  Read ahead 1,024 entries (256 KiB) at a time
         (``entry_batches``), so memory and the time the log's lock is held do not follow
-        the range; a payload held keeps its batch's buffer (at most 256 KiB) alive."""
+        the range; each payload is bytes of its own."""
         return chain.from_iterable(self._entry_runs(start, stop))
 
     def _entry_runs(self, start: int | None, stop: int | None) -> Iterator[Unchanged[Entry]]:
