@@ -26,9 +26,10 @@ if sanitize:
     compile_args = ["-O1", "-g", *WARNINGS, *flags]
     link_args = flags
 
-SOURCES = ["native/module.c", "native/module_reader.c", "native/module_batch.c", "native/wal_core.c", "native/wal_insert.c",
-           "native/wal_flush.c", "native/wal_shared.c", "native/wal_reader.c", "native/wal_batch.c", "native/crc32c.c",
-           "native/trace.c"]
+SOURCES = ["native/module.c", "native/module_reader.c", "native/module_batch.c",
+           "native/module_objects.c", "native/wal_core.c", "native/wal_insert.c",
+           "native/wal_flush.c", "native/wal_shared.c", "native/wal_reader.c",
+           "native/wal_batch.c", "native/crc32c.c", "native/trace.c"]
 
 
 def core(name: str, *macros: tuple[str, str]) -> Extension:

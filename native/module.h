@@ -1,7 +1,7 @@
 /*
  * module.h -- what the units of the CPython binding (pmemwal._core) share: module.c (the
- * module and the Core type) registers the Reader type that module_reader.c defines and the Record and BatchBuffer
- * types of module_batch.c.
+ * module and the Core type) registers the Reader type of module_reader.c, the BatchBuffer
+ * type of module_batch.c and the Record and Unchanged types of module_objects.c.
  */
 #ifndef PMEMWAL_MODULE_H
 #define PMEMWAL_MODULE_H
@@ -10,9 +10,9 @@
 
 #pragma GCC visibility push(hidden)
 extern PyTypeObject ReaderType;      /* module_reader.c */
-extern PyTypeObject RecordType;      /* module_batch.c */
+extern PyTypeObject RecordType;      /* module_objects.c */
 extern PyTypeObject BatchBufferType; /* module_batch.c */
-extern PyTypeObject UnchangedType;   /* module_batch.c */
+extern PyTypeObject UnchangedType;   /* module_objects.c */
 #pragma GCC visibility pop
 
 #endif

@@ -1,7 +1,7 @@
 /*
- * module_reader.h -- what the Reader's two units share: module_reader.c (the type, its
- * segment source and its one-record methods) and module_batch.c (its many-record methods
- * and the Record type they make).
+ * module_reader.h -- what the Reader's units share: module_reader.c (the type, its segment
+ * source and its one-record methods), module_batch.c (its many-record methods) and
+ * module_objects.c (the Record objects they make, and the batch helpers).
  */
 #ifndef PMEMWAL_MODULE_READER_H
 #define PMEMWAL_MODULE_READER_H
@@ -74,6 +74,8 @@ PyObject *Reader_fetch(ReaderObject *self, PyObject *args);
 PyObject *Reader_records(ReaderObject *self, PyObject *args);
 PyObject *Reader_records_at(ReaderObject *self, PyObject *args);
 PyObject *Reader_record(ReaderObject *self, PyObject *arg);
+/* module_objects.c */
+PyObject *record_new(uint64_t lsn, uint64_t prev_lsn, PyObject *payload);
 PyObject *batch_split(PyObject *module, PyObject *args);
 PyObject *batch_entries(PyObject *module, PyObject *args);
 PyObject *batch_heads(PyObject *module, PyObject *args);
