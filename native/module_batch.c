@@ -506,6 +506,66 @@ PyObject *Reader_record(ReaderObject *self, PyObject *arg)
                                        rec ? rec : Py_NewRef(Py_None)));
 }
 
+/* behead -- payload (a fresh bytes of its own) without its first n bytes, in place when large. */
+static PyObject *behead(PyObject *payload, Py_ssize_t n)
+{
+    Py_ssize_t len = PyBytes_GET_SIZE(payload);
+    if (len < WAL_PAGE_SIZE) {
+        PyObject *rest = PyBytes_FromStringAndSize(PyBytes_AS_STRING(payload) + n, len - n);
+        Py_DECREF(payload);
+        return rest;
+    }
+    memmove(PyBytes_AS_STRING(payload), PyBytes_AS_STRING(payload) + n, (size_t)(len - n));
+    return _PyBytes_Resize(&payload, len - n) < 0 ? NULL : payload;
+}
+
+/* entry(lsn, index, prefix) -> (status, bad_lsn, term, payload or None): the record at lsn as
+ * a pmemwal.Log entry (log_format.py): its payload starts with the 8 bytes prefix, then u64
+ * index, u64 term (little-endian), then the entry's own payload, handed back without them.
+ * Status ENTRY_OTHER when the record reads but is not entry index (the caller reads it again
+ * to say what it is). */
+#define ENTRY_OTHER (-2)
+#define ENTRY_HEAD 24
+
+PyObject *Reader_entry(ReaderObject *self, PyObject *args)
+{
+    unsigned long long lsn, index;
+    const char *prefix;
+    Py_ssize_t prefix_len;
+    if (!PyArg_ParseTuple(args, "KKy#", &lsn, &index, &prefix, &prefix_len))
+        return NULL;
+    if (prefix_len != 8) {
+        PyErr_SetString(PyExc_ValueError, "entry: an 8-byte prefix");
+        return NULL;
+    }
+    reader_call c;
+    if (call_begin(self, &c) < 0)
+        return NULL;
+    c.hold = 1;
+    wal_batch b = {0};
+    wal_record r;
+    PyObject *payload = NULL;
+    uint64_t term = 0;
+    int st = read_object(&c, &b, lsn, WAL_ANY_PREV, &r, &payload);
+    if (st == WAL_OK && r.type == WAL_REC_VOID)
+        st = WAL_VOID_RECORD;
+    if (st == WAL_OK) {
+        const char *p = PyBytes_AS_STRING(payload);
+        if (PyBytes_GET_SIZE(payload) < ENTRY_HEAD || memcmp(p, prefix, 8) ||
+            le_load64(p + 8) != index)
+            st = ENTRY_OTHER;
+        else if ((term = le_load64(p + 16)), !(payload = behead(payload, ENTRY_HEAD)))
+            st = -1;
+    }
+    if (st != WAL_OK)
+        Py_CLEAR(payload);
+    if (st == -1)
+        return call_done(&c, NULL);
+    return call_done(&c, Py_BuildValue("(iKKN)", st, st > 0 ? r.bad_lsn : 0ULL,
+                                       (unsigned long long)term,
+                                       payload ? payload : Py_NewRef(Py_None)));
+}
+
 /* records_at(lsns) -> (status, done, bad_lsn, [Record]): the records at lsns (a buffer of
  * native-endian u64s), each on its own, in that order, until one fails (status nonzero at
  * lsns[done]; WAL_VOID_RECORD where a void range starts there). */

@@ -547,6 +547,8 @@ static PyMethodDef Reader_methods[] = {
     {"records", (PyCFunction)Reader_records, METH_VARARGS,
      "records(lsn, expect_prev, stop_lsn, max_records, max_bytes) -> (status, next_lsn, "
      "last_lsn, bad_lsn, [Record])"},
+    {"entry", (PyCFunction)Reader_entry, METH_VARARGS,
+     "entry(lsn, index, prefix) -> (status, bad_lsn, term, payload or None): a Log entry"},
     {"record", (PyCFunction)Reader_record, METH_O,
      "record(lsn) -> (status, bad_lsn, Record or None)"},
     {"records_at", (PyCFunction)Reader_records_at, METH_VARARGS,

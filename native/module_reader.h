@@ -74,6 +74,7 @@ PyObject *Reader_fetch(ReaderObject *self, PyObject *args);
 PyObject *Reader_records(ReaderObject *self, PyObject *args);
 PyObject *Reader_records_at(ReaderObject *self, PyObject *args);
 PyObject *Reader_record(ReaderObject *self, PyObject *arg);
+PyObject *Reader_entry(ReaderObject *self, PyObject *args);
 /* module_objects.c */
 PyObject *record_new(uint64_t lsn, uint64_t prev_lsn, PyObject *payload);
 PyObject *batch_split(PyObject *module, PyObject *args);

@@ -124,6 +124,9 @@ class Reader:
     def records(self, lsn: int, expect_prev: int, stop_lsn: int, max_records: int,
                 max_bytes: int, /) -> tuple[int, int, int, int, list[Record]]:
         """(status, next_lsn, last_lsn, bad_lsn, records)."""
+    def entry(self, lsn: int, index: int, prefix: bytes, /) -> tuple[int, int, int, bytes | None]:
+        """(status, bad_lsn, term, payload): the record at lsn as the Log's entry index (status
+        -2: it reads, but is not that entry)."""
     def record(self, lsn: int, /) -> tuple[int, int, Record | None]:
         """(status, bad_lsn, the record or None)."""
     def records_at(self, lsns: ReadableBuffer | np.ndarray, /) -> tuple[int, int, int, list[Record]]:

@@ -30,7 +30,8 @@ from pmemwal.errors import (ConfigError, CorruptionError, LogIndexError, TermErr
                             TruncatedError, WALError, format_lsn)
 from pmemwal.log_format import (ENTRY, ENTRY_PREFIX, HEADER, HEADER_SIZE, KIND_NAMES, MAGIC, MAX_INDEX,
                                 MAX_TERM, RESET, REWIND, SNAPSHOT, STATE, VERSION, Entry,
-                                HardState, describe, encode_state, entry_of, out_of_range)
+                                HardState, describe, encode_state, entry_of, new_entry,
+                                out_of_range)
 from pmemwal.log_index import IndexFiles, TieredIndex
 from pmemwal.log_replay import LogReplay, _span
 from pmemwal.wal import WAL, WALOptions, _weak
@@ -280,13 +281,15 @@ class Log(LogReplay):
                 raise LogIndexError(f"no entry {index}: entries are {_span(ix)}")
             lsn = h.lsn.item(h.start + index - h.first) if index >= h.first \
                 else ix.files.lsn_at(index)
-            # A durable record of a WAL of this process alone reads in one native call;
-            # anything else (to flush first, a failed read, a shared WAL) as WAL.record does.
-            status, _, record = wal._reader.record(lsn) if lsn < wal._core.flushed_lsn and \
-                wal._control is None else (-1, 0, None)
-            if status:
-                record = self._record(lsn)
-        return entry_of(index, record, wal.segment_size)  # type: ignore[arg-type]
+            # A durable entry of a WAL of this process alone reads and is checked in one
+            # native call; anything else (to flush first, a failed read, a record of another
+            # entry, a shared WAL) as WAL.record reads it, and entry_of says what it is.
+            if lsn < wal._core.flushed_lsn and wal._control is None:
+                status, _, term, payload = wal._reader.entry(lsn, index, ENTRY_PREFIX)
+                if not status:
+                    return new_entry((index, term, payload))
+            record = self._record(lsn)
+        return entry_of(index, record, wal.segment_size)
 
     def entries_at(self, indices: Sequence[int] | np.ndarray) -> EntryBatch:
         """Entries ``indices`` (any order, repeats allowed), each read and checked as
