@@ -219,8 +219,14 @@ def check_corruption(error: CorruptionError, segnos: list[int]) -> None:
 
 
 def check_records(base: Base, wal, segnos: list[int]) -> int:
-    """What open returned is the log from the first segment present onward, in order."""
+    """What open returned is the log from the first segment present onward, in order; the
+    batch scan and the reads by LSN (in reverse) say the same."""
     got = [(rec.lsn, bytes(rec.payload)) for rec in wal.records()]
+    batched = [(lsn, bytes(p)) for batch in wal.scan(max_records=5, max_bytes=10000)
+               for lsn, p in zip(batch.lsns.tolist(), batch.payloads())]
+    again = wal.read_many([lsn for lsn, _ in reversed(got)])
+    if batched != got or [bytes(p) for p in again.payloads()] != [p for _, p in reversed(got)]:
+        raise Lie("scan() or read_many() disagree with records()")
     start = next((i for i, (lsn, _) in enumerate(base.expected) if lsn >= segnos[0] * SEG),
                  len(base.expected))
     want = base.expected[start:start + len(got)]
