@@ -16,6 +16,12 @@ uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 uint32_t crc32c_copy_after(const void *head, size_t head_len, void *dst, const void *src,
                            size_t len);
 
+/* crc32c_copy_after2 -- crc32c_copy_after of two (head bytes each), into *ca and *cb: two
+ * small records read back at once, about as fast as one. */
+void crc32c_copy_after2(size_t head, const void *ha, const void *sa, void *da, size_t la,
+                        uint32_t *ca, const void *hb, const void *sb, void *db, size_t lb,
+                        uint32_t *cb);
+
 /* crc32c_copy_nt -- as crc32c_copy, but with non-temporal stores that bypass the
  * cache (a persistent-memory copy: the caller issues the fence).  dst and len
  * must be multiples of 8 apart from a ragged end, which is padded with zeros to

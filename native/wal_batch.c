@@ -136,26 +136,54 @@ int wal_batch_read(const wal_src *s, wal_batch *b, uint64_t lsn, uint64_t expect
  * common case).  It leaves to wal_batch_read, which gives the status of one that fails, the
  * first record that is not such a record, fails its CRC or does not fit; and a page's first
  * and last records (rule 3; the step to the next page). */
+/* run_header -- the header of the record at lsn when page_run may read it from the page at
+ * base: a data record inside the page (neither its first nor its last), linked to prev, with
+ * room in b beside n_before records of bytes_before bytes taken ahead of it. */
+static int run_header(const wal_batch *b, const uint8_t *page, uint64_t base, uint64_t lsn,
+                      uint64_t prev, uint64_t stop_lsn, size_t n_before, uint64_t bytes_before,
+                      wal_rec_hdr *h)
+{
+    if (lsn >= stop_lsn || lsn <= base + WAL_PAGE_HDR || lsn - base + WAL_REC_HDR >= WAL_PAGE_SIZE)
+        return 0;
+    memcpy(h, page + (lsn - base), sizeof(*h));
+    return h->info == WAL_REC_DATA && lsn - base + wal_rec_size(h->length) < WAL_PAGE_SIZE &&
+           h->prev_lsn == prev && b->n + n_before < b->cap &&
+           b->data_used + bytes_before + h->length <= b->data_cap;
+}
+
 static void page_run(wal_batch *b, uint64_t *lsn, uint64_t *prev, uint64_t stop_lsn)
 {
     const uint8_t *page = b->page;
     uint64_t base = b->page_lsn;
+    wal_rec_hdr ha, hb;
     if (!page || *prev == WAL_ANY_PREV)
         return;
-    while (*lsn < stop_lsn && *lsn > base + WAL_PAGE_HDR &&
-           *lsn - base + WAL_REC_HDR < WAL_PAGE_SIZE) {
-        uint64_t off = *lsn - base;
-        wal_rec_hdr h;
-        memcpy(&h, page + off, sizeof(h));
-        uint64_t size = wal_rec_size(h.length);
-        if (h.info != WAL_REC_DATA || off + size >= WAL_PAGE_SIZE || h.prev_lsn != *prev ||
-            b->n >= b->cap || b->data_used + h.length > b->data_cap)
-            return;
-        if (check_copy(b, (const uint8_t *)&h + 4, page + off + WAL_REC_HDR, h.length) != h.crc)
-            return;
-        put(b, *lsn, h.prev_lsn, h.length, h.crc, *lsn + size);
+    while (run_header(b, page, base, *lsn, *prev, stop_lsn, 0, 0, &ha)) {
+        uint64_t next = *lsn + wal_rec_size(ha.length);
+        const uint8_t *at = page + (*lsn - base) + WAL_REC_HDR;
+        uint32_t crc;
+        if (b->data && run_header(b, page, base, next, *lsn, stop_lsn, 1, ha.length, &hb)) {
+            uint32_t crc_b; /* two records at once: their CRCs' chains interleaved */
+            uint8_t *dst = b->data + b->data_used;
+            crc32c_copy_after2(WAL_REC_HDR - 4, (const uint8_t *)&ha + 4, at, dst, ha.length, &crc,
+                               (const uint8_t *)&hb + 4, page + (next - base) + WAL_REC_HDR,
+                               dst + ha.length, hb.length, &crc_b);
+            if (crc != ha.crc)
+                return;
+            put(b, *lsn, ha.prev_lsn, ha.length, ha.crc, next);
+            *prev = *lsn;
+            *lsn = next;
+            if (crc_b != hb.crc)
+                return;
+            next = *lsn + wal_rec_size(hb.length);
+            put(b, *lsn, hb.prev_lsn, hb.length, hb.crc, next);
+        } else {
+            if (check_copy(b, (const uint8_t *)&ha + 4, at, ha.length) != ha.crc)
+                return;
+            put(b, *lsn, ha.prev_lsn, ha.length, ha.crc, next);
+        }
         *prev = *lsn;
-        *lsn += size;
+        *lsn = next;
     }
 }
 
