@@ -271,7 +271,10 @@ class Log(LogReplay):
             return new
 
     def entry(self, index: int) -> Entry:
-        """Entry ``index``; LogIndexError outside [first_index, last_index]."""
+        """Entry ``index``; LogIndexError outside [first_index, last_index] (or for what is
+        no integer)."""
+        if type(index) is not int:
+            index = _one_index(index)
         with self._lock:
             wal, ix = self.wal, self._index
             if wal._closed:
@@ -516,3 +519,12 @@ def _index_array(indices: Sequence[int] | np.ndarray) -> np.ndarray:
         raise LogIndexError(f"entry indexes: a sequence of integers, not an array of shape "
                             f"{want.shape}")
     return want
+
+
+def _one_index(index: object) -> int:
+    """``index`` as an int (a numpy integer will do); LogIndexError for what is no integer."""
+    try:
+        return operator.index(index)  # type: ignore[arg-type]
+    except TypeError:
+        raise LogIndexError(f"an entry index is an integer, not {type(index).__name__} "
+                            f"{index!r}") from None

@@ -183,6 +183,10 @@ def test_entry_batches_and_entries_at_give_what_entry_gives(wal_dir, mode):
         for bad in ([0], [41], [5, -1]):
             with pytest.raises(pmemwal.LogIndexError):
                 log.entries_at(bad)
+        for bad in (1.5, "3", None):
+            with pytest.raises(pmemwal.LogIndexError):
+                log.entry(bad)
+        assert log.entry(np.int64(3)) == log.entry(3)
         log.compact(10)
         with pytest.raises(pmemwal.LogIndexError):
             log.entries_at([5])
