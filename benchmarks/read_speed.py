@@ -380,10 +380,16 @@ def rate_cells(result: dict[str, Any] | None) -> list[str]:
     return [human(result["records_per_s"]), f"{result['mb_per_s']:.0f}"]
 
 
+def _ratio(value: float) -> str:
+    """Two decimals, or two significant digits below 0.1 (a ratio against LMDB's views of
+    1 MiB values, which read nothing, is far below 0.01)."""
+    return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
+
+
 def table(results: dict[str, dict[str, Any] | None], rows: list[dict[str, Any]]) -> str:
     lines = []
     for row in rows:
-        ratio = "n/a" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        ratio = "n/a" if row["ratio"] is None else _ratio(row["ratio"])
         lines.append([row["reading"], *rate_cells(results[row["reading"]]), row["peer"],
                       *rate_cells(results[row["peer"]]), ratio, row["target"]])
     return markdown_table(["pmemwal", "rec/s", "MB/s", "peer", "rec/s", "MB/s",
