@@ -131,11 +131,6 @@ int wal_batch_read(const wal_src *s, wal_batch *b, uint64_t lsn, uint64_t expect
     return st == WAL_BAD_POSITION ? read_walking(s, b, lsn, expect_prev, r) : st;
 }
 
-/* page_run -- the data records from *lsn on that lie inside the page checked last, each
- * linked to the one before, read with no arithmetic but their offsets in it (a chain's
- * common case).  It leaves to wal_batch_read, which gives the status of one that fails, the
- * first record that is not such a record, fails its CRC or does not fit; and a page's first
- * and last records (rule 3; the step to the next page). */
 /* run_header -- the header of the record at lsn when page_run may read it from the page at
  * base: a data record inside the page (neither its first nor its last), linked to prev, with
  * room in b beside n_before records of bytes_before bytes taken ahead of it. */
@@ -151,6 +146,12 @@ static int run_header(const wal_batch *b, const uint8_t *page, uint64_t base, ui
            b->data_used + bytes_before + h->length <= b->data_cap;
 }
 
+/* page_run -- the data records from *lsn on that lie inside the page checked last, each
+ * linked to the one before, read with no arithmetic but their offsets in it (a chain's
+ * common case).  It leaves to wal_batch_read, which gives the status of one that fails, the
+ * first record that is not such a record, fails its CRC or does not fit; and a page's first
+ * and last records (rule 3; the step to the next page).  Two records at a time where it can:
+ * one CRC's chain of crc32 instructions waits on itself, two interleaved run in its time. */
 static void page_run(wal_batch *b, uint64_t *lsn, uint64_t *prev, uint64_t stop_lsn)
 {
     const uint8_t *page = b->page;
