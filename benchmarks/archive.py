@@ -1,4 +1,4 @@
-"""Committed appends with archiving off and on, to a local S3 server, in one run (issue 12).
+"""Committed appends with archiving off and on, to a local S3 server, in one run.
 
     PMEM_IS_PMEM_FORCE=1 .venv/bin/python benchmarks/archive.py [--sizes 8k,1m] [--rounds 5]
         [--seconds 3] [--segment-size 16m] [--mode direct] [--cases off,on,load,off@,on@]

@@ -1,4 +1,4 @@
-"""Appends while the WAL is truncated the ways applications do it (issue 15), in one run.
+"""Appends while the WAL is truncated the ways applications do it, in one run.
 
     PMEM_IS_PMEM_FORCE=1 .venv/bin/python benchmarks/checkpointer.py [--size 65536] [--mode direct]
         [--seconds 2] [--interval 0.02] [--cases inline,thread,never,preallocated]

@@ -1,4 +1,4 @@
-"""A WAL that is never truncated, against the pace at which this machine makes segments (issue 29).
+"""A WAL that is never truncated, against the pace at which this machine makes segments.
 
     PMEM_IS_PMEM_FORCE=1 .venv/bin/python benchmarks/growth.py [--size 65536] [--gib 1]
         [--paces 0.25,0.5] [--mode direct] [--rounds 1]

@@ -14,7 +14,7 @@ records to 128 MiB behind, so that segments are recycled, not made.  Per round a
 
 Writers start together at a set time after opening the WAL; each counts its records in
 its own window.  Rounds alternate the four; the table gives medians and the ratios
-issue 11 sets targets on (2 processes / 1 process, 2 processes / 2 threads), with the
+the project's targets are on (2 processes / 1 process, 2 processes / 2 threads), with the
 separate-WAL ratio as the ceiling.
 """
 

@@ -6,7 +6,7 @@ pmemwal: ``pmemwal bench``'s engine in direct mode, 16 MiB segments, flush after
 record, 1 and 2 clients.  The raw loop: each thread copies records with libpmem's
 pmem_memcpy_persist (through ctypes, which gives the GIL up for the call) into its own
 half of a mapped, pre-faulted 256 MiB file, wrapping around: no header, no CRC, no
-segment ever made or recycled.  Rounds alternate; medians, and the ratios issue 15 sets
+segment ever made or recycled.  Rounds alternate; medians, and the ratios the project sets
 targets on (two pmemwal threads >= 1.0x one, and >= 0.8x two raw threads).
 """
 

@@ -112,13 +112,13 @@ class WAL(Opening):
       cache flush where libpmem takes the mapping for persistent memory (DAX, or
       ``PMEM_IS_PMEM_FORCE=1``), by ``msync`` otherwise; ``"msync"`` always by
       ``msync`` (the kernel's path, as on a file system without DAX: what
-      seed 003's non-DAX runs measured), ``"pmem"`` only by cache flush, a
+      PostgreSQL's non-volatile WAL buffer proposal measured without DAX), ``"pmem"`` only by cache flush, a
       ConfigError where the mapping is not persistent memory.  Buffered mode
       takes ``"auto"`` only: it persists with ``sync_method``.
     - ``insertion``: ``"parallel"`` (a record's space is reserved in one short step and
       its checksum and copy run beside other insertions, in up to ``insert_slots`` at
       once) or ``"serial"`` (reserving, checksum and copy all under one lock, one
-      insertion at a time: PostgreSQL's WALInsertLock before 9.4, seed 004's "before",
+      insertion at a time: PostgreSQL's WALInsertLock before 9.4,
       to measure parallel insertion against).
     - ``shared``: several processes append to this WAL at once, each opening it with
       ``shared=True`` (docs/SHARED.md).  They share the insert position, insertion
@@ -188,7 +188,8 @@ class WAL(Opening):
     - ``prefault``: map direct-mode segments with every page faulted in
       (MADV_POPULATE_WRITE), write buffered-mode ones with zeros when made
       (PostgreSQL's wal_init_zero), and prepare them ahead; False lets
-      appenders take the first-touch faults (what seed 003 measured).
+      appenders take the first-touch faults (what the non-volatile WAL buffer proposal
+      measured).
     - ``gil_release_size``: appends (a batch: its total payload) of at least this
       many bytes give up the GIL before copying; smaller ones keep it unless they
       must wait (for a slot, another insertion, a system call), since handing the
