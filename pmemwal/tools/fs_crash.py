@@ -1,7 +1,7 @@
 """File-system metadata crash states: what a power cut leaves of creates, renames and syncs.
 
 Concern: a model of the file system's *metadata* persistence and the driver that
-enumerates its crash states over live WAL workloads (issue 28, item 1).  The
+enumerates its crash states over live WAL workloads.  The
 power-loss simulator (powerloss.py) takes every create, fallocate, rename, unlink,
 ``CONTROL``, ``archive_status/`` marker and restore step for atomic and in order;
 this module does not.  It follows ALICE's abstract persistence model (Pillai et

@@ -21,7 +21,7 @@ SYNC_METHODS = {
 }
 ON_CORRUPTION = ("raise", "truncate")
 PERSIST = ("auto", "pmem", "msync")  # direct mode: how records become durable
-INSERTION = ("parallel", "serial")  # how insertions overlap (seed 004)
+INSERTION = ("parallel", "serial")  # how insertions overlap (PostgreSQL 9.4 made it parallel)
 DEFAULT_BUFFER_SIZE = 16 << 20
 DEFAULT_MAX_RECORD_SIZE = 64 << 20
 DEFAULT_FLUSH_INTERVAL = 0.05
@@ -35,7 +35,7 @@ DEFAULT_CHECKPOINT_BYTES = 64 << 20
 # Appends smaller than this keep the GIL while they insert (and persist): giving it up and
 # taking it back costs more than the insertion.  Two threads at 8 KiB and 16 KiB ran
 # 1.02-1.31x faster keeping it, at 64 KiB 1.3x faster giving it up, 32 KiB was a draw
-# (docs/PERFORMANCE.md, "Threads and processes"; 8 KiB before issue 29: the history is in
+# (docs/PERFORMANCE.md, "Threads and processes"; 8 KiB before c4438da: the history is in
 # docs/notes/2026-12-performance-notebook.md §8.1 and §15.3).
 DEFAULT_GIL_RELEASE_SIZE = 32 << 10
 # How long a call waits for one other writer that holds an insertion it needs, or the

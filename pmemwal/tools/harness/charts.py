@@ -101,8 +101,9 @@ def _draw_panel(ax, summary: Summary, size: int, metric: str | None) -> None:
 
 def plot_intervals(db: str, groups: list[str | None], png: str) -> str:
     """Draw each stored run's records/s per interval (pgbench's progress lines): a panel per
-    client count and record size, a line per run, coloured by series.  Seed 000's diagnosis
-    (a run halving for seconds, then recovering) came from such lines, which averages hide."""
+    client count and record size, a line per run, coloured by series.  PostgreSQL's
+    buffer-mapping diagnosis (a run halving for seconds, then recovering) came from such
+    lines, which averages hide."""
     require("matplotlib", "bench", "pmemwal report --intervals")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -169,7 +169,8 @@ class Summary:
 
     def series_tables(self, columns: list[str] | None = None) -> list[Table]:
         """Per client count and record size: a row per series, records/s and each counter
-        (per second of the run), as seed 001 tabled insertion slots against their waits."""
+        (per second of the run), as PostgreSQL's insertion-locks thread tabled slots against
+        their waits."""
         columns = self.columns() if columns is None else columns
         tables = []
         for c in self.clients():
@@ -204,8 +205,8 @@ class Summary:
 
     def machine_warnings(self) -> list[str]:
         """Warnings when the runs of this group did not all run alike: under different
-        CPU governors, at CPU frequencies more than 10 % apart (seed 002: an unset
-        governor made one side of a comparison 2x slower), or with the load average
+        CPU governors, at CPU frequencies more than 10 % apart (an unset governor once made
+        one side of a PostgreSQL comparison 2x slower), or with the load average
         moving by more than the CPU count."""
         states = [s for run in self.machine if run for s in (run.get("start"), run.get("end")) if s]
         warnings = []
