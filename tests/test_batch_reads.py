@@ -203,3 +203,20 @@ def test_entries_at_calls_a_record_of_another_entry_damage(wal_dir):
             log.entry(6)
         with pytest.raises(pmemwal.CorruptionError, match="for entry 6"):
             list(log.entries())
+
+
+def test_a_damaged_record_in_the_middle_of_a_page_stops_the_scan(wal_dir, mode):
+    """Small records read many to a page (two at a time, by their offsets in it): a flipped
+    payload byte of one in the middle is CorruptionError there, in the scan as in every read."""
+    with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, background=False) as wal:
+        lsns = [wal.append(_payload(i, 40)) for i in range(300)]
+        wal.flush()
+    for victim in (lsns[50], lsns[51]):  # (the first or the second of a pair, whichever)
+        flip_byte(wal_dir, victim + 24 + 5)
+        with pmemwal.open(wal_dir, mode=mode, background=False) as wal:
+            got = []
+            with pytest.raises(pmemwal.CorruptionError) as err:
+                for batch in wal.scan():
+                    got += batch.lsns.tolist()
+            assert err.value.lsn == victim and got == lsns[:lsns.index(victim)]
+        flip_byte(wal_dir, victim + 24 + 5)  # (mended for the next)
