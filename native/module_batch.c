@@ -4,7 +4,7 @@
  * fill/fetch hand back arrays (LSNs, prev-links, lengths, offsets) and one buffer of
  * payloads, read without the GIL: a segment the reader has not taken yet stops it, the
  * segment is taken with the GIL (call_take) and it goes on where it stopped.  records and
- * records_at hand back Record objects, each payload its own bytes (a memoryview over them
+ * record hand back Record objects, each payload its own bytes (a memoryview over them
  * would cost more than the rest of the record's read): nothing a caller keeps pins a segment
  * or a batch, and none ever shows other bytes.
  * They hold the GIL but for a payload of RECORD_UNLOCKED_SIZE or more.
@@ -370,7 +370,7 @@ PyObject *Reader_fetch(ReaderObject *self, PyObject *args)
                                 : NULL);
 }
 
-/* ---- records and records_at: Record objects ------------------------------------------- */
+/* ---- records, record and entry: Record objects --------------------------------------- */
 
 typedef struct {
     wal_batch *b;
@@ -564,44 +564,4 @@ PyObject *Reader_entry(ReaderObject *self, PyObject *args)
     return call_done(&c, Py_BuildValue("(iKKN)", st, st > 0 ? r.bad_lsn : 0ULL,
                                        (unsigned long long)term,
                                        payload ? payload : Py_NewRef(Py_None)));
-}
-
-/* records_at(lsns) -> (status, done, bad_lsn, [Record]): the records at lsns (a buffer of
- * native-endian u64s), each on its own, in that order, until one fails (status nonzero at
- * lsns[done]; WAL_VOID_RECORD where a void range starts there). */
-PyObject *Reader_records_at(ReaderObject *self, PyObject *args)
-{
-    Py_buffer in;
-    if (!PyArg_ParseTuple(args, "y*", &in))
-        return NULL;
-    reader_call c;
-    if (call_begin(self, &c) < 0) {
-        PyBuffer_Release(&in);
-        return NULL;
-    }
-    c.hold = 1;
-    const uint64_t *lsns = in.buf;
-    size_t count = (size_t)in.len / 8, done = 0;
-    PyObject *list = PyList_New(0);
-    uint64_t bad = 0;
-    wal_batch b = {0};
-    int st = WAL_OK;
-    for (; list && done < count; done++) {
-        wal_record r;
-        PyObject *payload;
-        if ((st = read_object(&c, &b, lsns[done], WAL_ANY_PREV, &r, &payload)) < 0) {
-            Py_CLEAR(list);
-            break;
-        }
-        if (st == WAL_OK && r.type == WAL_REC_VOID)
-            st = WAL_VOID_RECORD;
-        if (st != WAL_OK) {
-            bad = r.bad_lsn;
-            break;
-        }
-        if (push_record(list, &r, payload) < 0)
-            Py_CLEAR(list);
-    }
-    PyBuffer_Release(&in);
-    return call_done(&c, list ? Py_BuildValue("(inKN)", st, (Py_ssize_t)done, bad, list) : NULL);
 }

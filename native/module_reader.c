@@ -551,8 +551,6 @@ static PyMethodDef Reader_methods[] = {
      "entry(lsn, index, prefix) -> (status, bad_lsn, term, payload or None): a Log entry"},
     {"record", (PyCFunction)Reader_record, METH_O,
      "record(lsn) -> (status, bad_lsn, Record or None)"},
-    {"records_at", (PyCFunction)Reader_records_at, METH_VARARGS,
-     "records_at(lsns) -> (status, done, bad_lsn, [Record])"},
     {"forget", (PyCFunction)Reader_forget_method, METH_NOARGS,
      "forget(): let go of the segment buffers kept between calls"},
     {"first_record", (PyCFunction)Reader_first_record, METH_VARARGS, "first_record(segno) -> (status, lsn)"},

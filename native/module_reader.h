@@ -72,7 +72,6 @@ PyObject *Reader_scan(ReaderObject *self, PyObject *args);
 PyObject *Reader_fill(ReaderObject *self, PyObject *args);
 PyObject *Reader_fetch(ReaderObject *self, PyObject *args);
 PyObject *Reader_records(ReaderObject *self, PyObject *args);
-PyObject *Reader_records_at(ReaderObject *self, PyObject *args);
 PyObject *Reader_record(ReaderObject *self, PyObject *arg);
 PyObject *Reader_entry(ReaderObject *self, PyObject *args);
 /* module_objects.c */

@@ -213,13 +213,13 @@ int wal_copy_head(const wal_src *s, const wal_record *r, uint8_t *dst, uint64_t 
     return walk(s, u, 0, u, u + (n < r->length ? n : r->length), gather_visit, &g, &bad);
 }
 
-static void scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
-                 wal_scan_result *r, int check_body)
+void wal_follow(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
+                wal_scan_result *r)
 {
     memset(r, 0, sizeof(*r));
     wal_record rec;
     while (lsn < stop_lsn) {
-        int st = read_record(s, lsn, expect_prev, &rec, check_body, NULL);
+        int st = read_record(s, lsn, expect_prev, &rec, 0, NULL);
         if (st != WAL_OK) {
             r->status = st;
             r->bad_lsn = rec.bad_lsn;
@@ -233,18 +233,6 @@ static void scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t 
         lsn = rec.next_lsn;
     }
     r->end_lsn = lsn;
-}
-
-void wal_scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
-              wal_scan_result *r)
-{
-    scan(s, lsn, expect_prev, stop_lsn, r, 1);
-}
-
-void wal_follow(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
-                wal_scan_result *r)
-{
-    scan(s, lsn, expect_prev, stop_lsn, r, 0);
 }
 
 int wal_first_record(const wal_src *s, uint64_t segno, uint64_t *lsn)

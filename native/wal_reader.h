@@ -92,13 +92,11 @@ int wal_copy_payload(const wal_src *s, const wal_record *r, uint8_t *dst);
 /* wal_copy_head -- the first min(n, length) payload bytes of a valid record into dst. */
 int wal_copy_head(const wal_src *s, const wal_record *r, uint8_t *dst, uint64_t n);
 
-/* wal_scan -- follow the chain from lsn until stop_lsn or the first invalid record. */
-void wal_scan(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
-              wal_scan_result *r);
-
-/* wal_follow -- wal_scan reading each record's header alone (rules 1-4 for its bytes; no
- * CRC, the pages it spans unchecked): the record boundaries of a stretch known good, such
- * as one this process flushed, at a cost per record instead of per byte. */
+/* wal_follow -- follow the chain from lsn until stop_lsn or the first record that fails,
+ * reading each record's header alone (rules 1-4 for its bytes; no CRC, the pages it spans
+ * unchecked): the record boundaries of a stretch known good, such as one this process
+ * flushed, at a cost per record instead of per byte.  (A whole check of every record is
+ * wal_fill's, without arrays: wal_batch.h.) */
 void wal_follow(const wal_src *s, uint64_t lsn, uint64_t expect_prev, uint64_t stop_lsn,
                 wal_scan_result *r);
 

@@ -129,8 +129,6 @@ class Reader:
         -2: it reads, but is not that entry)."""
     def record(self, lsn: int, /) -> tuple[int, int, Record | None]:
         """(status, bad_lsn, the record or None)."""
-    def records_at(self, lsns: ReadableBuffer | np.ndarray, /) -> tuple[int, int, int, list[Record]]:
-        """(status, done, bad_lsn, records)."""
     def forget(self) -> None:
         """Let go of the segment buffers kept between calls."""
     def first_record(self, segno: int, /) -> tuple[int, int]:

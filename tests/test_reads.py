@@ -453,7 +453,7 @@ for call in (lambda: r.read(0), lambda: r.payload(0), lambda: r.scan(0, -1, 100)
              lambda: r.heads(0, -1, 100, 8, 10), lambda: r.first_record(0),
              lambda: r.beyond(0, 0, 0), lambda: r.fill(0, -1, 100, 10, 100),
              lambda: r.fetch(bytes(8), 100), lambda: r.records(0, -1, 100, 10, 100),
-             lambda: r.records_at(bytes(8))):
+             lambda: r.record(0)):
     try:
         call()
     except RuntimeError:
