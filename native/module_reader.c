@@ -109,6 +109,7 @@ static void keep(ReaderObject *r, held_segment *h)
 
 void reader_forget(ReaderObject *r)
 {
+    r->forgets++;
     for (int i = 0; i < READER_KEEP; i++) {
         kept_segment *k = &r->kept[i];
         if (!k->used)
@@ -135,6 +136,7 @@ int call_take(reader_call *c, uint64_t segno)
         *slot = (held_segment){segno, {0}, 1, k};
         return 0;
     }
+    uint64_t forgets = c->reader->forgets; /* (the getter may run one: a truncation's) */
     PyObject *obj = PyObject_CallFunction(c->getter, "K", (unsigned long long)segno);
     if (!obj) {
         c->failed = 1;
@@ -167,7 +169,8 @@ int call_take(reader_call *c, uint64_t segno)
         return 0;
     }
     slot->have = 1;
-    keep(c->reader, slot);
+    if (c->reader->forgets == forgets) /* else the call's own: what it shows may be moved */
+        keep(c->reader, slot);
     return 0;
 }
 

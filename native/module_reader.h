@@ -29,6 +29,7 @@ typedef struct {
     int salvage; /* page headers unchecked: see wal_src (wal_reader.h) */
     kept_segment kept[READER_KEEP];
     uint64_t uses;
+    uint64_t forgets; /* forget()s so far: a buffer the getter gave while one ran is not kept */
 } ReaderObject;
 
 /* A segment buffer a call took: have, when the getter gave a whole segment (else there is
