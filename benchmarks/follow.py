@@ -40,6 +40,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import resource
 import shutil
 import statistics
 import struct
@@ -92,6 +93,15 @@ def _full_speed(append: Any, buf: bytearray, count: int) -> tuple[int, int]:
     return t0, now()
 
 
+def usage(before: dict[str, float] | None = None) -> dict[str, float]:
+    """This process's CPU seconds and context switches (since ``before``): on a shared
+    machine, whether a process waited for a CPU (involuntary) or slept (voluntary)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    now = {"wall_s": time.monotonic(), "cpu_s": ru.ru_utime + ru.ru_stime,
+           "slept": ru.ru_nvcsw, "preempted": ru.ru_nivcsw}
+    return now if before is None else {k: round(now[k] - before[k], 6) for k in now}
+
+
 def _writer(path: str, mode: str, count: int, rate: float | None, start: Any, ready: Any,
             results: Any) -> None:
     """Warm up, append the record the follower starts at, wait for it, then run."""
@@ -105,11 +115,13 @@ def _writer(path: str, mode: str, count: int, rate: float | None, start: Any, re
         if not ready.wait(WAIT):
             raise SystemExit("the follower never became ready")
         time.sleep(SETTLE)
+        before = usage()
         t0, t1 = _paced(append, buf, count, rate) if rate else _full_speed(append, buf, count)
+        used = usage(before)
         STAMP.pack_into(buf, 0, 0, END)
         append(buf, True)
         results.put({"role": "writer", "t0": t0, "t1": t1, "mode": wal.mode,
-                     "persist_method": wal.persist_method})
+                     "persist_method": wal.persist_method, "usage": used})
 
 
 def _follower(path: str, count: int, start: Any, ready: Any, results: Any) -> None:
@@ -120,9 +132,11 @@ def _follower(path: str, count: int, start: Any, ready: Any, results: Any) -> No
     n = misplaced = 0
     ended = False
     with pmemwal.follow(path, start=start.get(timeout=WAIT), timeout=FOLLOW_TIMEOUT) as follower:
-        next(follower)  # the writer's first record: from here on the follower waits for it
+        records = iter(follower)
+        next(records)  # the writer's first record: from here on the follower waits for it
         ready.set()
-        for rec in follower:
+        before = usage()
+        for rec in records:
             t = now()
             stamp, seq = unpack(rec.payload)
             if seq == END:
@@ -133,7 +147,9 @@ def _follower(path: str, count: int, start: Any, ready: Any, results: Any) -> No
             else:
                 s[n], d[n] = stamp, t
             n += 1
+        used = usage(before)
     results.put({"role": "follower", "records": n, "misplaced": misplaced, "ended": ended,
+                 "usage": used,
                  "stamps": stamps, "delivered": delivered})
 
 
@@ -184,12 +200,13 @@ def delivery(count: int, writer: dict[str, Any], follower: dict[str, Any] | None
              ) -> dict[str, Any]:
     """A run's figures: the writer's rate, and with a follower its lags and pace."""
     t0, t1 = writer["t0"], writer["t1"]
-    out: dict[str, Any] = {"records": count, "writer_rate": count / ((t1 - t0) / 1e9)}
+    out: dict[str, Any] = {"records": count, "writer_rate": count / ((t1 - t0) / 1e9),
+                           "writer_usage": writer["usage"]}
     if follower is None:
         return out
     ok = follower["ended"] and follower["misplaced"] == 0 and follower["records"] == count
     out.update({"delivered": follower["records"], "misplaced": follower["misplaced"],
-                "ended": follower["ended"], "in_order": ok})
+                "ended": follower["ended"], "in_order": ok, "follower_usage": follower["usage"]})
     if not ok:
         return out
     lags = follower["delivered"] - follower["stamps"]
@@ -286,9 +303,24 @@ def rounds_table(full: dict[str, Any]) -> str:
         f, a = r["follower"], r["alone"]
         rows.append([i, human(a["writer_rate"]), human(f["writer_rate"]),
                      fmt(f.get("writer_cost"), 3), fmt(f.get("follower_over_writer"), 3),
-                     fmt(f.get("catch_up_us")), fmt(f.get("lag_us", {}).get("p99"))])
+                     fmt(f.get("catch_up_us")), fmt(f.get("lag_us", {}).get("p99")),
+                     f"{a['writer_usage']['preempted']:,} / {f['writer_usage']['preempted']:,}",
+                     f"{f['follower_usage']['slept']:,} / {f['follower_usage']['preempted']:,}"])
     return markdown_table(["round", "writer alone rec/s", "writer followed rec/s", "cost ratio",
-                           "follower / writer", "catch-up us", "lag p99 us"], rows)
+                           "follower / writer", "catch-up us", "lag p99 us",
+                           "writer preempted (alone / followed)",
+                           "follower slept / preempted"], rows)
+
+
+def usage_line(run: dict[str, Any]) -> str:
+    """Where the processes' time went: CPU seconds over wall seconds, and switches."""
+    parts = []
+    for role in ("writer", "follower"):
+        u = run.get(f"{role}_usage")
+        if u:
+            parts.append(f"{role} on a CPU {u['cpu_s']:.2f} s of {u['wall_s']:.2f} s, "
+                         f"slept {u['slept']:,} times, preempted {u['preempted']:,} times")
+    return "; ".join(parts)
 
 
 def chart(png: str, lag: dict[str, Any], full: dict[str, Any], title: str) -> None:
@@ -383,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\npersist method {report['persist_method']}; paced {lag['records']:,} records, "
           f"full speed {args.records:,} records x {args.rounds} rounds\n")
     print(summary_table(lag, full))
-    print()
+    print(f"\npaced: {usage_line(lag)}\n")
     print(rounds_table(full))
     print(f"\nload average after: {' '.join(map(str, report['load_after']))}")
     if args.json:
