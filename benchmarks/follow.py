@@ -304,12 +304,17 @@ def rounds_table(full: dict[str, Any]) -> str:
         rows.append([i, human(a["writer_rate"]), human(f["writer_rate"]),
                      fmt(f.get("writer_cost"), 3), fmt(f.get("follower_over_writer"), 3),
                      fmt(f.get("catch_up_us")), fmt(f.get("lag_us", {}).get("p99")),
-                     f"{a['writer_usage']['preempted']:,} / {f['writer_usage']['preempted']:,}",
-                     f"{f['follower_usage']['slept']:,} / {f['follower_usage']['preempted']:,}"])
+                     f"{on_cpu(a['writer_usage'])} / {on_cpu(f['writer_usage'])}",
+                     f"{on_cpu(f['follower_usage'])}, {f['follower_usage']['slept']:,}"])
     return markdown_table(["round", "writer alone rec/s", "writer followed rec/s", "cost ratio",
                            "follower / writer", "catch-up us", "lag p99 us",
-                           "writer preempted (alone / followed)",
-                           "follower slept / preempted"], rows)
+                           "writer on a CPU (alone / followed)",
+                           "follower on a CPU, sleeps"], rows)
+
+
+def on_cpu(u: dict[str, float]) -> str:
+    """The share of its wall time a process ran: below 100 %, it slept or waited for a CPU."""
+    return f"{100 * u['cpu_s'] / u['wall_s']:.0f} %" if u["wall_s"] > 0 else "n/a"
 
 
 def usage_line(run: dict[str, Any]) -> str:

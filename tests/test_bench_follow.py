@@ -26,6 +26,8 @@ def assert_followed(run: dict, records: int) -> None:
     assert run["lag_us"]["p50"] <= run["lag_us"]["p99"] <= run["lag_us"]["max"]
     assert run["writer_rate"] > 0 and run["follower_rate"] > 0
     assert 0 <= run["follower_over_writer"] <= 1
+    for role in ("writer", "follower"):
+        assert set(run[f"{role}_usage"]) == {"cpu_s", "wall_s", "slept", "preempted"}
 
 
 def test_follow_benchmark_tiny_run(shm_dir: Path) -> None:
