@@ -22,10 +22,15 @@ preallocated arrays.  A last record (sequence number 2**64 - 1) ends the run.
 - Full speed: ``--records`` records as fast as the writer appends them; the follower's
   delivered rate over the writer's rate, both over the writer's interval (first append to
   last): the share of the records delivered by the time the last append returned (target
-  >= 0.95).
+  >= 0.95).  Beside it, the follower's own pace: the same follower reading the records a
+  writer left (started once that writer closed the WAL), first delivery to last.
 - Writer cost: the writer's full-speed rate with a follower over its rate with none, A/B
   runs alternated (in turn A-B and B-A) for ``--rounds`` rounds; the median ratio (target
-  >= 0.95).  The full-speed figures are the with-follower runs' medians.
+  >= 0.95).  The full-speed figures are the rounds' medians.
+
+Beside the figures, the share of its wall time each process ran (its CPU seconds) and how
+often it slept: on a machine with few CPUs, or a shared one, a follower that waits for a CPU
+lags by the scheduler's time slice, and the lag says more about the machine than the WAL.
 
 A run that loses a record, repeats one or takes one out of order stops the script with exit
 status 1 after its figures are printed (and written with ``--json``).  ``--chart`` (or, with
@@ -153,22 +158,33 @@ def _follower(path: str, count: int, start: Any, ready: Any, results: Any) -> No
                  "stamps": stamps, "delivered": delivered})
 
 
-def run_once(root: str, mode: str, count: int, rate: float | None, follow: bool
+def run_once(root: str, mode: str, count: int, rate: float | None, follow: str
              ) -> dict[str, Any]:
-    """One writer (paced at ``rate``, or at full speed) with a follower or none, on a fresh
-    WAL under ``root`` (removed after); what the processes reported, keyed by role."""
+    """One writer (paced at ``rate``, or at full speed) on a fresh WAL under ``root`` (removed
+    after), with ``follow``: "live" (a follower waiting before the writer starts), "after" (a
+    follower started once the writer has closed the WAL: its own pace over records already
+    durable) or "none".  What the processes reported, keyed by role."""
     ctx = mp.get_context("spawn")
     path = os.path.join(root, "wal")
-    start, ready, results = (ctx.Queue() if follow else None), ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_writer, args=(path, mode, count, rate, start, ready, results))]
-    if follow:
+    start = ctx.Queue() if follow != "none" else None
+    ready, results = ctx.Event(), ctx.Queue()
+    writer = ctx.Process(target=_writer, args=(path, mode, count, rate, start, ready, results))
+    procs = [writer]
+    if follow != "none":
         procs.insert(0, ctx.Process(target=_follower, args=(path, count, start, ready, results)))
-    else:
+    if follow != "live":
         ready.set()
     try:
-        for proc in procs:
-            proc.start()
-        out = collect(results, procs)
+        if follow == "after":
+            writer.start()
+            out = collect(results, [writer])
+            writer.join(WAIT)
+            procs[0].start()
+            out.update(collect(results, [procs[0]]))
+        else:
+            for proc in procs:
+                proc.start()
+            out = collect(results, procs)
         for proc in procs:
             proc.join(WAIT)
         return out
@@ -226,7 +242,7 @@ def lag_stats(lags_ns: np.ndarray) -> dict[str, float]:
 
 def paced(root: str, args: argparse.Namespace) -> dict[str, Any]:
     count = max(1, int(args.rate * args.seconds))
-    got = run_once(root, args.mode, count, args.rate, True)
+    got = run_once(root, args.mode, count, args.rate, "live")
     out = delivery(count, got["writer"], got["follower"])
     out.update({"target_rate": args.rate, "seconds": args.seconds,
                 "mode": got["writer"]["mode"], "persist_method": got["writer"]["persist_method"]})
@@ -234,20 +250,31 @@ def paced(root: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def full_speed(root: str, args: argparse.Namespace, bar: Any) -> dict[str, Any]:
-    """``--rounds`` rounds of the writer alone and with a follower, in turn A-B and B-A."""
+    """``--rounds`` rounds of the writer alone and with a follower, in turn A-B and B-A, and
+    then a follower reading what a writer left (its own pace)."""
     rounds = []
     for r in range(args.rounds):
-        pair: dict[str, dict[str, Any]] = {}
-        for follow in ((False, True) if r % 2 == 0 else (True, False)):
+        runs: dict[str, dict[str, Any]] = {}
+        for follow in (("none", "live") if r % 2 == 0 else ("live", "none")) + ("after",):
             got = run_once(root, args.mode, args.records, None, follow)
-            pair["follower" if follow else "alone"] = delivery(args.records, got["writer"],
-                                                               got.get("follower"))
+            runs[follow] = (own_pace(args.records, got["follower"]) if follow == "after" else
+                            delivery(args.records, got["writer"], got.get("follower")))
             bar.update()
-        with_f, alone = pair["follower"], pair["alone"]
-        with_f["writer_cost"] = with_f["writer_rate"] / alone["writer_rate"]
-        bar.set_postfix_str(f"round {r + 1}: writer cost {with_f['writer_cost']:.2f}")
-        rounds.append(pair)
+        live = runs["live"]
+        live["writer_cost"] = live["writer_rate"] / runs["none"]["writer_rate"]
+        bar.set_postfix_str(f"round {r + 1}: writer cost {live['writer_cost']:.2f}")
+        rounds.append({"alone": runs["none"], "follower": live, "after": runs["after"]})
     return {"records": args.records, "rounds": rounds, **medians(rounds)}
+
+
+def own_pace(count: int, follower: dict[str, Any]) -> dict[str, Any]:
+    """A follower's rate over records already durable: first delivery to last."""
+    ok = follower["ended"] and follower["misplaced"] == 0 and follower["records"] == count
+    out = {"delivered": follower["records"], "in_order": ok, "follower_usage": follower["usage"]}
+    if ok and count > 1:
+        d = follower["delivered"]
+        out["follower_rate"] = (count - 1) / ((int(d[-1]) - int(d[0])) / 1e9)
+    return out
 
 
 def medians(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -257,9 +284,10 @@ def medians(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     return {"writer_rate_alone": median("alone", "writer_rate"),
             "writer_rate_followed": median("follower", "writer_rate"),
             "follower_rate": median("follower", "follower_rate"),
+            "follower_rate_alone": median("after", "follower_rate"),
             "follower_over_writer": median("follower", "follower_over_writer"),
             "writer_cost": median("follower", "writer_cost"),
-            "in_order": all(r["follower"]["in_order"] for r in rounds)}
+            "in_order": all(r[k]["in_order"] for r in rounds for k in ("follower", "after"))}
 
 
 # ---- the report -----------------------------------------------------------------------
@@ -289,6 +317,8 @@ def summary_table(lag: dict[str, Any], full: dict[str, Any]) -> str:
         ["paced: lag max", f"{fmt(stats.get('max'))} us", "", ""],
         ["full speed: writer, alone", f"{human(full['writer_rate_alone'])}/s", "", ""],
         ["full speed: writer, followed", f"{human(full['writer_rate_followed'])}/s", "", ""],
+        ["full speed: follower, over records already durable",
+         f"{human(full['follower_rate_alone'] or 0)}/s", "", ""],
         ["full speed: follower / writer", fmt(full["follower_over_writer"], 3), ">= 0.95",
          verdict(full["follower_over_writer"], TARGETS["follower_over_writer"], False)],
         ["writer cost: followed / alone", fmt(full["writer_cost"], 3), ">= 0.95",
@@ -302,11 +332,13 @@ def rounds_table(full: dict[str, Any]) -> str:
     for i, r in enumerate(full["rounds"], 1):
         f, a = r["follower"], r["alone"]
         rows.append([i, human(a["writer_rate"]), human(f["writer_rate"]),
+                     human(r["after"].get("follower_rate", 0)),
                      fmt(f.get("writer_cost"), 3), fmt(f.get("follower_over_writer"), 3),
                      fmt(f.get("catch_up_us")), fmt(f.get("lag_us", {}).get("p99")),
                      f"{on_cpu(a['writer_usage'])} / {on_cpu(f['writer_usage'])}",
                      f"{on_cpu(f['follower_usage'])}, {f['follower_usage']['slept']:,}"])
-    return markdown_table(["round", "writer alone rec/s", "writer followed rec/s", "cost ratio",
+    return markdown_table(["round", "writer alone rec/s", "writer followed rec/s",
+                           "follower alone rec/s", "cost ratio",
                            "follower / writer", "catch-up us", "lag p99 us",
                            "writer on a CPU (alone / followed)",
                            "follower on a CPU, sleeps"], rows)
@@ -409,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{' '.join(map(str, report['load_before']))}; Python {report['python']}; "
           f"mode {args.mode}; dir {args.dir}")
     with scratch_dir("pmemwal-follow-") as root, \
-            progress(1 + 2 * args.rounds, "run", "follow", "benchmarks/follow.py",
+            progress(1 + 3 * args.rounds, "run", "follow", "benchmarks/follow.py",
                      interval=5.0) as bar:
         report["paced"] = lag = paced(root, args)
         bar.update()

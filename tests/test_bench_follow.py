@@ -50,9 +50,10 @@ def test_follow_benchmark_tiny_run(shm_dir: Path) -> None:
     (pair,) = full["rounds"]
     assert_followed(pair["follower"], 2000)
     assert pair["alone"]["records"] == 2000 and "delivered" not in pair["alone"]
+    assert pair["after"]["delivered"] == 2000 and pair["after"]["in_order"]
     assert full["in_order"]
     for key in ("writer_rate_alone", "writer_rate_followed", "follower_rate",
-                "follower_over_writer", "writer_cost"):
+                "follower_rate_alone", "follower_over_writer", "writer_cost"):
         assert full[key] > 0, key
     assert png.read_bytes().startswith(b"\x89PNG")
     assert sorted(os.listdir(shm_dir)) == ["follow.json", "lag.png"]  # its WALs removed
