@@ -23,7 +23,7 @@ preallocated arrays.  A last record (sequence number 2**64 - 1) ends the run.
   delivered rate over the writer's rate, both over the writer's interval (first append to
   last): the share of the records delivered by the time the last append returned (target
   >= 0.95).  Beside it, the follower's own pace: the same follower reading the records a
-  writer left (started once that writer closed the WAL), first delivery to last.
+  writer left (started once that writer closed the WAL), from its first read to its last.
 - Writer cost: the writer's full-speed rate with a follower over its rate with none, A/B
   runs alternated (in turn A-B and B-A) for ``--rounds`` rounds; the median ratio (target
   >= 0.95).  The full-speed figures are the rounds' medians.
@@ -40,6 +40,7 @@ status 1 after its figures are printed (and written with ``--json``).  ``--chart
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -129,41 +130,84 @@ def _writer(path: str, mode: str, count: int, rate: float | None, start: Any, re
                      "persist_method": wal.persist_method, "usage": used})
 
 
-def _follower(path: str, count: int, start: Any, ready: Any, results: Any) -> None:
+def _follower(path: str, count: int, batches: bool, start: Any, ready: Any, results: Any
+              ) -> None:
     """Follow from the writer's first record; every later record's stamp and delivery time."""
     stamps, delivered = np.zeros(count, np.int64), np.zeros(count, np.int64)
-    s, d = memoryview(stamps), memoryview(delivered)  # a view's item stores are numpy's fastest
-    now, unpack = time.monotonic_ns, STAMP.unpack_from
-    n = misplaced = 0
-    ended = False
     with pmemwal.follow(path, start=start.get(timeout=WAIT), timeout=FOLLOW_TIMEOUT) as follower:
-        records = iter(follower)
-        next(records)  # the writer's first record: from here on the follower waits for it
+        began = time.monotonic_ns()
+        if batches:
+            items = follower.batches()
+            first = next(items)  # the writer's first record: from here on the follower waits
+            items, take = itertools.chain([first], items), _take_batches
+        else:
+            items, take = iter(follower), _take_records
+            next(items)
         ready.set()
         before = usage()
-        for rec in records:
-            t = now()
-            stamp, seq = unpack(rec.payload)
-            if seq == END:
-                ended = True
-                break
-            if seq != n or n >= count:
-                misplaced += 1
-            else:
-                s[n], d[n] = stamp, t
-            n += 1
+        n, misplaced, ended = take(items, stamps, delivered)
+        done = time.monotonic_ns()
         used = usage(before)
     results.put({"role": "follower", "records": n, "misplaced": misplaced, "ended": ended,
-                 "usage": used,
-                 "stamps": stamps, "delivered": delivered})
+                 "usage": used, "began": began, "done": done, "stamps": stamps, "delivered": delivered})
 
 
-def run_once(root: str, mode: str, count: int, rate: float | None, follow: str
-             ) -> dict[str, Any]:
+def _take_records(records: Any, stamps: np.ndarray, delivered: np.ndarray
+                  ) -> tuple[int, int, bool]:
+    """Record by record until the last: (records, misplaced ones, whether the last came)."""
+    s, d = memoryview(stamps), memoryview(delivered)  # a view's item stores are numpy's fastest
+    now, unpack, count = time.monotonic_ns, STAMP.unpack_from, len(stamps)
+    n = misplaced = 0
+    for rec in records:
+        t = now()
+        stamp, seq = unpack(rec.payload)
+        if seq == END:
+            return n, misplaced, True
+        if seq != n or n >= count:
+            misplaced += 1
+        else:
+            s[n], d[n] = stamp, t
+        n += 1
+    return n, misplaced, False
+
+
+def _take_batches(batches: Any, stamps: np.ndarray, delivered: np.ndarray
+                  ) -> tuple[int, int, bool]:
+    """The same a batch at a time: each record delivered when its batch is.  The first batch
+    starts with the writer's first record (alone in it, unless the writer is done)."""
+    count, skip = len(stamps), 1
+    n = misplaced = 0
+    for batch in batches:
+        t = time.monotonic_ns()
+        # every payload is PAYLOAD bytes, one after another: the rows' first two u64s
+        fields = np.frombuffer(batch.data, "<u8").reshape(len(batch), -1)[skip:, :2]
+        skip = 0
+        if not len(fields):
+            continue
+        ended = fields[-1, 1] == END
+        fields = fields[:-1] if ended else fields
+        k = len(fields)
+        expected = np.arange(n, n + k, dtype=np.uint64)
+        if n + k > count:
+            misplaced += k
+        elif not np.array_equal(fields[:, 1], expected):
+            misplaced += int(np.count_nonzero(fields[:, 1] != expected))
+        else:
+            stamps[n:n + k], delivered[n:n + k] = fields[:, 0], t
+        n += k
+        if ended:
+            return n, misplaced, True
+    return n, misplaced, False
+
+
+def run_once(root: str, mode: str, count: int, rate: float | None, follow: str,
+             pin: list[int] | None = None, batches: bool = False) -> dict[str, Any]:
     """One writer (paced at ``rate``, or at full speed) on a fresh WAL under ``root`` (removed
     after), with ``follow``: "live" (a follower waiting before the writer starts), "after" (a
     follower started once the writer has closed the WAL: its own pace over records already
-    durable) or "none".  What the processes reported, keyed by role."""
+    durable) or "none".  ``pin``: the writer's CPU and the follower's; ``batches``: the
+    follower reads a batch at a time.  What the processes
+    reported, keyed by role."""
     ctx = mp.get_context("spawn")
     path = os.path.join(root, "wal")
     start = ctx.Queue() if follow != "none" else None
@@ -171,19 +215,20 @@ def run_once(root: str, mode: str, count: int, rate: float | None, follow: str
     writer = ctx.Process(target=_writer, args=(path, mode, count, rate, start, ready, results))
     procs = [writer]
     if follow != "none":
-        procs.insert(0, ctx.Process(target=_follower, args=(path, count, start, ready, results)))
+        procs.insert(0, ctx.Process(target=_follower, args=(path, count, batches, start, ready, results)))
     if follow != "live":
         ready.set()
     try:
+        cpus = dict(zip((writer, procs[0]), pin)) if pin else {}
         if follow == "after":
-            writer.start()
+            launch(writer, cpus)
             out = collect(results, [writer])
             writer.join(WAIT)
-            procs[0].start()
+            launch(procs[0], cpus)
             out.update(collect(results, [procs[0]]))
         else:
             for proc in procs:
-                proc.start()
+                launch(proc, cpus)
             out = collect(results, procs)
         for proc in procs:
             proc.join(WAIT)
@@ -193,6 +238,13 @@ def run_once(root: str, mode: str, count: int, rate: float | None, follow: str
             if proc.is_alive():
                 proc.kill()
         shutil.rmtree(path, ignore_errors=True)
+
+
+def launch(proc: Any, cpus: dict[Any, int]) -> None:
+    """Start a process, on its own CPU if given one (while it is still importing)."""
+    proc.start()
+    if proc in cpus:
+        os.sched_setaffinity(proc.pid, {cpus[proc]})
 
 
 def collect(results: Any, procs: list[Any]) -> dict[str, Any]:
@@ -242,7 +294,7 @@ def lag_stats(lags_ns: np.ndarray) -> dict[str, float]:
 
 def paced(root: str, args: argparse.Namespace) -> dict[str, Any]:
     count = max(1, int(args.rate * args.seconds))
-    got = run_once(root, args.mode, count, args.rate, "live")
+    got = run_once(root, args.mode, count, args.rate, "live", args.pin, args.batches)
     out = delivery(count, got["writer"], got["follower"])
     out.update({"target_rate": args.rate, "seconds": args.seconds,
                 "mode": got["writer"]["mode"], "persist_method": got["writer"]["persist_method"]})
@@ -256,7 +308,7 @@ def full_speed(root: str, args: argparse.Namespace, bar: Any) -> dict[str, Any]:
     for r in range(args.rounds):
         runs: dict[str, dict[str, Any]] = {}
         for follow in (("none", "live") if r % 2 == 0 else ("live", "none")) + ("after",):
-            got = run_once(root, args.mode, args.records, None, follow)
+            got = run_once(root, args.mode, args.records, None, follow, args.pin, args.batches)
             runs[follow] = (own_pace(args.records, got["follower"]) if follow == "after" else
                             delivery(args.records, got["writer"], got.get("follower")))
             bar.update()
@@ -268,12 +320,12 @@ def full_speed(root: str, args: argparse.Namespace, bar: Any) -> dict[str, Any]:
 
 
 def own_pace(count: int, follower: dict[str, Any]) -> dict[str, Any]:
-    """A follower's rate over records already durable: first delivery to last."""
+    """A follower's rate over records already durable: from its first read (the writer's
+    first record) to its last."""
     ok = follower["ended"] and follower["misplaced"] == 0 and follower["records"] == count
     out = {"delivered": follower["records"], "in_order": ok, "follower_usage": follower["usage"]}
-    if ok and count > 1:
-        d = follower["delivered"]
-        out["follower_rate"] = (count - 1) / ((int(d[-1]) - int(d[0])) / 1e9)
+    if ok:
+        out["follower_rate"] = (count + 1) / ((follower["done"] - follower["began"]) / 1e9)
     return out
 
 
@@ -420,12 +472,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="full speed: rounds of the writer alone and followed (default 5)")
     ap.add_argument("--dir", default=common.SCRATCH,
                     help="the scratch directory goes here, removed after (default /dev/shm)")
+    ap.add_argument("--pin", metavar="W,F", type=lambda t: [int(c) for c in t.split(",")],
+                    help="run the writer on CPU W and the follower on CPU F (default: where "
+                         "the scheduler puts them)")
+    ap.add_argument("--batches", action="store_true",
+                    help="the follower reads with Follower.batches(), a batch at a time "
+                         "(each record delivered when its batch is), not record by record")
     ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
     ap.add_argument("--chart", metavar="PNG",
                     help="draw the lags to PNG (default: beside --json's FILE, if given)")
     args = ap.parse_args(argv)
     if args.rate <= 0 or args.seconds <= 0 or args.records < 1 or args.rounds < 1:
         ap.error("--rate, --seconds, --records and --rounds must be positive")
+    if args.pin is not None and len(args.pin) != 2:
+        ap.error("--pin takes two CPUs: the writer's and the follower's")
     if args.chart is None and args.json:
         args.chart = os.path.splitext(args.json)[0] + ".png"
     return args
@@ -435,11 +495,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     common.SCRATCH = args.dir
     report: dict[str, Any] = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load(),
-                              "python": platform.python_version(), "mode": args.mode,
+                              "python": platform.python_version(), "mode": args.mode, "pin": args.pin,
+                              "follower_reads": "batches" if args.batches else "records",
                               "targets": TARGETS}
     print(f"CPU: {report['cpu']}, {report['cpus']} CPUs; load average "
           f"{' '.join(map(str, report['load_before']))}; Python {report['python']}; "
-          f"mode {args.mode}; dir {args.dir}")
+          f"mode {args.mode}; dir {args.dir}; the follower reads "
+          f"{report['follower_reads']}"
+          + (f"; writer on CPU {args.pin[0]}, follower on CPU {args.pin[1]}" if args.pin else ""))
     with scratch_dir("pmemwal-follow-") as root, \
             progress(1 + 3 * args.rounds, "run", "follow", "benchmarks/follow.py",
                      interval=5.0) as bar:
