@@ -522,8 +522,9 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.json, "w") as f:
             json.dump(public(report), f, indent=1)
     if args.chart:
-        chart(args.chart, lag, full, f"pmemwal.follow: {report['cpu']}, {args.mode} "
-              f"({report['persist_method']}), load {report['load_before'][0]}")
+        chart(args.chart, lag, full, f"pmemwal.follow, reading {report['follower_reads']}: "
+              f"{report['cpu']}, {args.mode} ({report['persist_method']}), "
+              f"load {report['load_before'][0]}")
         print(f"chart: {args.chart}")
     if not (lag.get("in_order") and full["in_order"]):
         print("a follower lost, repeated or reordered records", file=sys.stderr)
