@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO_ROOT, child_env
 
 FOLLOW = REPO_ROOT / "benchmarks" / "follow.py"
-LAG_KEYS = {"p50", "p99", "p99.9", "max", "mean"}
+LAG_KEYS = {"p50", "p99", "p99.9", "max", "mean", "within_20us"}
 
 
 def assert_followed(run: dict, records: int) -> None:
