@@ -2,7 +2,8 @@
 writer's cost, in one run.
 
     .venv/bin/python benchmarks/follow.py [--mode direct] [--rate 100000] [--seconds 5]
-        [--records 1000000] [--rounds 5] [--dir /dev/shm] [--json out.json] [--chart lag.png]
+        [--records 1000000] [--rounds 5] [--batches] [--pin W,F] [--dir /dev/shm]
+        [--json out.json] [--chart lag.png]
 
 (``PMEM_IS_PMEM_FORCE=1`` on /dev/shm makes direct mode persist as on persistent memory.)
 
@@ -13,7 +14,9 @@ payload stamped just before its append with ``time.monotonic_ns()`` and a sequen
 already waiting when the writer starts: it reads a first record the writer appends after its
 warm-up, says it is ready, and blocks for the next.  It takes the clock as each record is
 delivered, checks that every sequence number comes once and in order, and keeps the times in
-preallocated arrays.  A last record (sequence number 2**64 - 1) ends the run.
+preallocated arrays.  A last record (sequence number 2**64 - 1) ends the run.  ``--batches``:
+the follower reads with ``Follower.batches()`` instead, each record delivered when its batch
+is; ``--pin W,F``: the writer runs on CPU W only, the follower on CPU F.
 
 - Paced lag: ``--rate`` records/s for ``--seconds`` on a fixed schedule (the writer
   busy-waits on the clock; sleeping is too coarse).  Lag is the delivery time less the
@@ -52,7 +55,7 @@ import statistics
 import struct
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -136,26 +139,25 @@ def _follower(path: str, count: int, batches: bool, start: Any, ready: Any, resu
     stamps, delivered = np.zeros(count, np.int64), np.zeros(count, np.int64)
     with pmemwal.follow(path, start=start.get(timeout=WAIT), timeout=FOLLOW_TIMEOUT) as follower:
         began = time.monotonic_ns()
-        if batches:
-            items = follower.batches()
-            first = next(items)  # the writer's first record: from here on the follower waits
-            items, take = itertools.chain([first], items), _take_batches
-        else:
-            items, take = iter(follower), _take_records
-            next(items)
+        items: Iterator[Any] = follower.batches() if batches else iter(follower)
+        first = next(items)  # the writer's first record: from here on the follower waits
         ready.set()
         before = usage()
-        n, misplaced, ended = take(items, stamps, delivered)
+        if batches:  # (the first batch holds more than the first record once a writer is done)
+            n, misplaced, ended = _take_batches(itertools.chain([first], items), stamps, delivered)
+        else:
+            n, misplaced, ended = _take_records(items, stamps, delivered)
         done = time.monotonic_ns()
         used = usage(before)
     results.put({"role": "follower", "records": n, "misplaced": misplaced, "ended": ended,
-                 "usage": used, "began": began, "done": done, "stamps": stamps, "delivered": delivered})
+                 "usage": used, "began": began, "done": done,
+                 "stamps": stamps, "delivered": delivered})
 
 
 def _take_records(records: Any, stamps: np.ndarray, delivered: np.ndarray
                   ) -> tuple[int, int, bool]:
     """Record by record until the last: (records, misplaced ones, whether the last came)."""
-    s, d = memoryview(stamps), memoryview(delivered)  # a view's item stores are numpy's fastest
+    s, d = stamps.data, delivered.data  # a memoryview's item stores are the fastest
     now, unpack, count = time.monotonic_ns, STAMP.unpack_from, len(stamps)
     n = misplaced = 0
     for rec in records:
@@ -215,7 +217,8 @@ def run_once(root: str, mode: str, count: int, rate: float | None, follow: str,
     writer = ctx.Process(target=_writer, args=(path, mode, count, rate, start, ready, results))
     procs = [writer]
     if follow != "none":
-        procs.insert(0, ctx.Process(target=_follower, args=(path, count, batches, start, ready, results)))
+        procs.insert(0, ctx.Process(target=_follower,
+                                    args=(path, count, batches, start, ready, results)))
     if follow != "live":
         ready.set()
     try:
@@ -359,7 +362,7 @@ def fmt(value: float | None, digits: int = 1) -> str:
 
 def summary_table(lag: dict[str, Any], full: dict[str, Any]) -> str:
     stats = lag.get("lag_us", {})
-    rows = [
+    rows: list[list[object]] = [
         ["paced: writer's rate", f"{human(lag['writer_rate'])}/s "
          f"(asked {human(lag['target_rate'])}/s)", "", ""],
         ["paced: records in order", f"{lag.get('delivered', 0):,} of {lag['records']:,}",
@@ -384,7 +387,7 @@ def summary_table(lag: dict[str, Any], full: dict[str, Any]) -> str:
 
 
 def rounds_table(full: dict[str, Any]) -> str:
-    rows = []
+    rows: list[list[object]] = []
     for i, r in enumerate(full["rounds"], 1):
         f, a = r["follower"], r["alone"]
         rows.append([i, human(a["writer_rate"]), human(f["writer_rate"]),
@@ -464,7 +467,7 @@ def load() -> list[float]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--mode", default="direct", choices=["direct", "buffered", "auto"],
                     help="the WAL's mode (default direct)")
     ap.add_argument("--rate", type=float, default=100_000,
@@ -499,7 +502,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     common.SCRATCH = args.dir
     report: dict[str, Any] = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load(),
-                              "python": platform.python_version(), "mode": args.mode, "pin": args.pin,
+                              "python": platform.python_version(), "mode": args.mode,
+                              "pin": args.pin,
                               "follower_reads": "batches" if args.batches else "records",
                               "targets": TARGETS}
     print(f"CPU: {report['cpu']}, {report['cpus']} CPUs; load average "

@@ -57,6 +57,7 @@ def test_follow_benchmark_tiny_run(shm_dir: Path, reads: str) -> None:
     for key in ("writer_rate_alone", "writer_rate_followed", "follower_rate",
                 "follower_rate_alone", "writer_cost"):
         assert full[key] > 0, key
-    assert 0 <= full["follower_over_writer"] <= 1  # (2,000 records may all come after the last append)
+    # (2,000 records at full speed may all come after the writer's last append: 0)
+    assert 0 <= full["follower_over_writer"] <= 1
     assert png.read_bytes().startswith(b"\x89PNG")
     assert sorted(os.listdir(shm_dir)) == ["follow.json", "lag.png"]  # its WALs removed
