@@ -253,3 +253,22 @@ def test_the_follow_file_is_remade_for_another_wal(wal_path, shm_tmp):
         wal.append(b"x", flush=True)
         with pmemwal.open(wal_path, readonly=True) as reader:
             assert [bytes(r.payload) for r in reader.records()] == [b"x"]
+
+
+def test_stats_show_the_named_followers(wal_path):
+    from click.testing import CliRunner
+
+    from pmemwal.tools.cli import main
+    with pmemwal.open(wal_path) as wal:
+        for i in range(10):
+            wal.append(_payload(i), flush=True)
+        with pmemwal.follow(wal_path, name="projector", timeout=0) as follower:
+            it = iter(follower)
+            next(it)
+            follower.confirm()
+        out = CliRunner().invoke(main, ["stats", wal_path])
+        assert out.exit_code == 0, out.output
+        assert "'projector' active" in out.output and "open in a writer" in out.output
+        data = CliRunner().invoke(main, ["stats", "--json", wal_path])
+        following = __import__("json").loads(data.output)["following"]
+        assert following["writer_open"] and following["followers"][0]["name"] == "projector"
