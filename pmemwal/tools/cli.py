@@ -251,13 +251,16 @@ _DUMP_BLOCK = 4096  # lines dump writes at once
 @click.argument("path", type=click.Path())
 @click.option("--start", type=LSN, default=None,
               help="LSN of the first record, X/X or decimal [default: the oldest record].")
+@click.option("--end", "end_lsn", type=LSN, default=None,
+              help="Stop before the first record at or past this LSN (X/X or decimal).")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Show at most N records.")
 @click.option("--preview", type=click.IntRange(min=0), default=0,
               help="Show the first N payload bytes of each record, in hex.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per record (JSON lines), then a summary object.")
 @_library_errors
-def dump(path: str, start: int | None, limit: int | None, preview: int, as_json: bool) -> None:
+def dump(path: str, start: int | None, end_lsn: int | None, limit: int | None, preview: int,
+         as_json: bool) -> None:
     """List the records of the WAL at PATH, one line each (like pg_waldump), then a summary.
 
     When the WAL holds a log (pmemwal.Log), each line also says the log record's
@@ -267,10 +270,13 @@ def dump(path: str, start: int | None, limit: int | None, preview: int, as_json:
     damage (an end before the checkpoint's end is damage too) or finds no valid
     record at --start.
 
-    Example: pmemwal dump /dev/shm/wal --start 0/2018 --limit 10
+    \b
+    Examples:
+      pmemwal dump /dev/shm/wal --start 0/2018 --limit 10
+      pmemwal dump /dev/shm/wal --start 0/2018 --end 0/9000
     """
     with _inspect.WalView(path) as view:
-        records = view.records(start, limit)
+        records = view.records(start, limit, _inspect.END if end_lsn is None else end_lsn)
         holds_log = view.holds_log()
         lines: list[str] = []  # (written a block at a time: one echo per line costs more)
         for rec in records:

@@ -91,14 +91,16 @@ class WalView(DirectoryChecks, RecordLines):
         kept = [segno for segno in self.readable if segno >= oldest]
         return kept[0] if kept else (self.readable[0] if self.readable else None)
 
-    def records(self, start: int | None = None, limit: int | None = None) -> Records:
+    def records(self, start: int | None = None, limit: int | None = None,
+                stop_lsn: int = _END) -> Records:
         """The valid records from ``start`` (an LSN; None: the first record of the
-        oldest segment) on, at most ``limit`` of them; iterate it, then see ``.end``."""
-        return Records(self, start, limit)
+        oldest segment) on, at most ``limit`` of them, up to the first at or past
+        ``stop_lsn``; iterate it, then see ``.end``."""
+        return Records(self, start, limit, stop_lsn)
 
     def scan(self, stop_lsn: int = _END) -> Records:
         """The whole chain (up to the first record at or past ``stop_lsn``: then ``end``
-        is a ``limit`` there), followed by the native reader (no records yielded): see
+        is an ``end`` there), followed by the native reader (no records yielded): see
         the result's ``count``, ``payload_bytes``, ``first_lsn``, ``last_lsn``, ``end``."""
         result = Records(self, None, None, stop_lsn)
         for _ in result._walk(native=True):    # yields nothing: the native scan counts
@@ -208,7 +210,7 @@ class Records:
                 self.end = End("limit", lsn, "limit")
                 return
             if status == 0 and lsn >= self.stop_lsn:
-                self.end = End("limit", lsn, f"stop at {format_lsn(self.stop_lsn)}")
+                self.end = End("end", lsn, f"--end {format_lsn(self.stop_lsn)} reached")
                 return
             if status == 0:
                 if native:
@@ -218,7 +220,7 @@ class Records:
                         self._note(begin, count, nbytes, last)
                     if last:  # void records (closed ranges) move the chain, count nothing
                         prev = last
-                    if status == 0:  # it stopped at stop_lsn: a limit (above), not the end
+                    if status == 0:  # it stopped at stop_lsn: an "end" (above), not the chain's
                         continue
                 else:
                     room = _BATCH if self.limit is None else min(_BATCH, self.limit - self.count)

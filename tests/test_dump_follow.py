@@ -1,0 +1,98 @@
+"""``pmemwal dump``'s --end, its payload text column, and --follow.
+
+- --end LSN: the dump stops before the first record at or past LSN (an LSN inside a
+  record, or a record's own), and the summary says so;
+- --preview: beside the hex, the same bytes as text (printable ASCII as is, others as
+  '.'), in lines and in JSON ("text" beside "data");
+- --follow: records a writer process appends after the dump started are printed as they
+  become durable, until --end (or --limit); Ctrl-C (SIGINT) ends it with the summary,
+  exit 0.
+
+The follow tests run the command as a process beside a writer process (real files,
+real processes); they wait for lines, never for a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import pmemwal
+from pmemwal.tools.cli import main
+from pmemwal.tools.inspect import parse_lsn
+from conftest import SEG, child_env, cli_runner, next_lsn, payload
+
+LINE = re.compile(r"^lsn: (\S+) +len: +(\d+) prev: (\S+) +crc: 0x[0-9a-f]{8}")
+
+
+def invoke(*args):
+    result = cli_runner().invoke(main, [str(a) for a in args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        f"{args}: {result.exception!r}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def listed(output: str) -> list[int]:
+    """The LSN of each record line of a dump."""
+    return [parse_lsn(m[1]) for m in map(LINE.match, output.splitlines()) if m]
+
+
+def make_wal(path, payloads) -> list[int]:
+    with pmemwal.open(path, segment_size=SEG, background=False) as wal:
+        return [wal.append(p) for p in payloads]
+
+
+# ---- --end --------------------------------------------------------------------------
+
+def test_end_stops_before_the_first_record_at_or_past_it(wal_dir):
+    lsns = make_wal(wal_dir, [payload(f"e/{i}", 300 + i) for i in range(10)])
+    for end, shown in [(lsns[6], lsns[:6]),                 # a record's own LSN: not shown
+                       (lsns[6] + 8, lsns[:7]),             # inside record 6: it is shown
+                       (lsns[0], [])]:
+        for text in (pmemwal.format_lsn(end), str(end)):
+            result = invoke("dump", wal_dir, "--end", text)
+            assert result.exit_code == 0, result.output
+            assert listed(result.stdout) == shown
+            stop = lsns[len(shown)]
+            assert result.stdout.splitlines()[-1].endswith(
+                f"stopped: --end {pmemwal.format_lsn(end)} reached; the next record is at "
+                f"{pmemwal.format_lsn(stop)}")
+    result = invoke("dump", wal_dir, "--start", lsns[2], "--end", lsns[5], "--json")
+    objects = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [o["lsn"] for o in objects[:-1]] == lsns[2:5]
+    assert objects[-1]["stopped"] == "end" and objects[-1]["end_lsn"] == lsns[5]
+    # past the last record: the end of the WAL comes first
+    result = invoke("dump", wal_dir, "--end", "ffff/0")
+    assert listed(result.stdout) == lsns and "stopped: end of WAL" in result.stdout
+    result = invoke("dump", wal_dir, "--end", "zz")
+    assert result.exit_code == 2 and "Invalid value for '--end'" in result.stderr
+
+
+# ---- the text column -----------------------------------------------------------------
+
+MIXED = b"Ab\x00z \x7f\x80\xffq~\n\t|9"
+
+
+def test_preview_shows_the_bytes_as_text(wal_dir):
+    make_wal(wal_dir, [MIXED, b"", b"hi"])
+    lines = invoke("dump", wal_dir, "--preview", 8).stdout.splitlines()
+    assert lines[0].endswith(f" data: {MIXED[:8].hex()}... |Ab.z ...|")
+    assert lines[1].endswith(" data: " + " " * 19 + " ||")              # aligned: 8 bytes + ...
+    assert lines[2].endswith(" data: 6869" + " " * 15 + " |hi|")
+    assert len({line.index("|") for line in lines[:3]}) == 1
+    wide = invoke("dump", wal_dir, "--preview", 64).stdout.splitlines()[0]
+    assert wide.endswith(f" data: {MIXED.hex()}{' ' * (2 * (64 - len(MIXED)) + 3)} "
+                         "|Ab.z ...q~..|9|")
+    objects = [json.loads(line) for line in
+               invoke("dump", wal_dir, "--preview", 13, "--json").stdout.splitlines()]
+    assert (objects[0]["data"], objects[0]["text"]) == (MIXED[:13].hex() + "...", "Ab.z ...q~..|")
+    assert (objects[1]["data"], objects[1]["text"]) == ("", "")
+    assert (objects[2]["data"], objects[2]["text"]) == ("6869", "hi")
+    assert "text" not in json.loads(invoke("dump", wal_dir, "--json").stdout.splitlines()[0])
