@@ -255,7 +255,8 @@ _DUMP_BLOCK = 4096  # lines dump writes at once
               help="Stop before the first record at or past this LSN (X/X or decimal).")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Show at most N records.")
 @click.option("--preview", type=click.IntRange(min=0), default=0,
-              help="Show the first N payload bytes of each record, in hex.")
+              help="Show the first N payload bytes of each record, in hex and as text "
+                   "(printable ASCII; '.' for other bytes), as hexdump -C does.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per record (JSON lines), then a summary object.")
 @_library_errors
@@ -280,14 +281,7 @@ def dump(path: str, start: int | None, end_lsn: int | None, limit: int | None, p
         holds_log = view.holds_log()
         lines: list[str] = []  # (written a block at a time: one echo per line costs more)
         for rec in records:
-            fields = view.log_fields(rec) if holds_log else None
-            if as_json:
-                lines.append(json.dumps({**rec.as_dict(), **({"data": view.preview(rec, preview)}
-                                                             if preview else {}),
-                                         **({"log": fields} if holds_log else {})}))
-            else:
-                line = view.format_record(rec, preview)
-                lines.append(line + _inspect.format_log_fields(fields) if holds_log else line)
+            lines.append(view.record_line(rec, preview, holds_log, as_json))
             if len(lines) == _DUMP_BLOCK:
                 click.echo("\n".join(lines))
                 lines.clear()
