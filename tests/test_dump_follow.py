@@ -15,11 +15,12 @@ real processes); they wait for lines, never for a time.
 from __future__ import annotations
 
 import json
-import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import textwrap
 
 import pytest
@@ -96,3 +97,123 @@ def test_preview_shows_the_bytes_as_text(wal_dir):
     assert (objects[1]["data"], objects[1]["text"]) == ("", "")
     assert (objects[2]["data"], objects[2]["text"]) == ("6869", "hi")
     assert "text" not in json.loads(invoke("dump", wal_dir, "--json").stdout.splitlines()[0])
+
+
+# ---- --follow ------------------------------------------------------------------------
+
+SIZE = 500                  # every record's payload bytes (its LSNs are predictable)
+WRITER = textwrap.dedent("""
+    import sys, pmemwal
+    with pmemwal.open(sys.argv[1], segment_size=int(sys.argv[2]), background=False) as wal:
+        for line in sys.stdin:          # "N": append N records, flushed one by one
+            for _ in range(int(line)):
+                lsn = wal.append(b"x" * int(sys.argv[3]))
+                wal.flush(lsn)
+                print(lsn, flush=True)
+""")
+
+
+class Proc:
+    """A process whose stdout lines are read by a thread: ``line()`` waits (30 s at most)."""
+
+    def __init__(self, args, stdin=None) -> None:
+        self.proc = subprocess.Popen([sys.executable, *map(str, args)], env=child_env(),
+                                     stdin=stdin, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def line(self) -> str:
+        got = self.lines.get(timeout=30)
+        assert got is not None, f"it ended: {self.proc.wait(30)} {self.proc.stderr.read()}"
+        return got
+
+    def rest(self) -> list[str]:
+        """Its remaining lines, once it exits by itself."""
+        out = []
+        while (got := self.lines.get(timeout=60)) is not None:
+            out.append(got)
+        return out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def writer(wal_dir):
+    """A writer process holding the WAL open: ``append(n)`` returns the n LSNs it flushed."""
+    proc = Proc(["-c", WRITER, wal_dir, SEG, SIZE], stdin=subprocess.PIPE)
+
+    def append(n: int) -> list[int]:
+        proc.proc.stdin.write(f"{n}\n")
+        proc.proc.stdin.flush()
+        return [int(proc.line()) for _ in range(n)]
+
+    yield append
+    proc.proc.stdin.close()
+    assert proc.proc.wait(30) == 0, proc.proc.stderr.read()
+
+
+def dump_follow(wal_dir, *args) -> Proc:
+    return Proc(["-m", "pmemwal.tools.cli", "dump", wal_dir, "--follow", *args])
+
+
+def lsn_of_line(line: str) -> int:
+    match = LINE.match(line)
+    assert match, line
+    return parse_lsn(match[1])
+
+
+def test_follow_shows_records_appended_after_it_started_until_end(wal_dir, writer):
+    first = writer(3)
+    later = [next_lsn(first[-1], SIZE)]
+    while len(later) < 6:
+        later.append(next_lsn(later[-1], SIZE))
+    end = later[4]                               # it shows later[:4], not the record at end
+    dumps = [dump_follow(wal_dir, "--end", pmemwal.format_lsn(end)),
+             dump_follow(wal_dir, "--limit", 5, "--preview", 4)]
+    try:
+        for proc in dumps:
+            assert [lsn_of_line(proc.line()) for _ in first] == first   # the records on disk
+        assert writer(6) == later               # now the writer goes on
+        out = dumps[0].rest()
+        assert [lsn_of_line(line) for line in out[:-1]] == later[:4]
+        assert out[-1].endswith(f"stopped: --end {pmemwal.format_lsn(end)} reached; the next "
+                                f"record is at {pmemwal.format_lsn(end)}")
+        assert out[-1].startswith(f"records: 7, payload bytes: {7 * SIZE}, first: ")
+        out = dumps[1].rest()
+        assert [lsn_of_line(line) for line in out[:-1]] == later[:2]
+        assert all(line.endswith(" data: 78787878... |xxxx|") for line in out[:-1])
+        assert out[-1].endswith(f"stopped: record limit reached; the next record is at "
+                                f"{pmemwal.format_lsn(later[2])}")
+        assert [proc.proc.wait(30) for proc in dumps] == [0, 0]
+    finally:
+        for proc in dumps:
+            proc.kill()
+
+
+def test_follow_ends_quietly_on_ctrl_c(wal_dir, writer):
+    first = writer(2)
+    proc = dump_follow(wal_dir, "--json")
+    try:
+        assert [json.loads(proc.line())["lsn"] for _ in first] == first
+        (third,) = writer(1)
+        got = json.loads(proc.line())          # it is following now: it showed a new record
+        assert (got["lsn"], got["prev_lsn"], got["length"]) == (third, first[-1], SIZE)
+        proc.proc.send_signal(signal.SIGINT)
+        out = proc.rest()
+        assert proc.proc.wait(30) == 0
+        assert proc.proc.stderr.read() == ""
+        summary = json.loads(out[-1])
+        assert (summary["stopped"], summary["records"], summary["last_lsn"]) == \
+            ("interrupted", 3, third)
+        assert summary["end_lsn"] == next_lsn(third, SIZE) == got["next_lsn"]
+    finally:
+        proc.kill()

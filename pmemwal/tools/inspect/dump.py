@@ -91,7 +91,8 @@ class RecordLines:
         then with ``preview`` `` data: 48690a... |Hi.|`` (the text column aligned too)."""
         w, lw = self._widths
         line = (f"lsn: {format_lsn(rec.lsn):<{w}} len: {rec.length:>{lw}} "
-                f"prev: {format_lsn(rec.prev_lsn):<{w}} crc: 0x{rec.crc:08x}")
+                f"prev: {format_lsn(rec.prev_lsn):<{w}} crc: "
+                + (f"0x{rec.crc:08x}" if rec.crc >= 0 else "?         "))
         if preview > 0:
             hex_text, text = self.preview(rec, preview, payload)
             line += f" data: {hex_text}" if text is None else \

@@ -45,12 +45,14 @@ class WalView(DirectoryChecks, RecordLines):
     ``verify`` and ``wal_stats`` look again when there are any); ``checkpoint``: the
     valid checkpoint slot with the highest seq (None: no file, or no valid slot, which
     ``checkpoint_state`` tells apart: ``"valid"``, ``"none"``, ``"invalid"``,
-    ``"unreadable"``).
+    ``"unreadable"``); ``read_new_segments``: set, segment files made after the listing
+    are read too (checked as listed ones when first needed).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._maps: dict[int, mmap.mmap] = {}
         self._reader = None
+        self.read_new_segments = False     # (dump --follow: a writer adds segments as it goes)
         super().__init__(path)
         if self.segment_size is not None:
             wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
@@ -64,6 +66,8 @@ class WalView(DirectoryChecks, RecordLines):
         if seg_map is not None:
             return seg_map
         info = self._files.get(segno)
+        if info is None and self.read_new_segments and segno > self.segments[-1]:
+            info = self._added(segno)
         if info is None or not self._usable_file(info):
             return None
         try:
@@ -106,6 +110,15 @@ class WalView(DirectoryChecks, RecordLines):
         for _ in result._walk(native=True):    # yields nothing: the native scan counts
             pass
         return result
+
+    def record_info(self, lsn: int, prev_lsn: int, length: int) -> RecordInfo:
+        """The RecordInfo of a record known to be valid (one a follower handed over, with its
+        prev-link and length); its CRC is -1 when it no longer reads here (truncated)."""
+        if self._reader is not None:
+            status, _, next_lsn, _, got_length, crc = self._reader.read(lsn, prev_lsn)[:6]
+            if status == 0 and got_length == length:
+                return RecordInfo(lsn, length, prev_lsn, crc, next_lsn)
+        return RecordInfo(lsn, length, prev_lsn, -1, 0)
 
     def payload(self, lsn: int) -> bytes:
         """The payload of the valid record at ``lsn`` (ValueError if it is not one)."""
