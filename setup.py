@@ -27,9 +27,9 @@ if sanitize:
     link_args = flags
 
 SOURCES = ["native/module.c", "native/module_reader.c", "native/module_batch.c",
-           "native/module_objects.c", "native/wal_core.c", "native/wal_insert.c",
+           "native/module_objects.c", "native/module_follow.c", "native/wal_core.c", "native/wal_insert.c",
            "native/wal_flush.c", "native/wal_shared.c", "native/wal_reader.c",
-           "native/wal_batch.c", "native/crc32c.c", "native/trace.c"]
+           "native/wal_batch.c", "native/wal_follow.c", "native/crc32c.c", "native/trace.c"]
 
 
 def core(name: str, *macros: tuple[str, str]) -> Extension:

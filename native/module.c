@@ -201,6 +201,7 @@ typedef struct {
     uint64_t wait_ns;          /* a wait for one writer gives up after this long; 0: never */
     Py_buffer ring;
     Py_buffer control;              /* shared: the control file's mapping */
+    Py_buffer progress;             /* the FOLLOW file's mapping (readers in other processes) */
     Py_buffer views[WAL_SEG_TABLE]; /* direct: the attached mappings */
     char has_view[WAL_SEG_TABLE];
 } CoreObject;
@@ -280,6 +281,8 @@ static void Core_dealloc(CoreObject *self)
         PyBuffer_Release(&self->ring);
     if (self->control.obj)
         PyBuffer_Release(&self->control);
+    if (self->progress.obj)
+        PyBuffer_Release(&self->progress);
     Py_XDECREF(self->segment_cb);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -669,6 +672,24 @@ static PyObject *Core_share(CoreObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* set_progress(mapping) -- publish every flushed position in the FOLLOW file (its writable
+ * mapping, whose progress lines the core then writes), for readers in other processes.
+ * Once, before appends start; the mapping stays exported until dealloc (calls in flight). */
+static PyObject *Core_set_progress(CoreObject *self, PyObject *mapping)
+{
+    if (self->progress.obj)
+        return PyErr_Format(PyExc_ValueError, "set_progress: once");
+    if (PyObject_GetBuffer(mapping, &self->progress, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if ((size_t)self->progress.len < WAL_PROGRESS_OFFSET + sizeof(wal_progress) ||
+        (uintptr_t)self->progress.buf % 64) {
+        PyBuffer_Release(&self->progress);
+        return PyErr_Format(PyExc_ValueError, "set_progress: a 64-byte aligned mapping");
+    }
+    self->core->progress = (wal_progress *)((char *)self->progress.buf + WAL_PROGRESS_OFFSET);
+    Py_RETURN_NONE;
+}
+
 /* agree_persist(kind) -> kind: the persist method of every process of a shared WAL, set by
  * the first to ask (kind, for one process's WAL). */
 static PyObject *Core_agree_persist(CoreObject *self, PyObject *args)
@@ -836,6 +857,7 @@ static PyMethodDef Core_methods[] = {
     {"set_wait_timeout", (PyCFunction)Core_set_wait_timeout, METH_VARARGS,
      "set_wait_timeout(seconds): a wait for one writer gives up after it (0: never)"},
     {"share", (PyCFunction)Core_share, METH_VARARGS, "share(control_mapping, fd, init)"},
+    {"set_progress", (PyCFunction)Core_set_progress, METH_O, "set_progress(follow_mapping)"},
     {"reap_dead", (PyCFunction)Core_reap_dead, METH_NOARGS, "reap_dead() -> processes reaped"},
     {"agree_persist", (PyCFunction)Core_agree_persist, METH_VARARGS,
      "agree_persist(kind) -> the kind every process of a shared WAL uses"},
@@ -979,6 +1001,13 @@ static PyMethodDef module_methods[] = {
      "heads(data, offsets, lengths, width) -> bytes: each payload's first width bytes"},
     {"entries", batch_entries, METH_VARARGS,
      "entries(type, indices, terms, data, offsets, lengths) -> [type(index, term, payload)]"},
+    {"progress_wait", follow_wait, METH_VARARGS,
+     "progress_wait(mapping, after, timeout, spin_ns) -> (durable_lsn, spin_ns, moved)"},
+    {"progress_publish", follow_publish, METH_VARARGS,
+     "progress_publish(mapping, lsn, reset=False): raise (reset: set) the durable LSN, wake"},
+    {"progress_wake", follow_wake, METH_O, "progress_wake(mapping): wake every sleeper"},
+    {"atomic_u64", follow_atomic_u64, METH_VARARGS,
+     "atomic_u64(mapping, offset, value=None, raise_to=False) -> the value before"},
     {"_crc32c_copy", mod_crc32c_copy, METH_VARARGS,
      "_crc32c_copy(dst, src, crc=0, how=1, repeat=1) -> int: how 0 CRC only, 1 copy, 2 streaming copy"},
 #ifdef PMEMWAL_TRACE

@@ -13,6 +13,11 @@ extern PyTypeObject ReaderType;      /* module_reader.c */
 extern PyTypeObject RecordType;      /* module_objects.c */
 extern PyTypeObject BatchBufferType; /* module_batch.c */
 extern PyTypeObject UnchangedType;   /* module_objects.c */
+/* module_follow.c: the FOLLOW file's progress lines, for readers in other processes */
+PyObject *follow_wait(PyObject *m, PyObject *args);
+PyObject *follow_publish(PyObject *m, PyObject *args);
+PyObject *follow_wake(PyObject *m, PyObject *mapping);
+PyObject *follow_atomic_u64(PyObject *m, PyObject *args);
 #pragma GCC visibility pop
 
 #endif

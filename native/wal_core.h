@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wal_follow.h"
 #include "wal_format.h"
 
 #define WAL_MAX_SLOTS 256
@@ -187,6 +188,7 @@ typedef struct wal_core {
     _Atomic int closed;      /* read by every insertion and commit (stopped) */
     int forked;              /* a child's copy after fork(): touches nothing shared */
 
+    wal_progress *progress;  /* the FOLLOW file's progress lines, or NULL: set before appends */
     wal_shared *sh;          /* &own, or the control file's mapping (shared) */
     uint32_t token;          /* this process's token: 1, or its entry + 1 (shared) */
     wal_proc *me;            /* its entry: its counters */

@@ -327,6 +327,13 @@ int wal_flush(wal_core *c, const wal_env *env, uint64_t upto_lsn, uint64_t *flus
     return rc;
 }
 
+/* publish -- tell readers in other processes (the FOLLOW file) that lsn is durable. */
+static inline void publish(wal_core *c, uint64_t lsn)
+{
+    if (c->progress)
+        wal_publish(c->progress, lsn);
+}
+
 /* COMMIT_SPINS -- how long a commit waits for the record before it to be committed
  * (flushed_u to reach it) before it looks at the slots instead: a few hundred ns, what
  * a small insertion in another process takes to finish. */
@@ -366,6 +373,7 @@ int wal_commit(wal_core *c, const wal_env *env, uint64_t lsn, uint64_t size, uin
         atomic_fetch_add_explicit(&c->me->flush_requests, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&c->me->flushes, 1, memory_order_relaxed);
         *flushed_lsn = wal_lsn(&c->geom, end);
+        publish(c, *flushed_lsn);
         return 0;
     }
     if (seen >= end) { /* a later flush covered it */
@@ -413,6 +421,7 @@ static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t
         atomic_fetch_add_explicit(flushed < to ? &c->me->flushes : &c->me->coalesced, 1,
                                   memory_order_relaxed);
         flushed = flushed < to ? to : flushed;
+        publish(c, wal_lsn(&c->geom, flushed));
     } else if (flushed < limit) {
         if ((rc = wait_insertions(c, env, limit, 0, 1)))
             return rc;
@@ -445,6 +454,8 @@ static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t
             }
         }
         pthread_mutex_unlock(&c->write_lock);
+        if (!rc)
+            publish(c, wal_lsn(&c->geom, flushed));
     }
     *flushed_lsn = wal_lsn(&c->geom, flushed);
     return rc;

@@ -48,6 +48,16 @@ TRACE_SKIP_DRAIN: Final[int]
 TRACE_SKIP_SYNC: Final[int]
 TRACE_SHORT_MSYNC: Final[int]
 
+# the FOLLOW file's progress lines (native/wal_follow.h), through a mapping of the file
+def progress_wait(mapping: ReadableBuffer, after: int, timeout: float | None, spin_ns: int, /
+                  ) -> tuple[int, int, bool]:
+    """(durable_lsn, spin_ns, moved): wait without the GIL until the durable LSN passes after."""
+def progress_publish(mapping: WriteableBuffer, lsn: int, reset: bool = False, /) -> None: ...
+def progress_wake(mapping: WriteableBuffer, /) -> None: ...
+def atomic_u64(mapping: ReadableBuffer, offset: int, value: int | None = None,
+               raise_to: bool = False, /) -> int:
+    """The 8-byte word at offset before the call: loaded, or then stored (raised to value)."""
+
 _FaultOp = Literal["write", "sync", "msync", "stall", "stall_locked", "die"]
 
 @final
@@ -78,6 +88,8 @@ class Core:
         """A wait for one other writer gives up after this many seconds (StalledWriterError);
         0: never."""
     def share(self, control_mapping: WriteableBuffer, fd: int, init: bool, /) -> None: ...
+    def set_progress(self, follow_mapping: WriteableBuffer, /) -> None:
+        """Publish every flush's durable LSN in the FOLLOW file's mapping."""
     def reap_dead(self) -> int: ...
     def agree_persist(self, kind: int, /) -> int: ...
     def forsake(self) -> None: ...

@@ -35,7 +35,7 @@ from pmemwal.log_format import (ENTRY, ENTRY_PREFIX, HEADER, HEADER_SIZE, KIND_N
 from pmemwal.log_index import IndexFiles, TieredIndex
 from pmemwal.log_replay import LogReplay, _span
 from pmemwal.wal import WAL, WALOptions, _weak
-from pmemwal.wal.api import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
+from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer

@@ -56,8 +56,17 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/archive.py)
 # What a WAL directory holds besides its segments (and their temp files)
+FOLLOW_NAME = "FOLLOW"  # what writers publish for readers in other processes (pmemwal/follow_file.py)
 WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
-            ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, INDEX_NAME}
+            ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, INDEX_NAME, FOLLOW_NAME}
+
+
+def is_wal_own_name(name: str) -> bool:
+    """Whether a name in a WAL directory is one of the WAL's own files besides segments (a
+    FOLLOW file being made by a process, which links it into place, included)."""
+    return name in WAL_OWN_NAMES or name.startswith(FOLLOW_NAME + ".tmp.")
+
+
 _ZEROS = memoryview(bytes(1 << 20))  # a new segment's zero fill, a MiB per write
 _PAGE_HEADER = struct.Struct("<IIQI")  # a data page's magic, rem_len, page LSN, wal_id_lo
 
@@ -209,7 +218,7 @@ class WalDirectory:
             elif name == RESTORING_NAME:
                 raise FormatError(f"{self.path} is a restore cut short ({name} is there): run "
                                   "the restore again, which starts over")
-            elif name not in WAL_OWN_NAMES:
+            elif not is_wal_own_name(name):
                 raise FormatError(f"{self.path} holds {name!r}, which is not part of a pmemwal WAL")
         return sorted(segnos)
 

@@ -28,24 +28,20 @@ from pmemwal.errors import CorruptionError, StorageError, TruncatedError, format
 from pmemwal.format import first_lsn
 from pmemwal.segments import Segment, WalDirectory
 from pmemwal.wal.opening import Opening
+from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS, Reading
 from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
                                  DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
-                                 DEFAULT_GIL_RELEASE_SIZE, DEFAULT_MAX_PENDING,
+                                 DEFAULT_GIL_RELEASE_SIZE, DEFAULT_MAX_FOLLOWER_LAG,
+                                 DEFAULT_MAX_PENDING,
                                  DEFAULT_MAX_RECORD_SIZE, DEFAULT_MAX_WAL_SIZE,
                                  DEFAULT_WAIT_TIMEOUT, archive_spec, check_checkpoint_options,
-                                 check_wait_timeout, check_wal_options)
+                                 check_follower_lag, check_wait_timeout, check_wal_options)
 from pmemwal.wal.state import COUNTERS
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
 _SHARED: weakref.WeakSet[WAL] = weakref.WeakSet()  # shared WALs open in this process
-_BAD_POSITION = 2  # wal_status: WAL_BAD_POSITION, not a record's position (native/wal_reader.h)
-_VOID_RECORD = 9   # wal_status: WAL_VOID_RECORD, a void range where a record was asked for
-_RECORDS_PER_CALL = 1024        # records() reads ahead this many records, or
-_RECORD_BYTES_PER_CALL = 1 << 18  # this many payload bytes, in one native call
-DEFAULT_BATCH_RECORDS = 1 << 16
-DEFAULT_BATCH_BYTES = 1 << 20
 
 
 def _after_fork_in_child() -> None:
@@ -75,8 +71,10 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          archive_max_pending: int = DEFAULT_MAX_PENDING, archive_backoff: float = 10.0,
          checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
          checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES, verify: str = "checkpoint",
-         wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT) -> WAL:
-    """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options."""
+         wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT,
+         max_follower_lag_bytes: int = DEFAULT_MAX_FOLLOWER_LAG) -> WAL:
+    """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options.
+    ``pmemwal.open(path, readonly=True)`` opens it for reading only (pmemwal.readonly)."""
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
                max_record_size=max_record_size, sync_method=sync_method,
@@ -89,10 +87,11 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
                archive_options=archive_options, archive_timeout=archive_timeout,
                archive_max_pending=archive_max_pending, archive_backoff=archive_backoff,
                checkpoint_interval=checkpoint_interval, checkpoint_bytes=checkpoint_bytes,
-               verify=verify, wait_timeout=wait_timeout)
+               verify=verify, wait_timeout=wait_timeout,
+               max_follower_lag_bytes=max_follower_lag_bytes)
 
 
-class WAL(Opening):
+class WAL(Reading, Opening):
     """A write-ahead log in a directory of segment files: one writer process, or several
     that all open it with ``shared=True``.
 
@@ -200,6 +199,10 @@ class WAL(Opening):
       below what it needs, or the reservation lock, and is alive but does not run (stopped
       by SIGSTOP or a debugger, a paused container); then StalledWriterError, naming its
       pid (None: wait as long as it takes).  A writer that died never holds anyone up.
+    - ``max_follower_lag_bytes``: how far (in bytes of WAL) a named follower
+      (``pmemwal.follow(path, name=...)``) may fall behind the flushed end and still hold
+      back ``truncate``; one further behind is marked lost (FollowerLostError when it
+      next reads) and holds nothing back.  Default 1 GiB; 0: followers hold nothing back.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: str = "auto", create: bool = True,
@@ -220,13 +223,15 @@ class WAL(Opening):
                  checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
                  checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES,
                  verify: str = "checkpoint",
-                 wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT) -> None:
+                 wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT,
+                 max_follower_lag_bytes: int = DEFAULT_MAX_FOLLOWER_LAG) -> None:
         check_wal_options(mode, segment_size, insert_slots, buffer_size, max_record_size,
                           sync_method, on_corruption, recycle_segments, flush_interval,
                           prepare_segments, gil_release_size, max_wal_size, preallocate, persist,
                           insertion, shared)
         check_checkpoint_options(checkpoint_interval, checkpoint_bytes, verify)
         check_wait_timeout(wait_timeout)
+        check_follower_lag(max_follower_lag_bytes)
         archiving = archive_spec(archive, archive_command, restore_command, archive_options,
                                  archive_timeout, archive_max_pending, archive_backoff, background)
         self._init_state(insertion=insertion, prepare_segments=prepare_segments,
@@ -234,6 +239,7 @@ class WAL(Opening):
                          recycle_segments=recycle_segments, max_wal_size=max_wal_size,
                          checkpoint_interval=checkpoint_interval,
                          checkpoint_bytes=checkpoint_bytes)
+        self._max_follower_lag = max_follower_lag_bytes
         self._dir = WalDirectory(os.fspath(path), create, shared=shared)
         try:
             if shared:
@@ -287,154 +293,19 @@ class WAL(Opening):
         """
         return self._core.flush(lsn)
 
-    def records(self, start: int | None = None) -> Iterator[Record]:
-        """The records from ``start`` (a record's LSN; None: the oldest) to the end.
+    def _read_end(self) -> int:
+        """Reading: where a read from now ends (what was appended, flushed first; once an
+        error stopped the writer, what had been flushed)."""
+        return self._core.flushed_lsn if self._core.error else self._core.flush()
 
-        What was appended before the call is flushed first, then read back
-        (once an error stopped the writer: what had been flushed), a batch of
-        records at a time in native code.  Each payload is a read-only memoryview
-        of the record's own copy, validated as it was copied.  CorruptionError
-        where a record is damaged; TruncatedError where a truncation took the
-        records asked for, before or while they are read; ValueError when
-        ``start`` is not a record's LSN.  ``scan`` reads the same records as arrays.
-        """
-        bounds = self._read_bounds(start)
-        if bounds is None:
-            return
-        lsn, end = bounds
-        prev = -1
-        while lsn < end:
-            status, lsn, last, _, records = self._reader.records(
-                lsn, prev, end, _RECORDS_PER_CALL, _RECORD_BYTES_PER_CALL)
-            if records:
-                self._check_copied(records[0].lsn)
-            yield from records
-            if status:
-                raise self._read_error(lsn, status, start is not None and prev == -1 and not last)
-            prev = last or prev
+    def _readable_end(self) -> int:
+        """Reading: below it every record may be read."""
+        return self._core.flushed_lsn
 
-    def scan(self, start: int | None = None, *, max_records: int = DEFAULT_BATCH_RECORDS,
-             max_bytes: int = DEFAULT_BATCH_BYTES) -> Iterator[RecordBatch]:
-        """The records ``records(start)`` gives, as RecordBatches (arrays of LSNs, prev-links,
-        lengths and offsets, and the payloads in one buffer) of up to ``max_records``
-        records or ``max_bytes`` payload bytes each (a larger record comes alone), each
-        read in one native call without the GIL.  Errors as ``records``: the records
-        before a failing one come in a batch first."""
-        bounds = self._read_bounds(start)
-        if bounds is None:
-            return
-        lsn, end = bounds
-        prev = -1
-        while lsn < end:
-            status, lsn, last, _, arrays = self._reader.fill(lsn, prev, end, max_records,
-                                                             max_bytes)
-            batch = RecordBatch.from_native(arrays)
-            if len(batch):
-                self._check_copied(int(batch.lsns[0]))
-                yield batch
-            if status:
-                raise self._read_error(lsn, status, start is not None and prev == -1 and not last)
-            prev = last or prev
-
-    def read_many(self, lsns: Sequence[int] | np.ndarray, *,
-                  max_bytes: int = DEFAULT_BATCH_BYTES) -> RecordBatch:
-        """The records at ``lsns`` (records whose appends have returned), in that order, as
-        one RecordBatch, read in native calls of up to ``max_bytes`` payload bytes each
-        without the GIL.  Errors as ``record`` gives them, for the first LSN that fails."""
-        self._check_open()
-        batch, failed = self._fetch(_lsn_array(lsns), max_bytes)
-        if failed is not None:
-            raise self._record_error(*failed)
-        return batch
-
-    def _fetch(self, want: np.ndarray, max_bytes: int = DEFAULT_BATCH_BYTES, whole: bool = True
-               ) -> tuple[RecordBatch, tuple[int, int] | None]:
-        """The records at ``want`` (uint64), flushed first where they are not yet (all of
-        them, or when not ``whole`` as many as one native call of ``max_bytes`` reads), and
-        (LSN, status) of the first one that did not read (None: all did)."""
-        if len(want) and int(want.max()) >= self._core.flushed_lsn and not self._core.error:
-            self._core.flush(int(want.max()))
-        parts, done = [], 0
-        while done < len(want):
-            status, n, _, arrays = self._reader.fetch(want[done:], max_bytes)
-            if n:
-                parts.append(RecordBatch.from_native(arrays))
-            done += n
-            if status:
-                return concat(parts), (int(want[done]), status)
-            if not whole:
-                want = want[:done]
-                break
-            max_bytes = min(2 * max(max_bytes, 1 << 16), 1 << 30)  # (few parts to join)
-        if len(want):
-            self._check_copied(int(want.min()))
-        return concat(parts), None
-
-    def _read_bounds(self, start: int | None) -> tuple[int, int] | None:
-        """(first LSN, end) of a read from ``start`` (None: the oldest record), after
-        flushing what was appended (once the writer stopped: up to what had been flushed);
-        None when there is no record to start from.  CorruptionError when the oldest
-        segment has records up to the end but its first record cannot be found."""
-        self._check_open()
-        end = self._core.flushed_lsn if self._core.error else self._core.flush()
-        while start is None:
-            self._drop_truncated()
-            segno = self._oldest_segment()
-            if first_lsn(segno, self.segment_size) >= end:
-                return None  # nothing written in it yet: an empty WAL
-            status, found = self._reader.first_record(segno)
-            if not status:
-                return found, end
-            if found >= end:  # a record from a truncated segment ends where the WAL ends
-                return None
-            if segno == self._oldest_segment():  # (else a truncation took it meanwhile)
-                raise self._damaged(found, f"the oldest segment's first record: "
-                                           f"{_core.status_text(status)}")
-        return start, end
-
-    def _read_error(self, lsn: int, status: int, asked: bool) -> Exception:
-        """The error for a read at ``lsn`` that failed with ``status``: TruncatedError when a
-        truncation took its segment; ValueError when ``asked`` (the caller named ``lsn``)
-        and no record starts there; CorruptionError otherwise (a record starts there, or
-        damage before it hides whether one does)."""
-        truncated = self._truncated(lsn)
-        if truncated is not None:
-            return truncated
-        reason = _core.status_text(status)
-        no_record = asked and not self._may_start_record(lsn, status)
-        # A truncation that lands after the check above makes the lookups fail too: what
-        # looks like damage (or no record) may be the segment gone meanwhile.
-        truncated = self._truncated(lsn)
-        if truncated is not None:
-            return truncated
-        if no_record:
-            return ValueError(f"no record at LSN {format_lsn(lsn)}: {reason}")
-        return self._damaged(lsn, reason)
-
-    def _truncated(self, lsn: int) -> TruncatedError | None:
-        """TruncatedError when a truncation took ``lsn``'s segment, else None."""
-        self._drop_truncated()
-        oldest = self._oldest_segment()
-        if lsn // self.segment_size < oldest:
-            return TruncatedError(lsn, first_lsn(oldest, self.segment_size))
-        return None
-
-    def _may_start_record(self, lsn: int, status: int) -> bool:
-        """Whether a record the reader could not read may start at ``lsn``: it is a valid
-        position below the flushed LSN, and following the record headers from the first
-        record of its segment either reaches it or stops at damage first."""
-        if status == _BAD_POSITION or lsn >= self._core.flushed_lsn:
-            return False
-        failed, first = self._reader.first_record(lsn // self.segment_size)
-        if failed:  # (first: where the lookup failed)
-            # At or past the flushed end: the segment is all one record's continuation up
-            # to where the WAL ends (the page after it is not written yet); else damage
-            # before lsn hides whether a record starts there.
-            return first < self._core.flushed_lsn
-        if first > lsn:
-            return False  # lsn lies in a record that began in an earlier segment
-        failed, end, *_ = self._reader.scan(first, -1, lsn, False)
-        return failed != 0 or end == lsn
+    def _reach(self, lsn: int) -> None:
+        """Reading: make the record at ``lsn`` (appended) readable: flushed."""
+        if lsn >= self._core.flushed_lsn and not self._core.error:
+            self._core.flush(lsn)
 
     def record(self, lsn: int) -> Record:
         """The record at ``lsn``, whose append has returned.
@@ -467,13 +338,6 @@ class WAL(Opening):
             self._check_copied(lsn)
         return record  # type: ignore[return-value]  # (a record when status is 0)
 
-    def _record_error(self, lsn: int, status: int) -> Exception:
-        """The error of a read of the record at ``lsn``, which the caller named."""
-        if status == _VOID_RECORD:
-            return ValueError(f"no record at LSN {format_lsn(lsn)}: a void range (its writer "
-                              "died before finishing it)")
-        return self._read_error(lsn, status, True)
-
     def _check_copied(self, lsn: int) -> None:
         """For a shared WAL: TruncatedError when a truncation took ``lsn``'s segment before
         its records from ``lsn`` on were copied.  Another process truncates knowing nothing
@@ -482,37 +346,6 @@ class WAL(Opening):
         if self._control is not None and lsn // self.segment_size < self._oldest_shared() and \
                 (truncated := self._truncated(lsn)) is not None:  # (the lock only then)
             raise truncated
-
-    def record_heads(self, head_bytes: int, start: int | None = None,
-                     batch: int = 1 << 16) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """The records from ``start`` (None: the oldest) to the end, in batches, as arrays:
-        LSNs (uint64), payload lengths (uint32) and each payload's first ``head_bytes`` bytes
-        (a uint8 array of shape (n, head_bytes), zero-filled past a shorter payload).
-
-        Each record is validated as ``records()`` does, in one native call per batch: what
-        an index over the records' own headers is built from (pmemwal.log), and a
-        failed read raises as ``records()`` does.
-        """
-        prev = -1
-        bounds = self._read_bounds(start)
-        if bounds is None:
-            return
-        lsn, end = bounds
-        while lsn < end:
-            status, lsn, last, lsns, lengths, heads = self._reader.heads(lsn, prev, end, head_bytes,
-                                                                         batch)
-            if lsns:
-                yield (np.frombuffer(lsns, np.uint64), np.frombuffer(lengths, np.uint32),
-                       np.frombuffer(heads, np.uint8).reshape(-1, head_bytes))
-            if last:  # where the chain stands, void records included
-                prev = last
-            if status:
-                raise self._read_error(lsn, status, False)
-
-    def _damaged(self, lsn: int, reason: str) -> CorruptionError:
-        """The error of a read that found damage at ``lsn``, noted for close."""
-        self._damage_read = True
-        return CorruptionError(lsn, lsn // self.segment_size, reason)
 
     def stats(self) -> dict[str, int]:
         """Counters since open.
@@ -593,6 +426,9 @@ class WAL(Opening):
             self._core.forsake()
         if self._control is not None:
             self._control.forsake()
+        if self._follow is not None:  # (the descriptor's copy: the parent's locks stay)
+            os.close(self._follow.fd)
+            self._follow = None
 
     def _release(self, point: tuple[int, int] | None = None) -> None:
         _SHARED.discard(self)
@@ -607,6 +443,9 @@ class WAL(Opening):
             self._background = None
         if self._control is not None:  # after the core and the background writer (the
             self._control.close()      # mapping outlives calls in flight: module.c, Core_close)
+        if self._follow is not None:   # the same; readers see no writer from here on
+            self._follow.close()
+            self._follow = None
         if self._archiver is not None:  # after the background writer, which wakes it
             self._archiver.close()
         with self._seg_lock:  # (a truncation or an appender may still be on its way out)
@@ -668,14 +507,3 @@ class WAL(Opening):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"insert {format_lsn(self.insert_lsn)}"
         return f"<pmemwal.WAL {self.path} {self.mode}/{self.persist_method} {state}>"
-
-
-def _lsn_array(lsns: Sequence[int] | np.ndarray) -> np.ndarray:
-    """``lsns`` as a contiguous uint64 array; ValueError for one that is no LSN."""
-    try:
-        want = integer_array(lsns, np.uint64)
-    except (OverflowError, TypeError, ValueError):
-        raise ValueError(f"LSNs are integers from 0 to 2**64 - 1: {lsns!r}"[:200]) from None
-    if want.ndim != 1:
-        raise ValueError(f"LSNs: a sequence of integers, not an array of shape {want.shape}")
-    return want

@@ -23,6 +23,7 @@ import numpy as np
 from pmemwal import _core, libpmem, lostfound
 from pmemwal.checkpoint import CheckpointFile, read_any
 from pmemwal.device import resolve_mode
+from pmemwal.follow_file import FollowFile
 from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundError
 from pmemwal.format import (CHECKPOINTED, DEFAULT_SEGMENT_SIZE, MAX_HEADER_CUTS, PAGE_SIZE,
                             DamagedHeaderError, SegmentHeader, first_lsn)
@@ -45,6 +46,9 @@ class Opening(BackgroundRounds):
         open, which rebuilds the control file; the others join the state it set up."""
         first = self._dir.lock_shared() if self._control is not None else True
         damaged, spares = self._open_segments(segment_size, create=first)
+        # readers elsewhere see a writer from here on (and read only what it publishes)
+        self._follow = follow = FollowFile.for_writer(self._dir.path, self.wal_id,
+                                                      self.segment_size, alone=first)
         if self._control is not None and mode == "auto":
             mode = "direct"  # the mode shared writing has (msync where not pmem)
         self.mode, self._verdict = resolve_mode(mode, self._dir.path)  # (a brief probe)
@@ -80,6 +84,7 @@ class Opening(BackgroundRounds):
         if first:  # from here on the WAL is in use: no longer cleanly closed (pg_control's state)
             self._persist_recovered(result.scanned_from, insert_lsn)
             self._write_checkpoint(insert_lsn, prev_lsn, oldest=result.oldest_segno, exact=True)
+            follow.opened_alone(insert_lsn, self._segnos[0])  # (durable: just above)
             self._set_aside_spares(damaged)  # (last: an open refused before moves nothing)
         else:
             self._checkpoint = self._checkpoints.read()
@@ -313,6 +318,8 @@ class Opening(BackgroundRounds):
             if self._control is not None:
                 self._core.shared(_OLDEST, self._segnos[0])
         self._core.set_serial(self._insertion == "serial")
+        assert self._follow is not None
+        self._core.set_progress(self._follow.map)  # every flush publishes its durable LSN
         # The per-record calls go straight to C: a Python frame here would cost
         # as much as appending a small record (the methods below document them).
         self.append = self._core.append

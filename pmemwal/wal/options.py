@@ -43,6 +43,7 @@ DEFAULT_GIL_RELEASE_SIZE = 32 << 10
 # record copies in well under a second) or a pause of a loaded machine, short enough that a
 # stopped peer (SIGSTOP, a debugger, a paused container) does not hang its group for good.
 DEFAULT_WAIT_TIMEOUT = 30.0
+DEFAULT_MAX_FOLLOWER_LAG = 1 << 30  # bytes a named follower may fall behind before it is lost
 
 
 class WALOptions(TypedDict, total=False):
@@ -79,6 +80,7 @@ class WALOptions(TypedDict, total=False):
     checkpoint_bytes: int
     verify: str
     wait_timeout: float | None
+    max_follower_lag_bytes: int
 
 
 def check_checkpoint_options(interval: float, nbytes: int, verify: str) -> None:
@@ -95,6 +97,12 @@ def check_wait_timeout(timeout: float | None) -> None:
     """ConfigError for a wait_timeout pmemwal.open would refuse."""
     if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout <= 1e6):
         raise ConfigError(f"wait_timeout={timeout!r}: seconds, above 0 (None: no limit)")
+
+
+def check_follower_lag(nbytes: int) -> None:
+    """ConfigError for a max_follower_lag_bytes pmemwal.open would refuse."""
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        raise ConfigError(f"max_follower_lag_bytes={nbytes!r}: bytes, 0 or more")
 
 
 def archive_spec(url: str | None, command: str | None, restore_command: str | None,

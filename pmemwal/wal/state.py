@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from pmemwal.background import BackgroundWriter
     from pmemwal.checkpoint import Checkpoint, CheckpointFile
     from pmemwal.control import ControlFile
+    from pmemwal.follow_file import FollowFile
     from pmemwal.device import ProbeResult
 
 # The WAL's own counters (stats()), in the order a shared WAL keeps them in its control file.
@@ -68,6 +69,8 @@ class WALState:
         self._archiver: Archiver | None = None
         self._background: BackgroundWriter | None = None
         self._control: ControlFile | None = None  # a shared WAL's CONTROL
+        self._follow: FollowFile | None = None    # FOLLOW: progress for readers elsewhere
+        self._max_follower_lag = 0                # (api.py sets it)
         self._counters = dict.fromkeys(COUNTERS, 0)
         # persistence.py
         self._sync_method = sync_method

@@ -46,9 +46,11 @@ class Truncation(Checkpointing):
             cut = self._archived_cut(min(before_lsn, self._core.flushed_lsn) // self.segment_size)
             cut = min(cut, self._segnos[-1])  # the newest segment stays (the flushed LSN can
             # lie at the first byte of one not made yet)
+            cut = self._followers_cut(cut)
             if self._control is None:
                 if cut > self._oldest_segment():  # the checkpoint first: see checkpoint.py
                     self._write_checkpoint(*self._durable_point(), oldest=cut)
+                    self._publish_oldest(cut)
                 with self._seg_lock:
                     plan = self._release_below(cut)
                 self._recycle_or_remove(plan)
@@ -58,6 +60,20 @@ class Truncation(Checkpointing):
         if plan and background is not None:
             background.wake()  # the round it sat out (_truncating), now that it would not
         return len(plan)
+
+    def _followers_cut(self, cut: int) -> int:
+        """``cut`` lowered to keep what a named follower has not confirmed, unless it fell
+        further than ``max_follower_lag_bytes`` behind (then it is marked lost)."""
+        if self._follow is None or cut <= self._oldest_segment():
+            return cut
+        return max(self._follow.hold_back(cut, self._core.flushed_lsn, self._max_follower_lag),
+                   self._oldest_segment())
+
+    def _publish_oldest(self, cut: int) -> None:
+        """Before the files go: followers in other processes take what they read from the
+        segments below ``cut`` from here on as truncated (their copies are checked after)."""
+        if self._follow is not None:
+            self._follow.raise_oldest(cut)
 
     def _truncating(self) -> bool:
         """Whether a truncation is doing its file work.  Its own renames and removals wake
@@ -92,6 +108,7 @@ class Truncation(Checkpointing):
         with self._control.files_lock():
             self._write_checkpoint(*position, oldest=cut)
             self._core.shared(_OLDEST, cut)
+            self._publish_oldest(cut)
             with self._seg_lock:  # our own mappings of what goes are recycled with it
                 on_disk = self._dir.list_segments(tidy=False)
                 self._segnos = sorted(set(on_disk) | set(self._arriving))

@@ -15,7 +15,7 @@ import time
 import pmemwal
 from pmemwal.errors import ConfigError, LockedError
 from pmemwal.format import DEFAULT_SEGMENT_SIZE, parse_segment_name
-from pmemwal.segments import LOCK_NAME, WAL_OWN_NAMES, Segment, WalDirectory
+from pmemwal.segments import LOCK_NAME, Segment, WalDirectory, is_wal_own_name
 from pmemwal.tools.bench.config import BenchConfig
 
 
@@ -63,7 +63,7 @@ def remove_wal_dir(path: str) -> None:
     if not os.path.isdir(path):
         raise ConfigError(f"{path} is not a directory")
     names = os.listdir(path)
-    strangers = [n for n in names if n not in WAL_OWN_NAMES
+    strangers = [n for n in names if not is_wal_own_name(n)
                  and parse_segment_name(n.removesuffix(".tmp")) is None]
     if strangers:
         raise ConfigError(f"{path} holds {strangers[0]!r}, which is not part of a pmemwal WAL: "

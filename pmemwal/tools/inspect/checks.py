@@ -19,7 +19,7 @@ from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.errors import FormatError, NotFoundError, StorageError, format_lsn
 from pmemwal.format import (CHECKPOINTED, PAGE_HEADER_SIZE, PAGE_SIZE, SegmentHeader, first_lsn,
                             parse_segment_name, segment_name)
-from pmemwal.segments import CHECKPOINT_NAME, RESTORING_NAME, WAL_OWN_NAMES
+from pmemwal.segments import CHECKPOINT_NAME, RESTORING_NAME, WAL_OWN_NAMES, is_wal_own_name
 from pmemwal.tools.inspect.results import Problem
 
 _LSN_LIMIT = 1 << 63          # the reader takes a prev-link as a signed 64-bit number
@@ -83,7 +83,7 @@ class DirectoryChecks:
             elif name.endswith(".wal.tmp") and parse_segment_name(name[:-4]) is not None:
                 self.notes.append(f"temporary file {name} (a segment being made, or left by a "
                                   "crash: open removes it)")
-            elif name not in _IGNORED:
+            elif name not in _IGNORED and not is_wal_own_name(name):
                 foreign.append(name)
         if not segnos:
             what = f" (it holds {', '.join(map(repr, foreign))})" if foreign else ""

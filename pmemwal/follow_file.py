@@ -1,0 +1,390 @@
+"""The FOLLOW file: what a WAL's writers publish for readers in other processes, and the
+stored positions of named followers.
+
+Every writer maps ``FOLLOW`` in the WAL directory.  The native core raises its durable LSN
+after each flush (native/wal_follow.h: the progress lines), so that a reader in another
+process knows how far it may read without a lock or a system call, and wakes the readers
+that sleep on its futex word.  Truncation raises the oldest segment here before it touches a
+file, so that a reader takes a segment that went as truncated, not as damaged.  A follower
+that registers a name keeps its confirmed position in a slot here, stored durably (msync);
+truncation keeps what a registered follower has not confirmed, up to the writer's
+``max_follower_lag_bytes``, past which the slot is marked lost.
+
+Layout (little-endian, 12 KiB):
+
+    0  8s   magic          b"PMWALFLW"
+    8  u32  version        1
+   12  u32  slots          64
+   16  16s  WAL id
+   32  u64  segment size
+   40  u32  CRC-32C of bytes 0..39
+   64  u64  durable LSN    every record below it is durable (a record boundary)
+   72  u64  oldest segno   segments below it are truncated
+   80  u64  generation     bumped by every writer that opens the WAL alone (after recovery)
+  128  u32  seq            futex word, bumped by every wake
+  132  u32  waiters        readers asleep on seq
+ 4096  64 slots of 128 bytes:
+           0 u32 state     0 free, 1 active, 2 lost (fell further behind than the bound)
+           4 u32 name length
+           8 u64 position  the LSN its next record is read from
+          16 u64 last LSN  the last record it confirmed (0: none), where the chain resumes
+          24 u64 time      when it last confirmed (ns since the epoch)
+          32 u64 lost at   the flushed LSN when it was marked lost
+          64 64s name      UTF-8
+
+The file is never needed to read the WAL: the segments are the truth, and a writer that
+opens the WAL alone sets the progress lines again from recovery.  It is made by whoever
+needs it first (a writer or a named follower), as a temp file linked into place.
+
+Locks, each dropped by the kernel when its holder dies:
+
+- byte ``2**20`` (an OFD read lock): held by every writer while it has the WAL open.  A
+  reader that finds no holder knows that no writer is appending (F_OFD_GETLK takes no lock).
+- byte ``2**20 + 1 + i`` (an OFD write lock): slot ``i``'s follower is alive; a second
+  follower of the same name is refused.
+- the whole file (flock): held while a slot is claimed or dropped.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from pmemwal import _core
+from pmemwal.errors import ConfigError, FormatError, LockedError, StorageError
+from pmemwal.segments import FOLLOW_NAME, close_mapped, storage_errors
+
+TEMP_PREFIX = FOLLOW_NAME + ".tmp."  # a file being made: FOLLOW.tmp.<pid>
+MAGIC = b"PMWALFLW"
+VERSION = 1
+SLOTS = 64
+SIZE = 12288
+_HEADER = struct.Struct("<8sII16sQ")
+DURABLE, OLDEST, GENERATION = 64, 72, 80  # the progress lines' words
+_SLOT_BASE, _SLOT_SIZE = 4096, 128
+_SLOT = struct.Struct("<IIQQQQ")
+_NAME_OFFSET, NAME_MAX = 64, 64
+FREE, ACTIVE, LOST = 0, 1, 2
+STATE_NAMES = {ACTIVE: "active", LOST: "lost"}
+_WRITERS = 1 << 20  # the writers' liveness byte; slot i's follower: _WRITERS + 1 + i
+
+
+@dataclass(frozen=True)
+class FollowerSlot:
+    """A named follower's stored position, as the FOLLOW file holds it."""
+
+    index: int
+    name: str
+    state: int
+    position: int
+    last_lsn: int
+    confirmed_ns: int
+    lost_at: int
+
+    def as_dict(self, durable: int) -> dict[str, object]:
+        return {"name": self.name, "state": STATE_NAMES.get(self.state, "?"),
+                "position": self.position, "lag_bytes": max(durable - self.position, 0),
+                "confirmed_at": self.confirmed_ns / 1e9 if self.confirmed_ns else None,
+                **({"lost_at": self.lost_at} if self.state == LOST else {})}
+
+
+def _header(wal_id: bytes, segment_size: int) -> bytes:
+    body = _HEADER.pack(MAGIC, VERSION, SLOTS, wal_id, segment_size)
+    return body + struct.pack("<I", _core.crc32c(body))
+
+
+def _ofd_lock(fd: int, offset: int, kind: int, wait: bool = False) -> bool:
+    """Take (F_RDLCK, F_WRLCK) or drop (F_UNLCK) an OFD lock on one byte: False when another
+    holder's conflicts (and ``wait`` is False)."""
+    lock = struct.pack("hhqqi4x", kind, os.SEEK_SET, offset, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, lock)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+def _ofd_held(fd: int, offset: int) -> bool:
+    """Whether another open file description holds a lock on the byte (none is taken)."""
+    lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    kind = struct.unpack("hhqqi4x", fcntl.fcntl(fd, fcntl.F_OFD_GETLK, lock))[0]
+    return kind != fcntl.F_UNLCK
+
+
+class FollowFile:
+    """``FOLLOW`` in a WAL directory, mapped: by a writer (``for_writer``) or a reader
+    (``open``, read-only unless it registers a follower)."""
+
+    def __init__(self, directory: str, fd: int, writable: bool) -> None:
+        self.path = os.path.join(directory, FOLLOW_NAME)
+        self.fd = fd
+        self.writable = writable
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        with storage_errors(f"mapping {self.path}"):
+            self.map = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, prot)
+
+    # -- opening --
+
+    @classmethod
+    def for_writer(cls, directory: str, wal_id: bytes, segment_size: int,
+                   alone: bool) -> FollowFile:
+        """The writer's: made if missing, remade if it is another WAL's or damaged when the
+        writer opens the WAL ``alone`` (its followers' positions mean nothing to this WAL),
+        then marked as having a writer."""
+        fd = _open_or_make(directory, wal_id, segment_size, os.O_RDWR)
+        try:
+            if _check(fd, wal_id, segment_size) is not None:
+                if not alone:  # (others have it open: the first of them made it right)
+                    raise FormatError(f"{os.path.join(directory, FOLLOW_NAME)} does not match "
+                                      "the WAL's segments")
+                os.close(fd)
+                fd = _open_or_make(directory, wal_id, segment_size, os.O_RDWR, replace=True)
+            _ofd_lock(fd, _WRITERS, fcntl.F_RDLCK, wait=True)  # (only a checker's GETLK waits)
+            return cls(directory, fd, writable=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def open(cls, directory: str, wal_id: bytes, segment_size: int, *,
+             writable: bool = False, create: bool = False) -> FollowFile | None:
+        """A reader's: None when there is none (a WAL no writer of this version opened) and
+        not ``create``; FormatError when it is another WAL's or damaged."""
+        path = os.path.join(directory, FOLLOW_NAME)
+        if create:
+            fd = _open_or_make(directory, wal_id, segment_size, os.O_RDWR)
+        else:
+            try:
+                with storage_errors(f"opening {path}"):
+                    fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+            except StorageError as exc:
+                if exc.errno == errno.ENOENT:
+                    return None
+                raise
+        why = _check(fd, wal_id, segment_size)
+        if why is not None:
+            os.close(fd)
+            raise FormatError(f"{path}: {why}")
+        return cls(directory, fd, writable=writable or create)
+
+    # -- the progress lines --
+
+    def word(self, offset: int) -> int:
+        return _core.atomic_u64(self.map, offset)
+
+    @property
+    def durable_lsn(self) -> int:
+        return _core.atomic_u64(self.map, DURABLE)
+
+    @property
+    def oldest_segno(self) -> int:
+        return _core.atomic_u64(self.map, OLDEST)
+
+    @property
+    def generation(self) -> int:
+        return _core.atomic_u64(self.map, GENERATION)
+
+    def writer_alive(self) -> bool:
+        """Whether a writer has the WAL open (its liveness lock is held)."""
+        return _ofd_held(self.fd, _WRITERS)
+
+    def opened_alone(self, durable_lsn: int, oldest_segno: int) -> None:
+        """A writer that recovered the WAL alone: the progress it starts from, which may lie
+        below what an earlier writer left (a recovery that cut records)."""
+        _core.atomic_u64(self.map, OLDEST, oldest_segno)
+        _core.atomic_u64(self.map, GENERATION, self.generation + 1)
+        _core.progress_publish(self.map, durable_lsn, True)
+
+    def raise_oldest(self, segno: int) -> None:
+        """Before a truncation touches a file: segments below ``segno`` are gone."""
+        _core.atomic_u64(self.map, OLDEST, segno, True)
+        _core.progress_wake(self.map)  # (a sleeping follower may be the one it leaves behind)
+
+    # -- follower slots --
+
+    def slots(self) -> Iterator[FollowerSlot]:
+        """The slots in use."""
+        for i in range(SLOTS):
+            slot = self._slot(i)
+            if slot is not None:
+                yield slot
+
+    def _slot(self, i: int) -> FollowerSlot | None:
+        base = _SLOT_BASE + i * _SLOT_SIZE
+        state, name_len, position, last, when, lost_at = _SLOT.unpack_from(self.map, base)
+        if state == FREE or name_len > NAME_MAX:
+            return None
+        name = bytes(self.map[base + _NAME_OFFSET:base + _NAME_OFFSET + name_len])
+        return FollowerSlot(i, name.decode("utf-8", "replace"), state, position, last, when,
+                            lost_at)
+
+    def find(self, name: str) -> FollowerSlot | None:
+        return next((s for s in self.slots() if s.name == name), None)
+
+    def claim(self, name: str, position: int, last_lsn: int) -> FollowerSlot:
+        """The slot of follower ``name``, made at ``position`` if it has none, its liveness
+        lock taken: LockedError while another live follower has it."""
+        raw = _name_bytes(name)
+        with self._files_lock():
+            slot = self.find(name)
+            if slot is None:
+                free = next((i for i in range(SLOTS) if self._slot(i) is None), None)
+                if free is None:
+                    raise LockedError(f"{self.path}: every one of the {SLOTS} follower slots is "
+                                      "taken (drop_follower frees one)")
+                self._write_slot(free, ACTIVE, position, last_lsn, raw)
+                slot = self._slot(free)
+                assert slot is not None
+            if not _ofd_lock(self.fd, _WRITERS + 1 + slot.index, fcntl.F_WRLCK):
+                raise LockedError(f"follower {name!r} is in use by another live process")
+            return slot
+
+    def release(self, slot: FollowerSlot) -> None:
+        _ofd_lock(self.fd, _WRITERS + 1 + slot.index, fcntl.F_UNLCK)
+
+    def confirm(self, slot: FollowerSlot, position: int, last_lsn: int) -> int:
+        """Store the slot's position durably; returns its state (LOST: it was marked lost
+        meanwhile, and stays so)."""
+        base = _SLOT_BASE + slot.index * _SLOT_SIZE
+        struct.pack_into("<QQQ", self.map, base + 8, position, last_lsn, time.time_ns())
+        self._sync_slot(slot.index)
+        return struct.unpack_from("<I", self.map, base)[0]
+
+    def drop(self, name: str) -> bool:
+        """Free follower ``name``'s slot: False when there is none; LockedError while a live
+        follower uses it."""
+        with self._files_lock():
+            slot = self.find(name)
+            if slot is None:
+                return False
+            if not _ofd_lock(self.fd, _WRITERS + 1 + slot.index, fcntl.F_WRLCK):
+                raise LockedError(f"follower {name!r} is in use by a live process")
+            try:
+                self._write_slot(slot.index, FREE, 0, 0, b"")
+            finally:
+                _ofd_lock(self.fd, _WRITERS + 1 + slot.index, fcntl.F_UNLCK)
+            return True
+
+    def hold_back(self, cut_segno: int, flushed_lsn: int, max_lag: int) -> int:
+        """A truncation's cut, lowered to keep what every active follower has not confirmed;
+        a follower further than ``max_lag`` bytes behind ``flushed_lsn`` is marked lost
+        instead (and told so at its next read or confirm)."""
+        segment_size = _HEADER.unpack_from(self.map)[4]
+        for slot in self.slots():
+            if slot.state != ACTIVE:
+                continue
+            if flushed_lsn - slot.position > max_lag:
+                self._mark_lost(slot, flushed_lsn)
+            else:
+                cut_segno = min(cut_segno, slot.position // segment_size)
+        return cut_segno
+
+    def _mark_lost(self, slot: FollowerSlot, flushed_lsn: int) -> None:
+        base = _SLOT_BASE + slot.index * _SLOT_SIZE
+        struct.pack_into("<Q", self.map, base + 32, flushed_lsn)
+        struct.pack_into("<I", self.map, base, LOST)
+        self._sync_slot(slot.index)
+
+    def _write_slot(self, i: int, state: int, position: int, last_lsn: int, name: bytes) -> None:
+        base = _SLOT_BASE + i * _SLOT_SIZE
+        self.map[base:base + _SLOT_SIZE] = bytes(_SLOT_SIZE)
+        self.map[base + _NAME_OFFSET:base + _NAME_OFFSET + len(name)] = name
+        _SLOT.pack_into(self.map, base, state, len(name), position, last_lsn, time.time_ns(), 0)
+        self._sync_slot(i)
+
+    def _sync_slot(self, i: int) -> None:
+        """msync of the page that holds slot ``i``: its position survives a power loss."""
+        page = (_SLOT_BASE + i * _SLOT_SIZE) // mmap.PAGESIZE * mmap.PAGESIZE
+        with storage_errors(f"syncing {self.path}"):
+            self.map.flush(page, mmap.PAGESIZE)
+
+    def _files_lock(self) -> _Flock:
+        return _Flock(self.fd)
+
+    def close(self) -> None:
+        """Unmap and close.  A writer's liveness lock is dropped first: the mapping, which
+        the core may still export to calls in flight, holds the file open (and its locks)
+        until its last reference goes."""
+        if self.writable and self.fd >= 0:
+            _ofd_lock(self.fd, _WRITERS, fcntl.F_UNLCK)
+        if self.fd >= 0:
+            close_mapped(self.map, self.fd)
+            self.fd = -1
+
+
+class _Flock:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __enter__(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def _name_bytes(name: str) -> bytes:
+    raw = name.encode("utf-8") if isinstance(name, str) else b""
+    if not raw or len(raw) > NAME_MAX or "\0" in name:
+        raise ConfigError(f"a follower's name is 1 to {NAME_MAX} bytes of UTF-8 without NUL, "
+                          f"not {name!r}")
+    return raw
+
+
+def _check(fd: int, wal_id: bytes, segment_size: int) -> str | None:
+    """Why the open file is not this WAL's FOLLOW file (None: it is)."""
+    data = os.pread(fd, _HEADER.size + 4, 0)
+    if len(data) < _HEADER.size + 4 or os.fstat(fd).st_size < SIZE:
+        return "too short"
+    if data != _header(wal_id, segment_size):
+        if data[:8] != MAGIC:
+            return "not a pmemwal FOLLOW file"
+        if struct.unpack_from("<I", data, _HEADER.size)[0] != _core.crc32c(data[:_HEADER.size]):
+            return "its header is damaged (CRC mismatch)"
+        return "another WAL's, or another version's"
+    return None
+
+
+def _open_or_make(directory: str, wal_id: bytes, segment_size: int, flags: int,
+                  replace: bool = False) -> int:
+    """The file's descriptor; made first (a temp file linked into place, so that a reader
+    never sees it half made) when it is missing, or ``replace``d (renamed over it)."""
+    path = os.path.join(directory, FOLLOW_NAME)
+    with storage_errors(f"opening {path}"):
+        if not replace:
+            try:
+                return os.open(path, flags | os.O_CLOEXEC)
+            except FileNotFoundError:
+                pass
+        temp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}")
+        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, SIZE)
+            os.pwrite(fd, _header(wal_id, segment_size), 0)
+            os.fsync(fd)
+            if replace:
+                os.rename(temp, path)
+            else:
+                try:
+                    os.link(temp, path)
+                except FileExistsError:  # another process made it first: use theirs
+                    os.close(fd)
+                    fd = os.open(path, flags | os.O_CLOEXEC)
+                os.unlink(temp)
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
