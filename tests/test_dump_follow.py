@@ -199,6 +199,17 @@ def test_follow_shows_records_appended_after_it_started_until_end(wal_dir, write
             proc.kill()
 
 
+def test_follow_stops_among_the_records_on_disk(wal_dir):
+    """--end or --limit reached before the end of the WAL: --follow waits for nothing."""
+    lsns = make_wal(wal_dir, [payload(f"d/{i}", 100) for i in range(6)])
+    result = invoke("dump", wal_dir, "--follow", "--end", lsns[4])
+    assert result.exit_code == 0 and listed(result.stdout) == lsns[:4]
+    assert "stopped: --end" in result.stdout
+    result = invoke("dump", wal_dir, "--follow", "--limit", 2, "--start", lsns[1])
+    assert result.exit_code == 0 and listed(result.stdout) == lsns[1:3]
+    assert "stopped: record limit reached" in result.stdout
+
+
 def test_follow_ends_quietly_on_ctrl_c(wal_dir, writer):
     first = writer(2)
     proc = dump_follow(wal_dir, "--json")
