@@ -15,12 +15,15 @@ if _os.environ.get("PMEMWAL_TRACED_CORE") == "1":  # the power-loss simulator's 
     use_traced_core()
 
 from pmemwal.device import ProbeResult, probe
-from pmemwal.errors import (ArchiveError, ClosedError, ConfigError, CorruptionError, FormatError, LockedError,
-                            LogIndexError, NotFoundError, RecordTooLargeError, StalledWriterError,
+from pmemwal.errors import (ArchiveError, ClosedError, ConfigError, CorruptionError,
+                            FollowerLostError, FormatError, LockedError, LogIndexError,
+                            NotFoundError, ReadOnlyError, RecordTooLargeError, StalledWriterError,
                             StorageError, TermError, TruncatedError, WALError, WriterStoppedError,
                             format_lsn)
 from pmemwal.wal import WAL, Record, open
 from pmemwal.log import Entry, HardState, Log, open_log
+from pmemwal.follow import Follower, drop_follower, follow, followers
+from pmemwal.readonly import ReadOnlyWAL
 
 __all__ = [
     "open", "WAL", "Record", "probe", "ProbeResult", "format_lsn",
@@ -28,5 +31,7 @@ __all__ = [
     "WALError", "CorruptionError", "FormatError", "LockedError", "ClosedError",
     "NotFoundError", "ConfigError", "RecordTooLargeError", "StorageError", "WriterStoppedError",
     "ArchiveError", "TruncatedError", "StalledWriterError",
+    "ReadOnlyWAL", "ReadOnlyError", "follow", "Follower", "followers", "drop_follower",
+    "FollowerLostError",
 ]
 __version__ = "0.1.0"

@@ -51,6 +51,25 @@ class TruncatedError(WALError):
         self.first_lsn = first_lsn
 
 
+class FollowerLostError(TruncatedError):
+    """A named follower fell further behind than the writer's ``max_follower_lag_bytes``:
+    it no longer holds back truncation, and the records it had not confirmed may be gone
+    (PostgreSQL's replication slot whose WAL status is "lost").  ``drop_follower`` frees its
+    name; following again from ``first_lsn`` starts over."""
+
+    def __init__(self, name: str, lsn: int, first_lsn: int) -> None:
+        WALError.__init__(self, f"follower {name!r} fell too far behind and was marked lost "
+                          f"(at LSN {format_lsn(lsn)}; the WAL now starts at "
+                          f"{format_lsn(first_lsn)})")
+        self.name = name
+        self.lsn = lsn
+        self.first_lsn = first_lsn
+
+
+class ReadOnlyError(WALError):
+    """A write to a WAL opened with readonly=True."""
+
+
 class FormatError(WALError):
     """The directory or a segment is not (this) pmemwal WAL."""
 

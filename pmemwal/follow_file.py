@@ -155,25 +155,34 @@ class FollowFile:
 
     @classmethod
     def open(cls, directory: str, wal_id: bytes, segment_size: int, *,
-             writable: bool = False, create: bool = False) -> FollowFile | None:
-        """A reader's: None when there is none (a WAL no writer of this version opened) and
-        not ``create``; FormatError when it is another WAL's or damaged."""
+             writable: bool = False) -> FollowFile | None:
+        """A reader's: None when there is none (a WAL no writer of this version opened);
+        FormatError when it is another WAL's or damaged."""
         path = os.path.join(directory, FOLLOW_NAME)
-        if create:
-            fd = _open_or_make(directory, wal_id, segment_size, os.O_RDWR)
-        else:
-            try:
-                with storage_errors(f"opening {path}"):
-                    fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
-            except StorageError as exc:
-                if exc.errno == errno.ENOENT:
-                    return None
-                raise
+        try:
+            with storage_errors(f"opening {path}"):
+                fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+        except StorageError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            raise
+        return cls._checked(directory, fd, wal_id, segment_size, writable)
+
+    @classmethod
+    def for_follower(cls, directory: str, wal_id: bytes, segment_size: int) -> FollowFile:
+        """A follower's: it waits on the futex and may keep a position here, so it makes the
+        file when no writer of this version has yet."""
+        fd = _open_or_make(directory, wal_id, segment_size, os.O_RDWR)
+        return cls._checked(directory, fd, wal_id, segment_size, True)
+
+    @classmethod
+    def _checked(cls, directory: str, fd: int, wal_id: bytes, segment_size: int,
+                 writable: bool) -> FollowFile:
         why = _check(fd, wal_id, segment_size)
         if why is not None:
             os.close(fd)
-            raise FormatError(f"{path}: {why}")
-        return cls(directory, fd, writable=writable or create)
+            raise FormatError(f"{os.path.join(directory, FOLLOW_NAME)}: {why}")
+        return cls(directory, fd, writable=writable)
 
     # -- the progress lines --
 

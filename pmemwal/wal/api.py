@@ -13,33 +13,33 @@ from __future__ import annotations
 
 import operator
 import os
-import sys
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence, Unpack, overload
 
 import numpy as np
 
-from pmemwal import _core
 from pmemwal._core import Record
-from pmemwal.batch import RecordBatch, concat, integer_array
 from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
 from pmemwal.control import ControlFile, archive_tag
-from pmemwal.errors import CorruptionError, StorageError, TruncatedError, format_lsn
+from pmemwal.errors import StorageError, format_lsn
 from pmemwal.format import first_lsn
-from pmemwal.segments import Segment, WalDirectory
+from pmemwal.segments import WalDirectory
 from pmemwal.wal.opening import Opening
-from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS, Reading
+from pmemwal.wal.reading import Reading
 from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
                                  DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
                                  DEFAULT_GIL_RELEASE_SIZE, DEFAULT_MAX_FOLLOWER_LAG,
                                  DEFAULT_MAX_PENDING,
                                  DEFAULT_MAX_RECORD_SIZE, DEFAULT_MAX_WAL_SIZE,
                                  DEFAULT_WAIT_TIMEOUT, archive_spec, check_checkpoint_options,
-                                 check_follower_lag, check_wait_timeout, check_wal_options)
+                                 WALOptions, check_follower_lag, check_wait_timeout,
+                                 check_wal_options)
 from pmemwal.wal.state import COUNTERS
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
+
+    from pmemwal.readonly import ReadOnlyWAL
 
 _SHARED: weakref.WeakSet[WAL] = weakref.WeakSet()  # shared WALs open in this process
 
@@ -55,7 +55,16 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = True,
+@overload
+def open(path: str | os.PathLike[str], *, readonly: Literal[True]) -> ReadOnlyWAL: ...
+
+
+@overload
+def open(path: str | os.PathLike[str], *, readonly: Literal[False] = False,
+         **options: Unpack[WALOptions]) -> WAL: ...
+
+
+def open(path: str | os.PathLike[str], *, readonly: bool = False, mode: str = "auto", create: bool = True,
          segment_size: int | None = None, insert_slots: int = 8,
          buffer_size: int = DEFAULT_BUFFER_SIZE, max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
          sync_method: str = "fdatasync", on_corruption: str = "raise",
@@ -72,9 +81,14 @@ def open(path: str | os.PathLike[str], *, mode: str = "auto", create: bool = Tru
          checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
          checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES, verify: str = "checkpoint",
          wait_timeout: float | None = DEFAULT_WAIT_TIMEOUT,
-         max_follower_lag_bytes: int = DEFAULT_MAX_FOLLOWER_LAG) -> WAL:
+         max_follower_lag_bytes: int = DEFAULT_MAX_FOLLOWER_LAG) -> WAL | ReadOnlyWAL:
     """Open (or create) the WAL in directory ``path``; see ``WAL`` for the options.
-    ``pmemwal.open(path, readonly=True)`` opens it for reading only (pmemwal.readonly)."""
+
+    ``readonly=True`` opens it for reading only, with no other option: no lock, no writes,
+    no recovery, beside a live writer or none (``pmemwal.readonly.ReadOnlyWAL``)."""
+    if readonly:
+        from pmemwal.readonly import ReadOnlyWAL
+        return ReadOnlyWAL(path)
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
                max_record_size=max_record_size, sync_method=sync_method,

@@ -1,0 +1,247 @@
+"""Following a live WAL from another process: ``pmemwal.follow(path)``.
+
+A follower yields each record once it is durable, in LSN order, and blocks for the next,
+like ``tail -f``, ``pg_waldump --follow`` or a Kafka consumer.  It reads through a read-only
+WAL (pmemwal/readonly.py): no lock, nothing the writer waits for.  How far it may read is
+the durable LSN that every writer flush publishes in the FOLLOW file (pmemwal/follow_file.py),
+a load from mapped memory; when it has read everything, it spins on that word for a while
+(as long as records have lately taken to come, up to 50 µs) and then sleeps on a futex that
+the writer's next flush wakes.  Never ahead of durability: the published LSN only ever names
+what was made durable (in buffered mode what the sync covered, in direct mode what was
+persisted), and with no writer the follower reads up to where the chain ends, what the next
+writer's recovery keeps.
+
+A follower may take a name (as a replication slot or a consumer group): its position is then
+stored durably in the FOLLOW file by ``confirm()``, it resumes there, and the writer's
+truncation keeps every segment it has not confirmed, unless it falls further behind than the
+writer's ``max_follower_lag_bytes``: then it is marked lost and raises FollowerLostError.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterator, Sequence, TypeVar
+
+from pmemwal import _core
+from pmemwal._core import Record
+from pmemwal.batch import RecordBatch
+from pmemwal.errors import ConfigError, FollowerLostError, TruncatedError
+from pmemwal.follow_file import ACTIVE, LOST, FollowerSlot, FollowFile
+from pmemwal.readonly import ReadOnlyWAL, identity
+from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
+
+_RECORDS, _BYTES = 1024, 1 << 18  # what iterating reads in one native call at most
+_START_SPIN_NS = 20000
+_T = TypeVar("_T")
+# a native read from (lsn, prev) below end: (status, next_lsn, last_lsn, items, count)
+_Read = Callable[[int, int, int], tuple[int, int, int, _T, int]]
+
+
+class Follower:
+    """The records of a WAL as they become durable (see the module docstring).
+
+    Iterate it for Records; ``batches()`` for RecordBatches.  ``position`` is where the
+    next record is read from; ``confirm()`` stores a named follower's position.  A context
+    manager; ``close()`` lets go of the name, so that another process may follow with it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], start: int | None = None, *,
+                 name: str | None = None, timeout: float | None = None) -> None:
+        if timeout is not None and not timeout >= 0:
+            raise ConfigError(f"timeout={timeout!r}: seconds, 0 or more (None: wait forever)")
+        self.timeout = timeout
+        self.name = name
+        self._slot: FollowerSlot | None = None
+        self._wal = ReadOnlyWAL(path)
+        try:
+            # the follower waits on the FOLLOW file's futex, and a named one keeps its
+            # position there: made if no writer of this version has made it yet
+            self._file = FollowFile.for_follower(self._wal.path, self._wal.wal_id,
+                                                 self._wal.segment_size)
+            self._lsn, self._prev = self._start(start)
+        except BaseException:
+            self.close()
+            raise
+        self._spin = _START_SPIN_NS
+        self._done: tuple[int, int] | None = None  # (position, LSN) after the last record yielded
+
+    def _start(self, start: int | None) -> tuple[int, int]:
+        """(LSN, expected prev-link or -1) of the first record to read."""
+        if self.name is not None:
+            first = self._first_record() if start is None else start
+            self._slot = self._file.claim(self.name, first, 0)
+            if self._slot.state == LOST:
+                raise self._lost()
+            if start is None:
+                return self._slot.position, self._slot.last_lsn or -1
+        return (self._first_record() if start is None else start), -1
+
+    def _first_record(self) -> int:
+        """The oldest record's LSN, or where the first record will be."""
+        bounds = self._wal._read_bounds(None)
+        return bounds[0] if bounds is not None else self._wal.first_lsn
+
+    # -- reading --
+
+    def __iter__(self) -> Iterator[Record]:
+        reader = self._wal._reader
+
+        def read(lsn: int, prev: int, end: int) -> tuple[int, int, int, list[Record], int]:
+            status, nxt, last, _, records = reader.records(lsn, prev, end, _RECORDS, _BYTES)
+            return status, nxt, last, records, len(records)
+
+        for records in self._follow(read):
+            position = self._lsn  # (after the batch)
+            for i, record in enumerate(records):
+                self._done = (records[i + 1].lsn if i + 1 < len(records) else position,
+                              record.lsn)
+                yield record
+
+    def batches(self, *, max_records: int = DEFAULT_BATCH_RECORDS,
+                max_bytes: int = DEFAULT_BATCH_BYTES) -> Iterator[RecordBatch]:
+        """The records as RecordBatches of up to ``max_records`` records or ``max_bytes``
+        payload bytes: each batch holds what was durable when it was read."""
+        reader = self._wal._reader
+
+        def read(lsn: int, prev: int, end: int) -> tuple[int, int, int, RecordBatch, int]:
+            status, nxt, last, _, arrays = reader.fill(lsn, prev, end, max_records, max_bytes)
+            batch = RecordBatch.from_native(arrays)
+            return status, nxt, last, batch, len(batch)
+
+        for batch in self._follow(read):
+            self._done = (self._lsn, int(batch.lsns[-1]))
+            yield batch
+
+    def _follow(self, read: _Read[_T]) -> Iterator[_T]:
+        """What ``read`` reads from the position on, batch after batch, waiting for more."""
+        while True:
+            end = self._file.durable_lsn
+            if self._lsn >= end:
+                waited = self._wait()
+                if waited is None:
+                    return
+                end = waited
+            status, nxt, last, items, count = read(self._lsn, self._prev, end)
+            if count:
+                self._wal._check_copied(self._lsn)
+            at, self._lsn, self._prev = self._lsn, nxt, last or self._prev
+            if count:
+                yield items
+            if status:
+                raise self._error(self._lsn, status)
+            if not count and nxt == at and self._wait(after=end) is None:
+                return  # (the end lies in the page header after the position: nothing yet)
+
+    def _wait(self, after: int | None = None) -> int | None:
+        """The durable end once it passes the position (or ``after``); None once the
+        timeout passed with nothing new.  With no writer, the end of the chain."""
+        after = self._lsn if after is None else after
+        durable, self._spin, moved = _core.progress_wait(self._file.map, after, 0, self._spin)
+        if moved:
+            return durable
+        if not self._wal.writer_alive:  # (only when idle: a system call)
+            end = self._wal.refresh()
+            if end > after:
+                return end
+        durable, self._spin, moved = _core.progress_wait(self._file.map, after, self.timeout,
+                                                         self._spin)
+        return durable if moved else None
+
+    def _error(self, lsn: int, status: int) -> Exception:
+        error = self._wal._read_error(lsn, status, False)
+        if isinstance(error, TruncatedError) and self._slot is not None:
+            slot = self._file.find(self._slot.name)
+            if slot is not None and slot.state == LOST:
+                return self._lost()
+        return error
+
+    def _lost(self) -> FollowerLostError:
+        assert self.name is not None
+        slot = self._file.find(self.name)
+        return FollowerLostError(self.name, slot.lost_at if slot else 0, self._wal.first_lsn)
+
+    # -- position --
+
+    @property
+    def position(self) -> int:
+        """The LSN of the next record to read (the position after the last record yielded,
+        when iterating)."""
+        return self._done[0] if self._done is not None else self._lsn
+
+    def confirm(self) -> int:
+        """Store this named follower's position (after the last record yielded) durably: it
+        resumes there, and truncation keeps what lies after it.  Returns the position;
+        FollowerLostError if it had been marked lost."""
+        if self._slot is None:
+            raise ConfigError("confirm() keeps a named follower's position: follow(path, "
+                              "name=...)")
+        if self._done is None:
+            return self._slot.position
+        position, last = self._done
+        if self._file.confirm(self._slot, position, last) != ACTIVE:
+            raise self._lost()
+        return position
+
+    # -- life --
+
+    def close(self) -> None:
+        """Let go of the name (not of its stored position) and the WAL."""
+        file = getattr(self, "_file", None)
+        if file is not None:
+            if self._slot is not None:
+                file.release(self._slot)
+                self._slot = None
+            file.close()
+        self._wal.close()
+
+    def __enter__(self) -> Follower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def follow(path: str | os.PathLike[str], start: int | None = None, *, name: str | None = None,
+           timeout: float | None = None) -> Follower:
+    """Follow the WAL in directory ``path`` from another process (or this one): a
+    Follower, an iterator of the records that are durable, blocking for the next.
+
+    ``start``: the LSN of a record to start at (None: a named follower's stored position,
+    else the oldest record).  ``name``: keep a durable position under this name (1 to 64
+    bytes of UTF-8): ``confirm()`` stores it, and the writer's truncation keeps what it has
+    not confirmed (within ``max_follower_lag_bytes``).  ``timeout``: seconds to wait for a
+    new record before the iteration ends (None: wait forever).
+    """
+    return Follower(path, start, name=name, timeout=timeout)
+
+
+def followers(path: str | os.PathLike[str]) -> list[dict[str, object]]:
+    """The named followers of the WAL in ``path``: name, state ("active" or "lost"),
+    position, lag_bytes (behind the durable end), confirmed_at (seconds since the epoch)."""
+    path = os.path.abspath(os.fspath(path))
+    _, wal_id, segment_size = identity(path)
+    file = FollowFile.open(path, wal_id, segment_size)
+    if file is None:
+        return []
+    try:
+        durable = file.durable_lsn
+        return [slot.as_dict(durable) for slot in file.slots()]
+    finally:
+        file.close()
+
+
+def drop_follower(path: str | os.PathLike[str], name: str) -> bool:
+    """Forget the named follower's position (it then holds nothing back): False if there is
+    none; LockedError while a live process follows with that name."""
+    path = os.path.abspath(os.fspath(path))
+    _, wal_id, segment_size = identity(path)
+    file = FollowFile.open(path, wal_id, segment_size, writable=True)
+    if file is None:
+        return False
+    try:
+        return file.drop(name)
+    finally:
+        file.close()
+
+
+__all__: Sequence[str] = ["Follower", "follow", "followers", "drop_follower"]
