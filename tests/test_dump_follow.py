@@ -105,9 +105,10 @@ SIZE = 500                  # every record's payload bytes (its LSNs are predict
 WRITER = textwrap.dedent("""
     import sys, pmemwal
     with pmemwal.open(sys.argv[1], segment_size=int(sys.argv[2]), background=False) as wal:
-        for line in sys.stdin:          # "N": append N records, flushed one by one
-            for _ in range(int(line)):
-                lsn = wal.append(b"x" * int(sys.argv[3]))
+        for line in sys.stdin:          # "N SIZE": append N records, flushed one by one
+            count, size = map(int, line.split())
+            for i in range(count):
+                lsn = wal.append(b"x" * size if size < 1000 else bytes(range(256)) * (size // 256))
                 wal.flush(lsn)
                 print(lsn, flush=True)
 """)
@@ -149,15 +150,16 @@ class Proc:
 @pytest.fixture
 def writer(wal_dir):
     """A writer process holding the WAL open: ``append(n)`` returns the n LSNs it flushed."""
-    proc = Proc(["-c", WRITER, wal_dir, SEG, SIZE], stdin=subprocess.PIPE)
+    proc = Proc(["-c", WRITER, wal_dir, SEG], stdin=subprocess.PIPE)
 
-    def append(n: int) -> list[int]:
-        proc.proc.stdin.write(f"{n}\n")
+    def append(n: int, size: int = SIZE) -> list[int]:
+        proc.proc.stdin.write(f"{n} {size}\n")
         proc.proc.stdin.flush()
         return [int(proc.line()) for _ in range(n)]
 
     yield append
-    proc.proc.stdin.close()
+    if proc.proc.poll() is None:
+        proc.proc.stdin.close()
     assert proc.proc.wait(30) == 0, proc.proc.stderr.read()
 
 
@@ -208,6 +210,26 @@ def test_follow_stops_among_the_records_on_disk(wal_dir):
     result = invoke("dump", wal_dir, "--follow", "--limit", 2, "--start", lsns[1])
     assert result.exit_code == 0 and listed(result.stdout) == lsns[1:3]
     assert "stopped: record limit reached" in result.stdout
+
+
+def test_follow_reads_on_into_segments_made_after_it_started(wal_dir, writer):
+    """Records that fill new segments: each followed line is the line a plain dump gives."""
+    big = 256 * 1500                              # three records to a 1 MiB segment
+    first = writer(2)
+    later = [next_lsn(first[-1], SIZE)]
+    while len(later) < 8:
+        later.append(next_lsn(later[-1], big))
+    proc = dump_follow(wal_dir, "--json", "--preview", 300, "--end", later[-1])
+    try:
+        followed = [proc.line() for _ in first]
+        assert writer(8, big) == later and later[-1] > 2 * SEG
+        followed += proc.rest()
+        assert proc.proc.wait(30) == 0
+    finally:
+        proc.kill()
+    plain = invoke("dump", wal_dir, "--json", "--preview", 300, "--end", later[-1]).stdout
+    assert followed[:-1] == plain.splitlines()[:-1] and len(followed) == 2 + 7 + 1
+    assert json.loads(followed[-1])["records"] == 9
 
 
 def test_follow_ends_quietly_on_ctrl_c(wal_dir, writer):

@@ -64,6 +64,8 @@ class RecordLines:
         fields = self.log_fields(rec, payload) if holds_log else None
         if as_json:
             obj = rec.as_dict()
+            if rec.crc < 0:             # (a followed record that no longer reads here)
+                obj["crc"] = obj["next_lsn"] = None
             if preview:
                 obj["data"], obj["text"] = self.preview(rec, preview, payload)
             if holds_log:

@@ -16,7 +16,6 @@ from pmemwal.tools.inspect.results import _END, End, RecordInfo
 from pmemwal.tools.inspect.view import Records, WalView
 
 _BLOCK = 4096      # lines at most in one block
-_WAKE_S = 1.0      # the follower's wait, again and again: a signal is acted on at least this often
 
 
 class Tail:
@@ -54,30 +53,25 @@ class Tail:
                 self.end = End("unreadable", self.next_lsn, f"{type(exc).__name__}: {exc}")
 
     def _followed(self) -> Iterator[list[str]]:
-        """Each batch of durable records as a block, until --end or --limit; the follower's
-        wait ends every _WAKE_S with nothing new, and starts again (Ctrl-C is seen)."""
+        """Each batch of durable records as a block, until --end or --limit (the follower
+        waits for ever; Ctrl-C interrupts its wait)."""
         if self._done(self.next_lsn):
             return
-        with pmemwal.follow(self.view.path, start=self.next_lsn, timeout=_WAKE_S) as follower:
-            while True:
-                for batch in follower.batches():
-                    block = []
-                    for rec in batch:
-                        if self._done(rec.lsn):   # (when the one before did not say where)
-                            break
-                        payload = rec.payload
-                        info = self.view.record_info(rec.lsn, rec.prev_lsn, len(payload))
-                        block.append(self._line(info, payload))
-                        if self._done(self.next_lsn) or len(block) == _BLOCK:
-                            yield block
-                            block = []
-                            if self.end is not None:
-                                return
-                    if self.end is not None:
-                        yield block
-                        return
-                    if block:
-                        yield block
+        with pmemwal.follow(self.view.path, start=self.next_lsn, timeout=None) as follower:
+            for batch in follower.batches(max_records=_BLOCK):
+                block = []
+                for rec in batch:
+                    if self._done(rec.lsn):   # (when the one before could not say where)
+                        break
+                    payload = rec.payload
+                    info = self.view.record_info(rec.lsn, rec.prev_lsn, len(payload))
+                    block.append(self._line(info, payload))
+                    if self._done(self.next_lsn):
+                        break
+                if block:
+                    yield block
+                if self.end is not None:
+                    return
 
     def _done(self, lsn: int | None) -> bool:
         """Does the record at ``lsn`` (the next one) lie past --end or --limit?  Then the
