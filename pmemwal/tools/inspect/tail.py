@@ -43,9 +43,9 @@ class Tail:
                 block = []
         if block:
             yield block
-        self.end = self.records.end
-        if self.end is not None and self.end.kind in ("clean", "torn"):
-            self.end, self.next_lsn = None, self.end.lsn
+        end = self.end = self.records.end
+        if end is not None and end.kind in ("clean", "torn"):    # the WAL's end: wait there
+            self.end, self.next_lsn = None, end.lsn
             self.view.read_new_segments = True      # the follower reads on: so do the lines
             try:
                 yield from self._followed()
