@@ -277,7 +277,8 @@ def dump(path: str, start: int | None, end_lsn: int | None, limit: int | None, p
     With --follow it goes on as tail -f does: each record a writer makes durable
     is shown as it comes (output is flushed as it is written, for a pipe), until
     a record at or past --end, --limit records, or Ctrl-C, which ends it with the
-    summary and exit 0.
+    summary and exit 0.  It makes the WAL's FOLLOW file (where followers wait for
+    writers) if no writer has yet; it writes nothing else.
 
     \b
     Examples:
