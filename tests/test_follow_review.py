@@ -141,3 +141,60 @@ def test_a_readonly_wal_sees_what_a_writer_that_came_and_truncated_left(wal_path
             expected = _numbers(fresh.records())
         assert expected and expected[-1] == 3999
         assert _numbers(reader.records()) == expected
+
+
+def _words(path: str) -> tuple[int, int]:
+    """(seq, waiters) of the FOLLOW file: the futex word and the count of sleepers."""
+    import struct
+    with open(os.path.join(path, FOLLOW_NAME), "rb") as f:
+        f.seek(128)
+        return struct.unpack("<II", f.read(8))
+
+
+def test_a_follower_killed_asleep_does_not_make_every_flush_wake(wal_path, shm_tmp):
+    """A follower killed while asleep on the futex (SIGKILL, or a process that exits with a
+    daemon thread following) leaves no sleeper behind: a writer with no follower then
+    flushes without a wake-up (a system call) per flush."""
+    import signal
+    import subprocess
+    import sys
+    pmemwal.open(wal_path, segment_size=SEG).close()
+    code = "import pmemwal, sys\nlist(pmemwal.follow(sys.argv[1]))\n"
+    child = subprocess.Popen([sys.executable, "-c", code, wal_path])
+    try:
+        for _ in range(500):
+            if _words(wal_path)[1]:
+                break
+            time.sleep(0.01)
+        assert _words(wal_path)[1] == 1  # asleep
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    with pmemwal.open(wal_path, segment_size=SEG, background=False) as wal:
+        seq = _words(wal_path)[0]
+        for i in range(100):
+            wal.append(_payload(i), flush=True)
+        assert _words(wal_path) == (seq, 0)  # nobody sleeps: no wake
+
+
+def test_closing_a_follower_ends_an_iteration_blocked_in_another_thread(wal_path):
+    """close() from another thread (a consumer's shutdown) ends an iteration that waits with
+    no timeout, rather than leaving its thread asleep for good."""
+    import threading
+    pmemwal.open(wal_path, segment_size=SEG).close()
+    follower = pmemwal.follow(wal_path)
+    ended = threading.Event()
+
+    def consume() -> None:
+        try:
+            for _ in follower:
+                pass
+        except Exception:
+            pass
+        ended.set()
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    time.sleep(0.3)  # (asleep on the futex by now)
+    follower.close()
+    assert ended.wait(10.0), "the iteration still waits after close()"
