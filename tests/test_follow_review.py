@@ -198,3 +198,16 @@ def test_closing_a_follower_ends_an_iteration_blocked_in_another_thread(wal_path
     time.sleep(0.3)  # (asleep on the futex by now)
     follower.close()
     assert ended.wait(10.0), "the iteration still waits after close()"
+
+
+def test_readonly_read_many_reads_nothing_past_the_durable_lsn(wal_path):
+    """read_many, as record(), refuses a record a live writer placed but did not persist."""
+    with pmemwal.open(wal_path, mode="direct", background=False, segment_size=SEG) as wal:
+        durable = wal.append(_payload(0), flush=True)
+        placed = wal.append(_payload(1))  # in the mapping, not persisted
+        with pmemwal.open(wal_path, readonly=True) as reader:
+            with pytest.raises(ValueError):
+                reader.record(placed)
+            assert _numbers(reader.read_many([durable])) == [0]
+            with pytest.raises(ValueError):
+                reader.read_many([placed])
