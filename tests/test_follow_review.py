@@ -144,11 +144,11 @@ def test_a_readonly_wal_sees_what_a_writer_that_came_and_truncated_left(wal_path
 
 
 def _words(path: str) -> tuple[int, int]:
-    """(seq, waiters) of the FOLLOW file: the futex word and the count of sleepers."""
+    """(seq, sleepers) of the FOLLOW file: the futex word and the sleepers' bits."""
     import struct
     with open(os.path.join(path, FOLLOW_NAME), "rb") as f:
         f.seek(128)
-        return struct.unpack("<II", f.read(8))
+        return struct.unpack("<I4xQ", f.read(16))
 
 
 def test_a_follower_killed_asleep_does_not_make_every_flush_wake(wal_path, shm_tmp):
