@@ -112,8 +112,9 @@ def named(spec: dict) -> None:
 
 
 def powerloss(spec: dict) -> None:
-    from _follow_powerloss import run_published
-    print(json.dumps(run_published(**spec["options"])), flush=True)
+    import _follow_powerloss
+    run = getattr(_follow_powerloss, spec.get("run", "run_published"))
+    print(json.dumps(run(**spec["options"])), flush=True)
 
 
 if __name__ == "__main__":

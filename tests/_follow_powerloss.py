@@ -12,6 +12,8 @@ so each of them must come back from the image, and recovery must end at or past 
 
 from __future__ import annotations
 
+import fcntl
+import random
 import shutil
 import tempfile
 from collections import Counter
@@ -24,6 +26,7 @@ import pmemwal
 from pmemwal import _core
 from pmemwal.tools import mutants
 from pmemwal.errors import WALError
+from pmemwal.follow_file import _WRITERS, _ofd_lock
 from pmemwal.tools.powerloss import (ROUND_STEPS, SEGMENT_SIZE, Workload, _shadow_for,
                                      _write_image, held_against)
 
@@ -99,3 +102,45 @@ def run_published(mode: str, images: int, threads: int = 4, seed: int = 1,
         shutil.rmtree(root, ignore_errors=True)
     return {"verdicts": dict(verdicts), "failures": failures[:5], "ahead": work.ahead,
             "written": work.written}
+
+
+def follower_after_a_kill(images: int = 10, seed: int = 2) -> dict:
+    """A direct-mode (msync) writer appends, flushed and not, and dies; before any writer
+    opens the WAL again, a follower reads it; then the power goes.  Each of ``images``
+    images must hold every record the follower yielded.
+
+    The death is the kernel's part of a SIGKILL: the writer's liveness lock dropped, its
+    pages left in the page cache as they are (the traced syncs made only what the flushes
+    covered durable)."""
+    assert _core.TRACED, "run with PMEMWAL_TRACED_CORE=1"
+    root = Path(tempfile.mkdtemp(prefix="pmemwal-follow-powerloss-", dir="/dev/shm"))
+    try:
+        wal = pmemwal.open(root / "wal", mode="direct", segment_size=SEGMENT_SIZE,
+                           background=False, prepare_segments=0)
+        work = Workload(wal, seed)
+        shadow = _shadow_for("msync", wal, np.random.default_rng(seed), 0.0, lambda where: None)
+        shadow.follow_files()
+        steps = random.Random(seed)
+        for _ in range(120):
+            work.step(steps)
+        work._append(wal, steps, 5, flush=False)  # (the last records: unflushed)
+        assert wal._follow is not None
+        published, written = wal._follow.durable_lsn, wal.insert_lsn
+        _ofd_lock(wal._follow.fd, _WRITERS, fcntl.F_UNLCK)  # the writer dies
+        wal._forsake()
+        wal._dir.close()
+        with pmemwal.follow(root / "wal", timeout=0) as follower:
+            yielded = [record.lsn for record in follower]
+        verdicts: Counter[str] = Counter()
+        failures = []
+        for _ in range(images):
+            verdict, detail = work.check(shadow.image(yielded[-1] + 1, "after the kill"),
+                                         root / "image")
+            verdicts[verdict] += 1
+            if verdict not in ("ok", "beyond"):
+                failures.append(detail)
+        shadow.stop_following()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"verdicts": dict(verdicts), "failures": failures[:3], "published": published,
+            "written": written, "yielded_end": yielded[-1] + 1}
