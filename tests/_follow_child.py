@@ -67,6 +67,12 @@ def writer(spec: dict) -> None:
             emit(f"A {wal.flush()}")
         if rng.random() < 0.05:
             time.sleep(0.001)
+        if spec.get("hold_after") and index - (seed << 32) >= spec["hold_after"]:
+            for _ in range(5):  # records no flush covers, then wait for the SIGKILL
+                emit(f"R {wal.append(payload(seed, index, 500))} {index} 500")
+                index += 1
+            emit("HOLD")
+            time.sleep(3600)
 
 
 def follower(spec: dict) -> None:

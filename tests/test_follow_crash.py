@@ -7,8 +7,9 @@ Real processes (tests/_follow_child.py), real files under /dev/shm, SIGKILL:
   everything pmemwal.follow yields.  The writers are killed; the follower, left to run until
   its timeout, must still deliver every acknowledged record (it was durable), and the WAL
   reopened afterwards must return everything the follower yielded: same payloads, same order,
-  nothing twice, and here nothing more (with no writer, a follower reads to the end of the
-  chain, which is what the next writer's recovery keeps).
+  nothing twice: exactly the records below the last durable LSN published.  A follower
+  reads no further while no writer is alive (what a dead writer had not flushed becomes
+  durable, and readable, at the next writer's recovery).
 - Power loss (the traced core's simulator): at every crash point the durable LSN the writers
   had published for followers must name only records that survive (tests/_follow_powerloss.py);
   the mutation that publishes an unsynced frontier must be caught.
@@ -112,6 +113,12 @@ class Child:
         return f"{self.spec['op']} exited {self.proc.poll()}:\n{self._stderr().decode()[-3000:]}"
 
 
+def published_lsn(wal_dir: Path) -> int:
+    """The durable LSN in the FOLLOW file: what followers may read up to."""
+    with open(wal_dir / "FOLLOW", "rb") as f:
+        return struct.unpack("<Q", f.read(72)[64:])[0]
+
+
 def reopened(wal_dir: Path, mode: str, shared: bool) -> list[tuple[int, str]]:
     """(LSN, digest) of every record, as a writer's recovery finds them."""
     with pmemwal.open(wal_dir, mode=mode, shared=shared, segment_size=SEG,
@@ -160,12 +167,31 @@ def test_killed_writers_follower_delivers_every_acknowledged_record_and_nothing_
     assert len(acknowledged) > 50
     missing = sorted(set(acknowledged) - set(lsns))
     assert not missing, f"{len(missing)} acknowledged records never yielded, first {missing[0]:#x}"
-    # (b) everything yielded is what recovery keeps: same payloads, order, nothing twice
+    # (b) everything yielded is what recovery keeps: same payloads, order, nothing twice;
+    # exactly what lies below the last durable LSN published (the dead writers' unflushed
+    # records wait for the next writer's recovery to make them durable)
+    published = published_lsn(wal_dir)
+    assert acked <= published
     recovered = reopened(wal_dir, mode, shared)
-    assert [(lsn, d) for lsn, _, _, d in yielded] == recovered[:len(yielded)]
-    assert len(yielded) == len(recovered), "the follower stopped short of the chain's end"
+    assert [(lsn, d) for lsn, _, _, d in yielded] == [r for r in recovered if r[0] < published]
     if shared:  # both writers' records, interleaved
         assert {index >> 32 for _, index, _, _ in yielded} == {1, 2}
+
+
+def test_a_dead_writers_unflushed_records_are_followed_once_the_next_writer_recovers(wal_dir):
+    writer = Child({"op": "writer", "dir": str(wal_dir), "mode": "direct", "seed": 1,
+                    "hold_after": 300})
+    writer.wait_for(b"HOLD")
+    written = writer.kill()
+    appended = sorted(int(w[1]) for w in written if w[0] == "R")
+    published = published_lsn(wal_dir)
+    assert appended[-5] >= published  # (the last five: never flushed)
+    with pmemwal.follow(wal_dir, timeout=0.2) as follower:
+        before = [r.lsn for r in follower]  # no writer: up to the published LSN only
+        assert before == [lsn for lsn in appended if lsn < published]
+        with pmemwal.open(wal_dir, mode="direct", segment_size=SEG, background=False):
+            after = [r.lsn for r in follower]  # recovery made them durable, and published
+        assert before + after == appended
 
 
 # ---- 2. power loss: what was published for followers survives -------------------------
