@@ -6,9 +6,12 @@ reads what is durable, and no further:
 
 - while a writer has the WAL open (its lock on the FOLLOW file is held), up to the durable
   LSN the writers publish there after every flush (pmemwal/follow_file.py);
-- otherwise up to where the chain of records ends, followed from the last checkpoint: what
-  the next writer's recovery keeps.  A writer that comes in while the chain is followed
-  bounds it by what it publishes.
+- otherwise up to where the chain of records ends, followed from the last checkpoint, but
+  no further than the durable LSN the last writer published: records a writer that died
+  had not flushed may still be in the page cache only, and a power cut would take them;
+  they are read once the next writer's recovery has made them durable (it publishes the new
+  end).  A WAL no writer of this version has opened (no FOLLOW file, or one a follower
+  made) is read to where its chain ends.
 
 Segments are mapped read-only as the reader needs them.  A truncation by the writer raises
 the oldest segment in the FOLLOW file before it removes or recycles a file; every copy a read
@@ -88,10 +91,12 @@ class ReadOnlyWAL(Reading):
         follow = self._follow
         if follow is not None and follow.writer_alive():
             return follow.durable_lsn
-        generation = follow.generation if follow is not None else 0
         end = self._chain_end()
-        if follow is not None and (follow.writer_alive() or follow.generation != generation):
-            end = min(end, follow.durable_lsn)  # a writer came in: its recovery decides
+        if follow is not None and (follow.generation or follow.writer_alive()):
+            # a writer of this version had the WAL (or came in meanwhile): what a dead one
+            # left past its last flush lies in the page cache only, until the next
+            # writer's recovery syncs it and publishes the new end
+            end = min(end, follow.durable_lsn)
         return end
 
     def _chain_end(self) -> int:
