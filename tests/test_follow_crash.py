@@ -271,7 +271,8 @@ def named(wal_dir: Path, stop: Path, name: str = "p1", **extra) -> Child:
                   "stop": str(stop), **extra})
 
 
-def check_exactly_once_but_after_the_last_confirm(runs: list[Run], records: list[tuple[int, str]]):
+def check_exactly_once_but_after_the_last_confirm(runs: list[Run],
+                                                  records: list[tuple[int, str]]) -> int:
     """Each run resumes where the one before last confirmed (or, killed between storing a
     confirm and saying so, where it was confirming); what a run processed after that point
     is processed again, first thing, by the next run (at-least-once), at most K records;
@@ -333,7 +334,7 @@ def test_named_follower_killed_at_random_resumes_at_its_last_confirm(wal_dir, sh
         assert state["position"] == wal.flushed_lsn and state["lag_bytes"] == 0
         assert sum(truncated) > 0 and wal.first_lsn > 0  # truncation ran, below the follower
     assert runs[0].start == records[0][0]
-    assert len(runs) >= 5 and all(run.processed for run in runs[:-1])
+    assert len(runs) >= 5
     check_exactly_once_but_after_the_last_confirm(runs, records)
 
 
