@@ -70,8 +70,9 @@ def run_published(mode: str, images: int, threads: int = 4, seed: int = 1,
     failures: list[str] = []
     queue: list = []
     try:
-        options: dict[str, Any] = {"mode": "direct", "segment_size": SEGMENT_SIZE, "background": False,
-                   "recycle_segments": 1, "prepare_segments": 0}
+        options: dict[str, Any] = {"mode": "direct", "segment_size": SEGMENT_SIZE,
+                                   "background": False, "recycle_segments": 1,
+                                   "prepare_segments": 0}
         work = PublishedWorkload(pmemwal.open(root / "wal", **options), seed)
         shadow = _shadow_for(mode, work.wal, np.random.default_rng(seed), crash_rate,
                              lambda where: queue.append(shadow.image(work.horizon(0), where)),
