@@ -208,27 +208,28 @@ def run_once(root: str, mode: str, count: int, rate: float | None, follow: str,
     after), with ``follow``: "live" (a follower waiting before the writer starts), "after" (a
     follower started once the writer has closed the WAL: its own pace over records already
     durable) or "none".  ``pin``: the writer's CPU and the follower's; ``batches``: the
-    follower reads a batch at a time.  What the processes
-    reported, keyed by role."""
+    follower reads a batch at a time.  What the processes reported, keyed by role."""
     ctx = mp.get_context("spawn")
     path = os.path.join(root, "wal")
     start = ctx.Queue() if follow != "none" else None
     ready, results = ctx.Event(), ctx.Queue()
     writer = ctx.Process(target=_writer, args=(path, mode, count, rate, start, ready, results))
-    procs = [writer]
+    procs, cpus = [writer], {writer: pin[0]} if pin else {}
     if follow != "none":
-        procs.insert(0, ctx.Process(target=_follower,
-                                    args=(path, count, batches, start, ready, results)))
+        follower = ctx.Process(target=_follower,
+                               args=(path, count, batches, start, ready, results))
+        procs.insert(0, follower)  # (started first: it waits for the writer's first record)
+        if pin:
+            cpus[follower] = pin[1]
     if follow != "live":
         ready.set()
     try:
-        cpus = dict(zip((writer, procs[0]), pin)) if pin else {}
         if follow == "after":
             launch(writer, cpus)
             out = collect(results, [writer])
             writer.join(WAIT)
-            launch(procs[0], cpus)
-            out.update(collect(results, [procs[0]]))
+            launch(follower, cpus)
+            out.update(collect(results, [follower]))
         else:
             for proc in procs:
                 launch(proc, cpus)
