@@ -148,7 +148,7 @@ class Follower:
         mapping, wait, word = self._file.map, _core.progress_wait, _core.atomic_u64
         segment_size, sleeper = self._wal.segment_size, self._sleeper
         assert sleeper is not None
-        while True:
+        while not self._closed:
             end, self._spin, status = wait(mapping, self._lsn, 0, self._spin, sleeper)  # (spin)
             if status:
                 waited = self._wait()
