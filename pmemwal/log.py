@@ -18,7 +18,7 @@ import operator
 import os
 import struct
 from enum import Enum
-from typing import TYPE_CHECKING, Iterable, Unpack
+from typing import TYPE_CHECKING, Iterable, Literal, Unpack, overload
 
 import numpy as np
 
@@ -34,6 +34,8 @@ from pmemwal.wal import WAL, WALOptions, _weak
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
+    from pmemwal.log_readonly import ReadOnlyLog
+
 _INDEX_TERM = struct.Struct("<qQ")  # an entry's index and term after ENTRY_PREFIX (q: an
                                     # index past MAX_INDEX fails to pack)
 
@@ -47,8 +49,27 @@ class _Keep(Enum):
 _KEEP = _Keep.KEEP                          # set_state: leave this field as it is
 
 
-def open_log(path: str | os.PathLike[str], **wal_options: Unpack[WALOptions]) -> Log:
-    """Open (or create) the log in WAL directory ``path``; ``wal_options`` go to pmemwal.open."""
+@overload
+def open_log(path: str | os.PathLike[str], *, readonly: Literal[True]) -> ReadOnlyLog: ...
+
+
+@overload
+def open_log(path: str | os.PathLike[str], *, readonly: Literal[False] = False,
+             **wal_options: Unpack[WALOptions]) -> Log: ...
+
+
+def open_log(path: str | os.PathLike[str], *, readonly: bool = False,
+             **wal_options: Unpack[WALOptions]) -> Log | ReadOnlyLog:
+    """Open (or create) the log in WAL directory ``path``; ``wal_options`` go to pmemwal.open.
+
+    ``readonly=True`` opens it for reading only, with no other option: no lock, nothing
+    written, beside a live writer or none (``pmemwal.log_readonly.ReadOnlyLog``)."""
+    if readonly:
+        if wal_options:
+            raise ConfigError(f"open_log(readonly=True) takes no other option: "
+                              f"{', '.join(wal_options)}")
+        from pmemwal.log_readonly import ReadOnlyLog
+        return ReadOnlyLog(path)
     return Log(path, **wal_options)
 
 
