@@ -11,8 +11,10 @@ fixed schedule of ``--rate`` per second for ``--seconds`` (it busy-waits on the 
 stamped just before its append with ``time.monotonic_ns()`` and a sequence number.  The
 follower (``pmemwal.follow_log``, or ``pmemwal.follow``) is already waiting from the
 writer's first payload on; it takes the clock as each one is delivered.  Lag is the
-delivery time less the stamp.  Log and WAL runs alternate for ``--rounds`` rounds; printed:
-each kind's lag percentiles (medians over the rounds) and the ratio of the median lags.
+delivery time less the stamp.  Log and WAL runs alternate for ``--rounds`` rounds (in turn
+Log-WAL and WAL-Log); printed: each kind's lag percentiles (medians over the rounds), the
+ratio of the median lags, and each round's ratio (the two runs of a round ran seconds apart,
+so a machine shared with other work loads them more alike).
 """
 
 from __future__ import annotations
@@ -165,6 +167,8 @@ def main() -> int:
     summary = {kind: {p: statistics.median(g["follower"]["lag_us"][p] for g in rs)
                       for p in ("p50", "p99", "p99.9")} for kind, rs in runs.items()}
     ratio = summary["log"]["p50"] / summary["wal"]["p50"]
+    pairs = [log["follower"]["lag_us"]["p50"] / wal["follower"]["lag_us"]["p50"]
+             for log, wal in zip(runs["log"], runs["wal"])]  # (the runs of one round)
     print(f"{args.rate:.0f} payloads/s of {PAYLOAD} B for {args.seconds} s, each synced; "
           f"{args.rounds} rounds; {os.cpu_count()} CPUs; load average before "
           f"{' '.join(f'{v:.2f}' for v in load_before)}, after "
@@ -173,12 +177,14 @@ def main() -> int:
                          [[k, f"{v['p50']:.1f}", f"{v['p99']:.1f}", f"{v['p99.9']:.1f}"]
                           for k, v in (("follow_log", summary["log"]),
                                        ("follow (WAL)", summary["wal"]))]))
-    print(f"median lag, Log follower / WAL follower: {ratio:.2f}"
+    print(f"median lag, Log follower / WAL follower: {ratio:.2f} (medians over the rounds); "
+          f"each round's: {' '.join(f'{p:.2f}' for p in pairs)}, their median "
+          f"{statistics.median(pairs):.2f}"
           + ("" if ok else "  (a run lost, repeated or reordered a payload)"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "runs": runs, "summary": summary,
-                       "ratio_p50": ratio, "in_order": ok,
+                       "ratio_p50": ratio, "round_ratios_p50": pairs, "in_order": ok,
                        "load_before": load_before, "load_after": os.getloadavg()}, f, indent=1)
     return 0 if ok else 1
 

@@ -18,6 +18,7 @@ resumes after the last record it confirmed, and gives everything after it, event
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from typing import Iterator, Union
 
@@ -29,8 +30,9 @@ from pmemwal._core import heads as payload_heads
 from pmemwal.batch import RecordBatch
 from pmemwal.errors import FormatError, LogIndexError, format_lsn
 from pmemwal.follow import Follower, followers
-from pmemwal.log_format import (ENTRY, HEADER, HEADER_DTYPE, HEADER_SIZE, MAGIC, RESET, REWIND,
-                                SNAPSHOT, STATE, VERSION, Entry, check_headers, new_entry)
+from pmemwal.log_format import (ENTRY, ENTRY_PREFIX, HEADER, HEADER_DTYPE, HEADER_SIZE, MAGIC,
+                                RESET, REWIND, SNAPSHOT, STATE, VERSION, Entry, check_headers,
+                                new_entry)
 from pmemwal.log_readonly import ReadOnlyLog
 from pmemwal.log_replay import _span
 from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
@@ -38,6 +40,7 @@ from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
 _FEW = 32                           # at most this many records, within _FEW_BYTES of
 _FEW_BYTES = 2048                   # the durable end, are read and decoded one at a time
 _PEEK = 64                          # records looked at to tell a resumed follower's next entry
+_INDEX_TERM = struct.Struct("<QQ")  # an entry's index and term, after ENTRY_PREFIX
 _NEVER = np.zeros(1, np.uint64)     # a count of changes that never moves (Unchanged's)
 
 
@@ -122,11 +125,21 @@ class LogFollower:
         return next(iter(self))
 
     def _items(self) -> Iterator[LogEvent]:
-        wal = self._wal
+        wal, entry_head, index_term = self._wal, ENTRY_PREFIX, _INDEX_TERM.unpack_from
         for read in wal._follow(self._read):
             self._batch, self._after, self._cursor = read, wal._lsn, 0
-            yield from (self._decode_few(read) if type(read) is list else
-                        self._decode_runs(read))  # type: ignore[arg-type]
+            if type(read) is not list:
+                yield from self._decode_runs(read)  # type: ignore[arg-type]
+            else:
+                for record in read:  # (the entry that comes next, in a few lines)
+                    payload = record.payload
+                    if payload.startswith(entry_head) and len(payload) >= HEADER_SIZE:
+                        index, term = index_term(payload, 8)
+                        if index == self._next:
+                            self._next, self._cursor = index + 1, self._cursor + 1
+                            yield new_entry((index, term, payload[HEADER_SIZE:]))
+                            continue
+                    yield from self._decode_record(record)
             self._cursor = len(read)
         self._gen = None  # (the timeout passed: a later iteration waits again)
 
@@ -144,26 +157,25 @@ class LogFollower:
         batch = RecordBatch.from_native(arrays)
         return status, nxt, last, batch, len(batch)
 
-    def _decode_few(self, records: list[Record]) -> Iterator[LogEvent]:
-        """A few records' entries and events, each header unpacked alone."""
-        for i, record in enumerate(records):
-            payload = record.payload
-            if len(payload) < HEADER_SIZE:
-                raise _not_log_record(record.lsn)
-            magic, version, kind, aux, index, term = HEADER.unpack_from(payload)
-            if magic != MAGIC or version != VERSION:
-                raise _not_log_record(record.lsn, version if magic == MAGIC else None)
-            if kind == ENTRY:
-                if index < self._next:  # (an entry written over without a rewind record)
-                    self._cursor, self._next = i, index
-                    yield Rewound(index - 1)
-                self._cursor, self._next = i + 1, index + 1
-                yield new_entry((index, term, payload[HEADER_SIZE:]))
-            else:
-                self._cursor = i + 1
-                event = self._event(kind, aux, index, term, record.lsn)
-                if event is not None:
-                    yield event
+    def _decode_record(self, record: Record) -> Iterator[LogEvent]:
+        """One record's entry or event (one of a few, read as Records)."""
+        payload = record.payload
+        if len(payload) < HEADER_SIZE:
+            raise _not_log_record(record.lsn)
+        magic, version, kind, aux, index, term = HEADER.unpack_from(payload)
+        if magic != MAGIC or version != VERSION:
+            raise _not_log_record(record.lsn, version if magic == MAGIC else None)
+        if kind == ENTRY:
+            if index < self._next:  # (an entry written over without a rewind record)
+                self._next = index
+                yield Rewound(index - 1)
+            self._next, self._cursor = index + 1, self._cursor + 1
+            yield new_entry((index, term, payload[HEADER_SIZE:]))
+        else:
+            self._cursor += 1
+            event = self._event(kind, aux, index, term, record.lsn)
+            if event is not None:
+                yield event
 
     def _decode_runs(self, batch: RecordBatch) -> Iterator[LogEvent]:
         """The batch's entries and events, a run of consecutive entries at a time."""
