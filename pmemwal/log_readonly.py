@@ -52,8 +52,13 @@ class ReadOnlyLog(LogReading):
     def _open(self) -> None:
         """Read the stored index and replay what follows it; once more from the start when a
         truncation by the writer took records from under the replay."""
+        lock = getattr(self, "_lock", None)  # (a refresh that starts over holds it)
         for tries_left in reversed(range(_OPEN_TRIES)):
             self._init_state()
+            if lock is not None:
+                self._lock = lock
+                self._files.close()  # (a chunk file removed since may be made anew)
+                self._files = IndexFiles(self.wal.path, self.wal.wal_id)
             self._index = TieredIndex(self._files)
             try:
                 self.replayed_from = self._load_index()
@@ -124,14 +129,21 @@ class ReadOnlyLog(LogReading):
         rewinds, compactions, resets, the hard state); returns ``last_index``."""
         with self._lock:
             self._check_open()
-            for tries_left in reversed(range(_OPEN_TRIES)):
-                try:
-                    self._replay_heads(self._heads())
-                    break
-                except CorruptionError:  # (entries compacted meanwhile: their marker is next)
-                    if not tries_left or not self.wal.writer_alive:
-                        raise
+            try:
+                self._replay_heads(self._heads())
+            except (TruncatedError, CorruptionError):
+                if not self.wal.writer_alive:
+                    raise
+                # the writer compacted past where the last replay stopped (or past the
+                # first entry, its marker not durable when the replay looked): start over
+                self._open()
             return self._index.next - 1
+
+    def _check_not_compacted(self, index: int) -> None:
+        """A read of entry ``index`` failed: LogIndexError if the writer has voided or
+        compacted it since (a refresh says), else the read's own error stands."""
+        self.refresh()
+        super()._check_not_compacted(index)
 
     # -- what a reader may not do --
 

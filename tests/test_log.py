@@ -42,7 +42,7 @@ def test_wal_options_name_every_option_of_open() -> None:
     assert "readonly" in inspect.signature(pmemwal.open_log).parameters
     hints = typing.get_type_hints(pmemwal.wal.WALOptions)
     assert list(hints) == list(options)
-    opened = typing.get_type_hints(pmemwal.open)
+    opened = typing.get_type_hints(pmemwal.open, localns={"ReadOnlyWAL": pmemwal.ReadOnlyWAL})
     assert all(hints[name] == opened[name] for name in options)
 
 
