@@ -125,6 +125,12 @@ class LogFollower:
         return next(iter(self))
 
     def _items(self) -> Iterator[LogEvent]:
+        try:
+            yield from self._follow()
+        finally:  # (the timeout passed, or an error: a later iteration reads on, or again)
+            self._gen = None
+
+    def _follow(self) -> Iterator[LogEvent]:
         wal, entry_head, index_term = self._wal, ENTRY_PREFIX, _INDEX_TERM.unpack_from
         for read in wal._follow(self._read):
             self._batch, self._after, self._cursor = read, wal._lsn, 0
@@ -141,7 +147,6 @@ class LogFollower:
                             continue
                     yield from self._decode_record(record)
             self._cursor = len(read)
-        self._gen = None  # (the timeout passed: a later iteration waits again)
 
     def _read(self, lsn: int, prev: int, end: int
               ) -> tuple[int, int, int, list[Record] | RecordBatch, int]:

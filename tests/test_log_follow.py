@@ -202,6 +202,23 @@ def test_a_loop_left_early_goes_on_where_it_stopped(wal_dir: Path) -> None:
         assert [e.index for e in follower] == [3, 4, 5, 6, 7]
 
 
+@pytest.mark.parametrize("size", [10, 5000])
+def test_a_record_no_log_wrote_is_a_format_error(wal_dir: Path, size: int) -> None:
+    """A WAL record that is not a log record stops a follower with FormatError, whether it
+    comes alone (read as a Record) or in a batch; and a read-only open of such a WAL too."""
+    path = str(wal_dir)
+    with pmemwal.open_log(path, segment_size=SEG) as log:
+        log.append(b"one", term=1, sync=True)
+    with pmemwal.follow_log(path, timeout=0.1) as follower:
+        assert list(follower) == [Entry(1, 1, b"one")]
+        with pmemwal.open(path) as wal:
+            wal.append(b"x" * size, flush=True)
+        with pytest.raises(pmemwal.FormatError):
+            next(follower)
+    with pytest.raises(pmemwal.FormatError):
+        pmemwal.open_log(path, readonly=True)
+
+
 # ---- the read-only log --------------------------------------------------------------
 
 def _steady_writer(path: str, started: object, stop: object) -> None:
