@@ -8,8 +8,9 @@ a load from mapped memory; when it has read everything, it spins on that word fo
 (as long as records have lately taken to come, up to 50 µs) and then sleeps on a futex that
 the writer's next flush wakes.  Never ahead of durability: the published LSN only ever names
 what was made durable (in buffered mode what the sync covered, in direct mode what was
-persisted), and with no writer the follower reads up to where the chain ends, what the next
-writer's recovery keeps.
+persisted).  With no writer it reads no further in the boot the last writer published in:
+what a writer that died had not flushed is yielded once the next writer's recovery has made
+it durable (after a reboot, everything on the device is, up to where the chain ends).
 
 A follower may take a name (as a replication slot or a consumer group): its position is then
 stored durably in the FOLLOW file by ``confirm()``, it resumes there, and the writer's
@@ -147,7 +148,7 @@ class Follower:
         mapping, wait, word = self._file.map, _core.progress_wait, _core.atomic_u64
         segment_size, sleeper = self._wal.segment_size, self._sleeper
         assert sleeper is not None
-        while True:
+        while not self._closed:
             end, self._spin, status = wait(mapping, self._lsn, 0, self._spin, sleeper)  # (spin)
             if status:
                 waited = self._wait()

@@ -319,3 +319,14 @@ def test_a_killed_writers_unflushed_records_are_not_read_until_a_writer_recovers
         assert _numbers(pmemwal.follow(wal_path, timeout=0)) == list(range(10))
         pmemwal.open(wal_path).close()  # recovery keeps and persists them
         assert _numbers(reader.records()) == list(range(15))
+
+
+def test_a_closed_follower_ends_its_iteration_and_batches(wal_path):
+    with pmemwal.open(wal_path) as wal:
+        for i in range(5):
+            wal.append(_payload(i), flush=True)
+        follower = pmemwal.follow(wal_path, timeout=0)
+        assert _numbers([next(follower)]) == [0]
+        assert [len(b) for b in follower.batches()] == [4]  # from after what was yielded
+        follower.close()
+        assert list(follower) == [] and list(follower.batches()) == []

@@ -33,16 +33,17 @@ def contents(log: pmemwal.Log) -> list[tuple[int, int, bytes]]:
 
 
 def test_wal_options_name_every_option_of_open() -> None:
-    """open_log's typed options (WALOptions, what an editor completes) are pmemwal.open's."""
+    """open_log's typed options (WALOptions, what an editor completes) are pmemwal.open's
+    (but readonly, which opens another kind of object and takes no option)."""
     import inspect
     import typing
     params = inspect.signature(pmemwal.open).parameters
-    options = {name: p for name, p in params.items()  # (readonly picks the kind of WAL,
-               if p.kind is p.KEYWORD_ONLY and name != "readonly"}  # as open_log's the log)
-    assert "readonly" in inspect.signature(pmemwal.open_log).parameters
+    options = {name: p for name, p in params.items()
+               if p.kind is p.KEYWORD_ONLY and name != "readonly"}
+    assert "readonly" in inspect.signature(pmemwal.open_log).parameters  # (open_log's too)
     hints = typing.get_type_hints(pmemwal.wal.WALOptions)
     assert list(hints) == list(options)
-    opened = typing.get_type_hints(pmemwal.open, localns={"ReadOnlyWAL": pmemwal.ReadOnlyWAL})
+    opened = typing.get_type_hints(pmemwal.open)
     assert all(hints[name] == opened[name] for name in options)
 
 

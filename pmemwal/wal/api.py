@@ -25,6 +25,7 @@ from pmemwal.errors import StorageError, format_lsn
 from pmemwal.format import first_lsn
 from pmemwal.segments import WalDirectory
 from pmemwal.wal.opening import Opening
+from pmemwal.readonly import ReadOnlyWAL
 from pmemwal.wal.reading import Reading
 from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
                                  DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
@@ -38,8 +39,6 @@ from pmemwal.wal.state import COUNTERS
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
-
-    from pmemwal.readonly import ReadOnlyWAL
 
 _SHARED: weakref.WeakSet[WAL] = weakref.WeakSet()  # shared WALs open in this process
 
@@ -87,7 +86,6 @@ def open(path: str | os.PathLike[str], *, readonly: bool = False, mode: str = "a
     ``readonly=True`` opens it for reading only, with no other option: no lock, no writes,
     no recovery, beside a live writer or none (``pmemwal.readonly.ReadOnlyWAL``)."""
     if readonly:
-        from pmemwal.readonly import ReadOnlyWAL
         return ReadOnlyWAL(path)
     return WAL(path, mode=mode, create=create, segment_size=segment_size,
                insert_slots=insert_slots, buffer_size=buffer_size,
