@@ -2,7 +2,7 @@
 same run.
 
     .venv/bin/python benchmarks/follow_log.py [--rate 10000] [--seconds 3] [--rounds 3]
-        [--mode auto] [--json out.json]
+        [--mode auto] [--dir /dev/shm] [--json out.json]
 
 Each run has a writer process and a follower process (spawned) on a fresh directory under
 /dev/shm (or $PMEMWAL_BENCH_DIR).  The writer appends 64-byte payloads, each made durable
@@ -35,6 +35,7 @@ import numpy as np
 
 import pmemwal
 from common import SCRATCH, markdown_table
+from pmemwal.tools.harness.environment import cpu_model
 
 PAYLOAD = 64
 STAMP = struct.Struct("<QQ")    # monotonic_ns at the append, sequence number
@@ -110,10 +111,10 @@ def _percentiles(lags_ns: np.ndarray) -> dict[str, float]:
     return {"p50": float(p50), "p99": float(p99), "p99.9": float(p999)}
 
 
-def run_once(kind: str, mode: str, count: int, rate: float) -> dict[str, Any]:
+def run_once(kind: str, mode: str, count: int, rate: float, scratch: str) -> dict[str, Any]:
     """One paced writer and one follower of ``kind`` ("log" or "wal") on a fresh directory."""
     ctx = mp.get_context("spawn")
-    root = os.path.join(SCRATCH, f"pmemwal-bench-follow-log-{os.getpid()}")
+    root = os.path.join(scratch, f"pmemwal-bench-follow-log-{os.getpid()}")
     path = os.path.join(root, kind)
     os.makedirs(root, exist_ok=True)
     start, ready, results = ctx.Queue(), ctx.Event(), ctx.Queue()
@@ -150,6 +151,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds of each run")
     parser.add_argument("--rounds", type=int, default=3, help="Log and WAL runs, in turn")
     parser.add_argument("--mode", default="auto", help="the writer's mode (pmemwal.open's)")
+    parser.add_argument("--dir", default=SCRATCH, help="where the runs' logs and WALs go")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
     count = max(1, int(args.rate * args.seconds))
@@ -157,7 +159,7 @@ def main() -> int:
     runs: dict[str, list[dict[str, Any]]] = {"log": [], "wal": []}
     for r in range(args.rounds):
         for kind in (("log", "wal") if r % 2 == 0 else ("wal", "log")):
-            got = run_once(kind, args.mode, count, args.rate)
+            got = run_once(kind, args.mode, count, args.rate, args.dir)
             runs[kind].append(got)
             f = got["follower"]
             print(f"round {r + 1} {kind}: lag {f['lag_us']} us, writer "
@@ -169,8 +171,8 @@ def main() -> int:
     ratio = summary["log"]["p50"] / summary["wal"]["p50"]
     pairs = [log["follower"]["lag_us"]["p50"] / wal["follower"]["lag_us"]["p50"]
              for log, wal in zip(runs["log"], runs["wal"])]  # (the runs of one round)
-    print(f"{args.rate:.0f} payloads/s of {PAYLOAD} B for {args.seconds} s, each synced; "
-          f"{args.rounds} rounds; {os.cpu_count()} CPUs; load average before "
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; {args.rate:.0f} payloads/s of "
+          f"{PAYLOAD} B for {args.seconds} s, each synced; {args.rounds} rounds; load average before "
           f"{' '.join(f'{v:.2f}' for v in load_before)}, after "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(markdown_table(["follower", "lag p50 us", "lag p99 us", "lag p99.9 us"],
@@ -183,7 +185,7 @@ def main() -> int:
           + ("" if ok else "  (a run lost, repeated or reordered a payload)"))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "runs": runs, "summary": summary,
+            json.dump({"cpu": cpu_model(), "args": vars(args), "runs": runs, "summary": summary,
                        "ratio_p50": ratio, "round_ratios_p50": pairs, "in_order": ok,
                        "load_before": load_before, "load_after": os.getloadavg()}, f, indent=1)
     return 0 if ok else 1
