@@ -124,9 +124,15 @@ class Follower:
             batch = RecordBatch.from_native(arrays)
             return status, nxt, last, batch, len(batch)
 
-        while (batch := self._read_next(read)) is not None:
+        for batch in self._follow(read):
             self._mark = self._after  # (yielded whole)
             yield batch
+
+    def _follow(self, read: _Read[_T]) -> Iterator[_T]:
+        """What ``read`` reads, batch after batch, for as long as something comes (a layer
+        that decodes the records, pmemwal/log_follow.py, reads through it too)."""
+        while (items := self._read_next(read)) is not None:
+            yield items
 
     def _rewind(self) -> None:
         """Read on from after the last record yielded: the records of a list the cursor
@@ -222,7 +228,7 @@ class Follower:
     def _consumed(self, position: int, last_lsn: int) -> None:
         """A layer that hands out a batch's records one at a time (pmemwal/log_follow.py)
         says how far its consumer got: the position after the record at ``last_lsn``."""
-        self._batch, self._taken, self._mark = [], 0, (position, last_lsn)
+        self._cursor, self._mark = _core.Refill(self._refill), (position, last_lsn)
 
     def confirm(self) -> int:
         """Store this named follower's position (after the last record yielded) durably: it
