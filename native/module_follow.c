@@ -51,9 +51,9 @@ PyObject *follow_wait(PyObject *m, PyObject *args)
     wal_progress *p = progress_of(&view, mapping, 0);
     if (!p)
         return NULL;
-    uint64_t durable = 0;
-    int rc;
-    for (;;) {
+    uint64_t durable = atomic_load_explicit(&p->durable_lsn, memory_order_acquire);
+    int rc = 0;
+    while (durable <= after) { /* (the GIL is kept when there is no need to wait) */
         Py_BEGIN_ALLOW_THREADS
         rc = wal_await(p, after, until, &spin_ns, &durable);
         Py_END_ALLOW_THREADS

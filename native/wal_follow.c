@@ -14,8 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SLEEP_MAX_NS 100000000ull /* a sleep ends this often: a lost wake costs no more */
-
 static inline void relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -72,11 +70,12 @@ static int sleep_once(wal_progress *p, uint64_t after, uint64_t until_ns, uint64
     uint32_t seq = atomic_load(&p->seq);
     int rc = 0;
     if ((*durable = atomic_load(&p->durable_lsn)) <= after) {
+        /* no cap on the sleep: every publish past after wakes it (a lost wake-up would show
+         * as a follower that waits out its timeout, which the tests would catch) */
         uint64_t now = wal_now_ns(), left = until_ns > now ? until_ns - now : 0;
-        if (left > SLEEP_MAX_NS)
-            left = SLEEP_MAX_NS;
         struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
-        if (left && syscall(SYS_futex, &p->seq, FUTEX_WAIT, seq, &ts, NULL, 0) && errno == EINTR)
+        if (left && syscall(SYS_futex, &p->seq, FUTEX_WAIT, seq,
+                            until_ns == UINT64_MAX ? NULL : &ts, NULL, 0) && errno == EINTR)
             rc = -EINTR;
     }
     atomic_fetch_sub(&p->waiters, 1);

@@ -26,7 +26,7 @@ from pmemwal import _core
 from pmemwal._core import Record
 from pmemwal.batch import RecordBatch
 from pmemwal.errors import ConfigError, FollowerLostError, TruncatedError
-from pmemwal.follow_file import ACTIVE, LOST, FollowerSlot, FollowFile
+from pmemwal.follow_file import ACTIVE, LOST, OLDEST, FollowerSlot, FollowFile
 from pmemwal.readonly import ReadOnlyWAL, identity
 from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
 
@@ -63,7 +63,11 @@ class Follower:
             self.close()
             raise
         self._spin = _START_SPIN_NS
-        self._done: tuple[int, int] | None = None  # (position, LSN) after the last record yielded
+        # what was yielded (_yielded): the batch being iterated and how many of it were taken;
+        # (position, prev) before it and after it
+        self._batch: Sequence[Record] = []
+        self._taken = 0
+        self._mark = self._after = (self._lsn, self._prev)
 
     def _start(self, start: int | None) -> tuple[int, int]:
         """(LSN, expected prev-link or -1) of the first record to read."""
@@ -91,10 +95,8 @@ class Follower:
             return status, nxt, last, records, len(records)
 
         for records in self._follow(read):
-            position = self._lsn  # (after the batch)
-            for i, record in enumerate(records):
-                self._done = (records[i + 1].lsn if i + 1 < len(records) else position,
-                              record.lsn)
+            self._batch, self._taken = records, 0
+            for self._taken, record in enumerate(records, 1):
                 yield record
 
     def batches(self, *, max_records: int = DEFAULT_BATCH_RECORDS,
@@ -109,22 +111,28 @@ class Follower:
             return status, nxt, last, batch, len(batch)
 
         for batch in self._follow(read):
-            self._done = (self._lsn, int(batch.lsns[-1]))
+            self._batch, self._taken, self._mark = [], 0, self._after  # (yielded whole)
             yield batch
 
     def _follow(self, read: _Read[_T]) -> Iterator[_T]:
-        """What ``read`` reads from the position on, batch after batch, waiting for more."""
+        """What ``read`` reads from the position on, batch after batch, waiting for more.
+        The loop a record comes through when records come one by one: a few native calls."""
+        mapping, wait, word = self._file.map, _core.progress_wait, _core.atomic_u64
+        segment_size = self._wal.segment_size
         while True:
-            end = self._file.durable_lsn
-            if self._lsn >= end:
+            end, self._spin, moved = wait(mapping, self._lsn, 0, self._spin)  # (the spin)
+            if not moved:
                 waited = self._wait()
                 if waited is None:
                     return
                 end = waited
-            status, nxt, last, items, count = read(self._lsn, self._prev, end)
-            if count:
-                self._wal._check_copied(self._lsn)
-            at, self._lsn, self._prev = self._lsn, nxt, last or self._prev
+            at = self._lsn
+            status, nxt, last, items, count = read(at, self._prev, end)
+            # what a truncation took before it was copied is not the record (readonly.py)
+            if count and word(mapping, OLDEST) > at // segment_size:
+                self._wal._check_copied(at)
+            self._mark, self._after = (at, self._prev), (nxt, last or self._prev)
+            self._lsn, self._prev = self._after
             if count:
                 yield items
             if status:
@@ -133,12 +141,9 @@ class Follower:
                 return  # (the end lies in the page header after the position: nothing yet)
 
     def _wait(self, after: int | None = None) -> int | None:
-        """The durable end once it passes the position (or ``after``); None once the
-        timeout passed with nothing new.  With no writer, the end of the chain."""
+        """Past the spin: the durable end once it passes the position (or ``after``); None
+        once the timeout passed with nothing new.  With no writer, the end of the chain."""
         after = self._lsn if after is None else after
-        durable, self._spin, moved = _core.progress_wait(self._file.map, after, 0, self._spin)
-        if moved:
-            return durable
         if not self._wal.writer_alive:  # (only when idle: a system call)
             end = self._wal.refresh()
             if end > after:
@@ -164,9 +169,18 @@ class Follower:
 
     @property
     def position(self) -> int:
-        """The LSN of the next record to read (the position after the last record yielded,
-        when iterating)."""
-        return self._done[0] if self._done is not None else self._lsn
+        """The LSN of the next record to read: after the last record yielded."""
+        return self._yielded()[0]
+
+    def _yielded(self) -> tuple[int, int]:
+        """(position, LSN of the record before it, or -1) after the last record yielded: the
+        records of the batch being iterated that come after it are read, not yielded."""
+        batch, taken = self._batch, self._taken
+        if taken == 0:
+            return self._mark
+        if taken < len(batch):
+            return batch[taken].lsn, batch[taken - 1].lsn
+        return self._after
 
     def confirm(self) -> int:
         """Store this named follower's position (after the last record yielded) durably: it
@@ -175,10 +189,8 @@ class Follower:
         if self._slot is None:
             raise ConfigError("confirm() keeps a named follower's position: follow(path, "
                               "name=...)")
-        if self._done is None:
-            return self._slot.position
-        position, last = self._done
-        if self._file.confirm(self._slot, position, last) != ACTIVE:
+        position, last = self._yielded()
+        if self._file.confirm(self._slot, position, max(last, 0)) != ACTIVE:
             raise self._lost()
         return position
 

@@ -77,7 +77,8 @@ class ReadOnlyWAL(Reading):
         self._reader = _core.Reader(self.segment_size, int.from_bytes(self.wal_id[:4], "little"),
                                     self._segment_buffer)
         self._follow = FollowFile.open(self._path, self.wal_id, self.segment_size)
-        self._scanned: tuple[int, int] | None = None  # (end, last LSN) of the chain followed
+        self._scanned: tuple[int, int, int] | None = None  # the chain followed: (end, last
+        # LSN, the writers' generation then)
         self._closed = False
         self._end = self._find_end()
 
@@ -96,11 +97,15 @@ class ReadOnlyWAL(Reading):
 
     def _chain_end(self) -> int:
         """Where the chain of records ends, followed from the last checkpoint (or from where
-        the previous call stopped)."""
-        start, prev = self._scanned or self._chain_start()
+        the previous call stopped, if no writer opened the WAL since: its recovery may have
+        cut the chain)."""
+        generation = self._follow.generation if self._follow is not None else 0
+        if self._scanned is None or self._scanned[2] != generation:
+            self._scanned = (*self._chain_start(), generation)
+        start, prev, _ = self._scanned
         status, end, last, *_ = self._reader.scan(start, prev, 2**63, True)
         self._drop_truncated()
-        self._scanned = (end, last or prev)
+        self._scanned = (end, last or prev, generation)
         return end
 
     def _chain_start(self) -> tuple[int, int]:
@@ -179,8 +184,7 @@ class ReadOnlyWAL(Reading):
         finally:
             os.close(fd)
         self._maps[segno] = seg_map
-        if len(self._maps) > _MAPPED:
-            self._reader.forget()
+        if len(self._maps) > _MAPPED:  # (one the reader keeps stays mapped until it lets go)
             _close(self._maps.popitem(last=False)[1])
         return seg_map
 

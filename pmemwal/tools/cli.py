@@ -251,13 +251,20 @@ _DUMP_BLOCK = 4096  # lines dump writes at once
 @click.argument("path", type=click.Path())
 @click.option("--start", type=LSN, default=None,
               help="LSN of the first record, X/X or decimal [default: the oldest record].")
+@click.option("--end", "end_lsn", type=LSN, default=None,
+              help="Stop before the first record at or past this LSN (X/X or decimal).")
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Show at most N records.")
 @click.option("--preview", type=click.IntRange(min=0), default=0,
-              help="Show the first N payload bytes of each record, in hex.")
+              help="Show the first N payload bytes of each record, in hex and as text "
+                   "(printable ASCII; '.' for other bytes), as hexdump -C does.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per record (JSON lines), then a summary object.")
+@click.option("--follow", "-f", is_flag=True,
+              help="After the last record, wait for new ones and show each as a writer makes "
+                   "it durable, until --end or --limit, or Ctrl-C (exit 0).")
 @_library_errors
-def dump(path: str, start: int | None, limit: int | None, preview: int, as_json: bool) -> None:
+def dump(path: str, start: int | None, end_lsn: int | None, limit: int | None, preview: int,
+         as_json: bool, follow: bool) -> None:
     """List the records of the WAL at PATH, one line each (like pg_waldump), then a summary.
 
     When the WAL holds a log (pmemwal.Log), each line also says the log record's
@@ -267,21 +274,27 @@ def dump(path: str, start: int | None, limit: int | None, preview: int, as_json:
     damage (an end before the checkpoint's end is damage too) or finds no valid
     record at --start.
 
-    Example: pmemwal dump /dev/shm/wal --start 0/2018 --limit 10
+    With --follow it goes on as tail -f does: each record a writer makes durable
+    is shown as it comes (output is flushed as it is written, for a pipe), until
+    a record at or past --end, --limit records, or Ctrl-C, which ends it with the
+    summary and exit 0.  It makes the WAL's FOLLOW file (where followers wait for
+    writers) if no writer has yet; it writes nothing else.
+
+    \b
+    Examples:
+      pmemwal dump /dev/shm/wal --start 0/2018 --limit 10
+      pmemwal dump /dev/shm/wal --start 0/2018 --end 0/9000
+      pmemwal dump /dev/shm/wal --follow --preview 16
     """
+    if follow:
+        _dump_follow(path, start, end_lsn, limit, preview, as_json)
+        return
     with _inspect.WalView(path) as view:
-        records = view.records(start, limit)
+        records = view.records(start, limit, _inspect.END if end_lsn is None else end_lsn)
         holds_log = view.holds_log()
         lines: list[str] = []  # (written a block at a time: one echo per line costs more)
         for rec in records:
-            fields = view.log_fields(rec) if holds_log else None
-            if as_json:
-                lines.append(json.dumps({**rec.as_dict(), **({"data": view.preview(rec, preview)}
-                                                             if preview else {}),
-                                         **({"log": fields} if holds_log else {})}))
-            else:
-                line = view.format_record(rec, preview)
-                lines.append(line + _inspect.format_log_fields(fields) if holds_log else line)
+            lines.append(view.record_line(rec, preview, holds_log, as_json))
             if len(lines) == _DUMP_BLOCK:
                 click.echo("\n".join(lines))
                 lines.clear()
@@ -292,6 +305,24 @@ def dump(path: str, start: int | None, limit: int | None, preview: int, as_json:
         for problem in view.problems:
             click.echo(f"warning: {problem}", err=True)
     if records.end.failed:
+        raise click.exceptions.Exit(1)
+
+
+def _dump_follow(path: str, start: int | None, end_lsn: int | None, limit: int | None,
+                 preview: int, as_json: bool) -> None:
+    """``dump --follow``: each block of lines is written (and flushed) as it comes."""
+    with _inspect.WalView(path) as view:
+        tail = _inspect.Tail(view, start, limit, end_lsn, preview, as_json)
+        try:
+            for block in tail.blocks():
+                click.echo("\n".join(block))   # (click.echo flushes)
+        except KeyboardInterrupt:
+            tail.interrupt()
+        summary = tail.summary()
+        click.echo(json.dumps(summary) if as_json else _inspect.format_summary(summary))
+        for problem in view.problems:
+            click.echo(f"warning: {problem}", err=True)
+    if tail.end is not None and tail.end.failed:
         raise click.exceptions.Exit(1)
 
 

@@ -138,9 +138,9 @@ def _restore_into(dest: str, archive, report: RestoreReport, until: int | None,
             continue  # the last record before `until` runs into the next segment: fetch it
         break
     size = fetcher.header.segment_size
-    if end.kind == "limit" and end.lsn // size > report.segments[-1]:
+    if end.kind == "end" and end.lsn // size > report.segments[-1]:
         pass  # the first record at or past `until` starts in a segment not fetched: none here
-    elif end.kind in ("limit", "damage"):
+    elif end.kind in ("end", "damage"):
         _cut(dest, end.lsn, size, report)
         if end.kind == "damage":
             where = end.describe(fetcher.header.segment_size)

@@ -46,19 +46,22 @@ Split by concern, one module each (the names other code imports are here):
 - view.py: ``WalView``, the read-only view of the segments, and ``Records``, the record
   chain followed to its end (torn tail or damage, as open would tell);
 - dump.py: records as lines, their previews and log headers (``pmemwal dump``);
+- tail.py: ``Tail``, those lines, then the records a writer makes durable (``dump --follow``);
 - verifying.py: ``verify``, what open would refuse or cut (``pmemwal verify``);
 - stats.py: ``wal_stats`` and ``archive_status``, counted and formatted (``pmemwal stats``,
   ``pmemwal archive-status``).
 """
 
 from pmemwal.tools.inspect.dump import format_log_fields, format_summary, parse_lsn
+from pmemwal.tools.inspect.results import _END as END
 from pmemwal.tools.inspect.results import End, Problem, RecordInfo
 from pmemwal.tools.inspect.stats import (archive_status, format_archive_status, format_stats,
                                          size_histogram, wal_stats)
+from pmemwal.tools.inspect.tail import Tail
 from pmemwal.tools.inspect.verifying import VerifyReport, verify
 from pmemwal.tools.inspect.view import _NO_SEGMENT, Records, WalView
 
-__all__ = ["WalView", "RecordInfo", "Records", "End", "Problem", "VerifyReport", "verify",
+__all__ = ["WalView", "RecordInfo", "Records", "Tail", "End", "END", "Problem", "VerifyReport", "verify",
            "wal_stats", "parse_lsn", "format_summary", "format_stats", "size_histogram",
            # used by cli.py and the tests too
            "format_log_fields", "archive_status", "format_archive_status", "_NO_SEGMENT"]

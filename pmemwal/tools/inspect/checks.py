@@ -159,6 +159,22 @@ class DirectoryChecks:
             self.problems.append(Problem("size", f"{short}{info.size} bytes, expected {size}",
                                          segno, segno * size))
 
+    def _added(self, segno: int) -> _SegmentFile | None:
+        """A segment file made since the listing (a writer went on: ``dump --follow`` reads
+        on), checked as a listed one; None while it is not there or not sound, which is no
+        problem of the WAL (a segment being recycled), so none is noted."""
+        info = _SegmentFile(segno)
+        known = len(self.problems)
+        info.header = self._read_header(info)
+        self._check_identity(info)
+        del self.problems[known:]
+        if not self._usable_file(info):
+            return None
+        self._files[segno] = info
+        self.segments.append(segno)
+        self.readable.append(segno)
+        return info
+
     def _usable_file(self, info: _SegmentFile) -> bool:
         return info.header is not None and info.size >= (self.segment_size or 0)
 

@@ -1,7 +1,7 @@
 """``pmemwal dump``: records listed as lines, like pg_waldump.
 
-A record's line (LSN, length, prev-link, CRC; aligned columns), a preview of its payload,
-its log header when the WAL holds a log (pmemwal.Log), the summary line after the
+A record's line (LSN, length, prev-link, CRC; aligned columns), a preview of its payload
+(hex, and the same bytes as text, as ``hexdump -C`` shows them), its log header when the WAL holds a log (pmemwal.Log), the summary line after the
 records, and the LSN text ``--start`` takes.  ``RecordLines`` is the part of ``WalView``
 (view.py) that makes the lines: it reads through the view's ``segments``,
 ``segment_size``, ``payload`` and ``records``.
@@ -9,6 +9,7 @@ records, and the LSN text ``--start`` takes.  ``RecordLines`` is the part of ``W
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cached_property
 
@@ -18,6 +19,8 @@ from pmemwal.log import describe as describe_log_record
 from pmemwal.tools.inspect.results import _END, RecordInfo
 
 _LSN_TEXT = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
+# printable ASCII as is, every other byte as '.' (one bytes.translate per record, no loop)
+_TEXT = bytes(b if 0x20 <= b < 0x7F else 0x2E for b in range(256))
 
 
 def parse_lsn(text: str) -> int:
@@ -46,12 +49,30 @@ class RecordLines:
         first = next(iter(self.records(None, 1)), None)
         return first is not None and self.log_fields(first) is not None
 
-    def log_fields(self, rec: RecordInfo) -> dict | None:
-        """The record's log header (kind, index, term...), None when it is not a log record."""
+    def log_fields(self, rec: RecordInfo, payload: bytes | None = None) -> dict | None:
+        """The record's log header (kind, index, term...), None when it is not a log record
+        (``payload``: the record's, when the caller has it already)."""
         try:
-            return describe_log_record(self.payload(rec.lsn))
+            return describe_log_record(self.payload(rec.lsn) if payload is None else payload)
         except ValueError:              # changed since it was read: a writer at work
             return None
+
+    def record_line(self, rec: RecordInfo, preview: int, holds_log: bool, as_json: bool,
+                    payload: bytes | None = None) -> str:
+        """The dump's line for a record: text, or a JSON object (``payload``: the record's,
+        when the caller has it already; else it is read when the line needs it)."""
+        fields = self.log_fields(rec, payload) if holds_log else None
+        if as_json:
+            obj = rec.as_dict()
+            if rec.crc < 0:             # (a followed record that no longer reads here)
+                obj["crc"] = obj["next_lsn"] = None
+            if preview:
+                obj["data"], obj["text"] = self.preview(rec, preview, payload)
+            if holds_log:
+                obj["log"] = fields
+            return json.dumps(obj)
+        line = self.format_record(rec, preview, payload)
+        return line + format_log_fields(fields) if holds_log else line
 
     def lsn_width(self) -> int:
         """Characters the largest LSN in these files takes as X/X (for aligned columns)."""
@@ -67,22 +88,31 @@ class RecordLines:
         """(lsn_width, length_width): the files' span, the same for every line."""
         return self.lsn_width(), self.length_width()
 
-    def format_record(self, rec: RecordInfo, preview: int = 0) -> str:
-        """``lsn: 0/2018  len:   100 prev: 0/0     crc: 0x1234abcd`` (pg_waldump-like, aligned)."""
+    def format_record(self, rec: RecordInfo, preview: int = 0, payload: bytes | None = None) -> str:
+        """``lsn: 0/2018  len:   100 prev: 0/0     crc: 0x1234abcd`` (pg_waldump-like, aligned),
+        then with ``preview`` `` data: 48690a... |Hi.|`` (the text column aligned too)."""
         w, lw = self._widths
         line = (f"lsn: {format_lsn(rec.lsn):<{w}} len: {rec.length:>{lw}} "
-                f"prev: {format_lsn(rec.prev_lsn):<{w}} crc: 0x{rec.crc:08x}")
+                f"prev: {format_lsn(rec.prev_lsn):<{w}} crc: "
+                + (f"0x{rec.crc:08x}" if rec.crc >= 0 else "?         "))
         if preview > 0:
-            line += f" data: {self.preview(rec, preview)}"
+            hex_text, text = self.preview(rec, preview, payload)
+            line += f" data: {hex_text}" if text is None else \
+                f" data: {hex_text:<{2 * preview + 3}} |{text}|"
         return line
 
-    def preview(self, rec: RecordInfo, n: int) -> str:
-        """The first ``n`` payload bytes of a record in hex (``...`` when there are more)."""
-        try:
-            data = self.payload(rec.lsn)[:n] if rec.length and n > 0 else b""
-        except ValueError as exc:       # changed since it was read: a writer at work
-            return f"({exc})"
-        return data.hex() + ("..." if rec.length > n else "")
+    def preview(self, rec: RecordInfo, n: int, payload: bytes | None = None
+                ) -> tuple[str, str | None]:
+        """The first ``n`` payload bytes of a record: (hex, ``...`` when there are more;
+        text: printable ASCII as is, other bytes as '.'); (why, None) when it cannot be read."""
+        if payload is None:
+            try:
+                payload = self.payload(rec.lsn)[:n] if rec.length and n > 0 else b""
+            except ValueError as exc:       # changed since it was read: a writer at work
+                return f"({exc})", None
+        data = payload[:n]
+        return (data.hex() + ("..." if rec.length > n else ""),
+                data.translate(_TEXT).decode("ascii"))
 
 
 def format_log_fields(fields: dict | None) -> str:

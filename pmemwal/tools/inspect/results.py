@@ -61,7 +61,9 @@ class End:
     (nothing durable past it; ``cut_bytes`` would be zeroed on open), ``damage``
     (the valid record at ``durable_lsn`` proves that the one at ``lsn`` had been
     flushed, or ``lsn`` lies before the checkpoint's end: ``durable_lsn`` is that
-    end), ``limit`` (as many records as asked for), ``bad_start`` (no valid
+    end), ``limit`` (as many records as asked for), ``end`` (the next record lies at or
+    past the LSN it was asked to stop at; ``reason`` names it), ``interrupted`` (the user
+    stopped ``dump --follow``), ``bad_start`` (no valid
     record at the chosen start), ``unreadable`` (the chain runs into a segment
     that is missing or unreadable while later ones exist, or no segment can be read).
     """
@@ -86,6 +88,8 @@ class End:
                     "on open")
         if self.kind == "limit":
             return f"record limit reached; the next record is at {at}"
+        if self.kind in ("end", "interrupted"):
+            return f"{self.reason}; the next record is at {at}"
         if self.kind == "damage":
             seg = f" (segment {self.lsn // segment_size:016X})" if segment_size else ""
             return f"damage at {at}{seg}: {self.reason}"

@@ -2,7 +2,8 @@
 ``pmemwal archive-status``).
 
 Segments (sizes on disk, spares past the end), records, payload and stream bytes, a
-record-size histogram, the checkpoint and the archive's progress, read through the view
+record-size histogram, the checkpoint, the archive's progress and the followers (their
+positions and lag, from the FOLLOW file), read through the view
 (view.py) and formatted as text.  A writer truncating the WAL while it is read makes
 ``wal_stats`` look again.
 """
@@ -15,7 +16,8 @@ import os
 import numpy as np
 
 from pmemwal.archive import ArchiveStatus
-from pmemwal.errors import format_lsn
+from pmemwal.errors import FormatError, format_lsn
+from pmemwal.follow_file import FollowFile
 from pmemwal.tools.inspect.results import _LIVE_RETRIES, Problem
 from pmemwal.tools.inspect.view import WalView
 
@@ -88,8 +90,44 @@ def _stats(path: str | os.PathLike[str]) -> dict:
             "checkpoint": view.checkpoint_dict(),
             "checkpoint_text": view.describe_checkpoint(),
             "archive": archive_status(view.path, size),
+            "following": following(view.path, view.wal_id, size),
             "vanished": bool(view.vanished),
         }
+
+
+def following(path: str, wal_id: bytes | None, segment_size: int | None) -> dict | None:
+    """What the FOLLOW file says: whether a writer has the WAL open, the durable LSN it
+    published, and the named followers (position, lag, state); None when there is none."""
+    if wal_id is None or segment_size is None:
+        return None
+    try:
+        file = FollowFile.open(path, wal_id, segment_size)
+    except FormatError as exc:
+        return {"error": str(exc)}
+    if file is None:
+        return None
+    try:
+        durable = file.durable_lsn
+        return {"writer_open": file.writer_alive(), "durable_lsn": durable,
+                "followers": [slot.as_dict(durable) for slot in file.slots()]}
+    finally:
+        file.close()
+
+
+def format_following(info: dict | None) -> list[str]:
+    """Text lines for ``following``."""
+    if info is None:
+        return []
+    if "error" in info:
+        return [f"followers:       unreadable ({info['error']})"]
+    writer = "open in a writer" if info["writer_open"] else "no writer has it open"
+    lines = [f"published:       durable to {format_lsn(info['durable_lsn'])} ({writer})"]
+    if not info["followers"]:
+        lines.append("followers:       none named")
+    for f in info["followers"]:
+        lines.append(f"follower:        {f['name']!r} {f['state']} at {format_lsn(f['position'])}, "
+                     f"{f['lag_bytes']} bytes behind")
+    return lines
 
 
 def archive_status(path: str | os.PathLike[str], segment_size: int | None = None) -> dict | None:
@@ -153,6 +191,7 @@ def format_stats(stats: dict) -> str:
     for bucket in sizes["histogram"]:
         lines.append(f"  {bucket['range']:>{width}}  {bucket['count']:>9}")
     lines.extend(format_archive_status(stats.get("archive")))
+    lines.extend(format_following(stats.get("following")))
     for problem in stats["problems"]:
         lines.append(f"problem: {Problem(**problem)}")
     for note in stats["notes"]:

@@ -45,12 +45,14 @@ class WalView(DirectoryChecks, RecordLines):
     ``verify`` and ``wal_stats`` look again when there are any); ``checkpoint``: the
     valid checkpoint slot with the highest seq (None: no file, or no valid slot, which
     ``checkpoint_state`` tells apart: ``"valid"``, ``"none"``, ``"invalid"``,
-    ``"unreadable"``).
+    ``"unreadable"``); ``read_new_segments``: set, segment files made after the listing
+    are read too (checked as listed ones when first needed).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._maps: dict[int, mmap.mmap] = {}
         self._reader = None
+        self.read_new_segments = False     # (dump --follow: a writer adds segments as it goes)
         super().__init__(path)
         if self.segment_size is not None:
             wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
@@ -64,6 +66,8 @@ class WalView(DirectoryChecks, RecordLines):
         if seg_map is not None:
             return seg_map
         info = self._files.get(segno)
+        if info is None and self.read_new_segments and segno > self.segments[-1]:
+            info = self._added(segno)
         if info is None or not self._usable_file(info):
             return None
         try:
@@ -91,19 +95,30 @@ class WalView(DirectoryChecks, RecordLines):
         kept = [segno for segno in self.readable if segno >= oldest]
         return kept[0] if kept else (self.readable[0] if self.readable else None)
 
-    def records(self, start: int | None = None, limit: int | None = None) -> Records:
+    def records(self, start: int | None = None, limit: int | None = None,
+                stop_lsn: int = _END) -> Records:
         """The valid records from ``start`` (an LSN; None: the first record of the
-        oldest segment) on, at most ``limit`` of them; iterate it, then see ``.end``."""
-        return Records(self, start, limit)
+        oldest segment) on, at most ``limit`` of them, up to the first at or past
+        ``stop_lsn``; iterate it, then see ``.end``."""
+        return Records(self, start, limit, stop_lsn)
 
     def scan(self, stop_lsn: int = _END) -> Records:
         """The whole chain (up to the first record at or past ``stop_lsn``: then ``end``
-        is a ``limit`` there), followed by the native reader (no records yielded): see
+        is an ``end`` there), followed by the native reader (no records yielded): see
         the result's ``count``, ``payload_bytes``, ``first_lsn``, ``last_lsn``, ``end``."""
         result = Records(self, None, None, stop_lsn)
         for _ in result._walk(native=True):    # yields nothing: the native scan counts
             pass
         return result
+
+    def record_info(self, lsn: int, prev_lsn: int, length: int) -> RecordInfo:
+        """The RecordInfo of a record known to be valid (one a follower handed over, with its
+        prev-link and length); its CRC is -1 when it no longer reads here (truncated)."""
+        if self._reader is not None:
+            status, _, next_lsn, _, got_length, crc = self._reader.read(lsn, prev_lsn)[:6]
+            if status == 0 and got_length == length:
+                return RecordInfo(lsn, length, prev_lsn, crc, next_lsn)
+        return RecordInfo(lsn, length, prev_lsn, -1, 0)
 
     def payload(self, lsn: int) -> bytes:
         """The payload of the valid record at ``lsn`` (ValueError if it is not one)."""
@@ -208,7 +223,7 @@ class Records:
                 self.end = End("limit", lsn, "limit")
                 return
             if status == 0 and lsn >= self.stop_lsn:
-                self.end = End("limit", lsn, f"stop at {format_lsn(self.stop_lsn)}")
+                self.end = End("end", lsn, f"--end {format_lsn(self.stop_lsn)} reached")
                 return
             if status == 0:
                 if native:
@@ -218,7 +233,7 @@ class Records:
                         self._note(begin, count, nbytes, last)
                     if last:  # void records (closed ranges) move the chain, count nothing
                         prev = last
-                    if status == 0:  # it stopped at stop_lsn: a limit (above), not the end
+                    if status == 0:  # it stopped at stop_lsn: an "end" (above), not the chain's
                         continue
                 else:
                     room = _BATCH if self.limit is None else min(_BATCH, self.limit - self.count)
