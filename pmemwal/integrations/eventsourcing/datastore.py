@@ -12,8 +12,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from threading import Event
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 from uuid import UUID
 
 from eventsourcing.dcb.api import DCBAppendCondition, DCBEvent, DCBQuery, DCBSequencedEvent
@@ -26,7 +25,7 @@ from pmemwal import _core
 from pmemwal.errors import (ClosedError, CorruptionError, FormatError, LockedError,
                             LogIndexError, RecordTooLargeError, WALError)
 from pmemwal.integrations.eventsourcing import stored_index
-from pmemwal.integrations.eventsourcing.encoding import (ID_UUID, Key, PlaceError,
+from pmemwal.integrations.eventsourcing.encoding import (ID_UUID, DCBRow, Key, PlaceError, Row,
                                                          _event_parts, decode_batch,
                                                          decode_dcb_batch, decode_dcb_event,
                                                          decode_events, encode_batch,
@@ -69,6 +68,12 @@ def read_payloads(log: pmemwal.Log, indices: Sequence[int]) -> list[memoryview]:
     return log.entries_at(indices).payloads()
 
 
+class Listener(Protocol):
+    """What a datastore wakes after each insert: a threading.Event, or what acts as one."""
+
+    def set(self) -> None: ...
+
+
 _T = TypeVar("_T")
 _ONE_BY_ONE = 8      # reads of this many entries or fewer go one entry at a time
 _CLOSE_WAIT = 5.0    # seconds close waits for inserts it overtook to finish their commit
@@ -98,7 +103,7 @@ class _LogStore:
         self._lock = threading.Lock()       # inserts are checked and indexed in log order
         self._checkpoint_lock = threading.Lock()    # one index checkpoint at a time; first
         self._index = self._new_index()
-        self._listeners: set[Event] = set()
+        self._listeners: set[Listener] = set()
         self._users = 1
         self._closing = False
         self._uninstalled: Written | None = None    # written, not installed yet (busy lock)
@@ -142,6 +147,10 @@ class _LogStore:
         self._tail: LogTail | None = None
         self._broken: BaseException | None = None   # why the index stopped following
         self._recent: dict[int, bytes] = {}         # entry -> payload, the last followed
+        # the entry followed last: its first row, the entry and its rows, and its
+        # notifications once made (PmemwalDatastore.latest_notifications)
+        self._latest: tuple[int, Any, Sequence[Any]] | None = None
+        self._latest_notifications: list[Notification] | None = None
         with _translated():
             self._log = pmemwal.open_log(self.path, readonly=True)
         self._store = None
@@ -167,12 +176,15 @@ class _LogStore:
         with self._lock:
             if self._log.closed:
                 return
+            first = self._index.count + 1
             try:
-                self._replay_entry(item)
+                rows = self._replay_entry(item)
             except (ValueError, struct.error) as exc:
                 raise DatabaseError(f"{self.path}: log entry {item.index} is not a batch of "
                                     f"{self._what} ({exc})") from exc
             self._visible = self._index.count
+            self._latest = (first, item, rows) if rows else None
+            self._latest_notifications = None
             self._recent[item.index] = item.payload
             if len(self._recent) > _RECENT:
                 del self._recent[next(iter(self._recent))]
@@ -188,9 +200,9 @@ class _LogStore:
         for listener in listeners:
             listener.set()
 
-    def _replay_entry(self, entry: Any) -> None:
-        """Add log entry ``entry`` to the index; ValueError or struct.error if it is not what
-        this datastore writes."""
+    def _replay_entry(self, entry: Any) -> Sequence[Any]:
+        """Add log entry ``entry`` to the index, returning its rows; ValueError or
+        struct.error if it is not what this datastore writes."""
         raise NotImplementedError
 
     # ---- open: the stored index, then the entries after it ----
@@ -425,11 +437,13 @@ class _LogStore:
 
     # ---- subscriptions: events set after each insert ----
 
-    def listen(self, listener: Event) -> None:
+    def listen(self, listener: Listener) -> None:
+        """``listener.set()`` after each insert (in a read-only datastore, each entry
+        followed), outside the lock."""
         with self._lock:
             self._listeners.add(listener)
 
-    def unlisten(self, listener: Event) -> None:
+    def unlisten(self, listener: Listener) -> None:
         with self._lock:
             self._listeners.discard(listener)
 
@@ -518,9 +532,10 @@ class PmemwalDatastore(_LogStore):
     def _new_index(self) -> _Index:
         return _Index()
 
-    def _replay_entry(self, entry: Any) -> None:
+    def _replay_entry(self, entry: Any) -> list[Row]:
         tracking, rows = decode_batch(entry.payload)
         self._index.add(entry.index, entry.payload, rows, tracking)
+        return rows
 
     def _originator_of(self, notification_id: int) -> Key:
         """The originator key of a stored event, read back (the caller holds the lock)."""
@@ -595,6 +610,25 @@ class PmemwalDatastore(_LogStore):
             places = self._index.places(ids)
         return [Notification(*fields, id=i) for i, fields in zip(ids, self._events(places))]
 
+    def latest_notifications(self, after: int, topics: Sequence[str] = ()
+                             ) -> list[Notification] | None:
+        """A read-only datastore's notifications after ``after`` when they are those of the
+        entry its follower indexed last (of ``topics``, if any); None otherwise (then
+        ``select_notifications``).  Made once for every subscription, from the entry as
+        followed: a follower's subscriptions get it with no look-up."""
+        with self._lock:    # (not _locked: this is on the way of every event followed)
+            latest = self._latest
+            if latest is None or latest[0] != after + 1 or self._log.closed:
+                return None
+            made = self._latest_notifications
+            if made is None:
+                first, entry, rows = latest
+                places = [(entry.index, row.offset) for row in rows]
+                made = self._latest_notifications = [
+                    Notification(*fields, id=i) for i, fields in enumerate(
+                        decode_events({entry.index: memoryview(entry.payload)}, places), first)]
+        return made if not topics else [n for n in made if n.topic in topics]
+
     def max_notification_id(self) -> int | None:
         with self._locked():
             return self._visible or None
@@ -617,8 +651,10 @@ class PmemwalDCBDatastore(_LogStore):
     def _new_index(self) -> _DCBIndex:
         return _DCBIndex()
 
-    def _replay_entry(self, entry: Any) -> None:
-        self._index.add(entry.index, entry.payload, decode_dcb_batch(entry.payload))
+    def _replay_entry(self, entry: Any) -> list[DCBRow]:
+        rows = decode_dcb_batch(entry.payload)
+        self._index.add(entry.index, entry.payload, rows)
+        return rows
 
     def append(self, events: Sequence[DCBEvent], condition: DCBAppendCondition | None = None
                ) -> int:
