@@ -182,6 +182,11 @@ class Follower:
             return batch[taken].lsn, batch[taken - 1].lsn
         return self._after
 
+    def _consumed(self, position: int, last_lsn: int) -> None:
+        """A layer that hands out a batch's records one at a time (pmemwal/log_follow.py)
+        says how far its consumer got: the position after the record at ``last_lsn``."""
+        self._done = (position, last_lsn)
+
     def confirm(self) -> int:
         """Store this named follower's position (after the last record yielded) durably: it
         resumes there, and truncation keeps what lies after it.  Returns the position;
