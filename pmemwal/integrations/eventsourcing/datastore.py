@@ -168,7 +168,9 @@ class _LogStore:
         """The tail's next entry (or a rewind, compaction or reset of the log): indexed,
         visible at once (it is durable), and the subscriptions woken."""
         if not isinstance(item, pmemwal.Entry):
-            if type(item).__name__ != "Compacted":  # (a compaction only drops old entries)
+            # A compaction only drops old entries.  A rewind or a reset (which no datastore
+            # writes, though a writer's recovery may cut the log) voids what was indexed.
+            if not isinstance(item, pmemwal.Compacted):
                 self.follow_failed(DatabaseError(
                     f"pmemwal: {self.path}: the log was rewritten under this reader "
                     f"({item}): open it again"))
