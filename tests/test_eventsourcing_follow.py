@@ -134,19 +134,26 @@ def test_subscribe_in_a_reader_yields_what_the_writer_subscription_yields(
     factory = InfrastructureFactory.construct(Environment(APP, reader_env(shm_dir)))
     recorder = factory.application_recorder()
     seen: list[list] = []
+    last: list[int] = []
     done = threading.Event()
     with recorder.subscribe(gt=first - 3) as subscription:
 
         def iterate() -> None:
             for n in subscription:
                 seen.append([n.id, str(n.originator_id), n.originator_version, n.topic])
-                if n.id == last[0]:
+                if last and n.id >= last[0]:
                     done.set()
 
-        last = [writer.ask("new 3 1")]         # written after the subscription began
         thread = threading.Thread(target=iterate, daemon=True)
         thread.start()
-        assert done.wait(10), seen
+        # Written after the subscription began, while it iterates: single events and a
+        # burst of more than a page (500), handed over by the follower or the pull thread.
+        for _ in range(10):
+            writer.ask("new 1 0")
+        last.append(writer.ask("new 200 2"))
+        if seen and seen[-1][0] >= last[0]:
+            done.set()
+        assert done.wait(10), seen[-3:]
         subscription.stop()
         thread.join(10)
     factory.close()
@@ -170,3 +177,62 @@ def test_a_reader_refuses_to_write_and_a_second_writer_is_told_to_read(
         assert len(recorder.select_notifications(1, 10)) == 2
     finally:
         factory.close()
+
+
+def subscribed(recorder: Any, gt: int, until: int, topics: tuple[str, ...] = ()) -> list[list]:
+    """What ``recorder.subscribe(gt, topics)`` yields up to notification ``until``."""
+    seen: list[list] = []
+    with recorder.subscribe(gt=gt, topics=topics) as subscription:
+        for n in subscription:
+            seen.append([n.id, str(n.originator_id), n.originator_version, n.topic])
+            if n.id >= until:
+                break
+    return seen
+
+
+def test_a_reader_subscription_of_some_topics_skips_the_others(
+        shm_dir: Path, writer: Writer) -> None:
+    factory = InfrastructureFactory.construct(Environment(APP, reader_env(shm_dir)))
+    try:
+        recorder = factory.application_recorder()
+        writer.ask("new 2 2")
+        last = writer.ask("new 3 0")            # the last notification: a Created event
+        created = "_eventsourcing_child:Tally.Created"
+        expected = [row for row in writer.ask("all") if row[3] == created]
+        assert len(expected) == 5
+        assert subscribed(recorder, 0, last, (created,)) == expected
+    finally:
+        factory.close()
+
+
+def test_a_reader_opened_with_no_writer_follows_the_next_one(shm_dir: Path) -> None:
+    first = Writer(shm_dir)
+    try:
+        before = first.ask("new 2 1")
+    finally:
+        first.close()
+    factory = InfrastructureFactory.construct(Environment(APP, reader_env(shm_dir)))
+    try:
+        recorder = factory.application_recorder()
+        assert recorder.max_notification_id() == before
+        second = Writer(shm_dir)                # (the same application: its logs reopened)
+        try:
+            last = second.ask("new 2 2")
+            assert subscribed(recorder, before, last) == second.ask("all")[before:]
+        finally:
+            second.close()
+    finally:
+        factory.close()
+
+
+def test_closing_a_reader_ends_its_follower_thread(shm_dir: Path, writer: Writer) -> None:
+    writer.ask("new 1 1")
+    factory = InfrastructureFactory.construct(Environment(APP, reader_env(shm_dir)))
+    factory.application_recorder()
+
+    def followers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("pmemwal-es-follow")]
+
+    assert len(followers()) == 1
+    factory.close()
+    assert followers() == []
