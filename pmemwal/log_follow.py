@@ -18,23 +18,29 @@ resumes after the last record it confirmed, and gives everything after it, event
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass
 from typing import Iterator, Union
 
 import numpy as np
 
-from pmemwal._core import Unchanged
+from pmemwal._core import Record, Unchanged
 from pmemwal._core import entries as make_entries
 from pmemwal._core import heads as payload_heads
 from pmemwal.batch import RecordBatch
 from pmemwal.errors import FormatError, LogIndexError, format_lsn
 from pmemwal.follow import Follower, followers
-from pmemwal.log_format import (ENTRY, HEADER_DTYPE, HEADER_SIZE, RESET, REWIND, SNAPSHOT,
-                                STATE, Entry, check_headers)
+from pmemwal.log_format import (ENTRY, ENTRY_PREFIX, HEADER, HEADER_DTYPE, HEADER_SIZE, MAGIC,
+                                RESET, REWIND, SNAPSHOT, STATE, VERSION, Entry, check_headers,
+                                new_entry)
 from pmemwal.log_readonly import ReadOnlyLog
 from pmemwal.log_replay import _span
+from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
 
+_FEW = 32                           # at most this many records, within _FEW_BYTES of
+_FEW_BYTES = 2048                   # the durable end, are read and decoded one at a time
 _PEEK = 64                          # records looked at to tell a resumed follower's next entry
+_INDEX_TERM = struct.Struct("<QQ")  # an entry's index and term, after ENTRY_PREFIX
 _NEVER = np.zeros(1, np.uint64)     # a count of changes that never moves (Unchanged's)
 
 
@@ -76,7 +82,7 @@ class LogFollower:
     def __init__(self, path: str | os.PathLike[str], start: int | None = None, *,
                  name: str | None = None, timeout: float | None = None) -> None:
         self._catch_up: tuple[ReadOnlyLog, int, int] | None = None  # (log, its end, last)
-        self._batch: RecordBatch | None = None  # the batch being handed out, and the
+        self._batch: list[Record] | RecordBatch | None = None  # what is handed out, the
         self._after = 0                         # position after it
         self._cursor = 0                        # its records handed out (or skipped)
         self._run: tuple[Unchanged[Entry], int, int] | None = None  # (run, record, index)
@@ -119,13 +125,59 @@ class LogFollower:
         return next(iter(self))
 
     def _items(self) -> Iterator[LogEvent]:
-        for batch in self._wal.batches():
-            self._batch, self._after, self._cursor = batch, self._wal.position, 0
-            yield from self._decode(batch)
-            self._cursor = len(batch)
+        wal, entry_head, index_term = self._wal, ENTRY_PREFIX, _INDEX_TERM.unpack_from
+        for read in wal._follow(self._read):
+            self._batch, self._after, self._cursor = read, wal._lsn, 0
+            if type(read) is not list:
+                yield from self._decode_runs(read)  # type: ignore[arg-type]
+            else:
+                for record in read:  # (the entry that comes next, in a few lines)
+                    payload = record.payload
+                    if payload.startswith(entry_head) and len(payload) >= HEADER_SIZE:
+                        index, term = index_term(payload, 8)
+                        if index == self._next:
+                            self._next, self._cursor = index + 1, self._cursor + 1
+                            yield new_entry((index, term, payload[HEADER_SIZE:]))
+                            continue
+                    yield from self._decode_record(record)
+            self._cursor = len(read)
         self._gen = None  # (the timeout passed: a later iteration waits again)
 
-    def _decode(self, batch: RecordBatch) -> Iterator[LogEvent]:
+    def _read(self, lsn: int, prev: int, end: int
+              ) -> tuple[int, int, int, list[Record] | RecordBatch, int]:
+        """The WAL follower's read: a few records as Records (what a follower that keeps up
+        finds at each wake-up: one native call, no arrays to make), more as a RecordBatch
+        (decoded a run of entries at a time)."""
+        reader = self._wal._wal._reader
+        if end - lsn <= _FEW_BYTES and self._catch_up is None:
+            status, nxt, last, _, records = reader.records(lsn, prev, end, _FEW, _FEW_BYTES)
+            return status, nxt, last, records, len(records)
+        status, nxt, last, _, arrays = reader.fill(lsn, prev, end, DEFAULT_BATCH_RECORDS,
+                                                   DEFAULT_BATCH_BYTES)
+        batch = RecordBatch.from_native(arrays)
+        return status, nxt, last, batch, len(batch)
+
+    def _decode_record(self, record: Record) -> Iterator[LogEvent]:
+        """One record's entry or event (one of a few, read as Records)."""
+        payload = record.payload
+        if len(payload) < HEADER_SIZE:
+            raise _not_log_record(record.lsn)
+        magic, version, kind, aux, index, term = HEADER.unpack_from(payload)
+        if magic != MAGIC or version != VERSION:
+            raise _not_log_record(record.lsn, version if magic == MAGIC else None)
+        if kind == ENTRY:
+            if index < self._next:  # (an entry written over without a rewind record)
+                self._next = index
+                yield Rewound(index - 1)
+            self._next, self._cursor = index + 1, self._cursor + 1
+            yield new_entry((index, term, payload[HEADER_SIZE:]))
+        else:
+            self._cursor += 1
+            event = self._event(kind, aux, index, term, record.lsn)
+            if event is not None:
+                yield event
+
+    def _decode_runs(self, batch: RecordBatch) -> Iterator[LogEvent]:
         """The batch's entries and events, a run of consecutive entries at a time."""
         lengths, offsets = batch.lengths, batch.offsets
         heads = np.frombuffer(payload_heads(batch.data, offsets, lengths, HEADER_SIZE),
@@ -203,17 +255,19 @@ class LogFollower:
     def confirm(self) -> int:
         """Store this named follower's position (the WAL position after the last item
         yielded) durably: a follower of that name resumes there.  Returns ``position``."""
-        batch = self._batch
-        if batch is not None:
+        read = self._batch
+        if read:
             done = self._cursor
             if self._run is not None:
                 done = self._run[1] + self._run[0].given
+            lsns, prev = ([r.lsn for r in read], read[0].prev_lsn) if type(read) is list \
+                else (read.lsns, read.prev_lsns[0])  # type: ignore[union-attr]
             if done == 0:
-                self._wal._consumed(int(batch.lsns[0]), int(batch.prev_lsns[0]))
-            elif done < len(batch):
-                self._wal._consumed(int(batch.lsns[done]), int(batch.lsns[done - 1]))
+                self._wal._consumed(int(lsns[0]), int(prev))
+            elif done < len(read):
+                self._wal._consumed(int(lsns[done]), int(lsns[done - 1]))
             else:
-                self._wal._consumed(self._after, int(batch.lsns[-1]))
+                self._wal._consumed(self._after, int(lsns[-1]))
         self._wal.confirm()
         return self.position
 
@@ -235,6 +289,13 @@ class LogFollower:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _not_log_record(lsn: int, version: int | None = None) -> FormatError:
+    what = (f"log format version {version} (this pmemwal reads {VERSION})" if version is not None
+            else "not a log record")
+    return FormatError(f"the record at LSN {format_lsn(lsn)} is {what}: this WAL was not "
+                       "written by pmemwal.Log")
 
 
 def _runs(kinds: np.ndarray, indices: np.ndarray, keep: np.ndarray | None
