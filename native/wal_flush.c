@@ -407,7 +407,10 @@ static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t
     if (rc)
         return rc;
     uint64_t flushed = atomic_load_explicit(&c->sh->flushed_u, memory_order_acquire);
-    if (flushed < limit && c->persist == WAL_PERSIST_PMEM) {
+    if (flushed >= limit) { /* covered: publish anyway (a writer killed between moving
+                             * flushed_u and publishing it left readers behind) */
+        publish(c, wal_lsn(&c->geom, flushed));
+    } else if (c->persist == WAL_PERSIST_PMEM) {
         /* Inserters persisted their own records before leaving their slots: a
          * flush only waits for them, then moves flushed_u forward, no lock. */
         uint64_t to = end;
@@ -422,7 +425,7 @@ static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t
                                   memory_order_relaxed);
         flushed = flushed < to ? to : flushed;
         publish(c, wal_lsn(&c->geom, flushed));
-    } else if (flushed < limit) {
+    } else {
         if ((rc = wait_insertions(c, env, limit, 0, 1)))
             return rc;
         will_wait(env); /* for the lock, then the system calls */

@@ -39,7 +39,7 @@ void wal_publish(wal_progress *p, uint64_t lsn)
     uint64_t was = atomic_load_explicit(&p->durable_lsn, memory_order_relaxed);
     while (was < lsn && !atomic_compare_exchange_weak(&p->durable_lsn, &was, lsn))
         ;
-    if (was < lsn && atomic_load(&p->waiters)) /* (seq_cst: after the CAS) */
+    if (was < lsn && atomic_load(&p->sleepers)) /* (seq_cst: after the CAS) */
         wal_wake(p);
 }
 
@@ -63,10 +63,12 @@ static int spin(wal_progress *p, uint64_t after, uint64_t start, uint64_t spin_n
     return 0;
 }
 
-/* sleep -- count in waiters, and sleep on seq unless durable_lsn passed after meanwhile. */
-static int sleep_once(wal_progress *p, uint64_t after, uint64_t until_ns, uint64_t *durable)
+/* sleep_once -- set bit in sleepers, and sleep on seq unless durable_lsn passed after meanwhile:
+ * 0 (woken, or it moved), -ETIMEDOUT or -EINTR. */
+static int sleep_once(wal_progress *p, uint64_t after, uint64_t until_ns, uint64_t bit,
+                      uint64_t *durable)
 {
-    atomic_fetch_add(&p->waiters, 1);
+    atomic_fetch_or(&p->sleepers, bit);
     uint32_t seq = atomic_load(&p->seq);
     int rc = 0;
     if ((*durable = atomic_load(&p->durable_lsn)) <= after) {
@@ -74,22 +76,24 @@ static int sleep_once(wal_progress *p, uint64_t after, uint64_t until_ns, uint64
          * as a follower that waits out its timeout, which the tests would catch) */
         uint64_t now = wal_now_ns(), left = until_ns > now ? until_ns - now : 0;
         struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
-        if (left && syscall(SYS_futex, &p->seq, FUTEX_WAIT, seq,
-                            until_ns == UINT64_MAX ? NULL : &ts, NULL, 0) && errno == EINTR)
-            rc = -EINTR;
+        if (!left)
+            rc = -ETIMEDOUT;
+        else if (syscall(SYS_futex, &p->seq, FUTEX_WAIT, seq,
+                         until_ns == UINT64_MAX ? NULL : &ts, NULL, 0))
+            rc = errno == EINTR ? -EINTR : errno == ETIMEDOUT ? -ETIMEDOUT : 0;
     }
-    atomic_fetch_sub(&p->waiters, 1);
+    atomic_fetch_and(&p->sleepers, ~bit);
     *durable = atomic_load(&p->durable_lsn);
     return rc;
 }
 
 int wal_await(wal_progress *p, uint64_t after, uint64_t until_ns, uint32_t *spin_ns,
-              uint64_t *durable)
+              uint64_t bit, uint64_t *durable)
 {
     if ((*durable = atomic_load_explicit(&p->durable_lsn, memory_order_acquire)) > after)
         return 0;
     uint64_t start = wal_now_ns(), budget = *spin_ns;
-    if (until_ns - start < budget && until_ns > start)
+    if (until_ns > start && until_ns - start < budget)
         budget = until_ns - start;
     if (spin(p, after, start, budget, durable)) {
         uint64_t took = wal_now_ns() - start;
@@ -97,17 +101,13 @@ int wal_await(wal_progress *p, uint64_t after, uint64_t until_ns, uint32_t *spin
             *spin_ns = 2 * took < WAL_SPIN_MAX ? (uint32_t)(2 * took) : WAL_SPIN_MAX;
         return 0;
     }
-    for (;;) {
-        uint64_t now = wal_now_ns();
-        if (now >= until_ns)
-            return -ETIMEDOUT;
-        int rc = sleep_once(p, after, until_ns, durable);
-        if (*durable > after) {
-            uint64_t took = wal_now_ns() - start;
-            *spin_ns = took < WAL_SPIN_MAX / 2 ? (uint32_t)(2 * took + 1000) : *spin_ns / 2;
-            return 0;
-        }
-        if (rc)
-            return rc;
+    if (wal_now_ns() >= until_ns)
+        return -ETIMEDOUT;
+    int rc = sleep_once(p, after, until_ns, bit, durable);
+    if (*durable > after) {
+        uint64_t took = wal_now_ns() - start;
+        *spin_ns = took < WAL_SPIN_MAX / 2 ? (uint32_t)(2 * took + 1000) : *spin_ns / 2;
+        return 0;
     }
+    return rc ? rc : -EAGAIN;
 }

@@ -5,7 +5,7 @@
  *
  * The writer moves durable_lsn forward (never back: several threads and processes publish)
  * after every flush that moved its flushed position, and wakes sleepers only when a reader
- * said it sleeps (waiters): with no one following, a publish is a load and a
+ * said it sleeps (sleepers): with no one following, a publish is a load and a
  * compare-and-swap on a line the writer keeps in its cache.  A reader spins on durable_lsn for
  * a while (its owner adapts how long), then counts itself in waiters and sleeps on the futex
  * word seq, which every wake bumps.  The two sides order their store and load as Dekker's
@@ -24,9 +24,11 @@ typedef struct wal_progress {
     _Alignas(64) _Atomic uint64_t durable_lsn; /* every record below is durable; a record boundary */
     _Atomic uint64_t oldest_segno; /* segments below are truncated: raised before their files go */
     _Atomic uint64_t generation;   /* bumped by each writer that opens the WAL alone (recovery) */
+    uint8_t boot_id[16];           /* the machine's boot when the last writer opened it */
     /* how readers sleep */
     _Alignas(64) _Atomic uint32_t seq; /* futex word: every wake bumps it */
-    _Atomic uint32_t waiters;          /* readers asleep, or about to be */
+    uint32_t unused;
+    _Atomic uint64_t sleepers;         /* bit i: the reader of sleeper slot i sleeps, or is about to */
 } wal_progress;
 
 /* wal_publish -- durable_lsn raised to lsn (never lowered), sleepers woken if any. */
@@ -39,14 +41,16 @@ void wal_publish_reset(wal_progress *p, uint64_t lsn);
 /* wal_wake -- wake every sleeper (oldest_segno raised, a writer gone). */
 void wal_wake(wal_progress *p);
 
-/* wal_await -- wait until durable_lsn > after or *until_ns (CLOCK_MONOTONIC; UINT64_MAX: never)
- * passes: spin for *spin_ns first, then sleep on the futex.  *durable: the value last read.
- * Returns 0 (it moved), -ETIMEDOUT, or -EINTR (a signal: the caller runs its handlers and
- * calls again).  *spin_ns adapts: raised when a longer spin would have caught the record,
- * halved when records come further apart than spinning is worth (WAL_SPIN_MAX). */
+/* wal_await -- wait until durable_lsn > after or until_ns (CLOCK_MONOTONIC; UINT64_MAX: never)
+ * passes: spin for *spin_ns first, then sleep on the futex with bit set in sleepers.  *durable:
+ * the value last read.  Returns 0 (it moved), -ETIMEDOUT, -EINTR (a signal: the caller runs its
+ * handlers and calls again) or -EAGAIN (woken, and it did not move: a truncation, or the
+ * reader's close; the caller looks and calls again).  *spin_ns adapts: raised when a longer
+ * spin would have caught the record, halved when records come further apart than spinning is
+ * worth (WAL_SPIN_MAX). */
 #define WAL_SPIN_MAX 50000u
 int wal_await(wal_progress *p, uint64_t after, uint64_t until_ns, uint32_t *spin_ns,
-              uint64_t *durable);
+              uint64_t bit, uint64_t *durable);
 
 uint64_t wal_now_ns(void);
 

@@ -49,14 +49,16 @@ TRACE_SKIP_SYNC: Final[int]
 TRACE_SHORT_MSYNC: Final[int]
 
 # the FOLLOW file's progress lines (native/wal_follow.h), through a mapping of the file
-def progress_wait(mapping: ReadableBuffer, after: int, timeout: float | None, spin_ns: int, /
-                  ) -> tuple[int, int, bool]:
-    """(durable_lsn, spin_ns, moved): wait without the GIL until the durable LSN passes after."""
+def progress_wait(mapping: WriteableBuffer, after: int, timeout: float | None, spin_ns: int,
+                  sleeper: int, /) -> tuple[int, int, int]:
+    """(durable_lsn, spin_ns, status): wait without the GIL until the durable LSN passes
+    after (status 0), timeout passes (1), or a wake that did not move it (2)."""
 def progress_publish(mapping: WriteableBuffer, lsn: int, reset: bool = False, /) -> None: ...
 def progress_wake(mapping: WriteableBuffer, /) -> None: ...
-def atomic_u64(mapping: ReadableBuffer, offset: int, value: int | None = None,
-               raise_to: bool = False, /) -> int:
-    """The 8-byte word at offset before the call: loaded, or then stored (raised to value)."""
+def atomic_u64(mapping: ReadableBuffer, offset: int, value: int | None = None, op: int = 0, /
+               ) -> int:
+    """The 8-byte word at offset before the call: loaded, or then stored (op 0), raised to
+    value (1), ANDed (2) or ORed (3) with it."""
 
 _FaultOp = Literal["write", "sync", "msync", "stall", "stall_locked", "die"]
 

@@ -50,6 +50,9 @@ class TruncatedError(WALError):
         self.lsn = lsn
         self.first_lsn = first_lsn
 
+    def __reduce__(self) -> tuple[object, ...]:  # (it crosses process boundaries whole)
+        return type(self), (self.lsn, self.first_lsn)
+
 
 class FollowerLostError(TruncatedError):
     """A named follower fell further behind than the writer's ``max_follower_lag_bytes``:
@@ -64,6 +67,9 @@ class FollowerLostError(TruncatedError):
         self.name = name
         self.lsn = lsn
         self.first_lsn = first_lsn
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return type(self), (self.name, self.lsn, self.first_lsn)
 
 
 class ReadOnlyError(WALError):

@@ -20,6 +20,7 @@ writer's ``max_follower_lag_bytes``: then it is marked lost and raises FollowerL
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable, Iterator, Sequence, TypeVar
 
 from pmemwal import _core
@@ -51,13 +52,19 @@ class Follower:
             raise ConfigError(f"timeout={timeout!r}: seconds, 0 or more (None: wait forever)")
         self.timeout = timeout
         self.name = name
+        self._closed = False
         self._slot: FollowerSlot | None = None
-        self._wal = ReadOnlyWAL(path)
+        self._sleeper: int | None = None
+        self._records: Iterator[Record] | None = None
+        # the follower waits on the FOLLOW file's futex, and a named one keeps its position
+        # there: made first (the reader then reads what the writers publish in it) if no
+        # writer of this version has made it yet
+        path = os.path.abspath(os.fspath(path))
+        _, wal_id, segment_size = identity(path)
+        self._file = FollowFile.for_follower(path, wal_id, segment_size)
         try:
-            # the follower waits on the FOLLOW file's futex, and a named one keeps its
-            # position there: made if no writer of this version has made it yet
-            self._file = FollowFile.for_follower(self._wal.path, self._wal.wal_id,
-                                                 self._wal.segment_size)
+            self._wal = ReadOnlyWAL(path)
+            self._sleeper = self._file.claim_sleeper()
             self._lsn, self._prev = self._start(start)
         except BaseException:
             self.close()
@@ -87,7 +94,17 @@ class Follower:
 
     # -- reading --
 
-    def __iter__(self) -> Iterator[Record]:
+    def __iter__(self) -> Follower:
+        return self
+
+    def __next__(self) -> Record:
+        """The next durable record, once there is one; StopIteration after ``timeout``
+        seconds without one, or once closed."""
+        if self._records is None:
+            self._records = self._iterate()
+        return next(self._records)
+
+    def _iterate(self) -> Iterator[Record]:
         reader = self._wal._reader
 
         def read(lsn: int, prev: int, end: int) -> tuple[int, int, int, list[Record], int]:
@@ -98,12 +115,15 @@ class Follower:
             self._batch, self._taken = records, 0
             for self._taken, record in enumerate(records, 1):
                 yield record
+        self._records = None  # (a timeout ends this pass: a later next() waits again)
 
     def batches(self, *, max_records: int = DEFAULT_BATCH_RECORDS,
                 max_bytes: int = DEFAULT_BATCH_BYTES) -> Iterator[RecordBatch]:
         """The records as RecordBatches of up to ``max_records`` records or ``max_bytes``
-        payload bytes: each batch holds what was durable when it was read."""
+        payload bytes, from after the last record yielded: each batch holds what was
+        durable when it was read."""
         reader = self._wal._reader
+        self._rewind()
 
         def read(lsn: int, prev: int, end: int) -> tuple[int, int, int, RecordBatch, int]:
             status, nxt, last, _, arrays = reader.fill(lsn, prev, end, max_records, max_bytes)
@@ -114,14 +134,22 @@ class Follower:
             self._batch, self._taken, self._mark = [], 0, self._after  # (yielded whole)
             yield batch
 
+    def _rewind(self) -> None:
+        """Read on from after the last record yielded: the records of a batch that the
+        iteration had read ahead and not yielded come again."""
+        self._records = None
+        self._lsn, self._prev = self._mark = self._after = self._yielded()
+        self._batch, self._taken = [], 0
+
     def _follow(self, read: _Read[_T]) -> Iterator[_T]:
         """What ``read`` reads from the position on, batch after batch, waiting for more.
         The loop a record comes through when records come one by one: a few native calls."""
         mapping, wait, word = self._file.map, _core.progress_wait, _core.atomic_u64
-        segment_size = self._wal.segment_size
+        segment_size, sleeper = self._wal.segment_size, self._sleeper
+        assert sleeper is not None
         while True:
-            end, self._spin, moved = wait(mapping, self._lsn, 0, self._spin)  # (the spin)
-            if not moved:
+            end, self._spin, status = wait(mapping, self._lsn, 0, self._spin, sleeper)  # (spin)
+            if status:
                 waited = self._wait()
                 if waited is None:
                     return
@@ -142,15 +170,28 @@ class Follower:
 
     def _wait(self, after: int | None = None) -> int | None:
         """Past the spin: the durable end once it passes the position (or ``after``); None
-        once the timeout passed with nothing new.  With no writer, the end of the chain."""
+        once the timeout passed with nothing new, or once closed.  Where the writers'
+        published LSN is not the end (a reboot since the last writer; no writer of this
+        version), the end of the chain."""
         after = self._lsn if after is None else after
-        if not self._wal.writer_alive:  # (only when idle: a system call)
+        if self._closed or self._sleeper is None:
+            return None
+        end = self._wal.refresh()  # (only when idle: it asks whether a writer is there)
+        if end > after:
+            return end
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            durable, self._spin, status = _core.progress_wait(self._file.map, after, left,
+                                                              self._spin, self._sleeper)
+            if status == 0:
+                return durable
+            if status == 1 or self._closed:
+                return None
+            # woken with nothing new (a truncation, a close): look again
             end = self._wal.refresh()
             if end > after:
                 return end
-        durable, self._spin, moved = _core.progress_wait(self._file.map, after, self.timeout,
-                                                         self._spin)
-        return durable if moved else None
 
     def _error(self, lsn: int, status: int) -> Exception:
         error = self._wal._read_error(lsn, status, False)
@@ -202,14 +243,22 @@ class Follower:
     # -- life --
 
     def close(self) -> None:
-        """Let go of the name (not of its stored position) and the WAL."""
-        file = getattr(self, "_file", None)
-        if file is not None:
-            if self._slot is not None:
-                file.release(self._slot)
-                self._slot = None
-            file.close()
-        self._wal.close()
+        """Let go of the name (not of its stored position) and the WAL.  An iteration
+        blocked in another thread ends (StopIteration)."""
+        if self._closed:
+            return
+        self._closed = True
+        file = self._file
+        _core.progress_wake(file.map)  # (a sleep of this follower in another thread ends)
+        if self._slot is not None:
+            file.release(self._slot)
+            self._slot = None
+        if self._sleeper is not None:
+            file.release_sleeper(self._sleeper)
+        wal = getattr(self, "_wal", None)
+        if wal is not None:
+            wal.close()
+        file.close()
 
     def __enter__(self) -> Follower:
         return self

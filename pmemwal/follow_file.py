@@ -21,8 +21,10 @@ Layout (little-endian, 12 KiB):
    64  u64  durable LSN    every record below it is durable (a record boundary)
    72  u64  oldest segno   segments below it are truncated
    80  u64  generation     bumped by every writer that opens the WAL alone (after recovery)
+   88  16s  boot id        the machine's boot (/proc/sys/kernel/random/boot_id) when the last
+                           writer opened the WAL: the durable LSN is exact only in that boot
   128  u32  seq            futex word, bumped by every wake
-  132  u32  waiters        readers asleep on seq
+  136  u64  sleepers       bit i: the follower of sleeper slot i sleeps on seq, or is about to
  4096  64 slots of 128 bytes:
            0 u32 state     0 free, 1 active, 2 lost (fell further behind than the bound)
            4 u32 name length
@@ -36,12 +38,15 @@ The file is never needed to read the WAL: the segments are the truth, and a writ
 opens the WAL alone sets the progress lines again from recovery.  It is made by whoever
 needs it first (a writer or a named follower), as a temp file linked into place.
 
-Locks, each dropped by the kernel when its holder dies:
+Locks, each dropped by the kernel when its holder dies (a writer's own is on ``LOCK``:
+segments.py, ``writer_open``):
 
-- byte ``2**20`` (an OFD read lock): held by every writer while it has the WAL open.  A
-  reader that finds no holder knows that no writer is appending (F_OFD_GETLK takes no lock).
 - byte ``2**20 + 1 + i`` (an OFD write lock): slot ``i``'s follower is alive; a second
   follower of the same name is refused.
+- byte ``2**20 + 65 + i`` (an OFD write lock): sleeper slot ``i`` (a bit of ``sleepers``)
+  belongs to a live follower.  One killed asleep leaves its bit set, and every flush would
+  then pay a wake-up: the next follower to take the slot, and a writer's rounds, clear a bit
+  whose lock is free.
 - the whole file (flock): held while a slot is claimed or dropped.
 """
 
@@ -52,27 +57,30 @@ import fcntl
 import mmap
 import os
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator
 
 from pmemwal import _core
 from pmemwal.errors import ConfigError, FormatError, LockedError, StorageError
-from pmemwal.segments import FOLLOW_NAME, close_mapped, storage_errors
+from pmemwal.segments import FOLLOW_NAME, close_mapped, ofd_held, ofd_lock, storage_errors
 
-TEMP_PREFIX = FOLLOW_NAME + ".tmp."  # a file being made: FOLLOW.tmp.<pid>
+TEMP_PREFIX = FOLLOW_NAME + ".tmp."  # a file being made: FOLLOW.tmp.<pid>.<thread>
 MAGIC = b"PMWALFLW"
 VERSION = 1
 SLOTS = 64
 SIZE = 12288
 _HEADER = struct.Struct("<8sII16sQ")
-DURABLE, OLDEST, GENERATION = 64, 72, 80  # the progress lines' words
+DURABLE, OLDEST, GENERATION, BOOT_ID, SLEEPERS = 64, 72, 80, 88, 136  # the progress lines
+STORE, RAISE, AND, OR = range(4)  # _core.atomic_u64's operations
 _SLOT_BASE, _SLOT_SIZE = 4096, 128
 _SLOT = struct.Struct("<IIQQQQ")
 _NAME_OFFSET, NAME_MAX = 64, 64
 FREE, ACTIVE, LOST = 0, 1, 2
 STATE_NAMES = {ACTIVE: "active", LOST: "lost"}
-_WRITERS = 1 << 20  # the writers' liveness byte; slot i's follower: _WRITERS + 1 + i
+_LOCKS = 1 << 20  # slot i's follower: _LOCKS + 1 + i; sleeper slot i: _LOCKS + 1 + SLOTS + i
+SLEEPER_SLOTS = 64
 
 
 @dataclass(frozen=True)
@@ -99,26 +107,6 @@ def _header(wal_id: bytes, segment_size: int) -> bytes:
     return body + struct.pack("<I", _core.crc32c(body))
 
 
-def _ofd_lock(fd: int, offset: int, kind: int, wait: bool = False) -> bool:
-    """Take (F_RDLCK, F_WRLCK) or drop (F_UNLCK) an OFD lock on one byte: False when another
-    holder's conflicts (and ``wait`` is False)."""
-    lock = struct.pack("hhqqi4x", kind, os.SEEK_SET, offset, 1, 0)
-    try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, lock)
-        return True
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-
-
-def _ofd_held(fd: int, offset: int) -> bool:
-    """Whether another open file description holds a lock on the byte (none is taken)."""
-    lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
-    kind = struct.unpack("hhqqi4x", fcntl.fcntl(fd, fcntl.F_OFD_GETLK, lock))[0]
-    return kind != fcntl.F_UNLCK
-
-
 class FollowFile:
     """``FOLLOW`` in a WAL directory, mapped: by a writer (``for_writer``) or a reader
     (``open``, read-only unless it registers a follower)."""
@@ -137,8 +125,7 @@ class FollowFile:
     def for_writer(cls, directory: str, wal_id: bytes, segment_size: int,
                    alone: bool) -> FollowFile:
         """The writer's: made if missing, remade if it is another WAL's or damaged when the
-        writer opens the WAL ``alone`` (its followers' positions mean nothing to this WAL),
-        then marked as having a writer."""
+        writer opens the WAL ``alone`` (its followers' positions mean nothing to this WAL)."""
         fd = _open_or_make(directory, wal_id, segment_size, os.O_RDWR)
         try:
             if _check(fd, wal_id, segment_size) is not None:
@@ -146,11 +133,12 @@ class FollowFile:
                     raise FormatError(f"{os.path.join(directory, FOLLOW_NAME)} does not match "
                                       "the WAL's segments")
                 os.close(fd)
+                fd = -1
                 fd = _open_or_make(directory, wal_id, segment_size, os.O_RDWR, replace=True)
-            _ofd_lock(fd, _WRITERS, fcntl.F_RDLCK, wait=True)  # (only a checker's GETLK waits)
             return cls(directory, fd, writable=True)
         except BaseException:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             raise
 
     @classmethod
@@ -201,21 +189,49 @@ class FollowFile:
     def generation(self) -> int:
         return _core.atomic_u64(self.map, GENERATION)
 
-    def writer_alive(self) -> bool:
-        """Whether a writer has the WAL open (its liveness lock is held)."""
-        return _ofd_held(self.fd, _WRITERS)
+    @property
+    def this_boot(self) -> bool:
+        """Whether the last writer opened the WAL in this boot of the machine: the durable
+        LSN it left is then exact (after a reboot, the file may hold an older value)."""
+        return bytes(self.map[BOOT_ID:BOOT_ID + 16]) == boot_id()
 
     def opened_alone(self, durable_lsn: int, oldest_segno: int) -> None:
         """A writer that recovered the WAL alone: the progress it starts from, which may lie
         below what an earlier writer left (a recovery that cut records)."""
+        self.map[BOOT_ID:BOOT_ID + 16] = boot_id()
         _core.atomic_u64(self.map, OLDEST, oldest_segno)
         _core.atomic_u64(self.map, GENERATION, self.generation + 1)
         _core.progress_publish(self.map, durable_lsn, True)
+        self.clear_dead_sleepers()
 
     def raise_oldest(self, segno: int) -> None:
         """Before a truncation touches a file: segments below ``segno`` are gone."""
-        _core.atomic_u64(self.map, OLDEST, segno, True)
+        _core.atomic_u64(self.map, OLDEST, segno, RAISE)
         _core.progress_wake(self.map)  # (a sleeping follower may be the one it leaves behind)
+
+    # -- sleeper slots --
+
+    def claim_sleeper(self) -> int:
+        """A sleeper slot for this follower (its bit in ``sleepers``), its lock taken and a
+        dead owner's bit cleared; LockedError when 64 live followers hold them all."""
+        for i in range(SLEEPER_SLOTS):
+            if ofd_lock(self.fd, _LOCKS + 1 + SLOTS + i, fcntl.F_WRLCK):
+                _core.atomic_u64(self.map, SLEEPERS, ~(1 << i) & (2**64 - 1), AND)
+                return i
+        raise LockedError(f"{self.path}: {SLEEPER_SLOTS} followers wait on this WAL already")
+
+    def release_sleeper(self, i: int) -> None:
+        ofd_lock(self.fd, _LOCKS + 1 + SLOTS + i, fcntl.F_UNLCK)
+
+    def clear_dead_sleepers(self) -> None:
+        """Clear the bits of sleepers that died asleep (their slot's lock is free): a set bit
+        makes every flush pay a wake-up.  One load when none is set."""
+        bits = _core.atomic_u64(self.map, SLEEPERS)
+        for i in range(SLEEPER_SLOTS) if bits else ():
+            if bits >> i & 1 and not ofd_held(self.fd, _LOCKS + 1 + SLOTS + i):
+                if ofd_lock(self.fd, _LOCKS + 1 + SLOTS + i, fcntl.F_WRLCK):  # (none took it)
+                    _core.atomic_u64(self.map, SLEEPERS, ~(1 << i) & (2**64 - 1), AND)
+                    ofd_lock(self.fd, _LOCKS + 1 + SLOTS + i, fcntl.F_UNLCK)
 
     # -- follower slots --
 
@@ -252,18 +268,22 @@ class FollowFile:
                 self._write_slot(free, ACTIVE, position, last_lsn, raw)
                 slot = self._slot(free)
                 assert slot is not None
-            if not _ofd_lock(self.fd, _WRITERS + 1 + slot.index, fcntl.F_WRLCK):
+            if not ofd_lock(self.fd, _LOCKS + 1 + slot.index, fcntl.F_WRLCK):
                 raise LockedError(f"follower {name!r} is in use by another live process")
             return slot
 
     def release(self, slot: FollowerSlot) -> None:
-        _ofd_lock(self.fd, _WRITERS + 1 + slot.index, fcntl.F_UNLCK)
+        ofd_lock(self.fd, _LOCKS + 1 + slot.index, fcntl.F_UNLCK)
 
     def confirm(self, slot: FollowerSlot, position: int, last_lsn: int) -> int:
         """Store the slot's position durably; returns its state (LOST: it was marked lost
         meanwhile, and stays so)."""
         base = _SLOT_BASE + slot.index * _SLOT_SIZE
-        struct.pack_into("<QQQ", self.map, base + 8, position, last_lsn, time.time_ns())
+        # the last LSN first: a position read with the link of the one before it would fail
+        # the resumed read's prev-link check, never pass a wrong one; the position in one
+        # 8-byte store, as the writer's truncation reads it without a lock
+        struct.pack_into("<QQ", self.map, base + 16, last_lsn, time.time_ns())
+        _core.atomic_u64(self.map, base + 8, position, STORE)
         self._sync_slot(slot.index)
         return struct.unpack_from("<I", self.map, base)[0]
 
@@ -274,27 +294,29 @@ class FollowFile:
             slot = self.find(name)
             if slot is None:
                 return False
-            if not _ofd_lock(self.fd, _WRITERS + 1 + slot.index, fcntl.F_WRLCK):
+            if not ofd_lock(self.fd, _LOCKS + 1 + slot.index, fcntl.F_WRLCK):
                 raise LockedError(f"follower {name!r} is in use by a live process")
             try:
                 self._write_slot(slot.index, FREE, 0, 0, b"")
             finally:
-                _ofd_lock(self.fd, _WRITERS + 1 + slot.index, fcntl.F_UNLCK)
+                ofd_lock(self.fd, _LOCKS + 1 + slot.index, fcntl.F_UNLCK)
             return True
 
     def hold_back(self, cut_segno: int, flushed_lsn: int, max_lag: int) -> int:
         """A truncation's cut, lowered to keep what every active follower has not confirmed;
-        a follower further than ``max_lag`` bytes behind ``flushed_lsn`` is marked lost
-        instead (and told so at its next read or confirm)."""
+        a follower whose records the cut would take and that is further than ``max_lag``
+        bytes behind ``flushed_lsn`` is marked lost instead (and told so at its next read or
+        confirm), as PostgreSQL invalidates a slot when the WAL it needs goes."""
         segment_size = _HEADER.unpack_from(self.map)[4]
+        kept = cut_segno
         for slot in self.slots():
-            if slot.state != ACTIVE:
-                continue
+            if slot.state != ACTIVE or slot.position // segment_size >= cut_segno:
+                continue  # (the cut leaves its records: nothing to hold back, nothing lost)
             if flushed_lsn - slot.position > max_lag:
                 self._mark_lost(slot, flushed_lsn)
             else:
-                cut_segno = min(cut_segno, slot.position // segment_size)
-        return cut_segno
+                kept = min(kept, slot.position // segment_size)
+        return kept
 
     def _mark_lost(self, slot: FollowerSlot, flushed_lsn: int) -> None:
         base = _SLOT_BASE + slot.index * _SLOT_SIZE
@@ -306,7 +328,8 @@ class FollowFile:
         base = _SLOT_BASE + i * _SLOT_SIZE
         self.map[base:base + _SLOT_SIZE] = bytes(_SLOT_SIZE)
         self.map[base + _NAME_OFFSET:base + _NAME_OFFSET + len(name)] = name
-        _SLOT.pack_into(self.map, base, state, len(name), position, last_lsn, time.time_ns(), 0)
+        _SLOT.pack_into(self.map, base, FREE, len(name), position, last_lsn, time.time_ns(), 0)
+        struct.pack_into("<I", self.map, base, state)  # (last: a writer reads it unlocked)
         self._sync_slot(i)
 
     def _sync_slot(self, i: int) -> None:
@@ -319,11 +342,8 @@ class FollowFile:
         return _Flock(self.fd)
 
     def close(self) -> None:
-        """Unmap and close.  A writer's liveness lock is dropped first: the mapping, which
-        the core may still export to calls in flight, holds the file open (and its locks)
-        until its last reference goes."""
-        if self.writable and self.fd >= 0:
-            _ofd_lock(self.fd, _WRITERS, fcntl.F_UNLCK)
+        """Unmap (unless the core still exports the mapping to calls in flight: then its
+        last reference does) and close."""
         if self.fd >= 0:
             close_mapped(self.map, self.fd)
             self.fd = -1
@@ -373,7 +393,7 @@ def _open_or_make(directory: str, wal_id: bytes, segment_size: int, flags: int,
                 return os.open(path, flags | os.O_CLOEXEC)
             except FileNotFoundError:
                 pass
-        temp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}")
+        temp = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}.{threading.get_ident()}")
         fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, SIZE)
@@ -386,14 +406,26 @@ def _open_or_make(directory: str, wal_id: bytes, segment_size: int, flags: int,
                     os.link(temp, path)
                 except FileExistsError:  # another process made it first: use theirs
                     os.close(fd)
+                    fd = -1
                     fd = os.open(path, flags | os.O_CLOEXEC)
-                os.unlink(temp)
+                finally:
+                    os.unlink(temp)
             dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
         except BaseException:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             raise
         return fd
+
+
+def boot_id() -> bytes:
+    """This boot of the machine: 16 bytes (zeros where the kernel does not say)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return bytes.fromhex(f.read().decode().strip().replace("-", ""))[:16].ljust(16, b"\0")
+    except (OSError, ValueError):
+        return bytes(16)

@@ -4,11 +4,15 @@ It takes no lock, writes nothing and recovers nothing, so it opens beside a live
 either mode, shared or not) or on a WAL nobody has open, and never holds a writer up.  It
 reads what is durable, and no further:
 
-- while a writer has the WAL open (its lock on the FOLLOW file is held), up to the durable
-  LSN the writers publish there after every flush (pmemwal/follow_file.py);
-- otherwise up to where the chain of records ends, followed from the last checkpoint: what
-  the next writer's recovery keeps.  A writer that comes in while the chain is followed
-  bounds it by what it publishes.
+- up to the durable LSN the writers publish in the FOLLOW file after every flush
+  (pmemwal/follow_file.py), while a writer has the WAL open (its lock on ``LOCK`` is held),
+  or when the last one opened it in this boot of the machine: after a SIGKILL the value it
+  left is exact, and a direct-mode writer's unflushed records, readable in the page cache,
+  are not durable (a power loss would take them);
+- otherwise (a reboot since, or no FOLLOW file: a WAL written by an older version) up to
+  where the chain of records ends, followed from the last checkpoint: everything on the
+  device survived, and it is what the next writer's recovery keeps.  A writer that comes in
+  while the chain is followed bounds it by what it publishes.
 
 Segments are mapped read-only as the reader needs them.  A truncation by the writer raises
 the oldest segment in the FOLLOW file before it removes or recycles a file; every copy a read
@@ -31,7 +35,7 @@ from pmemwal.errors import (ClosedError, NotFoundError, ReadOnlyError, Truncated
                             format_lsn)
 from pmemwal.follow_file import FollowFile
 from pmemwal.format import HEADER_SIZE, SegmentHeader, first_lsn, parse_segment_name, segment_name
-from pmemwal.segments import storage_errors
+from pmemwal.segments import storage_errors, writer_open
 from pmemwal.wal.reading import Reading
 
 _MAPPED = 16  # segments kept mapped at once (the reader keeps 8 of them between calls)
@@ -76,31 +80,44 @@ class ReadOnlyWAL(Reading):
         self._damage_read = False
         self._reader = _core.Reader(self.segment_size, int.from_bytes(self.wal_id[:4], "little"),
                                     self._segment_buffer)
-        self._follow = FollowFile.open(self._path, self.wal_id, self.segment_size)
+        self._follow: FollowFile | None = None
         self._scanned: tuple[int, int, int] | None = None  # the chain followed: (end, last
         # LSN, the writers' generation then)
         self._closed = False
-        self._end = self._find_end()
+        try:
+            self._end = self._find_end()
+        except BaseException:
+            self.close()
+            raise
 
     # -- where reads end --
 
     def _find_end(self) -> int:
         """The durable end now (see the module docstring)."""
-        follow = self._follow
-        if follow is not None and follow.writer_alive():
+        follow = self._follow_file()
+        if follow is not None and (follow.this_boot or writer_open(self._path)):
             return follow.durable_lsn
         generation = follow.generation if follow is not None else 0
         end = self._chain_end()
-        if follow is not None and (follow.writer_alive() or follow.generation != generation):
+        follow = self._follow_file()
+        if follow is not None and (writer_open(self._path) or follow.generation != generation):
             end = min(end, follow.durable_lsn)  # a writer came in: its recovery decides
         return end
+
+    def _follow_file(self) -> FollowFile | None:
+        """The FOLLOW file, looked for again until there is one (a writer or a follower
+        makes it)."""
+        if self._follow is None:
+            self._follow = FollowFile.open(self._path, self.wal_id, self.segment_size)
+        return self._follow
 
     def _chain_end(self) -> int:
         """Where the chain of records ends, followed from the last checkpoint (or from where
         the previous call stopped, if no writer opened the WAL since: its recovery may have
         cut the chain)."""
         generation = self._follow.generation if self._follow is not None else 0
-        if self._scanned is None or self._scanned[2] != generation:
+        if self._scanned is None or self._scanned[2] != generation or \
+                self._scanned[0] // self.segment_size < self._oldest_segment():
             self._scanned = (*self._chain_start(), generation)
         start, prev, _ = self._scanned
         status, end, last, *_ = self._reader.scan(start, prev, 2**63, True)
@@ -138,8 +155,9 @@ class ReadOnlyWAL(Reading):
         return self._end
 
     def _reach(self, lsn: int) -> None:
-        if lsn >= self._end:
-            self.refresh()
+        if lsn >= self._end and self.refresh() <= lsn:
+            raise ValueError(f"no durable record at LSN {format_lsn(lsn)}: the WAL is "
+                             f"durable up to {format_lsn(self._end)}")
 
     def _oldest_segment(self) -> int:
         published = self._follow.oldest_segno if self._follow is not None else 0
@@ -198,9 +216,6 @@ class ReadOnlyWAL(Reading):
         try:
             lsn = operator.index(lsn)
             self._reach(lsn)
-            if lsn >= self._end:
-                raise ValueError(f"no durable record at LSN {format_lsn(lsn)}: the WAL is "
-                                 f"durable up to {format_lsn(self._end)}")
             status, _, record = self._reader.record(lsn)
         except OverflowError:
             raise ValueError(f"no record at LSN {lsn}: LSNs are 0..2**64-1") from None
@@ -221,7 +236,7 @@ class ReadOnlyWAL(Reading):
     @property
     def writer_alive(self) -> bool:
         """Whether a writer has the WAL open now."""
-        return self._follow is not None and self._follow.writer_alive()
+        return writer_open(self._path)
 
     # -- what a reader may not do --
 

@@ -61,6 +61,43 @@ WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".t
             ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, INDEX_NAME, FOLLOW_NAME}
 
 
+WRITER_BYTE = 1 << 20  # of LOCK: read-locked (OFD) by every writer while it has the WAL open
+
+
+def ofd_lock(fd: int, offset: int, kind: int, wait: bool = False) -> bool:
+    """Take (F_RDLCK, F_WRLCK) or drop (F_UNLCK) an OFD lock on one byte of a file: False
+    when another holder's conflicts (and ``wait`` is False).  The kernel drops it when the
+    last descriptor of its open file closes, however the process ends."""
+    lock = struct.pack("hhqqi4x", kind, os.SEEK_SET, offset, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, lock)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+def ofd_held(fd: int, offset: int) -> bool:
+    """Whether another open file holds an OFD lock on the byte (none is taken)."""
+    lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    kind = struct.unpack("hhqqi4x", fcntl.fcntl(fd, fcntl.F_OFD_GETLK, lock))[0]
+    return kind != fcntl.F_UNLCK
+
+
+def writer_open(path: str) -> bool:
+    """Whether a writer has the WAL in directory ``path`` open (its lock on LOCK is held),
+    found without taking any lock."""
+    try:
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        return ofd_held(fd, WRITER_BYTE)
+    finally:
+        os.close(fd)
+
+
 def is_wal_own_name(name: str) -> bool:
     """Whether a name in a WAL directory is one of the WAL's own files besides segments (a
     FOLLOW file being made by a process, which links it into place, included)."""
@@ -140,6 +177,9 @@ class WalDirectory:
             self.dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
             self.lock_fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
         _LOCKED.add(self)
+        # readers in other processes tell that a writer has the WAL open by this lock, which
+        # they test without taking (writer_open); it goes with the descriptor, or the process
+        ofd_lock(self.lock_fd, WRITER_BYTE, fcntl.F_RDLCK, wait=True)
         if shared:
             return
         try:

@@ -272,3 +272,50 @@ def test_stats_show_the_named_followers(wal_path):
         data = CliRunner().invoke(main, ["stats", "--json", wal_path])
         following = __import__("json").loads(data.output)["following"]
         assert following["writer_open"] and following["followers"][0]["name"] == "projector"
+
+
+def test_a_follower_killed_asleep_beside_a_live_writer_is_cleared_by_its_rounds(wal_path):
+    """The writer is open throughout: its background rounds find the dead sleeper's bit."""
+    import struct
+    with pmemwal.open(wal_path, segment_size=SEG, flush_interval=0.01) as wal:
+        code = "import pmemwal, sys\nlist(pmemwal.follow(sys.argv[1]))\n"
+        child = subprocess.Popen([sys.executable, "-c", code, wal_path])
+        path = os.path.join(wal_path, FOLLOW_NAME)
+
+        def sleepers() -> int:
+            with open(path, "rb") as f:
+                return struct.unpack("<Q", f.read()[136:144])[0]
+        try:
+            deadline = time.monotonic() + 20
+            while not sleepers() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert sleepers()
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        wal.append(b"x")  # (a round runs when there is something to flush)
+        deadline = time.monotonic() + 20
+        while sleepers() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sleepers() == 0
+
+
+def test_a_killed_writers_unflushed_records_are_not_read_until_a_writer_recovers_them(wal_path):
+    """In direct mode a SIGKILLed writer's unflushed records lie readable in the page cache,
+    but a power loss would take them: a reader reads what the writer published, until the
+    next writer's recovery makes them durable."""
+    code = ("import pmemwal, sys\n"
+            "wal = pmemwal.open(sys.argv[1], mode='direct', background=False)\n"
+            "for i in range(15):\n"
+            "    wal.append(i.to_bytes(8, 'little'), flush=(i == 9))\n"
+            "print('done', flush=True); sys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", code, wal_path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"done\n"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    with pmemwal.open(wal_path, readonly=True) as reader:
+        assert _numbers(reader.records()) == list(range(10))
+        assert _numbers(pmemwal.follow(wal_path, timeout=0)) == list(range(10))
+        pmemwal.open(wal_path).close()  # recovery keeps and persists them
+        assert _numbers(reader.records()) == list(range(15))

@@ -216,7 +216,8 @@ class WAL(Reading, Opening):
     - ``max_follower_lag_bytes``: how far (in bytes of WAL) a named follower
       (``pmemwal.follow(path, name=...)``) may fall behind the flushed end and still hold
       back ``truncate``; one further behind is marked lost (FollowerLostError when it
-      next reads) and holds nothing back.  Default 1 GiB; 0: followers hold nothing back.
+      next reads) and holds nothing back.  Default 1 GiB; 0: a named follower is marked
+      lost by the first truncation that reaches its records.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, mode: str = "auto", create: bool = True,

@@ -3,7 +3,8 @@
 Concern: what the WAL's background thread (background.py: when it runs) does each round.
 ``_prepare_ahead`` has the next segments ready before an appender reaches them, as many as
 the WAL's growth needs (growth.py measures it) before its first truncation, and as the spare
-pool needs after; ``_flush_async`` checks that no attached segment was deleted, makes
+pool needs after; ``_flush_async`` checks that no attached segment was deleted (and that no follower
+killed asleep is left for every flush to wake), makes
 asynchronously appended records durable, writes a checkpoint when one is due and hands
 complete segments to the archiver.  Sets ``_notify_ahead`` (the depth the core wakes the
 writer at); brings segments through supply.py, never removes one.
@@ -119,6 +120,8 @@ class BackgroundRounds(Truncation):
             self._core.reap_dead()  # a peer that died mid-insert, even if nobody waits for it
         if not self._truncating():
             self._check_segments()
+        if self._follow is not None:  # a follower killed asleep: every flush would wake it
+            self._follow.clear_dead_sleepers()
         position = self._core.position()
         flushed = self._core.flushed_lsn
         if position[0] != flushed:

@@ -18,6 +18,7 @@ import numpy as np
 from pmemwal.archive import ArchiveStatus
 from pmemwal.errors import FormatError, format_lsn
 from pmemwal.follow_file import FollowFile
+from pmemwal.segments import writer_open
 from pmemwal.tools.inspect.results import _LIVE_RETRIES, Problem
 from pmemwal.tools.inspect.view import WalView
 
@@ -108,7 +109,7 @@ def following(path: str, wal_id: bytes | None, segment_size: int | None) -> dict
         return None
     try:
         durable = file.durable_lsn
-        return {"writer_open": file.writer_alive(), "durable_lsn": durable,
+        return {"writer_open": writer_open(path), "durable_lsn": durable,
                 "followers": [slot.as_dict(durable) for slot in file.slots()]}
     finally:
         file.close()
