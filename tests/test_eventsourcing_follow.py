@@ -13,6 +13,7 @@ store; this process opens the same store read-only (``<APP>_PMEMWAL_READONLY``):
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ pytest.importorskip("eventsourcing")
 
 from _eventsourcing_child import Tallies  # noqa: E402
 from conftest import TESTS_DIR, child_env  # noqa: E402
+from eventsourcing.dcb.api import DCBEvent, DCBQuery, DCBQueryItem  # noqa: E402
 from eventsourcing.persistence import (  # noqa: E402
     InfrastructureFactory, OperationalError, StoredEvent, Tracking)
 from eventsourcing.projection import Projection, ProjectionRunner  # noqa: E402
@@ -236,3 +238,39 @@ def test_closing_a_reader_ends_its_follower_thread(shm_dir: Path, writer: Writer
     assert len(followers()) == 1
     factory.close()
     assert followers() == []
+
+
+def test_a_reader_in_the_writing_process_shares_the_writers_datastore(shm_dir: Path) -> None:
+    writing = InfrastructureFactory.construct(Environment(APP, module_env(shm_dir)))
+    reading = InfrastructureFactory.construct(Environment(APP, reader_env(shm_dir)))
+    try:
+        recorder = writing.application_recorder()
+        assert reading.application_recorder().datastore is recorder.datastore
+    finally:
+        reading.close()
+        writing.close()
+
+
+def test_a_dcb_reader_follows_appends_and_its_subscription_yields_them(shm_dir: Path) -> None:
+    path = shm_dir / "dcb"
+    writer = pes.open_dcb_datastore(path, segment_size=1 << 20)
+    reader = pes.PmemwalDCBDatastore(os.path.realpath(path), readonly=True)  # (as another
+    try:                                                                     # process's)
+        events = [DCBEvent("Registered", f"{i}".encode(), [f"student-{i % 3}"])
+                  for i in range(30)]
+        writer.append(events[:10])
+        recorder = pes.PmemwalDCBRecorder(reader)
+        with recorder.subscribe(DCBQuery([DCBQueryItem([], ["student-1"])]), after=2) as sub:
+            for event in events[10:]:           # one entry each, after it began
+                writer.append([event])
+            seen = []
+            for sequenced in sub:
+                seen.append((sequenced.position, sequenced.event.data))
+                if sequenced.position >= 29:
+                    break
+        wanted, _ = writer.read(DCBQuery([DCBQueryItem([], ["student-1"])]), after=2)
+        assert seen == [(e.position, e.event.data) for e in wanted]
+        assert reader.read()[1] == 30
+    finally:
+        reader.close()
+        writer.close()
