@@ -37,7 +37,9 @@ def test_wal_options_name_every_option_of_open() -> None:
     import inspect
     import typing
     params = inspect.signature(pmemwal.open).parameters
-    options = {name: p for name, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    options = {name: p for name, p in params.items()  # (readonly picks the kind of WAL,
+               if p.kind is p.KEYWORD_ONLY and name != "readonly"}  # as open_log's the log)
+    assert "readonly" in inspect.signature(pmemwal.open_log).parameters
     hints = typing.get_type_hints(pmemwal.wal.WALOptions)
     assert list(hints) == list(options)
     opened = typing.get_type_hints(pmemwal.open)

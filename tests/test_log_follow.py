@@ -184,6 +184,24 @@ def test_named_follower_resumes_after_what_it_confirmed(wal_dir: Path) -> None:
     assert [f["name"] for f in pmemwal.followers(path)] == ["n"]
 
 
+def test_a_loop_left_early_goes_on_where_it_stopped(wal_dir: Path) -> None:
+    path = str(wal_dir)
+    with pmemwal.open_log(path, segment_size=SEG) as log:
+        log.append_many([payload(i, 1) for i in range(1, 11)], term=1, sync=True)
+        log.truncate_after(7)
+    with pmemwal.follow_log(path, start=2, timeout=0.1) as follower:
+        for entry in follower:
+            if entry == Entry(3, 1, payload(3, 1)):
+                break
+        assert follower.position == 4
+        assert list(follower) == [Entry(i, 1, payload(i, 1)) for i in range(4, 8)]
+    with pmemwal.follow_log(path, start=1, timeout=0.1) as follower:  # (a batch of records)
+        first = [next(follower) for _ in range(2)]
+        assert first == [Entry(1, 1, payload(1, 1)), Entry(2, 1, payload(2, 1))]
+        assert follower.position == 3
+        assert [e.index for e in follower] == [3, 4, 5, 6, 7]
+
+
 # ---- the read-only log --------------------------------------------------------------
 
 def _steady_writer(path: str, started: object, stop: object) -> None:
