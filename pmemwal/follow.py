@@ -45,6 +45,9 @@ class Follower:
     Iterate it for Records; ``batches()`` for RecordBatches.  ``position`` is where the
     next record is read from; ``confirm()`` stores a named follower's position.  A context
     manager; ``close()`` lets go of the name, so that another process may follow with it.
+    One thread at a time reads and confirms (a thread's ``confirm`` beside another's read
+    could store a position the reader has not handed out yet); ``close()`` may come from
+    any thread, and ends an iteration blocked in another.
     """
 
     def __init__(self, path: str | os.PathLike[str], start: int | None = None, *,
@@ -82,8 +85,8 @@ class Follower:
             self._slot = self._file.claim(self.name, first, 0)
             if self._slot.state == LOST:
                 raise self._lost()
-            if start is None:
-                return self._slot.position, self._slot.last_lsn or -1
+            if start is None:  # (no prev-link check there: a follower killed inside
+                return self._slot.position, -1  # confirm may have stored its new link alone)
         return (self._first_record() if start is None else start), -1
 
     def _first_record(self) -> int:

@@ -279,9 +279,9 @@ class FollowFile:
         """Store the slot's position durably; returns its state (LOST: it was marked lost
         meanwhile, and stays so)."""
         base = _SLOT_BASE + slot.index * _SLOT_SIZE
-        # the last LSN first: a position read with the link of the one before it would fail
-        # the resumed read's prev-link check, never pass a wrong one; the position in one
-        # 8-byte store, as the writer's truncation reads it without a lock
+        # the position in one 8-byte store, as the writer's truncation reads it without a
+        # lock; the last LSN beside it is for people (a kill between the two stores may pair
+        # them wrongly, so a resumed read checks no prev-link)
         struct.pack_into("<QQ", self.map, base + 16, last_lsn, time.time_ns())
         _core.atomic_u64(self.map, base + 8, position, STORE)
         self._sync_slot(slot.index)

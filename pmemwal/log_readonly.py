@@ -65,7 +65,10 @@ class ReadOnlyLog(LogReading):
                 self._at = self._replay_start(self.replayed_from)
                 self._replay_heads(self._heads())
                 return
-            except (TruncatedError, CorruptionError, StorageError):
+            except TruncatedError:  # (a writer, live or since gone, compacted meanwhile)
+                if not tries_left:
+                    raise
+            except (CorruptionError, StorageError):
                 if not tries_left or not self.wal.writer_alive:
                     raise
 
@@ -131,11 +134,13 @@ class ReadOnlyLog(LogReading):
             self._check_open()
             try:
                 self._replay_heads(self._heads())
-            except (TruncatedError, CorruptionError):
-                if not self.wal.writer_alive:
+            except (TruncatedError, CorruptionError) as exc:
+                # a writer compacted past where the last replay stopped (or past the first
+                # entry, its marker not durable when the replay looked): start over.  A
+                # truncation stands whether or not its writer is still there; what looks
+                # like damage is the writer's doing only while it writes
+                if not isinstance(exc, TruncatedError) and not self.wal.writer_alive:
                     raise
-                # the writer compacted past where the last replay stopped (or past the
-                # first entry, its marker not durable when the replay looked): start over
                 self._open()
             return self._index.next - 1
 
