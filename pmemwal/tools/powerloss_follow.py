@@ -27,6 +27,7 @@ import numpy as np
 import pmemwal
 from pmemwal import _core
 from pmemwal.tools.powerloss import SEGMENT_SIZE, Workload, _shadow_for
+from pmemwal.tools.shadow import Image
 
 
 class FollowWorkload(Workload):
@@ -37,7 +38,8 @@ class FollowWorkload(Workload):
     def __init__(self, wal: pmemwal.WAL, seed: int) -> None:
         super().__init__(wal, seed)
         self.published = 0  # the FOLLOW file's durable LSN, as last read
-        self.ahead = 0      # images whose published LSN lay past what the calls acknowledged
+        self.ahead = 0      # images checked whose horizon lay past what the calls acknowledged
+        self._acked_at: dict[int, int] = {}  # horizon -> what was acknowledged when it was read
 
     def horizon(self, acked: int) -> int:
         """The published durable LSN now: a follower may have read everything below it.
@@ -46,8 +48,12 @@ class FollowWorkload(Workload):
         follow = self.wal._follow
         if follow is not None:
             self.published = follow.durable_lsn
-        self.ahead += self.published > self.acked_below
+        self._acked_at.setdefault(self.published, self.acked_below)
         return self.published
+
+    def check(self, image: Image, directory: Path) -> tuple[str, str]:
+        self.ahead += image.acked > self._acked_at.get(image.acked, image.acked)
+        return super().check(image, directory)
 
 
 def follower_of_a_dead_writer(images: int = 10, seed: int = 2) -> dict:
