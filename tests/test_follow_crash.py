@@ -42,7 +42,7 @@ import pytest
 
 import pmemwal
 from conftest import TESTS_DIR, child_env
-from pmemwal.tools.powerloss import PowerLossReport
+from pmemwal.tools.powerloss import PowerLossReport, applies
 from pmemwal.tools.traced import run_traced
 
 CHILD = str(TESTS_DIR / "_follow_child.py")
@@ -238,6 +238,12 @@ def test_publishing_before_the_sync_is_caught_by_the_follow_workload_alone(mode)
     blind = follow_power_loss(mode, "publish-before-sync", workload="wal", threads=4)
     assert blind.ok and not blind.failures and blind.images == IMAGES, blind.failures
     lost_past_acknowledged(follow_power_loss(mode, "publish-before-sync", threads=4))
+
+
+def test_the_follow_workload_takes_the_setups_of_one_wal_handle():
+    assert all(applies(setup, "follow") for setup in ("msync", "buffered-threads", "msync-kill",
+                                                      "pmem-checkpointer", "msync-background"))
+    assert not applies("pmem-shared", "follow") and not applies("buffered-log", "follow")
 
 
 def test_a_follower_of_a_dead_writer_yields_only_what_survives_power_loss():
