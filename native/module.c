@@ -94,6 +94,11 @@ static void keep_exception(call_ctx *cc)
 /* main_thread -- the thread that runs Python's signal handlers (set at import). */
 static unsigned long main_thread;
 
+int pmemwal_main_thread(void)
+{
+    return PyThread_get_thread_ident() == main_thread;
+}
+
 /* SIGNAL_POLL_NS -- how often a wait of the main thread gives up, so that the call can run
  * the signal handlers (a Ctrl-C's KeyboardInterrupt) outside the core: the first check of
  * the call's wait (a few ms into it), then every SIGNAL_POLL_NS. */
@@ -1027,7 +1032,8 @@ PyMODINIT_FUNC PyInit__core(void)
 {
     if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&ReaderType) < 0 ||
         PyType_Ready(&RecordType) < 0 ||
-        PyType_Ready(&BatchBufferType) < 0 || PyType_Ready(&UnchangedType) < 0)
+        PyType_Ready(&BatchBufferType) < 0 || PyType_Ready(&UnchangedType) < 0 ||
+        PyType_Ready(&RefillType) < 0)
         return NULL;
     PyObject *threading = PyImport_ImportModule("threading");
     PyObject *main = threading ? PyObject_CallMethod(threading, "main_thread", NULL) : NULL;
@@ -1047,10 +1053,12 @@ PyMODINIT_FUNC PyInit__core(void)
     Py_INCREF(&ReaderType);
     Py_INCREF(&RecordType);
     Py_INCREF(&UnchangedType);
+    Py_INCREF(&RefillType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0 ||
         PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0 ||
         PyModule_AddObject(m, "Record", (PyObject *)&RecordType) < 0 ||
-        PyModule_AddObject(m, "Unchanged", (PyObject *)&UnchangedType) < 0)
+        PyModule_AddObject(m, "Unchanged", (PyObject *)&UnchangedType) < 0 ||
+        PyModule_AddObject(m, "Refill", (PyObject *)&RefillType) < 0)
         return NULL;
     PyModule_AddIntConstant(m, "CONTROL_SIZE", (long)sizeof(wal_shared));
     PyModule_AddIntConstant(m, "CONTROL_HEADER", WAL_CTL_HEADER);

@@ -13,6 +13,9 @@ extern PyTypeObject ReaderType;      /* module_reader.c */
 extern PyTypeObject RecordType;      /* module_objects.c */
 extern PyTypeObject BatchBufferType; /* module_batch.c */
 extern PyTypeObject UnchangedType;   /* module_objects.c */
+extern PyTypeObject RefillType;      /* module_objects.c */
+/* module.c: whether the calling thread runs Python's signal handlers */
+int pmemwal_main_thread(void);
 /* module_follow.c: the FOLLOW file's progress lines, for readers in other processes */
 PyObject *follow_wait(PyObject *m, PyObject *args);
 PyObject *follow_publish(PyObject *m, PyObject *args);

@@ -12,6 +12,11 @@
 #include "module.h"
 #include "wal_follow.h"
 
+/* SIGNAL_NAP_NS -- how long the thread that runs Python's signal handlers sleeps at most: a
+ * signal that lands between its last check and the futex wait does not interrupt the wait,
+ * so Ctrl-C would otherwise go unseen until a record came. */
+#define SIGNAL_NAP_NS 50000000ull
+
 /* progress_of -- the progress lines of a FOLLOW mapping; NULL with an exception. */
 static wal_progress *progress_of(Py_buffer *view, PyObject *mapping, int writable)
 {
@@ -66,10 +71,11 @@ PyObject *follow_wait(PyObject *m, PyObject *args)
     if (!p)
         return NULL;
     uint64_t durable = atomic_load_explicit(&p->durable_lsn, memory_order_acquire);
+    uint64_t nap = pmemwal_main_thread() ? SIGNAL_NAP_NS : 0;
     int rc = 0;
     while (durable <= after) { /* (the GIL is kept when there is no need to wait) */
         Py_BEGIN_ALLOW_THREADS
-        rc = wal_await(p, after, deadline, &spin_ns, 1ull << sleeper, &durable);
+        rc = wal_await(p, after, deadline, nap, &spin_ns, 1ull << sleeper, &durable);
         Py_END_ALLOW_THREADS
         if (rc != -EINTR)
             break;

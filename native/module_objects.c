@@ -294,3 +294,106 @@ PyTypeObject UnchangedType = {
     .tp_iternext = (iternextfunc)Unchanged_next,
     .tp_members = Unchanged_members,
 };
+
+/*
+ * pmemwal._core.Refill(refill): an iterator over lists of items that calls refill() for the
+ * next list once it has handed out the current one (None, or StopIteration: the iteration
+ * ends here; a later next() calls refill again).  ``items`` is the current list and ``given``
+ * how many of it were handed out: a follower's position (pmemwal/follow.py) at a C call's
+ * cost per record, where a Python generator would cost more than reading the record.
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *refill;
+    PyObject *items;
+    Py_ssize_t given;
+} RefillObject;
+
+static PyObject *Refill_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    (void)kw;
+    PyObject *refill;
+    if (!PyArg_ParseTuple(args, "O", &refill))
+        return NULL;
+    RefillObject *self = (RefillObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    Py_INCREF(refill);
+    self->refill = refill;
+    self->items = PyList_New(0);
+    if (!self->items) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int Refill_traverse(RefillObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->refill);
+    Py_VISIT(self->items);
+    return 0;
+}
+
+static int Refill_clear(RefillObject *self)
+{
+    Py_CLEAR(self->refill);
+    Py_CLEAR(self->items);
+    return 0;
+}
+
+static void Refill_dealloc(RefillObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    Refill_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Refill_next(RefillObject *self)
+{
+    while (self->given >= PyList_GET_SIZE(self->items)) {
+        if (!self->refill)
+            return NULL;
+        PyObject *more = PyObject_CallNoArgs(self->refill);
+        if (!more) {
+            if (PyErr_ExceptionMatches(PyExc_StopIteration))
+                PyErr_Clear();
+            return NULL;
+        }
+        if (more == Py_None) {
+            Py_DECREF(more);
+            return NULL;
+        }
+        if (!PyList_Check(more)) {
+            Py_DECREF(more);
+            PyErr_SetString(PyExc_TypeError, "Refill: refill() gives a list or None");
+            return NULL;
+        }
+        Py_SETREF(self->items, more);
+        self->given = 0;
+    }
+    PyObject *item = PyList_GET_ITEM(self->items, self->given++);
+    Py_INCREF(item);
+    return item;
+}
+
+static PyMemberDef Refill_members[] = {
+    {"items", T_OBJECT, offsetof(RefillObject, items), READONLY, "the current list"},
+    {"given", T_PYSSIZET, offsetof(RefillObject, given), READONLY, "its items handed out"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyTypeObject RefillType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pmemwal._core.Refill",
+    .tp_basicsize = sizeof(RefillObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Refill(refill): the items of the lists refill() gives, one list after another.",
+    .tp_new = Refill_new,
+    .tp_traverse = (traverseproc)Refill_traverse,
+    .tp_clear = (inquiry)Refill_clear,
+    .tp_dealloc = (destructor)Refill_dealloc,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)Refill_next,
+    .tp_members = Refill_members,
+};

@@ -65,30 +65,34 @@ static int spin(wal_progress *p, uint64_t after, uint64_t start, uint64_t spin_n
 
 /* sleep_once -- set bit in sleepers, and sleep on seq unless durable_lsn passed after meanwhile:
  * 0 (woken, or it moved), -ETIMEDOUT or -EINTR. */
-static int sleep_once(wal_progress *p, uint64_t after, uint64_t until_ns, uint64_t bit,
-                      uint64_t *durable)
+static int sleep_once(wal_progress *p, uint64_t after, uint64_t until_ns, uint64_t nap_ns,
+                      uint64_t bit, uint64_t *durable)
 {
     atomic_fetch_or(&p->sleepers, bit);
     uint32_t seq = atomic_load(&p->seq);
     int rc = 0;
     if ((*durable = atomic_load(&p->durable_lsn)) <= after) {
-        /* no cap on the sleep: every publish past after wakes it (a lost wake-up would show
-         * as a follower that waits out its timeout, which the tests would catch) */
+        /* every publish past after wakes it: the only cap on the sleep is the caller's nap
+         * (a lost wake-up would show as a follower that waits out its timeout) */
         uint64_t now = wal_now_ns(), left = until_ns > now ? until_ns - now : 0;
+        int napping = nap_ns && nap_ns < left;
+        if (napping)
+            left = nap_ns;
         struct timespec ts = {(time_t)(left / 1000000000ull), (long)(left % 1000000000ull)};
         if (!left)
             rc = -ETIMEDOUT;
         else if (syscall(SYS_futex, &p->seq, FUTEX_WAIT, seq,
-                         until_ns == UINT64_MAX ? NULL : &ts, NULL, 0))
-            rc = errno == EINTR ? -EINTR : errno == ETIMEDOUT ? -ETIMEDOUT : 0;
+                         until_ns == UINT64_MAX && !napping ? NULL : &ts, NULL, 0))
+            rc = errno == EINTR ? -EINTR
+                 : errno != ETIMEDOUT ? 0 : napping ? -EINTR : -ETIMEDOUT;
     }
     atomic_fetch_and(&p->sleepers, ~bit);
     *durable = atomic_load(&p->durable_lsn);
     return rc;
 }
 
-int wal_await(wal_progress *p, uint64_t after, uint64_t until_ns, uint32_t *spin_ns,
-              uint64_t bit, uint64_t *durable)
+int wal_await(wal_progress *p, uint64_t after, uint64_t until_ns, uint64_t nap_ns,
+              uint32_t *spin_ns, uint64_t bit, uint64_t *durable)
 {
     if ((*durable = atomic_load_explicit(&p->durable_lsn, memory_order_acquire)) > after)
         return 0;
@@ -103,7 +107,7 @@ int wal_await(wal_progress *p, uint64_t after, uint64_t until_ns, uint32_t *spin
     }
     if (wal_now_ns() >= until_ns)
         return -ETIMEDOUT;
-    int rc = sleep_once(p, after, until_ns, bit, durable);
+    int rc = sleep_once(p, after, until_ns, nap_ns, bit, durable);
     if (*durable > after) {
         uint64_t took = wal_now_ns() - start;
         *spin_ns = took < WAL_SPIN_MAX / 2 ? (uint32_t)(2 * took + 1000) : *spin_ns / 2;

@@ -43,14 +43,16 @@ void wal_wake(wal_progress *p);
 
 /* wal_await -- wait until durable_lsn > after or until_ns (CLOCK_MONOTONIC; UINT64_MAX: never)
  * passes: spin for *spin_ns first, then sleep on the futex with bit set in sleepers.  *durable:
- * the value last read.  Returns 0 (it moved), -ETIMEDOUT, -EINTR (a signal: the caller runs its
- * handlers and calls again) or -EAGAIN (woken, and it did not move: a truncation, or the
+ * the value last read.  nap_ns (0: none): the longest sleep, after which it returns -EINTR as
+ * for a signal -- the thread that runs signal handlers naps, since a signal that came between
+ * its last look and the futex wait would not interrupt the wait.  Returns 0 (it moved),
+ * -ETIMEDOUT, -EINTR (a signal, or a nap's end: the caller runs its handlers and calls again) or -EAGAIN (woken, and it did not move: a truncation, or the
  * reader's close; the caller looks and calls again).  *spin_ns adapts: raised when a longer
  * spin would have caught the record, halved when records come further apart than spinning is
  * worth (WAL_SPIN_MAX). */
 #define WAL_SPIN_MAX 50000u
-int wal_await(wal_progress *p, uint64_t after, uint64_t until_ns, uint32_t *spin_ns,
-              uint64_t bit, uint64_t *durable);
+int wal_await(wal_progress *p, uint64_t after, uint64_t until_ns, uint64_t nap_ns,
+              uint32_t *spin_ns, uint64_t bit, uint64_t *durable);
 
 uint64_t wal_now_ns(void);
 

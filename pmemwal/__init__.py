@@ -24,6 +24,8 @@ from pmemwal.wal import WAL, Record, open
 from pmemwal.log import Entry, HardState, Log, open_log
 from pmemwal.follow import Follower, drop_follower, follow, followers
 from pmemwal.readonly import ReadOnlyWAL
+from pmemwal.log_readonly import ReadOnlyLog
+from pmemwal.log_follow import Compacted, LogFollower, Reset, Rewound, follow_log
 
 __all__ = [
     "open", "WAL", "Record", "probe", "ProbeResult", "format_lsn",
@@ -32,6 +34,7 @@ __all__ = [
     "NotFoundError", "ConfigError", "RecordTooLargeError", "StorageError", "WriterStoppedError",
     "ArchiveError", "TruncatedError", "StalledWriterError",
     "ReadOnlyWAL", "ReadOnlyError", "follow", "Follower", "followers", "drop_follower",
-    "FollowerLostError",
+    "FollowerLostError", "ReadOnlyLog", "follow_log", "LogFollower", "Rewound", "Compacted",
+    "Reset",
 ]
 __version__ = "0.1.0"

@@ -157,6 +157,19 @@ class Reader:
         reader's: lostfound.records_past), the scan run without the GIL."""
 
 @final
+class Refill(Generic[_T]):
+    """The items of the lists refill() gives, one list after another (None: the end, for
+    now)."""
+
+    def __init__(self, refill: Callable[[], list[_T] | None], /) -> None: ...
+    def __iter__(self) -> Refill[_T]: ...
+    def __next__(self) -> _T: ...
+    @property
+    def items(self) -> list[_T]: ...
+    @property
+    def given(self) -> int: ...
+
+@final
 class Record:
     """A record read back: its LSN, its payload, and the LSN of the record before it."""
 

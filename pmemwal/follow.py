@@ -56,7 +56,6 @@ class Follower:
         self._closed = False
         self._slot: FollowerSlot | None = None
         self._sleeper: int | None = None
-        self._records: Iterator[Record] | None = None
         # the follower waits on the FOLLOW file's futex, and a named one keeps its position
         # there: made first (the reader then reads what the writers publish in it) if no
         # writer of this version has made it yet
@@ -71,10 +70,9 @@ class Follower:
             self.close()
             raise
         self._spin = _START_SPIN_NS
-        # what was yielded (_yielded): the batch being iterated and how many of it were taken;
-        # (position, prev) before it and after it
-        self._batch: Sequence[Record] = []
-        self._taken = 0
+        # what was yielded (_yielded): the cursor's list and how many of it it handed out;
+        # (position, prev) before that list and after it
+        self._cursor = _core.Refill(self._refill)
         self._mark = self._after = (self._lsn, self._prev)
 
     def _start(self, start: int | None) -> tuple[int, int]:
@@ -95,28 +93,23 @@ class Follower:
 
     # -- reading --
 
-    def __iter__(self) -> Follower:
-        return self
+    def __iter__(self) -> Iterator[Record]:
+        return self._cursor
 
     def __next__(self) -> Record:
         """The next durable record, once there is one; StopIteration after ``timeout``
-        seconds without one, or once closed."""
-        if self._records is None:
-            self._records = self._iterate()
-        return next(self._records)
+        seconds without one, or once closed (a later call waits again)."""
+        return next(self._cursor)
 
-    def _iterate(self) -> Iterator[Record]:
-        reader = self._wal._reader
+    def _refill(self) -> list[Record] | None:
+        """The cursor's next list: the records durable from the position on, waited for."""
+        return self._read_next(self._read_records)
 
-        def read(lsn: int, prev: int, end: int) -> tuple[int, int, int, list[Record], int]:
-            status, nxt, last, _, records = reader.records(lsn, prev, end, _RECORDS, _BYTES)
-            return status, nxt, last, records, len(records)
-
-        for records in self._follow(read):
-            self._batch, self._taken = records, 0
-            for self._taken, record in enumerate(records, 1):
-                yield record
-        self._records = None  # (a timeout ends this pass: a later next() waits again)
+    def _read_records(self, lsn: int, prev: int, end: int
+                      ) -> tuple[int, int, int, list[Record], int]:
+        status, nxt, last, _, records = self._wal._reader.records(lsn, prev, end, _RECORDS,
+                                                                  _BYTES)
+        return status, nxt, last, records, len(records)
 
     def batches(self, *, max_records: int = DEFAULT_BATCH_RECORDS,
                 max_bytes: int = DEFAULT_BATCH_BYTES) -> Iterator[RecordBatch]:
@@ -132,42 +125,50 @@ class Follower:
             return status, nxt, last, batch, len(batch)
 
         for batch in self._follow(read):
-            self._batch, self._taken, self._mark = [], 0, self._after  # (yielded whole)
+            self._mark = self._after  # (yielded whole)
             yield batch
 
-    def _rewind(self) -> None:
-        """Read on from after the last record yielded: the records of a batch that the
-        iteration had read ahead and not yielded come again."""
-        self._records = None
-        self._lsn, self._prev = self._mark = self._after = self._yielded()
-        self._batch, self._taken = [], 0
-
     def _follow(self, read: _Read[_T]) -> Iterator[_T]:
-        """What ``read`` reads from the position on, batch after batch, waiting for more.
-        The loop a record comes through when records come one by one: a few native calls."""
-        mapping, wait, word = self._file.map, _core.progress_wait, _core.atomic_u64
-        segment_size, sleeper = self._wal.segment_size, self._sleeper
+        """What ``read`` reads, batch after batch, for as long as something comes (a layer
+        that decodes the records, pmemwal/log_follow.py, reads through it too)."""
+        while (items := self._read_next(read)) is not None:
+            yield items
+
+    def _rewind(self) -> None:
+        """Read on from after the last record yielded: the records of a list the cursor
+        had read ahead and not handed out come again."""
+        self._lsn, self._prev = self._mark = self._after = self._yielded()
+        self._cursor = _core.Refill(self._refill)
+
+    def _read_next(self, read: _Read[_T]) -> _T | None:
+        """What ``read`` reads from the position on, once something is durable there (None:
+        the timeout passed, or the follower closed).  The path a record comes through when
+        records come one by one: a few native calls."""
+        mapping, word = self._file.map, _core.atomic_u64
+        sleeper = self._sleeper
         assert sleeper is not None
-        while True:
-            end, self._spin, status = wait(mapping, self._lsn, 0, self._spin, sleeper)  # (spin)
+        while not self._closed:
+            end, self._spin, status = _core.progress_wait(mapping, self._lsn, 0, self._spin,
+                                                          sleeper)  # (the spin)
             if status:
                 waited = self._wait()
                 if waited is None:
-                    return
+                    return None
                 end = waited
-            at = self._lsn
-            status, nxt, last, items, count = read(at, self._prev, end)
+            at, prev = self._lsn, self._prev
+            status, nxt, last, items, count = read(at, prev, end)
             # what a truncation took before it was copied is not the record (readonly.py)
-            if count and word(mapping, OLDEST) > at // segment_size:
+            if count and word(mapping, OLDEST) > at // self._wal.segment_size:
                 self._wal._check_copied(at)
-            self._mark, self._after = (at, self._prev), (nxt, last or self._prev)
+            self._mark, self._after = (at, prev), (nxt, last or prev)
             self._lsn, self._prev = self._after
             if count:
-                yield items
+                return items
             if status:
-                raise self._error(self._lsn, status)
-            if not count and nxt == at and self._wait(after=end) is None:
-                return  # (the end lies in the page header after the position: nothing yet)
+                raise self._error(nxt, status)
+            if nxt == at and self._wait(after=end) is None:
+                return None  # (the end lies in the page header after the position: nothing yet)
+        return None
 
     def _wait(self, after: int | None = None) -> int | None:
         """Past the spin: the durable end once it passes the position (or ``after``); None
@@ -217,12 +218,17 @@ class Follower:
     def _yielded(self) -> tuple[int, int]:
         """(position, LSN of the record before it, or -1) after the last record yielded: the
         records of the batch being iterated that come after it are read, not yielded."""
-        batch, taken = self._batch, self._taken
+        batch, taken = self._cursor.items, self._cursor.given
         if taken == 0:
             return self._mark
         if taken < len(batch):
             return batch[taken].lsn, batch[taken - 1].lsn
         return self._after
+
+    def _consumed(self, position: int, last_lsn: int) -> None:
+        """A layer that hands out a batch's records one at a time (pmemwal/log_follow.py)
+        says how far its consumer got: the position after the record at ``last_lsn``."""
+        self._cursor, self._mark = _core.Refill(self._refill), (position, last_lsn)
 
     def confirm(self) -> int:
         """Store this named follower's position (after the last record yielded) durably: it

@@ -37,6 +37,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from typing import Iterable
 
 import numpy as np
 
@@ -85,23 +86,53 @@ class LogReplay:
             return None  # none yet, or one of an empty log: replaying all is replaying little
         why = self._unusable(state)
         if why:
-            warnings.warn(f"{self.wal.path}: the log index is not used ({why}); every log "
-                          "record is read instead", RecoveryWarning, stacklevel=3)
-            # before anything is appended: no later open may take it up again
-            self._files.write_state(IndexState(self._files.last_seq + 1, 0, 0, 0, 1, 1, False,
-                                               (0, 0), 0, self.wal.cuts))
+            self._set_aside(why)
             return None
         self._index = TieredIndex(self._files, state.first, state.next)
         self._snapshot, self._state_lsn, self._known = state.snapshot, state.state_lsn, state.known
         self._index_state = state
         return state.replay_lsn
 
+    def _init_state(self) -> None:
+        """The state of a log no record has been replayed into yet."""
+        self._lock = threading.Lock()
+        self._closing = False                   # close has begun: the writer waits no more
+        self._deferred_round = None             # an index round waiting its turn (a thread)
+        self._snapshot = (0, 0)                 # (index, term) of the last compacted entry
+        self._state = HardState()
+        self._state_record = None
+        self._state_lsn = 0
+        self._last_term = 0                     # the last entry's (or snapshot's) term
+        self._known = False                     # has any record fixed the numbering yet?
+        self._index_lock = threading.Lock()     # one index checkpoint written at a time
+        self._index_state = None                # the last one written or read
+        self.replayed_from: int | None = None   # where open replayed from (None: everything)
+
+    def _set_aside(self, why: str) -> None:
+        """The stored index does not fit the WAL (``why``): say so, and store one that names
+        nothing before anything is appended, so that no later open takes it up again."""
+        warnings.warn(f"{self.wal.path}: the log index is not used ({why}); every log "
+                      "record is read instead", RecoveryWarning, stacklevel=4)
+        self._files.write_state(IndexState(self._files.last_seq + 1, 0, 0, 0, 1, 1, False,
+                                           (0, 0), 0, self.wal.cuts))
+
+    def _wal_cuts(self) -> int:
+        return self.wal.cuts
+
+    def _wal_end(self) -> int:
+        return self.wal.position()[0]
+
+    def _record_before(self, state: IndexState, end: int) -> int:
+        """The LSN of the record before ``state.replay_lsn`` (at most ``end``, the WAL's)."""
+        return self.wal.position()[1] if state.replay_lsn == end else \
+            self.wal.record(state.replay_lsn).prev_lsn
+
     def _unusable(self, state: IndexState) -> str | None:
         """Why the stored index does not describe this WAL's records below its replay_lsn,
         or None: the WAL must still hold them, ending there in the same record."""
         wal = self.wal
-        insert, last = wal.position()
-        if state.wal_cuts != wal.cuts:
+        insert = self._wal_end()
+        if state.wal_cuts != self._wal_cuts():
             return "the WAL was cut below it since (on_corruption='truncate')"
         gone = self._files.missing_chunks(state.first, state.next)
         if gone:
@@ -111,7 +142,7 @@ class LogReplay:
                    f"{format_lsn(wal.first_lsn)}..{format_lsn(insert)}"
         try:
             guard = wal.record(state.guard_lsn)
-            follows = last if state.replay_lsn == insert else wal.record(state.replay_lsn).prev_lsn
+            follows = self._record_before(state, insert)
         except (ValueError, WALError) as exc:
             return f"its last record does not read: {exc}"
         if follows != state.guard_lsn or payload_crc(guard.payload) != state.guard_crc:
@@ -119,9 +150,13 @@ class LogReplay:
         return None
 
     def _replay(self, start: int | None) -> None:
+        self._replay_heads(self.wal.record_heads(HEADER_SIZE, start=start, batch=_SCAN_BATCH))
+
+    def _replay_heads(self, batches: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]
+                      ) -> None:
+        """Apply the log records of ``batches`` (``WAL.record_heads``'s) to the state."""
         known = self._known
-        for lsns, lengths, heads in self.wal.record_heads(HEADER_SIZE, start=start,
-                                                          batch=_SCAN_BATCH):
+        for lsns, lengths, heads in batches:
             head = heads.view(HEADER_DTYPE)[:, 0]
             check_headers(lsns, lengths, head)
             if dense_entries(head, self._index.next if known else None):

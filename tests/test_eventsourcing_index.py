@@ -73,7 +73,7 @@ def reopen(base: Path) -> pes.PmemwalDatastore:
 def drop(store: pes._LogStore) -> None:
     """Close without the closing checkpoint, as if the process had died there."""
     with pes._registry_lock:
-        del pes._datastores[store.path]
+        del pes._datastores[store._key]
     store._close_log()
 
 

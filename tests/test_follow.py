@@ -150,14 +150,19 @@ def test_a_follower_never_yields_what_is_not_durable(wal_path):
 
 def test_a_follower_wakes_for_a_flush_after_it_slept(wal_path):
     """The follower sleeps on the futex (a pause far longer than its spin) and the other
-    process's flush wakes it: a lost wake-up would wait out the whole timeout."""
+    process's flush wakes it: a lost wake-up would wait out the whole timeout.  In a thread
+    other than the main one, whose sleeps end every 50 ms to run signal handlers."""
+    import threading
     pmemwal.open(wal_path, segment_size=SEG).close()
+    got: list[int] = []
     with pmemwal.follow(wal_path, timeout=30.0) as follower:
         writer = _spawn(_write_with_pause, wal_path)
-        it = iter(follower)
-        assert _numbers([next(it)]) == [0]
-        assert _numbers([next(it)]) == [1]
+        reader = threading.Thread(target=lambda: got.extend(
+            _numbers([next(follower), next(follower)])))
+        reader.start()
+        reader.join()
         writer.join()
+    assert got == [0, 1]
 
 
 def _write_with_pause(path: str) -> None:
@@ -319,3 +324,14 @@ def test_a_killed_writers_unflushed_records_are_not_read_until_a_writer_recovers
         assert _numbers(pmemwal.follow(wal_path, timeout=0)) == list(range(10))
         pmemwal.open(wal_path).close()  # recovery keeps and persists them
         assert _numbers(reader.records()) == list(range(15))
+
+
+def test_a_closed_follower_ends_its_iteration_and_batches(wal_path):
+    with pmemwal.open(wal_path) as wal:
+        for i in range(5):
+            wal.append(_payload(i), flush=True)
+        follower = pmemwal.follow(wal_path, timeout=0)
+        assert _numbers([next(follower)]) == [0]
+        assert [len(b) for b in follower.batches()] == [4]  # from after what was yielded
+        follower.close()
+        assert list(follower) == [] and list(follower.batches()) == []

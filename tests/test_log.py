@@ -40,6 +40,7 @@ def test_wal_options_name_every_option_of_open() -> None:
     params = inspect.signature(pmemwal.open).parameters
     options = {name: p for name, p in params.items()
                if p.kind is p.KEYWORD_ONLY and name != "readonly"}
+    assert "readonly" in inspect.signature(pmemwal.open_log).parameters  # (open_log's too)
     hints = typing.get_type_hints(pmemwal.wal.WALOptions)
     assert list(hints) == list(options)
     opened = typing.get_type_hints(pmemwal.open)
@@ -476,7 +477,7 @@ def test_entries_meeting_appends_and_rewinds(wal_dir: Path) -> None:
     """What entries() yields is the entries there when it began: appends meanwhile are not
     in it, a rewind above where it stops changes nothing, and one that voids an entry it has
     yet to yield is a LogIndexError, never a voided entry nor another entry's bytes."""
-    chunk = pmemwal.log._ENTRIES_AHEAD
+    chunk = pmemwal.log_reading._ENTRIES_AHEAD
     n = 3 * chunk
     with open_log(wal_dir) as log:
         log.append_many([b"a%d" % i for i in range(1, n + 1)], term=1)

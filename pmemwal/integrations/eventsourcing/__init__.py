@@ -26,6 +26,10 @@ given for one application as ``<APPLICATION NAME>_<VARIABLE>`` (``BANKACCOUNTS_P
   replay less, at a synced write each.
 - ``CREATE_TABLE``: eventsourcing's own switch, ``yes`` by default; ``no`` opens only log
   directories that exist (OperationalError otherwise), as the SQL modules then create no table.
+- ``PMEMWAL_READONLY``: ``yes`` opens the logs for reading only, beside the process that
+  writes them (or with none): see "Other processes" below.  ``no`` by default.  Give it for
+  the one application that another process writes (``BANKACCOUNTS_PMEMWAL_READONLY=yes``), so
+  that a projection's own tracking log, in the same process, is still written.
 
 Layout.  Each recorder purpose has its own log directory under ``PMEMWAL_PATH``, named as
 eventsourcing's PostgreSQL module names its tables (``<app>``: the application's name in lower
@@ -48,6 +52,22 @@ recorder made later links them then); the tracking log holds the events log open
 closes.  In one process, every recorder of a directory shares one open log and its index, even
 across factories and applications (``open_datastore``); a log takes one writer process, and a
 second one gets OperationalError (pmemwal's LockedError).
+
+Other processes.  A log takes one writer process; another that opens it for writing gets
+OperationalError (saying so).  A process that only reads an application's events (a
+``ProjectionRunner`` of eventsourcing's ``eventsourcing.projection``, a subscription, a report)
+sets ``<APP>_PMEMWAL_READONLY=yes``: its recorders then open the logs read-only
+(``pmemwal.open_log(path, readonly=True)``: no lock, nothing written), read every entry into
+their index at open, and follow the log from there: a thread per log sleeps in
+``pmemwal.follow_log`` until the writer's flush makes entries durable (a futex wake-up, no
+polling), indexes each, and wakes the subscriptions, which see the same notification IDs in
+the same order as the writer's own, each once it is durable (as the writer's readers do).  A
+subscription whose iterating thread waits gets the new entry's notifications from that
+thread at once (no look-up, one thread switch).  ``insert_events`` (and every write) raises
+OperationalError.  Nothing is stored beside the log by a reader: its index is in memory (the
+writer's stored index is not used), and its open reads every entry.  Should the log be rewound
+under it (a writer's recovery cutting damaged entries), its reads raise DatabaseError: open it
+again.  A process may write one application and read another.
 
 Entries.  ``insert_events`` (with its tracking record, for a process recorder) and
 ``insert_tracking`` each append ONE log entry: one WAL record, so after a crash the batch is

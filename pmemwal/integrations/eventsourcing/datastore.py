@@ -12,8 +12,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from threading import Event
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 from uuid import UUID
 
 from eventsourcing.dcb.api import DCBAppendCondition, DCBEvent, DCBQuery, DCBSequencedEvent
@@ -23,15 +22,16 @@ from eventsourcing.persistence import (DatabaseError, DataError, IntegrityError,
 
 import pmemwal
 from pmemwal import _core
-from pmemwal.errors import (ClosedError, CorruptionError, FormatError, LogIndexError,
-                            RecordTooLargeError, WALError)
+from pmemwal.errors import (ClosedError, CorruptionError, FormatError, LockedError,
+                            LogIndexError, RecordTooLargeError, WALError)
 from pmemwal.integrations.eventsourcing import stored_index
-from pmemwal.integrations.eventsourcing.encoding import (ID_UUID, Key, PlaceError,
+from pmemwal.integrations.eventsourcing.encoding import (ID_UUID, DCBRow, Key, PlaceError, Row,
                                                          _event_parts, decode_batch,
                                                          decode_dcb_batch, decode_dcb_event,
                                                          decode_events, encode_batch,
                                                          encode_dcb_batch, originator_key,
                                                          str_key)
+from pmemwal.integrations.eventsourcing.following import LogTail
 from pmemwal.integrations.eventsourcing.index import _DCBIndex, _Index, dcb_matches
 from pmemwal.integrations.eventsourcing.stored_index import IndexStore, StoredIndex, Written
 from pmemwal.recovery import RecoveryWarning
@@ -68,10 +68,17 @@ def read_payloads(log: pmemwal.Log, indices: Sequence[int]) -> list[memoryview]:
     return log.entries_at(indices).payloads()
 
 
+class Listener(Protocol):
+    """What a datastore wakes after each insert: a threading.Event, or what acts as one."""
+
+    def set(self) -> None: ...
+
+
 _T = TypeVar("_T")
 _ONE_BY_ONE = 8      # reads of this many entries or fewer go one entry at a time
 _CLOSE_WAIT = 5.0    # seconds close waits for inserts it overtook to finish their commit
 _WRITER_WAIT = 0.5   # seconds the WAL writer's index checkpoint waits for the datastore's lock
+_RECENT = 1024       # a reader keeps the payloads of this many entries it followed last
 
 
 class _LogStore:
@@ -82,14 +89,21 @@ class _LogStore:
 
     The index is stored beside the log (stored_index.py): at each of the
     WAL's background checkpoints, on ``checkpoint()`` and on close; an open maps it and
-    replays only the entries appended after it."""
+    replays only the entries appended after it.
 
-    def __init__(self, path: str, **wal_options: Any) -> None:
+    ``readonly=True`` opens the log for reading beside the process that writes it (or with
+    none): the index is built from the log's entries and then follows each new one as it
+    becomes durable (following.py), waking the subscriptions; inserting raises
+    OperationalError, and nothing is stored."""
+
+    def __init__(self, path: str, *, readonly: bool = False, **wal_options: Any) -> None:
         self.path = path
+        self.readonly = readonly
+        self._key = (path, readonly)        # in the registry (_datastores)
         self._lock = threading.Lock()       # inserts are checked and indexed in log order
         self._checkpoint_lock = threading.Lock()    # one index checkpoint at a time; first
         self._index = self._new_index()
-        self._listeners: set[Event] = set()
+        self._listeners: set[Listener] = set()
         self._users = 1
         self._closing = False
         self._uninstalled: Written | None = None    # written, not installed yet (busy lock)
@@ -102,8 +116,15 @@ class _LogStore:
         self._durable_tracking: dict[str, int] = {}  # tracking positions readers see
         self.replayed_from = 1              # the first log entry the open replayed
         self.index_error: Exception | None = None   # the last background checkpoint's
+        if readonly:
+            self._open_reader()
+            return
         with _translated():
-            self._log = pmemwal.open_log(path, **wal_options)
+            try:
+                self._log = pmemwal.open_log(path, **wal_options)
+            except LockedError as exc:
+                raise OperationalError(f"pmemwal: {exc} (a process that only reads the log "
+                                       "opens it with PMEMWAL_READONLY=yes)") from exc
             self._store = IndexStore(self._log.wal.path, self._log.wal.wal_id,
                                      self._index.flavor, self._index.tagged)
         self._index.attach(self._store.rows)
@@ -118,9 +139,72 @@ class _LogStore:
     def _new_index(self) -> Any:
         raise NotImplementedError
 
-    def _replay_entry(self, entry: Any) -> None:
-        """Add log entry ``entry`` to the index; ValueError or struct.error if it is not what
-        this datastore writes."""
+    # ---- read-only: the index follows the writer's log ----
+
+    def _open_reader(self) -> None:
+        """Read every entry of the log, then follow it (the tail starts after the last
+        one read, so that none is missed or added twice)."""
+        self._tail: LogTail | None = None
+        self._broken: BaseException | None = None   # why the index stopped following
+        self._recent: dict[int, bytes] = {}         # entry -> payload, the last followed
+        # the entry followed last: its first row, the entry and its rows, and its
+        # notifications once made (PmemwalDatastore.latest_notifications)
+        self._latest: tuple[int, Any, Sequence[Any]] | None = None
+        self._latest_notifications: list[Notification] | None = None
+        with _translated():
+            self._log = pmemwal.open_log(self.path, readonly=True)
+        self._store = None
+        self._close_log = weakref.finalize(self, _close_all, self._log, self._index, None)
+        try:
+            self._replay(self._log.first_index)
+            self._durable_tracking = self._index.tracking    # every entry read is durable
+            with _translated():
+                self._tail = LogTail(self, self._log.last_index + 1)
+        except BaseException:
+            self._close_log()
+            raise
+
+    def followed(self, item: Any) -> None:
+        """The tail's next entry (or a rewind, compaction or reset of the log): indexed,
+        visible at once (it is durable), and the subscriptions woken."""
+        if not isinstance(item, pmemwal.Entry):
+            # A compaction only drops old entries.  A rewind or a reset (which no datastore
+            # writes, though a writer's recovery may cut the log) voids what was indexed.
+            if not isinstance(item, pmemwal.Compacted):
+                self.follow_failed(DatabaseError(
+                    f"pmemwal: {self.path}: the log was rewritten under this reader "
+                    f"({item}): open it again"))
+            return
+        with self._lock:
+            if self._log.closed:
+                return
+            first = self._index.count + 1
+            try:
+                rows = self._replay_entry(item)
+            except (ValueError, struct.error) as exc:
+                raise DatabaseError(f"{self.path}: log entry {item.index} is not a batch of "
+                                    f"{self._what} ({exc})") from exc
+            self._visible = self._index.count
+            self._latest = (first, item, rows) if rows else None
+            self._latest_notifications = None
+            self._recent[item.index] = item.payload
+            if len(self._recent) > _RECENT:
+                del self._recent[next(iter(self._recent))]
+            listeners = tuple(self._listeners)
+        for listener in listeners:
+            listener.set()
+
+    def follow_failed(self, error: BaseException) -> None:
+        """The tail stopped: reads raise ``error`` from now on, subscriptions included."""
+        with self._lock:
+            self._broken = error
+            listeners = tuple(self._listeners)
+        for listener in listeners:
+            listener.set()
+
+    def _replay_entry(self, entry: Any) -> Sequence[Any]:
+        """Add log entry ``entry`` to the index, returning its rows; ValueError or
+        struct.error if it is not what this datastore writes."""
         raise NotImplementedError
 
     # ---- open: the stored index, then the entries after it ----
@@ -178,7 +262,10 @@ class _LogStore:
     # ---- index checkpoints ----
 
     def checkpoint(self) -> None:
-        """Store the index now: the next open replays no entry appended before the call."""
+        """Store the index now: the next open replays no entry appended before the call
+        (a read-only datastore stores nothing)."""
+        if self.readonly:
+            return
         with self._checkpoint_lock:
             self._write_checkpoint()
 
@@ -254,6 +341,8 @@ class _LogStore:
         with self._lock, _translated():
             if self._log.closed:
                 raise InterfaceError(f"pmemwal: the datastore {self.path} is closed")
+            if self.readonly and self._broken is not None:
+                raise _as_persistence_error(self._broken)
             yield
 
     def _append(self, payload: bytes, tracking: Tracking | None = None) -> int:
@@ -261,6 +350,9 @@ class _LogStore:
         calls ``_commit`` once it has let the lock go)."""
         if self._closing:   # (close waits for the commits in flight, not for new ones)
             raise InterfaceError(f"pmemwal: the datastore {self.path} is closing")
+        if self.readonly:
+            raise OperationalError(f"pmemwal: the datastore {self.path} is open read-only "
+                                   "(PMEMWAL_READONLY): another process writes it")
         entry = self._log.append(payload)
         self._pending.append((entry, self._index.count, tracking))
         self._committing += 1
@@ -297,6 +389,8 @@ class _LogStore:
         own reads.  An entry the log does not hold (a damaged index) is DatabaseError."""
         entries = list(dict.fromkeys(entry for entry, _ in places))
         try:
+            if self.readonly:
+                return self._reader_payloads(entries)
             return dict(zip(entries, read_payloads(self._log, entries)))
         except LogIndexError as exc:
             log = self._log
@@ -305,6 +399,18 @@ class _LogStore:
         except WALError as exc:
             with _translated():
                 raise exc
+
+    def _reader_payloads(self, entries: list[int]) -> dict[int, memoryview]:
+        """A read-only datastore's payloads: those its tail followed lately as they came,
+        the others read from the log (looked up again for entries it does not know yet)."""
+        recent = self._recent
+        found = {e: memoryview(recent[e]) for e in entries if e in recent}
+        rest = [e for e in entries if e not in found]
+        if rest:
+            if max(rest) > self._log.last_index:
+                self._log.refresh()
+            found.update(zip(rest, read_payloads(self._log, rest)))
+        return found
 
     def _events(self, places: Sequence[tuple[int, int]], key: Key | None = None
                 ) -> list[tuple[UUID | str, int, str, bytes]]:
@@ -333,11 +439,13 @@ class _LogStore:
 
     # ---- subscriptions: events set after each insert ----
 
-    def listen(self, listener: Event) -> None:
+    def listen(self, listener: Listener) -> None:
+        """``listener.set()`` after each insert (in a read-only datastore, each entry
+        followed), outside the lock."""
         with self._lock:
             self._listeners.add(listener)
 
-    def unlisten(self, listener: Event) -> None:
+    def unlisten(self, listener: Listener) -> None:
         with self._lock:
             self._listeners.discard(listener)
 
@@ -354,7 +462,7 @@ class _LogStore:
         """Release this user's hold; the last one closes the log.  Called on the WAL
         writer's thread (a collection of an application's reference cycle may run there,
         inside the index checkpoint it holds the locks of), another thread closes."""
-        if self._log.wal.on_writer_thread():
+        if not self.readonly and self._log.wal.on_writer_thread():
             threading.Thread(target=self.close, daemon=True,
                              name=f"pmemwal-close {self.path}").start()
             return
@@ -364,8 +472,8 @@ class _LogStore:
             self._users -= 1
             if self._users:
                 return
-            if _datastores.get(self.path) is self:
-                del _datastores[self.path]
+            if _datastores.get(self._key) is self:
+                del _datastores[self._key]
             try:
                 self._last_checkpoint()
             except PersistenceError as exc:     # nothing is lost: the next open replays more
@@ -383,7 +491,12 @@ class _LogStore:
             store.close()
 
     def _last_checkpoint(self) -> None:
-        """Store the index before the log closes (no background one starts after this)."""
+        """Store the index before the log closes (no background one starts after this);
+        a read-only datastore's tail stops."""
+        if self.readonly:
+            if self._tail is not None:
+                self._tail.stop()
+            return
         with self._checkpoint_lock:
             with self._lock:
                 self._closing = True    # no insert starts; those appended finish first, so
@@ -421,9 +534,10 @@ class PmemwalDatastore(_LogStore):
     def _new_index(self) -> _Index:
         return _Index()
 
-    def _replay_entry(self, entry: Any) -> None:
+    def _replay_entry(self, entry: Any) -> list[Row]:
         tracking, rows = decode_batch(entry.payload)
         self._index.add(entry.index, entry.payload, rows, tracking)
+        return rows
 
     def _originator_of(self, notification_id: int) -> Key:
         """The originator key of a stored event, read back (the caller holds the lock)."""
@@ -498,6 +612,25 @@ class PmemwalDatastore(_LogStore):
             places = self._index.places(ids)
         return [Notification(*fields, id=i) for i, fields in zip(ids, self._events(places))]
 
+    def latest_notifications(self, after: int, topics: Sequence[str] = ()
+                             ) -> list[Notification] | None:
+        """A read-only datastore's notifications after ``after`` when they are those of the
+        entry its follower indexed last (of ``topics``, if any); None otherwise (then
+        ``select_notifications``).  Made once for every subscription, from the entry as
+        followed: a follower's subscriptions get it with no look-up."""
+        with self._lock:    # (not _locked: this is on the way of every event followed)
+            latest = self._latest
+            if latest is None or latest[0] != after + 1 or self._log.closed:
+                return None
+            made = self._latest_notifications
+            if made is None:
+                first, entry, rows = latest
+                places = [(entry.index, row.offset) for row in rows]
+                made = self._latest_notifications = [
+                    Notification(*fields, id=i) for i, fields in enumerate(
+                        decode_events({entry.index: memoryview(entry.payload)}, places), first)]
+        return made if not topics else [n for n in made if n.topic in topics]
+
     def max_notification_id(self) -> int | None:
         with self._locked():
             return self._visible or None
@@ -520,8 +653,10 @@ class PmemwalDCBDatastore(_LogStore):
     def _new_index(self) -> _DCBIndex:
         return _DCBIndex()
 
-    def _replay_entry(self, entry: Any) -> None:
-        self._index.add(entry.index, entry.payload, decode_dcb_batch(entry.payload))
+    def _replay_entry(self, entry: Any) -> list[DCBRow]:
+        rows = decode_dcb_batch(entry.payload)
+        self._index.add(entry.index, entry.payload, rows)
+        return rows
 
     def append(self, events: Sequence[DCBEvent], condition: DCBAppendCondition | None = None
                ) -> int:
@@ -630,12 +765,22 @@ class _LockedInOrder:
                 raise exc
 
 
-def _close_all(log: pmemwal.Log, index: StoredIndex, store: IndexStore) -> None:
+def _as_persistence_error(error: BaseException) -> PersistenceError:
+    """eventsourcing's error for why a reader's tail stopped."""
+    if isinstance(error, PersistenceError):
+        return error
+    if isinstance(error, WALError):
+        target = next(target for source, target in _ERRORS if isinstance(error, source))
+        return target(f"pmemwal: {error}")
+    return OperationalError(f"pmemwal: following the log stopped: {error!r}")
+
+
+def _close_all(log: Any, index: StoredIndex, store: IndexStore | None) -> None:
     """Close a datastore's log and unmap its index (no checkpoint: close writes that).  A
     datastore nobody closed may die in the WAL writer's own thread (its last reference
     was the index checkpoint listener's): another thread closes it, as closing the WAL
     waits for that one to end."""
-    if log.wal.on_writer_thread():
+    if store is not None and log.wal.on_writer_thread():
         threading.Thread(target=_close_all, args=(log, index, store), daemon=True,
                          name=f"pmemwal-close {log.wal.path}").start()
         return
@@ -643,22 +788,32 @@ def _close_all(log: pmemwal.Log, index: StoredIndex, store: IndexStore) -> None:
         log.close()
     finally:
         index.close()
-        store.close()
+        if store is not None:
+            store.close()
 
 
-_datastores: weakref.WeakValueDictionary[str, _LogStore] = weakref.WeakValueDictionary()
+# (real path, read-only?) -> the datastore open in this process
+_datastores: weakref.WeakValueDictionary[tuple[str, bool], _LogStore] = \
+    weakref.WeakValueDictionary()
 _registry_lock = threading.Lock()
 _S = TypeVar("_S", bound=_LogStore)
 
 
-def _open_store(kind: type[_S], path: str | os.PathLike[str], **wal_options: Any) -> _S:
-    key = os.path.realpath(path)
+def _open_store(kind: type[_S], path: str | os.PathLike[str], *, readonly: bool = False,
+                **wal_options: Any) -> _S:
+    """The datastore open in this process (a reader takes the writer's, should this
+    process write the log), else a new one."""
+    real = os.path.realpath(path)
     with _registry_lock:
-        store = _datastores.get(key)    # one that was closed for good has left the registry
+        # one that was closed for good has left the registry
+        store = _datastores.get((real, False)) if readonly else None
         if store is None:
-            store = _datastores[key] = kind(key, **wal_options)
+            store = _datastores.get((real, readonly))
+        if store is None:
+            store = kind(real, readonly=readonly, **({} if readonly else wal_options))
+            _datastores[store._key] = store
         elif not isinstance(store, kind):
-            raise OperationalError(f"pmemwal: {key} is open as a {type(store).__name__}, "
+            raise OperationalError(f"pmemwal: {real} is open as a {type(store).__name__}, "
                                    f"not a {kind.__name__}")
         else:
             store._users += 1

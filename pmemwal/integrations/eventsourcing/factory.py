@@ -35,6 +35,7 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder],
     PMEMWAL_MODE = "PMEMWAL_MODE"
     PMEMWAL_SEGMENT_SIZE = "PMEMWAL_SEGMENT_SIZE"
     PMEMWAL_CHECKPOINT_INTERVAL = "PMEMWAL_CHECKPOINT_INTERVAL"
+    PMEMWAL_READONLY = "PMEMWAL_READONLY"
     CREATE_TABLE = "CREATE_TABLE"
 
     aggregate_recorder_class = PmemwalAggregateRecorder
@@ -50,6 +51,7 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder],
             keys = ", ".join(self.env.create_keys(self.PMEMWAL_PATH))
             raise OSError(f"pmemwal: no directory in the environment (keys: {keys})")
         self.path = path
+        self.readonly = bool(strtobool(self.env.get(self.PMEMWAL_READONLY) or "no"))
         self._datastores: dict[str, _LogStore] = {}
         self._lock = threading.Lock()
 
@@ -135,6 +137,8 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder],
 
     def _wal_options(self) -> dict[str, Any]:
         size = self.env.get(self.PMEMWAL_SEGMENT_SIZE)
+        if self.readonly:
+            return {"readonly": True}
         if size and not size.isdigit():
             raise OSError(f"pmemwal: {self.PMEMWAL_SEGMENT_SIZE}={size!r} is not a number of bytes")
         options = {"mode": self.env.get(self.PMEMWAL_MODE) or "auto",
