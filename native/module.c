@@ -1092,5 +1092,6 @@ PyMODINIT_FUNC PyInit__core(void)
     PyModule_AddIntConstant(m, "TRACE_SKIP_SYNC", TRACE_SKIP_SYNC);
     PyModule_AddIntConstant(m, "TRACE_SHORT_MSYNC", TRACE_SHORT_MSYNC);
     PyModule_AddIntConstant(m, "TRACE_SYNC_OWN_RECORD", TRACE_SYNC_OWN_RECORD);
+    PyModule_AddIntConstant(m, "TRACE_PUBLISH_EARLY", TRACE_PUBLISH_EARLY);
     return m;
 }

@@ -31,6 +31,8 @@ enum trace_mutation {          /* bits of trace_set's mutations */
     TRACE_SHORT_MSYNC = 8,       /* msync leaves out the range's last page */
     TRACE_SYNC_OWN_RECORD = 16,  /* a commit syncs up to its own record's end, yet publishes
                                   * the frontier as flushed (only concurrent writers differ) */
+    TRACE_PUBLISH_EARLY = 32,    /* page cache: a flush publishes its frontier to followers
+                                  * before its msync or fdatasync (acknowledged after it) */
 };
 
 typedef void (*trace_stream_fn)(uintptr_t addr, size_t len);

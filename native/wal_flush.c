@@ -396,6 +396,15 @@ static inline uint64_t sync_end(uint64_t end, uint64_t to)
     return end && trace_mutated(TRACE_SYNC_OWN_RECORD) ? end : to;
 }
 
+/* publish_early -- (TRACE_PUBLISH_EARLY, a mutation of the traced build only) followers
+ * told that the frontier is durable before the sync that makes it so: a power cut in that
+ * sync takes records a follower may have read, though no caller was acknowledged. */
+static inline void publish_early(wal_core *c, uint64_t to)
+{
+    if (trace_mutated(TRACE_PUBLISH_EARLY))
+        publish(c, wal_lsn(&c->geom, to));
+}
+
 /* flush_below -- make durable everything below usable position limit, and as much more
  * as is complete; end (0: unknown) is the end of the record that contains limit - 1,
  * which a pmem flush then moves flushed_u to without looking further (no read of the
@@ -437,7 +446,9 @@ static int flush_below(wal_core *c, const wal_env *env, uint64_t limit, uint64_t
             c->me->coalesced++;
         } else {
             uint64_t to; /* everyone complete below: flush them too */
-            if ((rc = frontier(c, env, 0, 1, &to))) {
+            if (!(rc = frontier(c, env, 0, 1, &to)))
+                publish_early(c, to);
+            if (rc) {
             } else if (c->direct) {
                 rc = persist_range(c, env, flushed, sync_end(end, to));
             } else {

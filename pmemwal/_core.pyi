@@ -47,6 +47,8 @@ TRACE_SKIP_STREAM_FENCE: Final[int]
 TRACE_SKIP_DRAIN: Final[int]
 TRACE_SKIP_SYNC: Final[int]
 TRACE_SHORT_MSYNC: Final[int]
+TRACE_SYNC_OWN_RECORD: Final[int]
+TRACE_PUBLISH_EARLY: Final[int]
 
 # the FOLLOW file's progress lines (native/wal_follow.h), through a mapping of the file
 def progress_wait(mapping: WriteableBuffer, after: int, timeout: float | None, spin_ns: int,

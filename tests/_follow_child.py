@@ -10,7 +10,8 @@ os.write per line (a SIGKILL never leaves half a line in the pipe):
             parent's stop file exists, then follows once more until its timeout.
 - named:    "S <position>" at start, "P <lsn> <digest>" for each record processed, "c <pos>"
             before each confirm() and "C <pos>" once it returned; "LOST" on FollowerLostError.
-- powerloss: one JSON line, the verdicts of the images (on the traced core).
+- powerloss: one JSON line, what a function of pmemwal.tools.powerloss_follow returned (on
+  the traced core).
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ def named(spec: dict) -> None:
 
 
 def powerloss(spec: dict) -> None:
-    import _follow_powerloss
-    run = getattr(_follow_powerloss, spec.get("run", "run_published"))
+    from pmemwal.tools import powerloss_follow
+    run = getattr(powerloss_follow, spec["run"])
     print(json.dumps(run(**spec["options"])), flush=True)
 
 

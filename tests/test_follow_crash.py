@@ -10,9 +10,11 @@ Real processes (tests/_follow_child.py), real files under /dev/shm, SIGKILL:
   nothing twice: exactly the records below the last durable LSN published.  A follower
   reads no further while no writer is alive (what a dead writer had not flushed becomes
   durable, and readable, at the next writer's recovery).
-- Power loss (the traced core's simulator): at every crash point the durable LSN the writers
-  had published for followers must name only records that survive (tests/_follow_powerloss.py);
-  the mutation that publishes an unsynced frontier must be caught.
+- Power loss (the traced core's simulator, its follow workload: pmemwal powerloss --workload
+  follow): at every crash point the durable LSN the writers had published for followers must
+  name only records that survive; the mutations that publish an unsynced frontier must be
+  caught, the one that publishes before its sync by the follow workload only (the wal
+  workload, held to what the calls acknowledged, passes it).
 - A named follower that confirms every K records is killed at random and restarted: it
   resumes at its last confirmed position, so each record is processed at least once, and
   exactly once but for those processed after the last confirm before a kill, which the next
@@ -40,6 +42,8 @@ import pytest
 
 import pmemwal
 from conftest import TESTS_DIR, child_env
+from pmemwal.tools.powerloss import PowerLossReport, applies
+from pmemwal.tools.traced import run_traced
 
 CHILD = str(TESTS_DIR / "_follow_child.py")
 SEG = 1 << 20
@@ -196,8 +200,64 @@ def test_a_dead_writers_unflushed_records_are_followed_once_the_next_writer_reco
 
 # ---- 2. power loss: what was published for followers survives -------------------------
 
+def follow_power_loss(mode: str, mutation: str | None = None, workload: str = "follow",
+                      **options) -> PowerLossReport:
+    """``pmemwal powerloss --workload follow`` (one setup, IMAGES images; a child on the
+    traced core)."""
+    return run_traced(mode, IMAGES, seed=1, workload=workload, mutation=mutation, **options)
+
+
+def lost_past_acknowledged(report: PowerLossReport) -> None:
+    """The run failed, on records published for followers."""
+    assert not report.ok and report.lost > 0, report.to_dict()
+    assert any("published for followers" in f for f in report.failures), report.failures
+
+
+@pytest.mark.parametrize("mode, options", [("msync", {}), ("buffered", {}),
+                                           ("pmem", {"streaming": True})])
+def test_power_loss_keeps_every_record_below_the_published_durable_lsn(mode, options):
+    report = follow_power_loss(mode, threads=4, **options)
+    assert report.ok and not report.failures, report.failures
+    assert report.images == IMAGES and report.workload == "follow"
+    # the published LSN ran ahead of what the calls had returned: a stronger horizon
+    assert report.published_ahead > 0, report.to_dict()
+
+
+def test_publishing_an_unsynced_frontier_is_caught():
+    """commit-syncs-own-record: a commit syncs to its own record's end, yet publishes the
+    frontier past other writers' unsynced records; images then lose records a follower
+    could have read (the check can fail)."""
+    report = follow_power_loss("msync", "commit-syncs-own-record", threads=4)
+    assert not report.ok and report.lost + report.recovery_errors > 0, report.to_dict()
+
+
+@pytest.mark.parametrize("mode", ["msync", "buffered"])
+def test_publishing_before_the_sync_is_caught_by_the_follow_workload_alone(mode):
+    """publish-before-sync: a flush tells followers its frontier is durable before its
+    msync or fdatasync, and acknowledges after it.  The wal workload, holding images to what
+    the calls returned, passes it (its blind spot); the follow workload loses records."""
+    blind = follow_power_loss(mode, "publish-before-sync", workload="wal", threads=4)
+    assert blind.ok and not blind.failures and blind.images == IMAGES, blind.failures
+    lost_past_acknowledged(follow_power_loss(mode, "publish-before-sync", threads=4))
+
+
+def test_the_follow_workload_takes_the_setups_of_one_wal_handle():
+    assert all(applies(setup, "follow") for setup in ("msync", "buffered-threads", "msync-kill",
+                                                      "pmem-checkpointer", "msync-background"))
+    assert not applies("pmem-shared", "follow") and not applies("buffered-log", "follow")
+
+
+def test_a_follower_of_a_dead_writer_yields_only_what_survives_power_loss():
+    """A writer dies with records in the page cache that no sync covered; a follower
+    reads the WAL before any writer opens it again (and makes them durable); the power
+    goes.  Whatever the follower yielded must be in every image."""
+    report = traced("follower_of_a_dead_writer", images=10)
+    assert report["written"] > report["published"]  # (records no sync covered)
+    assert not report["failures"], report
+
+
 def traced(run: str, **options) -> dict:
-    """A function of tests/_follow_powerloss.py in a child on the traced core (a process
+    """A function of pmemwal.tools.powerloss_follow in a child on the traced core (a process
     chooses its core at import)."""
     spec = {"op": "powerloss", "run": run, "options": options}
     proc = subprocess.run([sys.executable, "-W", "ignore", CHILD, json.dumps(spec)],
@@ -205,37 +265,6 @@ def traced(run: str, **options) -> dict:
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def published_power_loss(mode: str, mutation: str | None = None, **options) -> dict:
-    return traced("run_published", mode=mode, images=IMAGES, mutation=mutation, **options)
-
-
-@pytest.mark.parametrize("mode, options", [("msync", {}), ("pmem", {"streaming": True})])
-def test_power_loss_keeps_every_record_below_the_published_durable_lsn(mode, options):
-    report = published_power_loss(mode, **options)
-    assert not report["failures"], report
-    assert sum(report["verdicts"].values()) == IMAGES
-    # the published LSN ran ahead of what the calls had returned: a stronger horizon
-    assert report["ahead"] > 0, report
-
-
-def test_publishing_an_unsynced_frontier_is_caught():
-    """commit-syncs-own-record: a commit syncs to its own record's end, yet publishes the
-    frontier past other writers' unsynced records; images then lose records a follower
-    could have read (the check can fail)."""
-    report = published_power_loss("msync", "commit-syncs-own-record")
-    assert report["verdicts"].get("lost", 0) > 0, report
-    assert any("lost" in f for f in report["failures"]), report
-
-
-def test_a_follower_of_a_dead_writer_yields_only_what_survives_power_loss():
-    """A writer dies with records in the page cache that no sync covered; a follower
-    reads the WAL before any writer opens it again (and makes them durable); the power
-    goes.  Whatever the follower yielded must be in every image."""
-    report = traced("follower_after_a_kill", images=10)
-    assert report["written"] > report["published"]  # (records no sync covered)
-    assert not report["failures"], report
 
 
 # ---- 3. a named follower killed and restarted --------------------------------------------

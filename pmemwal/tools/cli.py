@@ -796,7 +796,9 @@ def _torture_processes(path: str | None, processes: int, threads: int, seconds: 
               help="Copy every image that fails its check into this directory.")
 @click.option("--workload", type=click.Choice(_powerloss.WORKLOADS), default="wal",
               show_default=True, help="wal: records appended and flushed; log: a pmemwal.Log's "
-              "entries appended and synced, rewinds, compactions, resets, states.")
+              "entries appended and synced, rewinds, compactions, resets, states; follow: the "
+              "wal workload's records, each image held to the durable LSN the writers had "
+              "published for followers when it was taken (not to what the calls returned).")
 @click.option("--fs-model", type=click.Choice(FS_MODELS), default=None,
               help="Instead of the data setups: file-system metadata crash states (creates, "
               "renames, unlinks, syncs) of this file system's model, IMAGES distinct "
@@ -824,8 +826,10 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
 
     Every acknowledged record must come back, and nothing that was not written
     there.  With --workload log, every acknowledged entry, rewind, compaction
-    and state must survive, and no removed entry come back.  Exits 1 when any
-    image fails.
+    and state must survive, and no removed entry come back.  With --workload
+    follow, every record a follower in another process could have read (below
+    the durable LSN published when the power went) must come back.  Exits 1
+    when any image fails.
 
     With --fs-model ext4|xfs, the crashes are of the file system's metadata
     instead (docs/RELIABILITY.md, "File-system metadata crash states"): each
@@ -838,6 +842,8 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
     Example: pmemwal powerloss --fs-model ext4 --images 2000 --seed 1
 
     Example: pmemwal powerloss --traced --images 500 --setups pmem-checkpointer,msync-kill
+
+    Example: pmemwal powerloss --workload follow --images 500 --setups msync,msync-threads,pmem
     """
     if fs_model is not None:
         _mutants.apply_from_environment()  # PMEMWAL_MUTANT (the data setups: each child's)
@@ -848,7 +854,7 @@ def powerloss(images: int, setups: tuple[str, ...], seed: int, keep_failures: st
     # Log has one writer process (no shared setup)
     if setups is None:
         setups = tuple(s for s in _powerloss.SETUPS if s not in _powerloss.NOT_DEFAULT)
-    setups = tuple(s for s in setups if workload == "wal" or not _powerloss.wal_workload_only(s))
+    setups = tuple(s for s in setups if _powerloss.applies(s, workload))
     runs = [(setup, cpu) for setup in setups for cpu in
             (_traced.streaming_paths() if traced and _powerloss.SETUPS[setup]["mode"] == "pmem"
              else [None])]

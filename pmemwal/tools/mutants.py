@@ -394,6 +394,19 @@ _core_mutant("commit-syncs-own-record",
              blind_spot="concurrent writers in the page-cache modes")
 
 
+# ---- followers in other processes: what the writers publish -------------------------------
+
+
+_core_mutant("publish-before-sync",
+             "a flush in msync or buffered mode publishes its frontier to followers (the "
+             "FOLLOW file's durable LSN) before its msync or fdatasync; the caller is still "
+             "acknowledged after it, so every acknowledged record survives, but a power cut in "
+             "the sync takes records a follower may have read", "TRACE_PUBLISH_EARLY",
+             "pmemwal powerloss --workload follow --setups msync --images 40 --seed 1",
+             blind_spot="what followers were shown (the checkers hold images to what the "
+             "calls acknowledged)")
+
+
 # ---- files other than segments: older and partial versions --------------------------------
 
 @mutant("index-chunk-unsynced", "an index checkpoint writes its chunk slots (the Log's "

@@ -24,7 +24,10 @@ command line.  With ``workload="log"`` (``--workload log``) the workload is a
 ``pmemwal.Log``'s (``LogWorkload``: entries appended and synced, rewinds,
 compactions, resets, hard states; pmemwal.tools.torture.log_entries), each image
 recovered with ``pmemwal.open_log`` and held against the model of what had been
-acknowledged and what was in flight when the power went.
+acknowledged and what was in flight when the power went.  With ``workload="follow"``
+(``--workload follow``) the records are the wal workload's and each image is held to the
+durable LSN the writers had published for followers when it was taken
+(pmemwal.tools.powerloss_follow).
 """
 
 from __future__ import annotations
@@ -55,7 +58,10 @@ from pmemwal.tools.shadow import (PAGE_CACHE_GRAINS, DurableShadow, Image, PmemT
                                   libpmem_flush_instruction)
 
 SEGMENT_SIZE = 1 << 20
-WORKLOADS = ("wal", "log")            # records of a WAL (Workload); entries of a Log (LogWorkload)
+# records of a WAL (Workload); entries of a Log (LogWorkload); records held to what followers
+# were shown (pmemwal.tools.powerloss_follow.FollowWorkload)
+WORKLOADS = ("wal", "log", "follow")
+RECORD_WORKLOADS = ("wal", "follow")  # a Workload's records: the setups of either apply to both
 MODES = ("pmem", "msync", "buffered")
 # name: run_power_loss's options (those beyond mode, threads and workload need the wal workload)
 SETUPS: dict[str, dict[str, Any]] = {
@@ -121,6 +127,8 @@ class PowerLossReport:
     resurrected: int = 0          # the log workload: images where a removed entry came back
     wrong_state: int = 0          # the log workload: first index or hard state not as acknowledged
     recovered_beyond_ack: int = 0 # images that kept unacknowledged records too (allowed)
+    published_ahead: int = 0      # the follow workload: images whose horizon, the LSN published
+                                  # for followers, lay past what the calls had acknowledged
     segments_recycled: int = 0    # so images met stale pages of an earlier cycle
     seed: int = 0                 # what reproduces the run (with its setup and image count)
     crash_points: dict[str, int] = field(default_factory=dict)
@@ -146,6 +154,8 @@ class Workload:
     ``horizon`` (what an image taken now was promised, given what was acknowledged
     when the crashing operation began), ``check`` (of one image), ``written``.
     """
+
+    promise = "acknowledged"  # what an image's horizon is (said in its verdict)
 
     def __init__(self, wal: pmemwal.WAL, seed: int) -> None:
         self.wal = wal
@@ -249,6 +259,7 @@ class Workload:
         """The writer was killed and ``wal`` reopened its WAL: what its recovery returned is
         held against the ledger like an image's (a problem is returned), then records past
         its end, never acknowledged, leave the ledger (the new writer reuses their LSNs)."""
+        promised = self.horizon(self.acked_below)  # (before the new writer publishes)
         self.wal = wal
         end = wal.insert_lsn
         try:
@@ -256,7 +267,7 @@ class Workload:
         except WALError as exc:
             verdict, detail = "error", f"reading it raised {type(exc).__name__}: {exc}"
         else:
-            verdict, detail = held_against(recovered, end, self.acked_below, self)
+            verdict, detail = held_against(recovered, end, promised, self)
         self.lsn_of = {index: lsn for index, lsn in self.lsn_of.items()
                        if lsn < max(end, self.acked_below)}
         self._last_lsn.clear()  # (the new writer reuses the LSNs past the end)
@@ -460,13 +471,13 @@ def held_against(recovered: list[tuple[int, bytes]], end: int, acked: int,
         seen.add(index)
         last = lsn
     if end < acked:
-        return "lost", f"recovery ends at {end:#x}, {acked:#x} had been acknowledged"
+        return "lost", f"recovery ends at {end:#x}, {acked:#x} had been {workload.promise}"
     kept_from = workload.truncated_to - workload.truncated_to % workload.wal.segment_size
     lost = sorted((lsn, index) for index, lsn in list(workload.lsn_of.items())
                   if kept_from <= lsn < acked and index not in seen)
     if lost:
-        return "lost", (f"{len(lost)} acknowledged record(s) did not come back, the first at "
-                        f"LSN {lost[0][0]:#x}")
+        return "lost", (f"{len(lost)} {workload.promise} record(s) did not come back, the "
+                        f"first at LSN {lost[0][0]:#x}")
     return ("beyond" if end > acked else "ok"), ""
 
 
@@ -519,20 +530,21 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                          "(PMEMWAL_TRACED_CORE=1), without kills")
     if workload not in WORKLOADS:
         raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
-    if checkpointer and (mode != "pmem" or workload != "wal"):
-        raise ValueError("checkpointer=True: pmem mode and the wal workload only")
+    if checkpointer and (mode != "pmem" or workload not in RECORD_WORKLOADS):
+        raise ValueError("checkpointer=True: pmem mode and the wal or follow workload only")
     if shared and (mode != "pmem" or workload != "wal" or threads < 4):
         raise ValueError("shared=True: pmem mode, the wal workload and 4 threads or more")
-    if kills and (workload != "wal" or shared or mode == "pmem" or not _core.TRACED):
+    if kills and (workload not in RECORD_WORKLOADS or shared or mode == "pmem"
+                  or not _core.TRACED):
         # pmem: a kill between operations finds every insertion drained, nothing for the
         # reopen to sync; the regular core's page-cache model counts everything a flush
         # returned for durable, the killed writer's unsynced pages too
-        raise ValueError("kills=True: the wal workload on one handle, in msync or buffered "
+        raise ValueError("kills=True: the wal or follow workload on one handle, in msync or buffered "
                          "mode, on the traced core (PMEMWAL_TRACED_CORE=1)")
     if streaming and mode != "pmem":
         raise ValueError("streaming=True: pmem mode only")
-    if background and (workload != "wal" or shared or kills or checkpointer):
-        raise ValueError("background=True: the wal workload on one handle, without kills "
+    if background and (workload not in RECORD_WORKLOADS or shared or kills or checkpointer):
+        raise ValueError("background=True: the wal or follow workload on one handle, without kills "
                          "or a checkpointer thread")
     if background and mode != "pmem" and not _core.TRACED:
         # the regular core's page-cache model takes everything as durable when a step's
@@ -609,6 +621,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         report.segments_recycled = work.wal.stats()["segments_recycled"]
         report.checkpointed = work.checkpointed
         report.deaths = getattr(work, "deaths", 0)
+        report.published_ahead = getattr(work, "ahead", 0)
         work.close()
         report.background_ops = dict(shadow.background_ops)
     finally:
@@ -634,7 +647,9 @@ def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int
         return LogWorkload(pmemwal.open_log(path, **options), seed, threads)
     if shared:
         return SharedWorkload(path, options, seed)
-    work = Workload(pmemwal.open(path, **options), seed)
+    from pmemwal.tools.powerloss_follow import FollowWorkload  # (it imports this module)
+    work = (FollowWorkload if workload == "follow" else Workload)(pmemwal.open(path, **options),
+                                                                  seed)
     work.reopen = lambda: pmemwal.open(path, **options)  # type: ignore[method-assign]
     return work
 
@@ -670,6 +685,17 @@ def wal_workload_only(setup: str) -> bool:
     return bool(set(SETUPS[setup]) - {"mode", "threads"})
 
 
+def applies(setup: str, workload: str) -> bool:
+    """Whether ``setup`` runs with ``workload``: every setup with the wal workload; with the
+    follow workload, those on one WAL (not the shared WAL's, nor one naming its workload);
+    with the log workload, those of mode and threads alone."""
+    if workload == "wal":
+        return True
+    if workload == "follow":
+        return not {"shared", "workload"} & set(SETUPS[setup])
+    return not wal_workload_only(setup)
+
+
 def parse_setups(text: str) -> tuple[str, ...]:
     """"pmem,msync" -> ("pmem", "msync"); ValueError naming the valid setups."""
     names = tuple(t.strip() for t in text.split(",") if t.strip())
@@ -697,6 +723,8 @@ def table(reports: list[PowerLossReport]) -> str:
                *([("resurrected", lambda r: r.resurrected),
                   ("wrong state", lambda r: r.wrong_state)] if log else []),
                ("bad", lambda r: r.bad), ("recovery errors", lambda r: r.recovery_errors),
+               *([("held past acknowledged", lambda r: f"{r.published_ahead:,}")]
+                 if any(r.workload == "follow" for r in reports) else []),
                ("kept more than acknowledged", lambda r: f"{r.recovered_beyond_ack:,}"),
                ("segments recycled", lambda r: r.segments_recycled),
                ("recovery ms (mean)", lambda r: f"{r.recovery_ms_mean:.1f}"),
