@@ -61,7 +61,7 @@ import numpy as np
 import pmemwal
 from pmemwal import _core
 from pmemwal.format import parse_segment_name
-from pmemwal.segments import CONTROL_NAME, LOCK_NAME
+from pmemwal.segments import CONTROL_NAME, FOLLOW_NAME, LOCK_NAME
 
 CACHE_LINE = 64
 PMEM_GRAIN = 8                         # bytes a power cut leaves whole on pmem (8-byte atomicity)
@@ -178,12 +178,15 @@ def read_version(path: str) -> FileVersion | None:
         os.close(fd)
 
 
-_UNFOLLOWED = {LOCK_NAME, CONTROL_NAME}  # the directory's lock; a shared WAL's control file
+# the directory's lock; a shared WAL's control file; the FOLLOW file (written through its
+# mapping, and never read by recovery)
+_UNFOLLOWED = {LOCK_NAME, CONTROL_NAME, FOLLOW_NAME}
 
 
 def _not_followed(name: str) -> bool:
     """Segment files (and their ``.tmp`` while made or recycled) are the shadow's own;
-    the lock and the control file are no part of what recovery reads from a crash."""
+    the lock, the control file and FOLLOW are no part of what recovery reads from a crash
+    (the follow workload holds images to FOLLOW's published LSN as the writer saw it)."""
     if os.sep in name:
         return False
     base = name[:-4] if name.endswith(".tmp") else name
