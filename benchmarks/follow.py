@@ -112,9 +112,9 @@ def usage(before: dict[str, float] | None = None) -> dict[str, float]:
 
 
 def _writer(path: str, mode: str, count: int, rate: float | None, start: Any, ready: Any,
-            results: Any) -> None:
+            results: Any, background: bool = True) -> None:
     """Warm up, append the record the follower starts at, wait for it, then run."""
-    with pmemwal.open(path, mode=mode) as wal:
+    with pmemwal.open(path, mode=mode, background=background) as wal:
         buf, append = bytearray(PAYLOAD), wal.append
         for _ in range(WARM_UP):
             append(buf, True)
@@ -203,17 +203,20 @@ def _take_batches(batches: Any, stamps: np.ndarray, delivered: np.ndarray
 
 
 def run_once(root: str, mode: str, count: int, rate: float | None, follow: str,
-             pin: list[int] | None = None, batches: bool = False) -> dict[str, Any]:
+             pin: list[int] | None = None, batches: bool = False,
+             background: bool = True) -> dict[str, Any]:
     """One writer (paced at ``rate``, or at full speed) on a fresh WAL under ``root`` (removed
     after), with ``follow``: "live" (a follower waiting before the writer starts), "after" (a
     follower started once the writer has closed the WAL: its own pace over records already
     durable) or "none".  ``pin``: the writer's CPU and the follower's; ``batches``: the
-    follower reads a batch at a time.  What the processes reported, keyed by role."""
+    follower reads a batch at a time; ``background``: the writer's WAL runs its background
+    writer.  What the processes reported, keyed by role."""
     ctx = mp.get_context("spawn")
     path = os.path.join(root, "wal")
     start = ctx.Queue() if follow != "none" else None
     ready, results = ctx.Event(), ctx.Queue()
-    writer = ctx.Process(target=_writer, args=(path, mode, count, rate, start, ready, results))
+    writer = ctx.Process(target=_writer,
+                         args=(path, mode, count, rate, start, ready, results, background))
     procs, cpus = [writer], {writer: pin[0]} if pin else {}
     if follow != "none":
         follower = ctx.Process(target=_follower,
@@ -301,7 +304,8 @@ def lag_stats(lags_ns: np.ndarray) -> dict[str, float]:
 
 def paced(root: str, args: argparse.Namespace) -> dict[str, Any]:
     count = max(1, int(args.rate * args.seconds))
-    got = run_once(root, args.mode, count, args.rate, "live", args.pin, args.batches)
+    got = run_once(root, args.mode, count, args.rate, "live", args.pin, args.batches,
+                   args.background)
     out = delivery(count, got["writer"], got["follower"])
     out.update({"target_rate": args.rate, "seconds": args.seconds,
                 "mode": got["writer"]["mode"], "persist_method": got["writer"]["persist_method"]})
@@ -315,7 +319,8 @@ def full_speed(root: str, args: argparse.Namespace, bar: Any) -> dict[str, Any]:
     for r in range(args.rounds):
         runs: dict[str, dict[str, Any]] = {}
         for follow in (("none", "live") if r % 2 == 0 else ("live", "none")) + ("after",):
-            got = run_once(root, args.mode, args.records, None, follow, args.pin, args.batches)
+            got = run_once(root, args.mode, args.records, None, follow, args.pin, args.batches,
+                           args.background)
             runs[follow] = (own_pace(args.records, got["follower"]) if follow == "after" else
                             delivery(args.records, got["writer"], got.get("follower")))
             bar.update()
@@ -486,6 +491,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batches", action="store_true",
                     help="the follower reads with Follower.batches(), a batch at a time "
                          "(each record delivered when its batch is), not record by record")
+    ap.add_argument("--no-background", dest="background", action="store_false",
+                    help="the writer's WAL runs without its background writer (a thread whose "
+                         "rounds take the GIL: a record stamped just before one waits for it "
+                         "before its append, which shows in the lag's tail)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE as JSON")
     ap.add_argument("--chart", metavar="PNG",
                     help="draw the lags to PNG (default: beside --json's FILE, if given)")
@@ -506,6 +515,7 @@ def main(argv: list[str] | None = None) -> None:
                               "python": platform.python_version(), "mode": args.mode,
                               "pin": args.pin,
                               "follower_reads": "batches" if args.batches else "records",
+                              "background": args.background,
                               "targets": TARGETS}
     print(f"CPU: {report['cpu']}, {report['cpus']} CPUs; load average "
           f"{' '.join(map(str, report['load_before']))}; Python {report['python']}; "

@@ -49,15 +49,21 @@ void wal_publish_reset(wal_progress *p, uint64_t lsn)
     wal_wake(p);
 }
 
+/* SPIN_PAUSES -- pauses between two looks at durable_lsn (about 1 us): each look after a
+ * publish pulls its line from the writer's cache, and the writer's next publish must take
+ * it back, which a look every few ns would make it do at every flush. */
+#define SPIN_PAUSES 16
+
 /* spin -- read durable_lsn until it passes after or spin_ns pass: 1 if it did. */
 static int spin(wal_progress *p, uint64_t after, uint64_t start, uint64_t spin_ns,
                 uint64_t *durable)
 {
     for (uint64_t now = start; now - start < spin_ns; now = wal_now_ns()) {
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < 4; i++) {
             if ((*durable = atomic_load_explicit(&p->durable_lsn, memory_order_acquire)) > after)
                 return 1;
-            relax();
+            for (int k = 0; k < SPIN_PAUSES; k++)
+                relax();
         }
     }
     return 0;
