@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -206,7 +207,8 @@ typedef struct {
     uint64_t wait_ns;          /* a wait for one writer gives up after this long; 0: never */
     Py_buffer ring;
     Py_buffer control;              /* shared: the control file's mapping */
-    Py_buffer progress;             /* the FOLLOW file's mapping (readers in other processes) */
+    void *progress_map;             /* the core's own mapping of the FOLLOW file ... */
+    size_t progress_len;            /* ... and its length (readers in other processes) */
     Py_buffer views[WAL_SEG_TABLE]; /* direct: the attached mappings */
     char has_view[WAL_SEG_TABLE];
 } CoreObject;
@@ -286,8 +288,8 @@ static void Core_dealloc(CoreObject *self)
         PyBuffer_Release(&self->ring);
     if (self->control.obj)
         PyBuffer_Release(&self->control);
-    if (self->progress.obj)
-        PyBuffer_Release(&self->progress);
+    if (self->progress_map)
+        munmap(self->progress_map, self->progress_len);
     Py_XDECREF(self->segment_cb);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -628,6 +630,8 @@ static PyObject *Core_flush_ready(CoreObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(flushed);
 }
 
+static void let_go_of_progress(CoreObject *self);
+
 static PyObject *Core_close(CoreObject *self, PyObject *unused)
 {
     (void)unused;
@@ -638,6 +642,7 @@ static PyObject *Core_close(CoreObject *self, PyObject *unused)
     for (int i = 0; i < WAL_SEG_TABLE; i++)
         atomic_store(&self->core->segs[i].tag, 0);
     release_views(self);
+    let_go_of_progress(self);
     /* The core reads its own copy from here on, but the control mapping stays exported until
      * dealloc: a thread of this process already inside a call (a flush waiting on a slot)
      * may still read it through a pointer taken before close, and every call holds a
@@ -677,22 +682,36 @@ static PyObject *Core_share(CoreObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* set_progress(mapping) -- publish every flushed position in the FOLLOW file (its writable
- * mapping, whose progress lines the core then writes), for readers in other processes.
- * Once, before appends start; the mapping stays exported until dealloc (calls in flight). */
-static PyObject *Core_set_progress(CoreObject *self, PyObject *mapping)
+/* set_progress(fd, length) -- publish every flushed position in the FOLLOW file (fd: open
+ * for writing; length: its size), for readers in other processes.  Once, before appends
+ * start.  The core maps the file itself: close swaps the mapping for anonymous memory at the
+ * same address (a commit still publishing as close runs writes there), so that the file is
+ * let go at close -- a Python mmap would hold it, and a descriptor of it, until dealloc. */
+static PyObject *Core_set_progress(CoreObject *self, PyObject *args)
 {
-    if (self->progress.obj)
-        return PyErr_Format(PyExc_ValueError, "set_progress: once");
-    if (PyObject_GetBuffer(mapping, &self->progress, PyBUF_WRITABLE) < 0)
+    int fd;
+    Py_ssize_t len;
+    if (!PyArg_ParseTuple(args, "in", &fd, &len))
         return NULL;
-    if ((size_t)self->progress.len < WAL_PROGRESS_OFFSET + sizeof(wal_progress) ||
-        (uintptr_t)self->progress.buf % 64) {
-        PyBuffer_Release(&self->progress);
-        return PyErr_Format(PyExc_ValueError, "set_progress: a 64-byte aligned mapping");
-    }
-    self->core->progress = (wal_progress *)((char *)self->progress.buf + WAL_PROGRESS_OFFSET);
+    if (self->progress_map)
+        return PyErr_Format(PyExc_ValueError, "set_progress: once");
+    if (len < (Py_ssize_t)(WAL_PROGRESS_OFFSET + sizeof(wal_progress)))
+        return PyErr_Format(PyExc_ValueError, "set_progress: %zd bytes is no FOLLOW file", len);
+    void *map = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED)
+        return raise_named("StorageError", Py_BuildValue("(is)", errno, strerror(errno)));
+    self->progress_map = map;
+    self->progress_len = (size_t)len;
+    self->core->progress = (wal_progress *)((char *)map + WAL_PROGRESS_OFFSET);
     Py_RETURN_NONE;
+}
+
+/* let_go_of_progress -- close: the FOLLOW file's mapping becomes anonymous memory. */
+static void let_go_of_progress(CoreObject *self)
+{
+    if (self->progress_map)
+        mmap(self->progress_map, self->progress_len, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
 }
 
 /* agree_persist(kind) -> kind: the persist method of every process of a shared WAL, set by
@@ -862,7 +881,7 @@ static PyMethodDef Core_methods[] = {
     {"set_wait_timeout", (PyCFunction)Core_set_wait_timeout, METH_VARARGS,
      "set_wait_timeout(seconds): a wait for one writer gives up after it (0: never)"},
     {"share", (PyCFunction)Core_share, METH_VARARGS, "share(control_mapping, fd, init)"},
-    {"set_progress", (PyCFunction)Core_set_progress, METH_O, "set_progress(follow_mapping)"},
+    {"set_progress", (PyCFunction)Core_set_progress, METH_VARARGS, "set_progress(fd, length)"},
     {"reap_dead", (PyCFunction)Core_reap_dead, METH_NOARGS, "reap_dead() -> processes reaped"},
     {"agree_persist", (PyCFunction)Core_agree_persist, METH_VARARGS,
      "agree_persist(kind) -> the kind every process of a shared WAL uses"},

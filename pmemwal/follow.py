@@ -30,7 +30,7 @@ from pmemwal.batch import RecordBatch
 from pmemwal.errors import ConfigError, FollowerLostError, TruncatedError
 from pmemwal.follow_file import ACTIVE, LOST, OLDEST, FollowerSlot, FollowFile
 from pmemwal.readonly import ReadOnlyWAL, identity
-from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
+from pmemwal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
 
 _RECORDS, _BYTES = 1024, 1 << 18  # what iterating reads in one native call at most
 _START_SPIN_NS = 20000

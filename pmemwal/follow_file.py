@@ -342,8 +342,8 @@ class FollowFile:
         return _Flock(self.fd)
 
     def close(self) -> None:
-        """Unmap (unless the core still exports the mapping to calls in flight: then its
-        last reference does) and close."""
+        """Unmap (a mapping a call in another thread holds goes when it lets go) and
+        close."""
         if self.fd >= 0:
             close_mapped(self.map, self.fd)
             self.fd = -1

@@ -35,7 +35,7 @@ from pmemwal.log_format import (ENTRY, ENTRY_PREFIX, HEADER, HEADER_DTYPE, HEADE
                                 new_entry)
 from pmemwal.log_readonly import ReadOnlyLog
 from pmemwal.log_replay import _span
-from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
+from pmemwal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
 
 _FEW = 32                           # at most this many records, within _FEW_BYTES of
 _FEW_BYTES = 2048                   # the durable end, are read and decoded one at a time

@@ -20,7 +20,7 @@ from pmemwal.batch import EntryBatch, entries_of, integer_array
 from pmemwal.errors import CorruptionError, LogIndexError, TruncatedError
 from pmemwal.log_format import ENTRY_PREFIX, Entry, HardState, entry_of, new_entry
 from pmemwal.log_replay import LogReplay, _span
-from pmemwal.wal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
+from pmemwal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
 
 _ENTRIES_AHEAD = 1024                   # entries() reads ahead this many entries, or
 _ENTRY_BYTES_AHEAD = 1 << 18            # this many bytes of them, in one native call

@@ -50,7 +50,7 @@ from pmemwal.log_index import IndexFiles, IndexState, TieredIndex, payload_crc
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.batch import RecordBatch
 from pmemwal.wal import WAL, Record
-from pmemwal.wal.reading import DEFAULT_BATCH_BYTES
+from pmemwal.reading import DEFAULT_BATCH_BYTES
 
 _SCAN_BATCH = 1 << 16                       # records per native call on open
 _WRITER_WAIT = 0.005    # seconds the WAL's writer waits for the log's lock in an index round

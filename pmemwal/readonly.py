@@ -36,7 +36,7 @@ from pmemwal.errors import (ClosedError, NotFoundError, ReadOnlyError, Truncated
 from pmemwal.follow_file import FollowFile
 from pmemwal.format import HEADER_SIZE, SegmentHeader, first_lsn, parse_segment_name, segment_name
 from pmemwal.segments import storage_errors, writer_open
-from pmemwal.wal.reading import Reading
+from pmemwal.reading import Reading
 
 _MAPPED = 16  # segments kept mapped at once (the reader keeps 8 of them between calls)
 
@@ -146,7 +146,7 @@ class ReadOnlyWAL(Reading):
         """Every record below this LSN is durable and may be read."""
         return self.refresh()
 
-    # -- the reading hooks (wal/reading.py) --
+    # -- the reading hooks (pmemwal/reading.py) --
 
     def _read_end(self) -> int:
         return self.refresh()

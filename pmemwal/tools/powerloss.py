@@ -27,7 +27,7 @@ recovered with ``pmemwal.open_log`` and held against the model of what had been
 acknowledged and what was in flight when the power went.  With ``workload="follow"``
 (``--workload follow``) the records are the wal workload's and each image is held to the
 durable LSN the writers had published for followers when it was taken
-(pmemwal.tools.powerloss_follow).
+(FollowWorkload).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from pmemwal.tools.shadow import (PAGE_CACHE_GRAINS, DurableShadow, Image, PmemT
 
 SEGMENT_SIZE = 1 << 20
 # records of a WAL (Workload); entries of a Log (LogWorkload); records held to what followers
-# were shown (pmemwal.tools.powerloss_follow.FollowWorkload)
+# were shown (FollowWorkload)
 WORKLOADS = ("wal", "log", "follow")
 RECORD_WORKLOADS = ("wal", "follow")  # a Workload's records: the setups of either apply to both
 MODES = ("pmem", "msync", "buffered")
@@ -416,6 +416,39 @@ class LogWorkload(Workload):
         self.log.close()
 
 
+
+class FollowWorkload(Workload):
+    """The wal workload, each image held to what followers were shown: followers in other
+    processes (pmemwal.follow, pmemwal.open(readonly=True)) read every record below the
+    durable LSN the writers publish in the FOLLOW file, and may act on it at once, so a record
+    they were shown must survive a power cut as an acknowledged one does.  The wal workload
+    holds each image to what the calls had acknowledged, which a writer that publishes too
+    early (before its sync) still keeps; this one holds it to the durable LSN published when
+    it was taken, read through the writer's mapping of the FOLLOW file before the image."""
+
+    promise = "published for followers"
+
+    def __init__(self, wal: pmemwal.WAL, seed: int) -> None:
+        super().__init__(wal, seed)
+        self.published = 0  # the FOLLOW file's durable LSN, as last read
+        self.ahead = 0      # images checked whose horizon lay past what the calls acknowledged
+        self._acked_at: dict[int, int] = {}  # horizon -> what was acknowledged when it was read
+
+    def horizon(self, acked: int) -> int:
+        """The published durable LSN now: a follower may have read everything below it.
+        (Between a writer's kill and its successor's open no writer maps the file: what the
+        dead one published last holds.)"""
+        follow = self.wal._follow
+        if follow is not None:
+            self.published = follow.durable_lsn
+        self._acked_at.setdefault(self.published, self.acked_below)
+        return self.published
+
+    def check(self, image: Image, directory: Path) -> tuple[str, str]:
+        self.ahead += image.acked > self._acked_at.get(image.acked, image.acked)
+        return super().check(image, directory)
+
+
 def _length(rng: random.Random) -> int:
     roll = rng.random()
     if roll < 0.6:
@@ -647,7 +680,6 @@ def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int
         return LogWorkload(pmemwal.open_log(path, **options), seed, threads)
     if shared:
         return SharedWorkload(path, options, seed)
-    from pmemwal.tools.powerloss_follow import FollowWorkload  # (it imports this module)
     work = (FollowWorkload if workload == "follow" else Workload)(pmemwal.open(path, **options),
                                                                   seed)
     work.reopen = lambda: pmemwal.open(path, **options)  # type: ignore[method-assign]

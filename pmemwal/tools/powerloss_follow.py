@@ -1,13 +1,5 @@
-"""The follow workload of the power-loss tool: crash images held to what followers were shown.
-
-Followers in other processes (pmemwal.follow, pmemwal.open(readonly=True)) read every record
-below the durable LSN the writers publish in the FOLLOW file, and may act on it at once: a
-record they were shown must survive a power cut as an acknowledged one does.  The wal
-workload holds each image to what the calls had acknowledged, which a writer that publishes
-too early (before its sync) still keeps; the follow workload (``FollowWorkload``, ``pmemwal
-powerloss --workload follow``) runs the same writers and holds each image to the durable LSN
-published when it was taken, read through the writer's mapping of the FOLLOW file before the
-image: every record below it must come back, and recovery must end at or past it.
+"""A follower of a dead writer, under power loss (the follow workload itself,
+``FollowWorkload``, is powerloss.py's).
 
 ``follower_of_a_dead_writer``: a writer dies with records no sync covered, a follower reads
 the WAL before any writer opens it again, then the power goes; each image must hold what the
@@ -27,33 +19,6 @@ import numpy as np
 import pmemwal
 from pmemwal import _core
 from pmemwal.tools.powerloss import SEGMENT_SIZE, Workload, _shadow_for
-from pmemwal.tools.shadow import Image
-
-
-class FollowWorkload(Workload):
-    """The wal workload, each image's horizon the durable LSN published for followers."""
-
-    promise = "published for followers"
-
-    def __init__(self, wal: pmemwal.WAL, seed: int) -> None:
-        super().__init__(wal, seed)
-        self.published = 0  # the FOLLOW file's durable LSN, as last read
-        self.ahead = 0      # images checked whose horizon lay past what the calls acknowledged
-        self._acked_at: dict[int, int] = {}  # horizon -> what was acknowledged when it was read
-
-    def horizon(self, acked: int) -> int:
-        """The published durable LSN now: a follower may have read everything below it.
-        (Between a writer's kill and its successor's open no writer maps the file: what the
-        dead one published last holds.)"""
-        follow = self.wal._follow
-        if follow is not None:
-            self.published = follow.durable_lsn
-        self._acked_at.setdefault(self.published, self.acked_below)
-        return self.published
-
-    def check(self, image: Image, directory: Path) -> tuple[str, str]:
-        self.ahead += image.acked > self._acked_at.get(image.acked, image.acked)
-        return super().check(image, directory)
 
 
 def follower_of_a_dead_writer(images: int = 10, seed: int = 2) -> dict:

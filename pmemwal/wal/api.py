@@ -26,7 +26,7 @@ from pmemwal.format import first_lsn
 from pmemwal.segments import WalDirectory
 from pmemwal.wal.opening import Opening
 from pmemwal.readonly import ReadOnlyWAL
-from pmemwal.wal.reading import Reading
+from pmemwal.reading import Reading
 from pmemwal.wal.options import (DEFAULT_BUFFER_SIZE, DEFAULT_CHECKPOINT_BYTES,
                                  DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_FLUSH_INTERVAL,
                                  DEFAULT_GIL_RELEASE_SIZE, DEFAULT_MAX_FOLLOWER_LAG,

@@ -23,6 +23,7 @@ import numpy as np
 from pmemwal import _core, libpmem, lostfound
 from pmemwal.checkpoint import CheckpointFile, read_any
 from pmemwal.device import resolve_mode
+from pmemwal.follow_file import SIZE as FOLLOW_SIZE
 from pmemwal.follow_file import FollowFile
 from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundError
 from pmemwal.format import (CHECKPOINTED, DEFAULT_SEGMENT_SIZE, MAX_HEADER_CUTS, PAGE_SIZE,
@@ -319,7 +320,7 @@ class Opening(BackgroundRounds):
                 self._core.shared(_OLDEST, self._segnos[0])
         self._core.set_serial(self._insertion == "serial")
         assert self._follow is not None
-        self._core.set_progress(self._follow.map)  # every flush publishes its durable LSN
+        self._core.set_progress(self._follow.fd, FOLLOW_SIZE)  # each flush publishes its LSN
         # The per-record calls go straight to C: a Python frame here would cost
         # as much as appending a small record (the methods below document them).
         self.append = self._core.append
