@@ -128,13 +128,13 @@ def test_a_follower_sees_every_record_of_a_writer_in_another_process(wal_path, m
 def test_a_shared_wal_is_followed_across_its_writers(wal_path):
     pmemwal.open(wal_path, mode="direct", segment_size=SEG, shared=True).close()
     with pmemwal.follow(wal_path, timeout=3.0) as follower:
-        writers = [_spawn(_write, wal_path, k * 100000, 3000, "direct", True) for k in range(2)]
+        writers = [_spawn(_write, wal_path, k * 100000, 1500, "direct", True) for k in range(2)]
         numbers = _numbers(follower)
         for w in writers:
             w.join()
     with pmemwal.open(wal_path, readonly=True) as reader:
         assert numbers == _numbers(reader.records())
-    assert sorted(numbers) == list(range(3000)) + list(range(100000, 103000))
+    assert sorted(numbers) == list(range(1500)) + list(range(100000, 101500))
 
 
 def test_a_follower_never_yields_what_is_not_durable(wal_path):
