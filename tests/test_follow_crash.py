@@ -247,6 +247,16 @@ def test_the_follow_workload_takes_the_setups_of_one_wal_handle():
     assert not applies("pmem-shared", "follow") and not applies("buffered-log", "follow")
 
 
+def test_the_default_power_loss_run_holds_images_to_what_followers_were_shown():
+    """``pmemwal powerloss`` with no --setups runs msync-threads-follow: the follow workload
+    (4 writers' group commit), so the default run catches publish-before-sync too."""
+    from pmemwal.tools import powerloss
+    defaults = [s for s in powerloss.SETUPS if s not in powerloss.NOT_DEFAULT]
+    assert "msync-threads-follow" in defaults
+    assert powerloss.SETUPS["msync-threads-follow"]["workload"] == "follow"
+    assert not applies("msync-threads-follow", "follow")  # (the wal run's: it names its own)
+
+
 def test_a_follower_of_a_dead_writer_yields_only_what_survives_power_loss():
     """A writer dies with records in the page cache that no sync covered; a follower
     reads the WAL before any writer opens it again (and makes them durable); the power

@@ -402,7 +402,7 @@ _core_mutant("publish-before-sync",
              "FOLLOW file's durable LSN) before its msync or fdatasync; the caller is still "
              "acknowledged after it, so every acknowledged record survives, but a power cut in "
              "the sync takes records a follower may have read", "TRACE_PUBLISH_EARLY",
-             "pmemwal powerloss --workload follow --setups msync --images 40 --seed 1",
+             "pmemwal powerloss --setups msync-threads-follow --images 40 --seed 1",
              blind_spot="what followers were shown (the checkers hold images to what the "
              "calls acknowledged)")
 

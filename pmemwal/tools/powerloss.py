@@ -80,6 +80,9 @@ SETUPS: dict[str, dict[str, Any]] = {
     "buffered-threads": {"mode": "buffered", "threads": 4},
     # the default run's Log: CHECKPOINT and index/ written and synced amid its steps
     "buffered-log": {"mode": "buffered", "workload": "log"},
+    # the default run's followers: 4 writers' group commit, each image held to what was
+    # published for followers (FollowWorkload), not only to what was acknowledged
+    "msync-threads-follow": {"mode": "msync", "threads": 4, "workload": "follow"},
     # the background writer on (BACKGROUND_OPTIONS); page-cache modes on the traced core
     "pmem-background": {"mode": "pmem", "background": True},
     "msync-background": {"mode": "msync", "background": True},
