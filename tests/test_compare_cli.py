@@ -97,6 +97,13 @@ def invoke(*args):
     return cli_runner().invoke(main, [str(a) for a in args])
 
 
+@pytest.fixture(scope="module")
+def build_cache(tmp_path_factory) -> Path:
+    """One build cache for the --against tests: HEAD is exported and built once, not in
+    each (a build is most of such a test's time)."""
+    return tmp_path_factory.mktemp("builds")
+
+
 # ---- the CLI, for real ------------------------------------------------------------
 
 
@@ -338,12 +345,12 @@ def _in_git_checkout() -> bool:
 
 
 @pytest.mark.skipif(not _in_git_checkout(), reason="pmemwal is not run from a git checkout")
-def test_against_a_revision_runs_both_builds_interleaved(targets, shm_dir: Path, tmp_path,
+def test_against_a_revision_runs_both_builds_interleaved(targets, shm_dir: Path, build_cache,
                                                           monkeypatch) -> None:
     """A/B: the revision is exported and built once (cached by commit), its bench runs
     beside this build's in each round, and the ratios read this build / REV; every run
     group records the build it ran (commit, uncommitted changes, cflags, CRC path)."""
-    monkeypatch.setenv("PMEMWAL_BUILD_CACHE", str(tmp_path / "builds"))
+    monkeypatch.setenv("PMEMWAL_BUILD_CACHE", str(build_cache))
     db = shm_dir / "r.db"
     result = invoke("compare", shm_dir / "cmp", "--targets", "direct", "--against", "HEAD",
                     "--clients", "1", "--sizes", "64", "--duration", "0.1", "--runs", "2",
@@ -353,7 +360,7 @@ def test_against_a_revision_runs_both_builds_interleaved(targets, shm_dir: Path,
                              "HEAD"], capture_output=True, text=True).stdout.strip()
     assert f"against:       HEAD = {commit[:7]} (the @ series)" in result.output
     assert "direct: ratio to direct@HEAD" in result.output
-    assert (tmp_path / "builds" / commit / ".pmemwal-built").exists()
+    assert (build_cache / commit / ".pmemwal-built").exists()
     conn = sqlite3.connect(db)
     rows = conn.execute("SELECT target, extra FROM runs ORDER BY id").fetchall()
     assert [t for t, _ in rows] == ["direct@HEAD", "direct"] * 2        # interleaved
@@ -700,10 +707,10 @@ def test_params_grid_is_the_cartesian_product() -> None:
 
 @pytest.mark.skipif(not _in_git_checkout(), reason="pmemwal is not run from a git checkout")
 def test_against_refuses_an_option_the_other_build_is_not_given(targets, shm_dir: Path,
-                                                                  tmp_path, monkeypatch) -> None:
+                                                                  build_cache, monkeypatch) -> None:
     """Issue 27, item 20: REV's side kept only five flags and dropped the rest without a
     word: buffered sync_method=fsync ran against REV's fdatasync, labelled an A/B."""
-    monkeypatch.setenv("PMEMWAL_BUILD_CACHE", str(tmp_path / "builds"))
+    monkeypatch.setenv("PMEMWAL_BUILD_CACHE", str(build_cache))
     db = shm_dir / "r.db"
     bad = invoke("compare", shm_dir / "cmp", "--targets", "buffered", "--param",
                  "sync_method=fsync", "--against", "HEAD", "--clients", "1", "--sizes", "64",
@@ -714,11 +721,11 @@ def test_against_refuses_an_option_the_other_build_is_not_given(targets, shm_dir
 
 
 @pytest.mark.skipif(not _in_git_checkout(), reason="pmemwal is not run from a git checkout")
-def test_a_presets_baseline_is_its_series_at_the_other_build(targets, shm_dir: Path, tmp_path,
+def test_a_presets_baseline_is_its_series_at_the_other_build(targets, shm_dir: Path, build_cache,
                                                               monkeypatch) -> None:
     """Issue 27, item 21: the presets' baseline ("buffered") kept the A/B default from
     applying, so --against's ratios read REV over this build, the inverse of its promise."""
-    monkeypatch.setenv("PMEMWAL_BUILD_CACHE", str(tmp_path / "builds"))
+    monkeypatch.setenv("PMEMWAL_BUILD_CACHE", str(build_cache))
     result = invoke("compare", shm_dir / "cmp", "--preset", "nvwal", "--against", "HEAD",
                     "--targets", "buffered", "--clients", "1", "--sizes", "64",
                     "--duration", "0.05", "--runs", "1", "--db", shm_dir / "r.db")
