@@ -23,7 +23,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import queue
 import shutil
 import statistics
 import struct
@@ -35,6 +34,7 @@ import numpy as np
 
 import pmemwal
 from common import SCRATCH, markdown_table
+from follow import collect
 from pmemwal.tools.harness.environment import cpu_model
 
 PAYLOAD = 64
@@ -124,17 +124,7 @@ def run_once(kind: str, mode: str, count: int, rate: float, scratch: str) -> dic
     try:
         for proc in procs:
             proc.start()
-        out: dict[str, Any] = {}
-        deadline = time.monotonic() + 2 * WAIT
-        while len(out) < 2:
-            try:
-                got = results.get(timeout=0.2)
-                out[got.pop("role")] = got
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs) or \
-                        time.monotonic() > deadline:
-                    raise SystemExit(f"a {kind} run failed: exit codes "
-                                     f"{[p.exitcode for p in procs]}")
+        out = collect(results, procs)
         for proc in procs:
             proc.join(WAIT)
         return out

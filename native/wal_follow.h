@@ -7,9 +7,11 @@
  * after every flush that moved its flushed position, and wakes sleepers only when a reader
  * said it sleeps (sleepers): with no one following, a publish is a load and a
  * compare-and-swap on a line the writer keeps in its cache.  A reader spins on durable_lsn for
- * a while (its owner adapts how long), then counts itself in waiters and sleeps on the futex
+ * a while (its owner adapts how long), then sets its bit in sleepers and sleeps on the futex
  * word seq, which every wake bumps.  The two sides order their store and load as Dekker's
- * (seq_cst on both): either the writer sees the waiter, or the waiter sees the new position.
+ * (seq_cst on both): either the writer sees the sleeper, or the sleeper sees the new position.
+ * A bit per reader, not a count: a reader killed asleep leaves only its own bit, which the
+ * next reader of its slot, or a writer that finds the slot's lock free, clears.
  */
 #ifndef PMEMWAL_FOLLOW_H
 #define PMEMWAL_FOLLOW_H

@@ -59,6 +59,7 @@ import os
 import struct
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -173,9 +174,6 @@ class FollowFile:
         return cls(directory, fd, writable=writable)
 
     # -- the progress lines --
-
-    def word(self, offset: int) -> int:
-        return _core.atomic_u64(self.map, offset)
 
     @property
     def durable_lsn(self) -> int:
@@ -338,8 +336,14 @@ class FollowFile:
         with storage_errors(f"syncing {self.path}"):
             self.map.flush(page, mmap.PAGESIZE)
 
-    def _files_lock(self) -> _Flock:
-        return _Flock(self.fd)
+    @contextmanager
+    def _files_lock(self) -> Iterator[None]:
+        """The whole file's flock: one process claims or drops a slot at a time."""
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         """Unmap (a mapping a call in another thread holds goes when it lets go) and
@@ -347,17 +351,6 @@ class FollowFile:
         if self.fd >= 0:
             close_mapped(self.map, self.fd)
             self.fd = -1
-
-
-class _Flock:
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __enter__(self) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
 
 
 def _name_bytes(name: str) -> bytes:

@@ -47,6 +47,15 @@ def _numbers(records) -> list[int]:
     return [int.from_bytes(bytes(r.payload[:8]), "little") for r in records]
 
 
+def _run_then_kill(code: str, wal_path: str) -> None:
+    """A writer process running ``code`` (which prints "done", then waits), SIGKILLed."""
+    child = subprocess.Popen([sys.executable, "-c", code, wal_path], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"done\n"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+
+
 # ---- the read-only open -----------------------------------------------------------
 
 @pytest.mark.parametrize("mode", MODES)
@@ -91,11 +100,7 @@ def test_readonly_on_a_wal_whose_writer_was_killed(wal_path):
             "for i in range(3000):\n"
             "    wal.append(i.to_bytes(8, 'little') + b'k' * 100, flush=(i % 7 == 0))\n"
             "wal.flush(); print('done', flush=True); sys.stdin.read()\n")
-    child = subprocess.Popen([sys.executable, "-c", code, wal_path], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE)
-    assert child.stdout.readline() == b"done\n"
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    _run_then_kill(code, wal_path)
     with pmemwal.open(wal_path, readonly=True) as reader:
         assert not reader.writer_alive
         read = _numbers(reader.records())
@@ -314,11 +319,7 @@ def test_a_killed_writers_unflushed_records_are_not_read_until_a_writer_recovers
             "for i in range(15):\n"
             "    wal.append(i.to_bytes(8, 'little'), flush=(i == 9))\n"
             "print('done', flush=True); sys.stdin.read()\n")
-    child = subprocess.Popen([sys.executable, "-c", code, wal_path], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE)
-    assert child.stdout.readline() == b"done\n"
-    child.send_signal(signal.SIGKILL)
-    child.wait()
+    _run_then_kill(code, wal_path)
     with pmemwal.open(wal_path, readonly=True) as reader:
         assert _numbers(reader.records()) == list(range(10))
         assert _numbers(pmemwal.follow(wal_path, timeout=0)) == list(range(10))
