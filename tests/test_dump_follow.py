@@ -114,13 +114,22 @@ WRITER = textwrap.dedent("""
 """)
 
 
+def _interactive_sigint() -> None:
+    """In the child, before exec: SIGINT as a terminal's Ctrl-C gives it, whatever the test
+    runner passed down (a shell that starts it in the background ignores SIGINT, and Python
+    keeps an ignored SIGINT ignored: Ctrl-C would never reach dump)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 class Proc:
     """A process whose stdout lines are read by a thread: ``line()`` waits (30 s at most)."""
 
     def __init__(self, args, stdin=None) -> None:
         self.proc = subprocess.Popen([sys.executable, *map(str, args)], env=child_env(),
                                      stdin=stdin, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=_interactive_sigint)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
