@@ -1,6 +1,7 @@
 """Direct mode against a hand-written pmem_memcpy_persist loop, flush after every record.
 
     PMEM_IS_PMEM_FORCE=1 .venv/bin/python benchmarks/vs_pmem_loop.py [--seconds 2] [--rounds 3]
+        [--sizes 64,8k,64k,256k,1m]
 
 Two hand-written loops copy each record into a mapped, pre-faulted file with
 libpmem's pmem_memcpy_persist, with no header and no CRC: one in C
@@ -23,7 +24,8 @@ import subprocess
 from common import build_pmem_loop, human, markdown_table, rate, scratch_dir
 from modes import commit_rate
 
-SIZES = [64, 8 << 10, 64 << 10, 256 << 10, 1 << 20]
+from pmemwal.tools.harness.config import parse_sizes
+
 TARGET = {8 << 10: 0.6, 64 << 10: 0.7}
 
 
@@ -68,10 +70,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sizes", default="64,8k,64k,256k,1m", help="record sizes (k, m: KiB, MiB)")
     args = parser.parse_args()
     binary = build_pmem_loop()
     rows = []
-    for size in SIZES:
+    for size in parse_sizes(args.sizes):
         loop, py, wal = [], [], []
         for _ in range(args.rounds):
             loop.append(loop_rate(binary, size, args.seconds))

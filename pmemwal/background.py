@@ -32,6 +32,7 @@ import ctypes
 import os
 import select
 import threading
+import time
 from typing import Callable
 
 from pmemwal.errors import ClosedError
@@ -60,11 +61,15 @@ def _drain(fd: int) -> None:
 
 
 class BackgroundWriter:
-    """Runs ``prepare()`` and ``flush()`` in a daemon thread until ``stop()``."""
+    """Runs ``prepare()``, ``check()`` and ``flush()`` in a daemon thread until ``stop()``.
 
-    def __init__(self, prepare: Callable[[], None], flush: Callable[[], None],
-                 flush_interval: float, name: str, watch: str | None = None) -> None:
+    ``check()`` returns whether it checked: one that sat a round out runs again the next."""
+
+    def __init__(self, prepare: Callable[[], None], check: Callable[[], bool],
+                 flush: Callable[[], None], flush_interval: float, name: str,
+                 watch: str | None = None) -> None:
         self._prepare = prepare
+        self._check = check
         self._flush = flush
         self._interval = flush_interval
         self.notify_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -72,6 +77,7 @@ class BackgroundWriter:
         self._watch_fd = watch_removals(watch) if watch else -1
         self._stopping = False
         self.error: BaseException | None = None
+        self._cpu_ns = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -80,18 +86,44 @@ class BackgroundWriter:
         for fd in (self.notify_fd, self._watch_fd):
             if fd >= 0:
                 poller.register(fd, select.POLLIN)
-        while not self._stopping:
-            for fd, _ in poller.poll(self._interval * 1000):
-                _drain(fd)  # eventfd or inotify: either way, one round now
-            if self._stopping:
-                break
-            for step in (self._prepare, self._flush):  # a failed preparation skips no flush
-                try:
-                    step()
-                except ClosedError:
-                    return
-                except Exception as exc:  # e.g. no space for a new segment: try again next
-                    self.error = exc      # round; an appender that needs it gets the error itself
+        removals = True  # files may have gone before the watch began
+        try:
+            while not self._stopping:
+                fired = [fd for fd, _ in poller.poll(self._interval * 1000)]
+                for fd in fired:
+                    _drain(fd)  # eventfd or inotify: either way, one round now
+                if self._stopping:
+                    break
+                # segments are prepared when an insertion or wake() asks, or on the timer;
+                # the directory's events only call for the check (a truncation's own
+                # renames are followed by its wake()), which runs after a removal, or
+                # every round where nothing watches for one
+                if self.notify_fd in fired or not fired:
+                    self._step(self._prepare)
+                if removals or self._watch_fd < 0 or self._watch_fd in fired:
+                    removals = self._step(self._check) is not True
+                self._step(self._flush)
+        except ClosedError:
+            return
+
+    def _step(self, step: Callable[[], object]) -> object:
+        """Run one step of a round; a failure (e.g. no space for a new segment) is kept for
+        appenders that need what it did, and skips none of the others."""
+        try:
+            return step()
+        except ClosedError:
+            raise
+        except Exception as exc:
+            self.error = exc
+            return None
+
+    def cpu_ns(self) -> int:
+        """CPU time this writer's thread has used (that of its last round once stopped)."""
+        try:
+            self._cpu_ns = time.clock_gettime_ns(time.pthread_getcpuclockid(self._thread.ident))
+        except (OSError, TypeError):  # the thread has ended (or not begun)
+            pass
+        return self._cpu_ns
 
     def is_current(self) -> bool:
         """Whether the caller runs on this writer's thread (a listener it called)."""

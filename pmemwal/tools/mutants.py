@@ -366,8 +366,6 @@ def _background_checkpoint_before_msync() -> Iterator[None]:
             return
         if self._control is not None:
             self._core.reap_dead()
-        if not self._truncating():
-            self._check_segments()
         position = self._core.position()
         self._background_checkpoint(position, position[0])  # "in the mapping already"
         if position[0] != self._core.flushed_lsn:

@@ -382,12 +382,17 @@ class WAL(Reading, Opening):
         attached yet and made it or waited for it (0 when the background writer keeps up).  A shared WAL's counters count across its processes;
         ``processes`` is how many have it open, ``processes_reaped`` how many died and were
         cleaned up after (both 0 for a WAL open in one process).
+        ``background_cpu_ns``: the CPU time this process's background writer has used
+        (0 without one): its share of a core, beside the appenders' throughput, is what
+        the WAL costs beyond the callers' own threads.
         """
         self._check_open()
         counters = {name: self._core.shared(i) for i, name in enumerate(COUNTERS)} \
             if self._control is not None else self._counters
         archiving = self._archiver.stats() if self._archiver is not None else {}
-        return {**self._core.stats(), **counters, **archiving}
+        background = self._background
+        return {**self._core.stats(), **counters, **archiving,
+                "background_cpu_ns": background.cpu_ns() if background is not None else 0}
 
     def archive_status(self) -> dict[str, Any] | None:
         """None without archiving; else the archive, the ready (waiting), done and failed

@@ -26,7 +26,8 @@ class BackgroundRounds(Truncation):
     """The rounds room (see the module docstring)."""
 
     def _start_background(self, flush_interval: float) -> None:
-        self._background = BackgroundWriter(_weak(self, "_prepare_ahead"), _weak(self, "_flush_async"),
+        self._background = BackgroundWriter(_weak(self, "_prepare_ahead"), _weak(self, "_check_removed"),
+                                            _weak(self, "_flush_async"),
                                             flush_interval, f"pmemwal-writer {self._dir.path}",
                                             watch=self._dir.path)
         # the core wakes it when a segment within this depth is missing, and at the first
@@ -112,14 +113,23 @@ class BackgroundRounds(Truncation):
         as prepare_segments; further, it attaches what others made: _prepare_ahead.)"""
         return self._last_truncation_lsn is None and self._control is None
 
+    def _check_removed(self) -> bool:
+        """Background, once a file has left the directory: stop the writer if it was an
+        attached segment.  Returns False when a truncation is doing its file work (its own
+        renames and removals): the check then runs in the round after it."""
+        if self._closed or self._core.error:
+            return True
+        if self._truncating():
+            return False
+        self._check_segments()
+        return True
+
     def _flush_async(self) -> None:
-        """Background: check the segments, then make asynchronously appended records durable."""
+        """Background: make asynchronously appended records durable."""
         if self._closed or self._core.error:
             return
         if self._control is not None:
             self._core.reap_dead()  # a peer that died mid-insert, even if nobody waits for it
-        if not self._truncating():
-            self._check_segments()
         if self._follow is not None:  # a follower killed asleep: every flush would wake it
             self._follow.clear_dead_sleepers()
         position = self._core.position()
