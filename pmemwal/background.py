@@ -119,9 +119,11 @@ class BackgroundWriter:
 
     def cpu_ns(self) -> int:
         """CPU time this writer's thread has used (that of its last round once stopped)."""
+        ident = self._thread.ident
         try:
-            self._cpu_ns = time.clock_gettime_ns(time.pthread_getcpuclockid(self._thread.ident))
-        except (OSError, TypeError):  # the thread has ended (or not begun)
+            if ident is not None:
+                self._cpu_ns = time.clock_gettime_ns(time.pthread_getcpuclockid(ident))
+        except OSError:  # the thread has ended
             pass
         return self._cpu_ns
 
