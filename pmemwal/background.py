@@ -78,10 +78,19 @@ class BackgroundWriter:
         self._stopping = False
         self.error: BaseException | None = None
         self._cpu_ns = 0
+        self._clock: int | None = None  # the thread's CPU clock while it runs
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        self._clock = time.pthread_getcpuclockid(threading.get_ident())
+        try:
+            self._rounds()
+        finally:  # the clock names the thread's id, which a later thread may get
+            self._clock = None
+            self._cpu_ns = time.thread_time_ns()
+
+    def _rounds(self) -> None:
         poller = select.poll()
         for fd in (self.notify_fd, self._watch_fd):
             if fd >= 0:
@@ -118,13 +127,13 @@ class BackgroundWriter:
             return None
 
     def cpu_ns(self) -> int:
-        """CPU time this writer's thread has used (that of its last round once stopped)."""
-        ident = self._thread.ident
-        try:
-            if ident is not None:
-                self._cpu_ns = time.clock_gettime_ns(time.pthread_getcpuclockid(ident))
-        except OSError:  # the thread has ended
-            pass
+        """CPU time this writer's thread has used (all of it, once the thread has ended)."""
+        clock = self._clock
+        if clock is not None:
+            try:
+                return time.clock_gettime_ns(clock)
+            except OSError:  # ending: it has stored its total, or is about to
+                pass
         return self._cpu_ns
 
     def is_current(self) -> bool:
