@@ -77,6 +77,7 @@ DURABLE, OLDEST, GENERATION, BOOT_ID, SLEEPERS = 64, 72, 80, 88, 136  # the prog
 STORE, RAISE, AND, OR = range(4)  # _core.atomic_u64's operations
 _SLOT_BASE, _SLOT_SIZE = 4096, 128
 _SLOT = struct.Struct("<IIQQQQ")
+_SLOT_STATES = struct.Struct("<" + f"I{_SLOT_SIZE - 4}x" * SLOTS)  # each slot's first word
 _NAME_OFFSET, NAME_MAX = 64, 64
 FREE, ACTIVE, LOST = 0, 1, 2
 STATE_NAMES = {ACTIVE: "active", LOST: "lost"}
@@ -235,10 +236,16 @@ class FollowFile:
 
     def slots(self) -> Iterator[FollowerSlot]:
         """The slots in use."""
-        for i in range(SLOTS):
+        for i in self._used_slots():
             slot = self._slot(i)
             if slot is not None:
                 yield slot
+
+    def _used_slots(self) -> list[int]:
+        """The indexes of the slots whose state is not FREE, from one look at all the state
+        words (every truncation asks, and most WALs have no named follower)."""
+        states = _SLOT_STATES.unpack_from(self.map, _SLOT_BASE)
+        return [i for i in range(SLOTS) if states[i] != FREE] if any(states) else []  # (FREE: 0)
 
     def _slot(self, i: int) -> FollowerSlot | None:
         base = _SLOT_BASE + i * _SLOT_SIZE
