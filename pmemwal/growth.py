@@ -52,6 +52,10 @@ class GrowthPace:
         self.slowest_make = (seconds if seconds > self.slowest_make
                              else _DECAY * self.slowest_make + (1 - _DECAY) * seconds)
 
+    def segments_within(self, seconds: float, segment_size: int) -> int:
+        """Segments the WAL fills in ``seconds`` at its recent rate, rounded up."""
+        return math.ceil(self.rate * seconds / segment_size)
+
     def segments_ahead(self, segment_size: int) -> int:
         """Segments the WAL fills over the horizon at its recent rate, rounded up, plus the
         one being made."""

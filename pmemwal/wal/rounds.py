@@ -59,7 +59,7 @@ class BackgroundRounds(Truncation):
         The core wakes this writer when an insertion enters a segment and any of that many
         after it is missing, so each segment taken starts the making of the next.  A round
         brings a few segments, then flushes, and goes on in the next round."""
-        if self._closed or self._core.error or not self._prepare_segments or self._truncating():
+        if self._closed or self._core.error or not self._prepare_segments:
             return
         insert = self._core.insert_lsn
         current = insert // self.segment_size
@@ -72,7 +72,7 @@ class BackgroundRounds(Truncation):
             self._core.set_notify(self._background.notify_fd, ahead)
         brought = 0
         for segno in range(current, current + ahead + 1):
-            if growing and not self._growing() or self._truncating():
+            if growing and not self._growing():
                 return  # a truncation came meanwhile: its pool, not the growth, decides
             if segno in self._arriving:
                 continue

@@ -22,6 +22,11 @@ from pmemwal.segments import Segment, storage_errors
 from pmemwal.wal.peers import SharedSegments
 
 _READ_CACHE = 16  # read-only segment mappings kept for readers
+# Seconds of appends the attached segments ahead cover.  The background writer arms the next
+# ones when an insertion enters a segment, but it needs the GIL for that, and behind a thread
+# that holds it between native calls it waits for the switch interval (5 ms) at times, more
+# than once: at 1 MiB records an appender went through 4-7 segments in such a wait.
+_ARM_AHEAD = 0.02
 
 
 class SegmentSupply(SharedSegments):
@@ -198,15 +203,17 @@ class SegmentSupply(SharedSegments):
                 self._arriving.pop(segno).set()
 
     def _near(self, segno: int) -> bool:
-        """Whether segment ``segno`` is one the writer may append to soon: at most
-        prepare_segments (one at least) past the insert position, or past the furthest one
-        the core asked for (a batch reserved at once reaches further than the insert
-        position read here).  Those are attached to the core; a spare further out stays a
-        spare, which recovery need not read."""
+        """Whether segment ``segno`` is one the writer may append to soon: past the insert
+        position, or past the furthest one the core asked for (a batch reserved at once
+        reaches further than the insert position read here), by at most prepare_segments
+        (one at least) or what the WAL fills in _ARM_AHEAD seconds at its recent pace.
+        Those are attached to the core; a spare further out stays a spare, which recovery
+        need not read."""
         if not hasattr(self, "_core"):
             return True  # (the open: the segment it goes on in)
         current = max(self._core.insert_lsn // self.segment_size, self._needed)
-        return segno <= current + max(self._prepare_segments, 1)
+        return segno <= current + max(self._prepare_segments, 1,
+                                      self._growth.segments_within(_ARM_AHEAD, self.segment_size))
 
     def _attach(self, segno: int, seg: Segment) -> None:
         """Attach segment ``segno`` to the core (segment lock held) when it is near; a spare
