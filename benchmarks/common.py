@@ -17,7 +17,7 @@ from pmemwal.tools.shadow import cpu_flags
 
 HERE = Path(__file__).resolve().parent
 SCRATCH = os.environ.get("PMEMWAL_BENCH_DIR", "/dev/shm")
-# the features that pick pmemwal's paths: CRC32C (avx512f, vpclmulqdq) and the flush (clwb, clflushopt)
+# the features that pick pmemwal's paths: CRC32C's (avx512f, vpclmulqdq), the flush's (clwb, ...)
 CPU_FLAGS = ("avx512f", "vpclmulqdq", "clwb", "clflushopt")
 
 
