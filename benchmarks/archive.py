@@ -33,7 +33,8 @@ bytes archived over the run's elapsed time, the segments still pending at the en
 keeps unarchived segments, so new ones are made instead of recycled; the rate this machine
 makes fresh segments is printed at the end, to compare), and the CPU each
 process used in the measured part (from the progress ticks: the bench process, the archiver
-process, the moto server), in CPUs.
+process, the moto server), in CPUs, and the WAL's background writer's CPU share (its CPU
+time over the run, of one core: ``pmemwal bench``'s figure).
 
 ``--cost N`` first uploads N segment-sized files through the archive's own ``store`` (upload
 and read-back), and N through a bare ``put_file``, timing the wall clock and the CPU of this
@@ -49,7 +50,7 @@ import statistics
 import time
 import uuid
 
-from common import scratch_dir
+from common import print_cpu, scratch_dir, share_text
 from pmemwal.archive import FsspecArchive, file_crc
 from pmemwal.errors import ArchiveError
 from pmemwal.tools.bench import BenchConfig, fresh_segment_rate, parse_size, run
@@ -162,7 +163,8 @@ def run_case(case: str, size: int, args, s3: LocalS3) -> dict:
                 load.join()
     out = {"case": case, "rate": r.records_per_s, "mb": r.mb_per_s, "persist": r.persist_method,
            "created": r.segments_after_warm_up["created"], "cpus": ticks.cpus(), "error": None,
-           "p50": r.append_latency.p50, "p99": r.append_latency.p99}
+           "p50": r.append_latency.p50, "p99": r.append_latency.p99,
+           "bg_cpu": r.background_cpu_share}
     if r.archive:
         out.update(archive_rate=r.archive_rate, archived=r.archived_per_s,
                    pending=r.archive["archive_pending"], failures=r.archive["archive_failures"],
@@ -214,6 +216,7 @@ def main() -> None:
     args = parser.parse_args()
     cases = args.cases.split(",")
     sizes = [parse_size(s) for s in args.sizes.split(",")]
+    print_cpu()
     with LocalS3() as s3:
         if args.cost:
             cost(s3, args.segment_size, args.cost)
@@ -226,7 +229,8 @@ def main() -> None:
                     results[size][case].append(r)
                     print(f"round {rnd + 1} {size} B {case}: " + (
                         f"FAILED {r['error']}" if r["error"] else
-                        f"{r['rate']:,.0f} rec/s, {r['mb']:,.0f} MB/s, created {r['created']}"
+                        f"{r['rate']:,.0f} rec/s, {r['mb']:,.0f} MB/s, created {r['created']}, "
+                        f"bg CPU {share_text(r['bg_cpu'])}"
                         + (f", archived {r['archived'] / 1e6:.0f} MB/s (archiver "
                            f"{(r['archive_rate'] or 0) / 1e6:.0f} MB/s), pending {r['pending']}"
                            if "archived" in r else "")
@@ -249,8 +253,8 @@ def report(results: dict, cases: list[str], args) -> None:
           f"{args.seconds:g} s a run, median of {args.rounds} rounds")
     print("| size | case | records/s | MB/s | / off | append p50 / p99 µs | archiver MB/s | "
           "archived MB/s over the run | pending at end | segments created | "
-          "CPUs: bench / archiver / server / load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "CPUs: bench / archiver / server / load | bg CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size, by_case in results.items():
         for case in cases:
             runs = [r for r in by_case[case] if not r["error"]]
@@ -272,7 +276,8 @@ def report(results: dict, cases: list[str], args) -> None:
                   + (f"{med(r['archive_rate'] for r in arch) / 1e6:.0f} | "
                      f"{med(r['archived'] for r in arch) / 1e6:.0f} | "
                      f"{med(r['pending'] for r in arch):.0f} | " if arch else "- | - | - | ")
-                  + f"{med(r['created'] for r in runs):.0f} | {cpu} |")
+                  + f"{med(r['created'] for r in runs):.0f} | {cpu} | "
+                  f"{share_text(med(r['bg_cpu'] for r in runs))} |")
 
 
 if __name__ == "__main__":

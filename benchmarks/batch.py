@@ -10,7 +10,8 @@ pmemwal is ``wal.append_many(batch)`` over prebuilt batches of 1,000 and
 variant and with no flush at all in the other (the background writer then
 flushes every 50 ms).  Rounds alternate between all variants in one run (the
 machine is shared and noisy); the median round is reported as records/s,
-ns per record and the ratio to the loop (target: at least 1.0).
+ns per record and the ratio to the loop (target: at least 1.0), with the background
+writer's CPU share (its CPU time over the measured window, of one core).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import time
 from typing import Callable
 
 import pmemwal
-from common import human, markdown_table, rate, scratch_dir
+from common import (human, markdown_table, print_cpu, rate, rate_and_background, scratch_dir,
+                    share_text)
 
 KEEP = 64 << 20
 MAP_SIZE = 64 << 20
@@ -60,8 +62,10 @@ def mmap_rate(records: list[bytes], size: int, seconds: float) -> float:
         m.close()
 
 
-def wal_rate(mode: str, records: list[bytes], flush: bool, seconds: float) -> tuple[float, str]:
-    """Records/s of wal.append_many(records) (then wal.flush() if ``flush``); the persist method."""
+def wal_rate(mode: str, records: list[bytes], flush: bool,
+             seconds: float) -> tuple[float, str, float]:
+    """Records/s of wal.append_many(records) (then wal.flush() if ``flush``); the persist
+    method; the background writer's CPU share."""
     with scratch_dir() as path, pmemwal.open(path, mode=mode, recycle_segments=8) as wal:
         n = len(records)
 
@@ -74,7 +78,8 @@ def wal_rate(mode: str, records: list[bytes], flush: bool, seconds: float) -> tu
             return n
 
         rate(step, 0.3)  # warm-up: segments created, mapped, then recycled
-        return rate(step, seconds), wal.persist_method
+        value, share = rate_and_background(wal, step, seconds)
+        return value, wal.persist_method, share
 
 
 def main() -> None:
@@ -83,6 +88,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size", type=int, default=64, help="record payload bytes (default 64)")
     args = parser.parse_args()
+    print_cpu()
 
     lists = {n: make_records(n, args.size) for n in BATCHES}
     # every variant of one round runs back to back, so a noisy moment hits them all alike
@@ -90,13 +96,15 @@ def main() -> None:
     for n in BATCHES:
         variants[f"mmap loop|{n}"] = lambda n=n: mmap_rate(lists[n], args.size, args.seconds)
     methods: dict[str, str] = {}
+    shares: dict[str, list[float]] = {}
     for mode in MODES:
         for n in BATCHES:
             for flush in (True, False):
                 key = f"{mode}|{n}|{flush}"
 
                 def run(mode=mode, n=n, flush=flush, key=key) -> float:
-                    value, methods[key] = wal_rate(mode, lists[n], flush, args.seconds)
+                    value, methods[key], share = wal_rate(mode, lists[n], flush, args.seconds)
+                    shares.setdefault(key, []).append(share)
                     return value
                 variants[key] = run
 
@@ -122,13 +130,14 @@ def main() -> None:
                 v = med[key]
                 rows.append([f"{mode} ({methods[key]})", f"{n:,}",
                              "after each batch" if flush else "none (background)",
-                             human(v), f"{1e9 / v:.0f}", f"{v / baseline:.2f}"])
+                             human(v), f"{1e9 / v:.0f}", f"{v / baseline:.2f}",
+                             share_text(statistics.median(shares[key]))])
 
     print(f"\n{args.size}-byte records, median of {args.rounds} rounds of {args.seconds} s\n")
     print(markdown_table(["baseline", "rec/s", "ns/record"], loop_rows))
     print()
     print(markdown_table(["pmemwal append_many", "batch", "flush", "rec/s", "ns/record",
-                          "ratio to mmap loop (target >= 1)"], rows))
+                          "ratio to mmap loop (target >= 1)", "bg CPU"], rows))
     print(f"\n(ratio: against the faster of the two mmap loops, {human(baseline)} rec/s)")
 
 

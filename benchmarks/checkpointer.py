@@ -19,7 +19,8 @@ One thread commits records (``append(data, flush=True)``), timing each append.  
 After ``--warm-up`` seconds each case prints records/s (and its ratio to ``inline``), p99.9
 and max append latency, the segments created, removed and recycled while measured, and for
 the thread the longest gap between two of its truncations (ms, and MiB appended in it: what
-the spare pool must cover) and the CPU time its truncations took per second.
+the spare pool must cover) and the CPU time its truncations took per second, and the
+background writer's CPU share (its CPU time over the measured window, of one core).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import time
 import numpy as np
 
 import pmemwal
-from common import scratch_dir
+from common import background_share, print_cpu, scratch_dir, share_text
 from pmemwal.tools.bench import fresh_segment_rate
 
 CASES = ("inline", "thread", "never", "preallocated")
@@ -112,6 +113,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict:
             "cpu_ms": cpu * 1e3 if late else None,
             "gap_ms": max(g for g, _ in late) * 1e3 if late else None,
             "gap_mib": max(d for _, d in late) / (1 << 20) if late else None,
+            "bg_cpu": background_share(before, after, elapsed),
             "fresh": fresh, "made": moved["created"] * segment_size / made_ns * 1e9 if made_ns else None,
             **moved}
 
@@ -133,14 +135,15 @@ def main() -> None:
                         help="GiB made ready in the preallocated case, which stops at 90 %% of it")
     args = parser.parse_args()
     cases = args.cases.split(",")
+    print_cpu()
     results = [run_case(case, args) for case in cases]
     base = next((r["rate"] for r in results if r["case"] == "inline"), None)
     fresh = next((r["fresh"] for r in results if r["fresh"]), None)
     print(f"{args.mode}, {args.size:,} B records, flush each, checkpointer every "
           f"{args.interval * 1e3:g} ms" + (f"; fresh segments at {fresh / 1e9:.2f} GB/s" if fresh else ""))
     print("| case | records/s | / inline | MB/s | / fresh | / made | p99.9 ms | max ms "
-          "| created | removed | recycled | longest gap: ms, MiB | truncation CPU ms/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| created | removed | recycled | longest gap: ms, MiB | truncation CPU ms/s | bg CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ratio = f"{r['rate'] / base:.2f}" if base else "-"
         vs_fresh, vs_made = (f"{r['bytes_per_s'] / r[k]:.2f}" if r[k] and r["case"] == "never"
@@ -150,7 +153,7 @@ def main() -> None:
               f"{r['max_ms']:.1f} | "
               f"{r['created']} | {r['removed']} | {r['recycled']} | "
               + (f"{r['gap_ms']:.0f}, {r['gap_mib']:.0f} | {r['cpu_ms']:.1f} |" if r["gap_ms"]
-                 else "- | - |"))
+                 else "- | - |") + f" {share_text(r['bg_cpu'])} |")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark scripts: scratch directories, timing, tables."""
+"""Helpers shared by the benchmark scripts: scratch directories, timing, tables, the CPU
+a run ran on and the share of it the WAL's background writer took."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
+
+from pmemwal.tools.harness.environment import cpu_model
+from pmemwal.tools.shadow import cpu_flags
 
 HERE = Path(__file__).resolve().parent
 SCRATCH = os.environ.get("PMEMWAL_BENCH_DIR", "/dev/shm")
+# the features that pick pmemwal's paths: CRC32C's (avx512f, vpclmulqdq), the flush's (clwb, ...)
+CPU_FLAGS = ("avx512f", "vpclmulqdq", "clwb", "clflushopt")
 
 
 @contextmanager
@@ -32,6 +38,40 @@ def rate(step: Callable[[], int], seconds: float) -> float:
     while time.perf_counter() < deadline:
         done += step()
     return done / (time.perf_counter() - start)
+
+
+def rate_and_background(wal: Any, step: Callable[[], int], seconds: float) -> tuple[float, float]:
+    """``rate(step, seconds)`` and ``wal``'s background writer's CPU share over it."""
+    before, start = wal.stats(), time.perf_counter()
+    value = rate(step, seconds)
+    return value, background_share(before, wal.stats(), time.perf_counter() - start)
+
+
+def background_share(before: dict[str, int], after: dict[str, int], seconds: float) -> float:
+    """The background writer's CPU time between two ``stats()`` over ``seconds`` of wall
+    time: the fraction of one core the WAL took beyond its callers' threads."""
+    used = after.get("background_cpu_ns", 0) - before.get("background_cpu_ns", 0)
+    return used / 1e9 / seconds if seconds > 0 else float("nan")
+
+
+def share_text(*shares: float | None) -> str:
+    """CPU shares as a table cell: '14 %', or '3 / 14 %' for several; '-' for an unknown
+    one (None, or NaN: a failed measurement)."""
+    cells = ["-" if s is None or s != s else f"{100 * s:.0f}" for s in shares]
+    return "-" if all(c == "-" for c in cells) else " / ".join(cells) + " %"
+
+
+def cpu_name() -> str:
+    """The CPU's model and which of ``CPU_FLAGS`` it has, e.g.
+    'Intel(R) Xeon(R) Processor (avx512f vpclmulqdq clwb)'."""
+    flags = cpu_flags()
+    present = " ".join(f for f in CPU_FLAGS if f in flags)
+    return f"{cpu_model()} ({present})" if present else cpu_model()
+
+
+def print_cpu() -> None:
+    """The first line of a benchmark's output: the CPU it ran on."""
+    print(f"CPU: {cpu_name()}", flush=True)
 
 
 def build_pmem_loop() -> Path:

@@ -31,9 +31,11 @@ is; ``--pin W,F``: the writer runs on CPU W only, the follower on CPU F.
   runs alternated (in turn A-B and B-A) for ``--rounds`` rounds; the median ratio (target
   >= 0.95).  The full-speed figures are the rounds' medians.
 
-Beside the figures, the share of its wall time each process ran (its CPU seconds) and how
-often it slept: on a machine with few CPUs, or a shared one, a follower that waits for a CPU
-lags by the scheduler's time slice, and the lag says more about the machine than the WAL.
+Beside the figures, the share of its wall time each process ran (its CPU seconds), the
+share of a core the writer's background writer took (its CPU time over the writer's run), and
+how often each process slept: on a machine with few CPUs, or a shared one, a follower that
+waits for a CPU lags by the scheduler's time slice, and the lag says more about the machine
+than the WAL.
 
 A run that loses a record, repeats one or takes one out of order stops the script with exit
 status 1 after its figures are printed (and written with ``--json``).  ``--chart`` (or, with
@@ -61,8 +63,7 @@ import numpy as np
 
 import common
 import pmemwal
-from common import human, markdown_table, scratch_dir
-from pmemwal.tools.harness.environment import cpu_model
+from common import background_share, cpu_name, human, markdown_table, scratch_dir, share_text
 from pmemwal.tools.progress import progress
 
 PAYLOAD = 64
@@ -124,13 +125,15 @@ def _writer(path: str, mode: str, count: int, rate: float | None, start: Any, re
         if not ready.wait(WAIT):
             raise SystemExit("the follower never became ready")
         time.sleep(SETTLE)
-        before = usage()
+        before, stats = usage(), wal.stats()
         t0, t1 = _paced(append, buf, count, rate) if rate else _full_speed(append, buf, count)
         used = usage(before)
+        background = background_share(stats, wal.stats(), used["wall_s"])
         STAMP.pack_into(buf, 0, 0, END)
         append(buf, True)
         results.put({"role": "writer", "t0": t0, "t1": t1, "mode": wal.mode,
-                     "persist_method": wal.persist_method, "usage": used})
+                     "persist_method": wal.persist_method, "usage": used,
+                     "background_cpu": background})
 
 
 def _follower(path: str, count: int, batches: bool, start: Any, ready: Any, results: Any
@@ -276,7 +279,8 @@ def delivery(count: int, writer: dict[str, Any], follower: dict[str, Any] | None
     """A run's figures: the writer's rate, and with a follower its lags and pace."""
     t0, t1 = writer["t0"], writer["t1"]
     out: dict[str, Any] = {"records": count, "writer_rate": count / ((t1 - t0) / 1e9),
-                           "writer_usage": writer["usage"]}
+                           "writer_usage": writer["usage"],
+                           "writer_background_cpu": writer["background_cpu"]}
     if follower is None:
         return out
     ok = follower["ended"] and follower["misplaced"] == 0 and follower["records"] == count
@@ -351,6 +355,8 @@ def medians(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             "follower_rate_alone": median("after", "follower_rate"),
             "follower_over_writer": median("follower", "follower_over_writer"),
             "writer_cost": median("follower", "writer_cost"),
+            "writer_background_cpu_alone": median("alone", "writer_background_cpu"),
+            "writer_background_cpu_followed": median("follower", "writer_background_cpu"),
             "in_order": all(r[k]["in_order"] for r in rounds for k in ("follower", "after"))}
 
 
@@ -380,8 +386,12 @@ def summary_table(lag: dict[str, Any], full: dict[str, Any]) -> str:
          verdict(stats.get("p99.9"), TARGETS["lag_p99.9_us"], True)],
         ["paced: lag max", f"{fmt(stats.get('max'))} us", "", ""],
         ["paced: records within 20 us", f"{fmt(100 * stats.get('within_20us', 0))} %", "", ""],
+        ["paced: writer's background CPU", share_text(lag["writer_background_cpu"]), "", ""],
         ["full speed: writer, alone", f"{human(full['writer_rate_alone'])}/s", "", ""],
         ["full speed: writer, followed", f"{human(full['writer_rate_followed'])}/s", "", ""],
+        ["full speed: writer's background CPU (alone / followed)",
+         share_text(full["writer_background_cpu_alone"], full["writer_background_cpu_followed"]),
+         "", ""],
         ["full speed: follower, over records already durable",
          f"{human(full['follower_rate_alone'] or 0)}/s", "", ""],
         ["full speed: follower / writer", fmt(full["follower_over_writer"], 3), ">= 0.95",
@@ -401,12 +411,14 @@ def rounds_table(full: dict[str, Any]) -> str:
                      fmt(f.get("writer_cost"), 3), fmt(f.get("follower_over_writer"), 3),
                      fmt(f.get("catch_up_us")), fmt(f.get("lag_us", {}).get("p99")),
                      f"{on_cpu(a['writer_usage'])} / {on_cpu(f['writer_usage'])}",
-                     f"{on_cpu(f['follower_usage'])}, {f['follower_usage']['slept']:,}"])
+                     f"{on_cpu(f['follower_usage'])}, {f['follower_usage']['slept']:,}",
+                     share_text(a["writer_background_cpu"], f["writer_background_cpu"])])
     return markdown_table(["round", "writer alone rec/s", "writer followed rec/s",
                            "follower alone rec/s", "cost ratio",
                            "follower / writer", "catch-up us", "lag p99 us",
                            "writer on a CPU (alone / followed)",
-                           "follower on a CPU, sleeps"], rows)
+                           "follower on a CPU, sleeps",
+                           "writer's bg CPU (alone / followed)"], rows)
 
 
 def on_cpu(u: dict[str, float]) -> str:
@@ -511,7 +523,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     common.SCRATCH = args.dir
-    report: dict[str, Any] = {"cpu": cpu_model(), "cpus": os.cpu_count(), "load_before": load(),
+    report: dict[str, Any] = {"cpu": cpu_name(), "cpus": os.cpu_count(), "load_before": load(),
                               "python": platform.python_version(), "mode": args.mode,
                               "pin": args.pin,
                               "follower_reads": "batches" if args.batches else "records",

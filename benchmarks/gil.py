@@ -16,7 +16,8 @@ both ways, direct mode).  The three runs alternate round by round in one run
 and medians are reported.  Buffered mode is a second row.  The machine this
 was written on has 2 cores: the two threads, plus the WAL's background
 writer (which mostly sleeps here: every record is flushed by its appender),
-share them.
+share them.  The appender's rows also give the background writer's CPU share, alone and
+beside the Python thread (its CPU time over the appender's window, of one core).
 
 The GIL is taken back after each native call: a thread that wants it while
 another thread runs Python waits up to ``sys.getswitchinterval()`` (5 ms by
@@ -38,18 +39,20 @@ import time
 from typing import Callable
 
 import pmemwal
-from common import markdown_table, scratch_dir
+from common import background_share, markdown_table, print_cpu, scratch_dir, share_text
 
 KEEP = 64 << 20
 
 
 class Worker:
-    """A loop run in a thread until ``stop`` is set; ``count`` units done over ``elapsed`` s."""
+    """A loop run in a thread until ``stop`` is set; ``count`` units done over ``elapsed`` s
+    (and for an appender, its WAL's background writer's CPU share then)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.count = 0
         self.elapsed = 0.0
+        self.background: float | None = None
 
     @property
     def pace(self) -> float:
@@ -85,7 +88,7 @@ class Appender(Worker):
     def run(self, start: threading.Barrier, stop: threading.Event) -> None:
         wal, data, n = self.wal, self.data, 0
         start.wait()
-        t0 = time.perf_counter()
+        before, t0 = wal.stats(), time.perf_counter()
         while not stop.is_set():
             wal.append(data, flush=True)
             n += 1
@@ -93,6 +96,7 @@ class Appender(Worker):
                 wal.truncate(wal.flushed_lsn - KEEP // 2)
         self.elapsed = time.perf_counter() - t0
         self.count = n
+        self.background = background_share(before, wal.stats(), self.elapsed)
 
 
 def together(workers: list[Worker], seconds: float) -> None:
@@ -130,6 +134,8 @@ class Hasher(Worker):
 def rounds_of(label: str, make: Callable[[], Worker], seconds: float, rounds: int) -> dict:
     """Solo and shared paces of the Python loop and ``make()``'s worker, alternating by round."""
     solo_py, solo_nat, both_py, both_nat = [], [], [], []
+    solo_bg: list[float | None] = []
+    both_bg: list[float | None] = []
     for r in range(rounds):
         py = PythonLoop("python")
         together([py], seconds)
@@ -137,10 +143,12 @@ def rounds_of(label: str, make: Callable[[], Worker], seconds: float, rounds: in
         nat = make()
         together([nat], seconds)
         solo_nat.append(nat.pace)
+        solo_bg.append(nat.background)
         py, nat = PythonLoop("python"), make()
         together([py, nat], seconds)
         both_py.append(py.pace)
         both_nat.append(nat.pace)
+        both_bg.append(nat.background)
         print(f"{label} round {r + 1}/{rounds}: python {py.pace / solo_py[-1]:.2f}, "
               f"{nat.name} {nat.pace / solo_nat[-1]:.2f} of solo", file=sys.stderr, flush=True)
     med = statistics.median
@@ -148,7 +156,14 @@ def rounds_of(label: str, make: Callable[[], Worker], seconds: float, rounds: in
             "both_py": med(both_py), "both_nat": med(both_nat),
             # the ratio per round (solo and shared runs close in time), then the median
             "py_ratio": med(b / s for b, s in zip(both_py, solo_py)),
-            "nat_ratio": med(b / s for b, s in zip(both_nat, solo_nat))}
+            "nat_ratio": med(b / s for b, s in zip(both_nat, solo_nat)),
+            "bg_solo": med_known(solo_bg), "bg_both": med_known(both_bg)}
+
+
+def med_known(values: list[float | None]) -> float | None:
+    """The median of the values measured (None: a worker without a WAL)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def measure(mode: str, size: int, seconds: float, rounds: int) -> dict:
@@ -172,6 +187,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
+    print_cpu()
     rows = []
     results = [measure(mode, args.size, args.seconds, args.rounds) for mode in args.modes.split(",")]
     if not args.no_control:
@@ -183,13 +199,14 @@ def main() -> None:
                      f"**{m['py_ratio']:.2f}**",
                      f"{m['solo_nat']:,.0f} calls/s ({m['solo_nat'] * mbs:,.0f} MB/s)",
                      f"{m['both_nat']:,.0f} calls/s ({m['both_nat'] * mbs:,.0f} MB/s)",
-                     f"**{m['nat_ratio']:.2f}**"])
+                     f"**{m['nat_ratio']:.2f}**", share_text(m["bg_solo"], m["bg_both"])])
     print(f"\n{args.size:,}-byte records, append(flush=True); switch interval "
           f"{sys.getswitchinterval() * 1e3:g} ms; median of {args.rounds} rounds of {args.seconds} s; "
           f"{os.cpu_count()} CPUs\n")
     print(markdown_table(["native worker", "Python loop alone", "Python loop beside it",
                           "Python kept (target >= 0.7)", "worker alone", "worker beside Python",
-                          "worker kept (target >= 0.7)"], rows))
+                          "worker kept (target >= 0.7)", "bg CPU (worker alone / beside)"],
+                         rows))
 
 
 if __name__ == "__main__":

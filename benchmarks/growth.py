@@ -16,6 +16,9 @@ The cases, one thread appending ``--size`` records with ``append(data, flush=Tru
 - ``flat out``: as fast as it can, ``--gib`` of them; bytes/s against the fresh rate;
 - ``paced P``: at P times the fresh rate measured just before (a writer slower than the
   machine): the share of that pace it keeps, and the p99.9 and max time of one append.
+
+Beside each case, the background writer's CPU share while it appended (its CPU time over
+the case's wall time, of one core): the writer that makes the segments ahead.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 import numpy as np
 
 import pmemwal
-from common import markdown_table, scratch_dir
+from common import background_share, markdown_table, print_cpu, scratch_dir, share_text
 from pmemwal.segments import Segment, WalDirectory
 
 
@@ -63,7 +66,7 @@ def grow(wal: pmemwal.WAL, data: bytes, nbytes: int, pace: float | None) -> dict
     clock, append, size = time.perf_counter, wal.append, len(data)
     count = nbytes // size
     latencies = np.empty(count)
-    start = clock()
+    before, start = wal.stats(), clock()
     interval = size / pace if pace else 0.0
     for i in range(count):
         if pace:
@@ -77,7 +80,8 @@ def grow(wal: pmemwal.WAL, data: bytes, nbytes: int, pace: float | None) -> dict
     stats = wal.stats()
     return {"bytes_per_s": count * size / elapsed, "p999_ms": np.percentile(latencies, 99.9) * 1e3,
             "max_ms": latencies.max() * 1e3, "created": stats["segments_created"],
-            "waits": stats.get("segment_waits", 0)}
+            "waits": stats.get("segment_waits", 0),
+            "bg_cpu": background_share(before, stats, elapsed)}
 
 
 def run_round(args: argparse.Namespace, root: str) -> list[list[object]]:
@@ -98,7 +102,8 @@ def run_round(args: argparse.Namespace, root: str) -> list[list[object]]:
             share = result["bytes_per_s"] / (pace or ceiling)
             rows.append([case, f"{ceiling / 1e9:.2f} ({before / 1e9:.2f}/{after / 1e9:.2f})",
                          f"{result['bytes_per_s'] / 1e9:.2f}", f"**{share:.2f}**",
-                         f"{result['p999_ms']:.3f}", f"{result['max_ms']:.2f}", result["created"]])
+                         f"{result['p999_ms']:.3f}", f"{result['max_ms']:.2f}", result["created"],
+                         share_text(result["bg_cpu"])])
             print(markdown_table(HEADER, rows[-1:]).splitlines()[-1], flush=True)
     finally:
         for thing in reversed(held):
@@ -107,7 +112,7 @@ def run_round(args: argparse.Namespace, root: str) -> list[list[object]]:
 
 
 HEADER = ["case", "fresh GB/s (before/after)", "WAL GB/s", "/ fresh or / pace", "p99.9 ms",
-          "max ms", "segments made"]
+          "max ms", "segments made", "bg CPU"]
 
 
 def main() -> None:
@@ -121,6 +126,7 @@ def main() -> None:
                         default=[0.25, 0.5], help="paced cases, as shares of the fresh rate")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
+    print_cpu()
     print(f"{args.mode}, {args.size:,} B records, flush each, {args.segment_size >> 20} MiB segments, "
           f"{args.gib / (1 << 30):g} GiB a case")
     print(markdown_table(HEADER, []).split("\n", 2)[0] + "\n|" + "---|" * len(HEADER))

@@ -6,7 +6,8 @@ For each payload size, one thread appends either with ``sync`` per entry (a Raft
 pattern: durable before acknowledging) or without (the background writer flushes), to a
 ``pmemwal.Log`` and to a bare ``pmemwal.WAL`` (direct mode, 64 MiB segments, truncated behind as
 the bench does, and the log compacted as often, so segment creation is out of the picture).  Rounds alternate between the
-variants; the median round is reported as appends/s and the Log / WAL ratio.
+variants; the median round is reported as appends/s and the Log / WAL ratio, with the
+background writer's CPU share in each (its CPU time over the measured window, of one core).
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import os
 import statistics
 
 import pmemwal
-from common import human, markdown_table, rate, scratch_dir
+from common import human, markdown_table, print_cpu, rate_and_background, scratch_dir, share_text
 
 SEGMENT = 64 << 20
 KEEP = 256 << 20
 BATCH = 1000
 
 
-def wal_rate(path: str, payload: bytes, sync: bool, seconds: float) -> float:
+def wal_rate(path: str, payload: bytes, sync: bool, seconds: float) -> tuple[float, float]:
+    """WAL.append/s; the background writer's CPU share."""
     with pmemwal.open(path, mode="direct", segment_size=SEGMENT) as wal:
         def step() -> int:
             for _ in range(BATCH):
@@ -31,17 +33,18 @@ def wal_rate(path: str, payload: bytes, sync: bool, seconds: float) -> float:
             if lsn > KEEP:
                 wal.truncate(lsn - KEEP)
             return BATCH
-        return rate(step, seconds)
+        return rate_and_background(wal, step, seconds)
 
 
-def log_rate(path: str, payload: bytes, sync: bool, seconds: float) -> float:
+def log_rate(path: str, payload: bytes, sync: bool, seconds: float) -> tuple[float, float]:
+    """Log.append/s; its WAL's background writer's CPU share."""
     with pmemwal.open_log(path, mode="direct", segment_size=SEGMENT) as log:
         def step() -> int:
             for _ in range(BATCH):
                 index = log.append(payload, 1, sync=sync)
             log.compact(index - KEEP // (len(payload) + 48))  # as the WAL variant truncates
             return BATCH
-        return rate(step, seconds)
+        return rate_and_background(log.wal, step, seconds)
 
 
 def main() -> None:
@@ -50,20 +53,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", default="64,1024,16384")
     args = ap.parse_args()
+    print_cpu()
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
         payload = os.urandom(size)
         for sync in (True, False):
-            got: dict[str, list[float]] = {"wal": [], "log": []}
+            got: dict[str, list[tuple[float, float]]] = {"wal": [], "log": []}
             for _ in range(args.rounds):
                 for name, fn in (("wal", wal_rate), ("log", log_rate)):
                     with scratch_dir() as path:
                         got[name].append(fn(path, payload, sync, args.seconds))
-            wal, log = statistics.median(got["wal"]), statistics.median(got["log"])
+            wal, log = (statistics.median(r for r, _ in got[k]) for k in ("wal", "log"))
+            bg = share_text(*(statistics.median(s for _, s in got[k]) for k in ("wal", "log")))
             rows.append([size, "each" if sync else "background", human(wal), human(log),
-                         f"{log / wal:.2f}"])
-    print(markdown_table(["payload bytes", "sync", "WAL.append/s", "Log.append/s", "Log / WAL"],
-                         rows))
+                         f"{log / wal:.2f}", bg])
+    print(markdown_table(["payload bytes", "sync", "WAL.append/s", "Log.append/s", "Log / WAL",
+                          "bg CPU (WAL / Log)"], rows))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
 One client, records of 64 B, 8 KiB, 64 KiB and 1 MiB, each committed with
 ``append(data, flush=True)``; the modes alternate round by round in one run
 (the machine is shared and noisy) and the median round is reported, with the
-direct/buffered ratio.  The WAL is truncated behind the writer, so the run
-uses recycled, pre-faulted segments as a long-running log would.
+direct/buffered ratio and the background writer's CPU share in each mode (its CPU
+time over the measured window, a fraction of one core).  The WAL is truncated behind
+the writer, so the run uses recycled, pre-faulted segments as a long-running log would.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import os
 import statistics
 
 import pmemwal
-from common import human, markdown_table, rate, scratch_dir
+from common import (human, markdown_table, print_cpu, rate, rate_and_background, scratch_dir,
+                    share_text)
 
 SIZES = [64, 8 << 10, 64 << 10, 1 << 20]
 KEEP = 64 << 20
 
 
-def commit_rate(mode: str, size: int, seconds: float) -> tuple[float, str]:
-    """Records/s of append(flush=True) in ``mode``; and the persist method used."""
+def commit_rate(mode: str, size: int, seconds: float) -> tuple[float, str, float]:
+    """Records/s of append(flush=True) in ``mode``; the persist method used; the background
+    writer's CPU share over the measured window."""
     data = os.urandom(size)
     with scratch_dir() as path, pmemwal.open(path, mode=mode, recycle_segments=8) as wal:
         batch = max(1, (1 << 20) // size)
@@ -36,7 +39,8 @@ def commit_rate(mode: str, size: int, seconds: float) -> tuple[float, str]:
             return batch
 
         rate(step, 0.3)  # warm-up: segments created, mapped, then recycled
-        return rate(step, seconds), wal.persist_method
+        value, share = rate_and_background(wal, step, seconds)
+        return value, wal.persist_method, share
 
 
 def main() -> None:
@@ -44,19 +48,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    print_cpu()
     rows = []
     for size in SIZES:
         runs: dict[str, list[float]] = {"buffered": [], "direct": []}
+        shares: dict[str, list[float]] = {"buffered": [], "direct": []}
         methods = {}
         for _ in range(args.rounds):
             for mode in runs:
-                value, methods[mode] = commit_rate(mode, size, args.seconds)
+                value, methods[mode], share = commit_rate(mode, size, args.seconds)
                 runs[mode].append(value)
+                shares[mode].append(share)
         b, d = (statistics.median(runs[m]) for m in ("buffered", "direct"))
         rows.append([human_size(size), f"{human(b)} ({methods['buffered']})",
-                     f"{human(d)} ({methods['direct']})", f"{d / b:.2f}"])
+                     f"{human(d)} ({methods['direct']})", f"{d / b:.2f}",
+                     share_text(*(statistics.median(shares[m]) for m in ("buffered", "direct")))])
         print(rows[-1], flush=True)
-    print(markdown_table(["record", "buffered rec/s", "direct rec/s", "direct / buffered"], rows))
+    print(markdown_table(["record", "buffered rec/s", "direct rec/s", "direct / buffered",
+                          "bg CPU (buffered / direct)"], rows))
 
 
 def human_size(n: int) -> str:

@@ -21,7 +21,9 @@ period (0.1 s); committed ops/s is the sum of the successful callbacks of the th
 over ``--cluster-seconds``, counted once all three have seen one succeed.
 
 Rounds alternate between the journals (the machine is shared and noisy); the median round is
-reported, with the ratio of pmemwal to each.  Scratch directories go under ``--dir``.
+reported, with the ratio of pmemwal to each, and for pmemwal the background writer's CPU
+share (its CPU time over the measured window, of one core; in the cluster, the mean over the
+three nodes).  Scratch directories go under ``--dir``.
 
 On tmpfs an msync has no device to write to, so there FileJournal+msync costs little more
 than FileJournal.  To measure a disk, point ``--dir`` at it and leave PMEM_IS_PMEM_FORCE
@@ -49,7 +51,8 @@ from pysyncobj.batteries import ReplCounter
 from pysyncobj.journal import FileJournal, Journal, MemoryJournal
 
 import common
-from common import human, markdown_table, rate, scratch_dir
+from common import (background_share, human, markdown_table, print_cpu, rate,
+                    rate_and_background, scratch_dir, share_text)
 from pmemwal.integrations.pysyncobj import PmemwalJournal
 
 BATCH = 1000
@@ -77,8 +80,9 @@ CLUSTER_JOURNALS = ["pmemwal", "FileJournal", "FileJournal+msync"]
 
 # ---- (a) Journal.add -----------------------------------------------------------------
 
-def add_rate(kind: str, size: int, seconds: float) -> tuple[float, str]:
-    """Journal.add/s of ``kind``; and how it persists (pmemwal: its persist method)."""
+def add_rate(kind: str, size: int, seconds: float) -> tuple[float, str, float | None]:
+    """Journal.add/s of ``kind``; how it persists (pmemwal: its persist method); pmemwal's
+    background writer's CPU share (None for the others)."""
     command = os.urandom(size)
     with scratch_dir() as path:
         journal = JOURNALS[kind](os.path.join(path, "journal"))
@@ -93,8 +97,10 @@ def add_rate(kind: str, size: int, seconds: float) -> tuple[float, str]:
 
         try:
             rate(step, 0.2)  # warm-up: files grown, segments prepared
-            how = journal.log.wal.persist_method if kind == "pmemwal" else ""
-            return rate(step, seconds), how
+            if kind != "pmemwal":
+                return rate(step, seconds), "", None
+            value, share = rate_and_background(journal.log.wal, step, seconds)
+            return value, journal.log.wal.persist_method, share
         finally:
             journal._destroy()
 
@@ -112,8 +118,9 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def cluster_rate(kind: str, seconds: float, window: int) -> float:
-    """Committed ops/s of a 3-process cluster on journals of ``kind``."""
+def cluster_rate(kind: str, seconds: float, window: int) -> tuple[float, float | None]:
+    """Committed ops/s of a 3-process cluster on journals of ``kind``; the mean of the
+    nodes' background writers' CPU shares (pmemwal; None for the others)."""
     addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
     with scratch_dir() as path:
         procs = [subprocess.Popen(
@@ -128,8 +135,10 @@ def cluster_rate(kind: str, seconds: float, window: int) -> float:
             for p in procs:
                 p.stdin.write(f"GO {seconds}\n")
                 p.stdin.flush()
-            done = [p.stdout.readline().split() for p in procs]  # DONE <ops> <seconds>
-            return sum(int(d[1]) / float(d[2]) for d in done)
+            done = [p.stdout.readline().split() for p in procs]  # DONE <ops> <seconds> <share>
+            shares = [float(d[3]) for d in done if d[3] != "-"]
+            return (sum(int(d[1]) / float(d[2]) for d in done),
+                    statistics.fmean(shares) if shares else None)
         finally:
             for p in procs:
                 p.kill()
@@ -138,11 +147,17 @@ def cluster_rate(kind: str, seconds: float, window: int) -> float:
 
 def node_main(spec: dict) -> None:
     """A cluster node: ``window`` inc calls in flight; READY after its first success, then
-    on ``GO s`` it counts successes for s seconds and prints ``DONE ops seconds``."""
+    on ``GO s`` it counts successes for s seconds and prints ``DONE ops seconds share``
+    (its background writer's CPU share, ``-`` without a pmemwal journal)."""
     os.makedirs(spec["dir"])
     make = JOURNALS[spec["kind"]]
-    # the hook JournalPath uses, here choosing any journal for the benchmark
-    pysyncobj_syncobj.createJournal = lambda path: make(path)
+    journals: list[Journal] = []
+
+    def create(path: str) -> Journal:  # the hook JournalPath uses: any journal, kept here
+        journals.append(make(path))
+        return journals[-1]
+
+    pysyncobj_syncobj.createJournal = create
     counter = ReplCounter()
     conf = SyncObjConf(journalFile=os.path.join(spec["dir"], "journal"),
                        fullDumpFile=os.path.join(spec["dir"], "dump"))
@@ -168,31 +183,43 @@ def node_main(spec: dict) -> None:
         os._exit(1)
     print("READY", flush=True)
     seconds = float(sys.stdin.readline().split()[1])
+    wal = journals[0].log.wal if isinstance(journals[0], PmemwalJournal) else None
+    before = wal.stats() if wal else {}
     start_ok, start = ok, time.perf_counter()
     time.sleep(seconds)
-    print("DONE", ok - start_ok, time.perf_counter() - start, flush=True)
+    elapsed = time.perf_counter() - start
+    share = background_share(before, wal.stats(), elapsed) if wal else "-"
+    print("DONE", ok - start_ok, elapsed, share, flush=True)
     os._exit(0)  # no orderly destroy: the parent kills the cluster
 
 
 # ---- the run ---------------------------------------------------------------------------
 
-def medians(kinds: list[str], rounds: int, measure: Callable[[str], float],
-            what: str) -> dict[str, float]:
-    """The median of ``rounds`` rounds of ``measure(kind)``; each round runs every kind."""
-    runs: dict[str, list[float]] = {k: [] for k in kinds}
+Measured = tuple[float, float | None]  # a rate, and the background writer's CPU share
+
+
+def medians(kinds: list[str], rounds: int, measure: Callable[[str], Measured],
+            what: str) -> tuple[dict[str, float], dict[str, float | None]]:
+    """The medians of ``rounds`` rounds of ``measure(kind)``, each round running every kind:
+    of the rates, and of the background writers' CPU shares (None: no WAL)."""
+    runs: dict[str, list[Measured]] = {k: [] for k in kinds}
     for r in range(rounds):
         for kind in kinds:
             runs[kind].append(measure(kind))
-            print(f"round {r + 1}/{rounds} {what} {kind}: {human(runs[kind][-1])}/s",
+            print(f"round {r + 1}/{rounds} {what} {kind}: {human(runs[kind][-1][0])}/s",
                   file=sys.stderr, flush=True)
-    return {k: statistics.median(v) for k, v in runs.items()}
+    shares = {k: [s for _, s in v if s is not None] for k, v in runs.items()}
+    return ({k: statistics.median(r for r, _ in v) for k, v in runs.items()},
+            {k: statistics.median(v) if v else None for k, v in shares.items()})
 
 
-def table(name: str, kinds: list[str], got: dict[str, float], notes: dict[str, str]) -> str:
-    """A markdown table of ``got`` with each journal's durability and pmemwal's ratio to it."""
+def table(name: str, kinds: list[str], got: dict[str, float], notes: dict[str, str],
+          background: dict[str, float | None]) -> str:
+    """A markdown table of ``got`` with each journal's durability, pmemwal's ratio to it and
+    its background writer's CPU share."""
     rows = [[f"{k} {notes.get(k, '')}".strip(), DURABLE[k], human(got[k]),
-             f"{got['pmemwal'] / got[k]:.2f}"] for k in kinds]
-    return markdown_table(["journal", "durable", name, "pmemwal / this"], rows)
+             f"{got['pmemwal'] / got[k]:.2f}", share_text(background[k])] for k in kinds]
+    return markdown_table(["journal", "durable", name, "pmemwal / this", "bg CPU"], rows)
 
 
 def main() -> None:
@@ -209,27 +236,28 @@ def main() -> None:
     if args.node:
         return node_main(json.loads(args.node))
     common.SCRATCH = args.dir
+    print_cpu()
     print(f"dir {args.dir}, PMEM_IS_PMEM_FORCE={os.environ.get('PMEM_IS_PMEM_FORCE', '-')}, "
           f"Python {platform.python_version()}, {os.cpu_count()} CPUs")
 
     notes: dict[str, str] = {}
 
-    def measure_add(kind: str) -> float:
-        value, how = add_rate(kind, args.size, args.seconds)
+    def measure_add(kind: str) -> Measured:
+        value, how, share = add_rate(kind, args.size, args.seconds)
         if how:
             notes[kind] = f"({how})"
-        return value
+        return value, share
 
-    adds = medians(list(JOURNALS), args.rounds, measure_add, "add")
+    adds, add_bg = medians(list(JOURNALS), args.rounds, measure_add, "add")
     print(f"\n(a) Journal.add, {args.size}-byte commands, one thread, "
           f"median of {args.rounds} rounds of {args.seconds} s\n")
-    print(table("adds/s", list(JOURNALS), adds, notes))
+    print(table("adds/s", list(JOURNALS), adds, notes, add_bg))
 
-    ops = medians(CLUSTER_JOURNALS, args.cluster_rounds,
+    ops, ops_bg = medians(CLUSTER_JOURNALS, args.cluster_rounds,
                   lambda kind: cluster_rate(kind, args.cluster_seconds, args.window), "cluster")
     print(f"\n(b) 3-node cluster on 127.0.0.1, ReplCounter.inc, {args.window} in flight per node, "
           f"median of {args.cluster_rounds} rounds of {args.cluster_seconds} s\n")
-    print(table("committed ops/s", CLUSTER_JOURNALS, ops, notes))
+    print(table("committed ops/s", CLUSTER_JOURNALS, ops, notes, ops_bg))
 
 
 if __name__ == "__main__":

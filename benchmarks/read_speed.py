@@ -56,6 +56,7 @@ import numpy as np
 import common
 import pmemwal
 from common import human, markdown_table, scratch_dir
+from pmemwal.tools.harness.environment import cpu_model
 
 SEGMENT = 64 << 20
 CHUNK = 4096               # LSNs / indices per read_many and entries_at call
@@ -394,17 +395,6 @@ def table(results: dict[str, dict[str, Any] | None], rows: list[dict[str, Any]])
                       *rate_cells(results[row["peer"]]), ratio, row["target"]])
     return markdown_table(["pmemwal", "rec/s", "MB/s", "peer", "rec/s", "MB/s",
                            "ratio", "target"], lines)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def load() -> str:

@@ -11,7 +11,8 @@ measured window it reports records/s, MB/s, the time insertions spent
 acquiring an insertion slot (slot wait) and the time flushes spent waiting
 for insertions in progress (insert wait), both summed over all clients, and
 how many flush requests found their records already flushed by another
-client (group commit: coalesced / flush requests).
+client (group commit: coalesced / flush requests), and the background writer's CPU
+time over the window as a share of one core (bg CPU).
 
 The tables follow the pgsql-hackers threads on WALBufMappingLock and
 NUM_XLOGINSERT_LOCKS: throughput by clients x record size per configuration,
@@ -41,7 +42,7 @@ import threading
 import time
 
 import pmemwal
-from common import human, markdown_table, scratch_dir
+from common import background_share, human, markdown_table, print_cpu, scratch_dir, share_text
 
 KEEP = 64 << 20   # as modes.py: past this many bytes, truncate to KEEP // 2 behind the flushed LSN
 ATTEMPTS = 3      # tries per point when a client fails (the truncation race)
@@ -123,7 +124,8 @@ def point(mode: str, slots: int, clients: int, size: int, seconds: float) -> dic
             "slot_ms": d["slot_wait_ns"] / 1e6, "insert_ms": d["insert_wait_ns"] / 1e6,
             "requests": d["flush_requests"], "coalesced": d["coalesced"],
             "flushes": d["flushes"], "elapsed": elapsed, "method": method,
-            "created": d["segments_created"], "recycled": d["segments_recycled"], "warm": warm}
+            "created": d["segments_created"], "recycled": d["segments_recycled"], "warm": warm,
+            "bg_cpu": background_share(before, after, elapsed)}
 
 
 def measure(mode: str, slots: int, clients: int, size: int, seconds: float,
@@ -137,7 +139,8 @@ def measure(mode: str, slots: int, clients: int, size: int, seconds: float,
             print(f"FAILED: {exc}", file=sys.stderr, flush=True)
     nan = float("nan")
     return dict.fromkeys(("rec_s", "mb_s", "slot_ms", "insert_ms", "requests", "coalesced",
-                          "flushes", "elapsed", "created", "recycled"), nan) | {"method": "?"}
+                          "flushes", "elapsed", "created", "recycled", "bg_cpu"), nan) \
+        | {"method": "?"}
 
 
 def pct(a: float, b: float) -> str:
@@ -157,6 +160,7 @@ def main() -> None:
     slot_list = [1, 8] if args.quick else [1, 8, 64]
     modes = args.modes.split(",")
     wait_size = 8 << 10
+    print_cpu()
 
     raw: dict[tuple, list[dict]] = {}
     total = args.rounds * len(sizes) * len(clients_list) * len(modes) * len(slot_list)
@@ -175,7 +179,8 @@ def main() -> None:
                               f"{human(p['rec_s'])} rec/s, {p['mb_s']:.0f} MB/s, "
                               f"slot wait {p['slot_ms']:.1f} ms, insert wait {p['insert_ms']:.1f} ms, "
                               f"coalesced {p['coalesced']}/{p['requests']}, "
-                              f"segments new/recycled {p['created']}/{p['recycled']}",
+                              f"segments new/recycled {p['created']}/{p['recycled']}, "
+                              f"bg CPU {share_text(p['bg_cpu'])}",
                               file=sys.stderr, flush=True)
 
     def med(key: tuple, field: str) -> float:
@@ -183,15 +188,17 @@ def main() -> None:
 
     method = {m: raw[(m, slot_list[0], clients_list[0], sizes[0])][0]["method"] for m in modes}
     header = ["clients"] + [size_name(s) for s in sizes]
+    bg_header = header + [f"bg CPU ({' / '.join(size_name(s) for s in sizes)})"]
     out = [f"records/s, append(data, flush=True) in every client, {args.seconds} s per point, "
            f"median of {args.rounds} round(s); {os.cpu_count()} CPUs; MB/s in the full table"]
 
     for mode in modes:
         for slots in slot_list:
             rows = [[c] + [human(med((mode, slots, c, s), "rec_s")) for s in sizes]
+                    + [share_text(*(med((mode, slots, c, s), "bg_cpu") for s in sizes))]
                     for c in clients_list]
             out += [f"\n### {mode} ({method[mode]}), insert_slots={slots}: records/s\n",
-                    markdown_table(header, rows)]
+                    markdown_table(bg_header, rows)]
 
     for mode in modes:
         for a, b in zip(slot_list[1:], slot_list):
@@ -213,11 +220,12 @@ def main() -> None:
                 k = (mode, slots, c, wait_size)
                 rows.append([mode, slots, c, human(med(k, "rec_s")), f"{med(k, 'slot_ms'):.1f}",
                              f"{med(k, 'insert_ms'):.1f}",
-                             f"{med(k, 'coalesced'):.0f} / {med(k, 'requests'):.0f}"])
+                             f"{med(k, 'coalesced'):.0f} / {med(k, 'requests'):.0f}",
+                             share_text(med(k, "bg_cpu"))])
     out += [f"\n### wait times at {size_name(wait_size)} (ms summed over clients, per "
             f"{args.seconds} s window)\n",
             markdown_table(["mode", "insert_slots", "clients", "rec/s", "slot wait ms",
-                            "insert wait ms", "coalesced / flush requests"], rows)]
+                            "insert wait ms", "coalesced / flush requests", "bg CPU"], rows)]
 
     if args.all:
         rows = []
@@ -229,10 +237,12 @@ def main() -> None:
                         rows.append([mode, slots, c, size_name(s), human(med(k, "rec_s")),
                                      f"{med(k, 'mb_s'):,.0f}", f"{med(k, 'slot_ms'):.1f}",
                                      f"{med(k, 'insert_ms'):.1f}",
-                                     f"{med(k, 'coalesced'):.0f} / {med(k, 'requests'):.0f}"])
+                                     f"{med(k, 'coalesced'):.0f} / {med(k, 'requests'):.0f}",
+                                     share_text(med(k, "bg_cpu"))])
         out += ["\n### every point\n",
                 markdown_table(["mode", "slots", "clients", "record", "rec/s", "MB/s",
-                                "slot wait ms", "insert wait ms", "coalesced / requests"], rows)]
+                                "slot wait ms", "insert wait ms", "coalesced / requests", "bg CPU"],
+                                rows)]
     if failures:
         out += ["\nclient failures (the point was measured again; nan: it failed every time):"]
         out += [f"- {f}" for f in failures]

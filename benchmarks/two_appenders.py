@@ -7,7 +7,8 @@ record, 1 and 2 clients.  The raw loop: each thread copies records with libpmem'
 pmem_memcpy_persist (through ctypes, which gives the GIL up for the call) into its own
 half of a mapped, pre-faulted 256 MiB file, wrapping around: no header, no CRC, no
 segment ever made or recycled.  Rounds alternate; medians, and the ratios the project sets
-targets on (two pmemwal threads >= 1.0x one, and >= 0.8x two raw threads).
+targets on (two pmemwal threads >= 1.0x one, and >= 0.8x two raw threads), with the share
+of a core pmemwal's background writer took in each (bg CPU).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import statistics
 import threading
 import time
 
-from common import scratch_dir
+from common import print_cpu, scratch_dir, share_text
 from pmemwal import libpmem
 from pmemwal.tools.bench import BenchConfig, run
 
@@ -68,11 +69,13 @@ def raw_rate(size: int, threads: int, seconds: float) -> float:
     return sum(counts) / elapsed
 
 
-def pmemwal_rate(size: int, clients: int, seconds: float) -> float:
+def pmemwal_rate(size: int, clients: int, seconds: float) -> tuple[float, float]:
+    """Records/s of ``pmemwal bench``'s engine; its background writer's CPU share."""
     with scratch_dir() as path:
         config = BenchConfig(path=os.path.join(path, "wal"), mode="direct", clients=clients,
                              size=size, duration=seconds, flush="each", progress_interval=0)
-        return run(config).records_per_s
+        result = run(config)
+        return result.records_per_s, result.background_cpu_share
 
 
 def main() -> None:
@@ -81,18 +84,22 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    print_cpu()
     cells: dict[tuple[str, int], list[float]] = {}
     for _ in range(args.rounds):
         for threads in (1, 2):
-            cells.setdefault(("pmemwal", threads), []).append(pmemwal_rate(args.size, threads, args.seconds))
+            value, share = pmemwal_rate(args.size, threads, args.seconds)
+            cells.setdefault(("pmemwal", threads), []).append(value)
+            cells.setdefault(("bg CPU", threads), []).append(share)
             cells.setdefault(("raw", threads), []).append(raw_rate(args.size, threads, args.seconds))
     med = {k: statistics.median(v) for k, v in cells.items()}
     print(f"{args.size:,} B records, flush each, median of {args.rounds} rounds of {args.seconds:g} s")
-    print("| | 1 thread | 2 threads | 2 / 1 |")
-    print("|---|---|---|---|")
+    print("| | 1 thread | 2 threads | 2 / 1 | bg CPU (1 / 2 threads) |")
+    print("|---|---|---|---|---|")
     for name in ("pmemwal", "raw"):
         one, two = med[(name, 1)], med[(name, 2)]
-        print(f"| {name} | {one / 1e3:,.1f} k | {two / 1e3:,.1f} k | {two / one:.2f} |")
+        bg = share_text(med[("bg CPU", 1)], med[("bg CPU", 2)]) if name == "pmemwal" else "-"
+        print(f"| {name} | {one / 1e3:,.1f} k | {two / 1e3:,.1f} k | {two / one:.2f} | {bg} |")
     print(f"pmemwal / raw, 2 threads: {med[('pmemwal', 2)] / med[('raw', 2)]:.2f}; "
           f"1 thread: {med[('pmemwal', 1)] / med[('raw', 1)]:.2f}")
 

@@ -9,7 +9,8 @@ libpmem's pmem_memcpy_persist, with no header and no CRC: one in C
 can cost), one in Python through ctypes (what a Python program hand-rolls).
 pmemwal does the same work plus a record header, CRC32C and one Python call
 per record.  Rounds alternate; medians are reported with the ratios (targets
-against the C loop: 0.6 at 8 KiB, 0.7 at 64 KiB).
+against the C loop: 0.6 at 8 KiB, 0.7 at 64 KiB), with the share of a core pmemwal's
+background writer took beside it (bg CPU).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import statistics
 import subprocess
 
-from common import build_pmem_loop, human, markdown_table, rate, scratch_dir
+from common import build_pmem_loop, human, markdown_table, print_cpu, rate, scratch_dir, share_text
 from modes import commit_rate
 
 from pmemwal.tools.harness.config import parse_sizes
@@ -72,22 +73,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", default="64,8k,64k,256k,1m", help="record sizes (k, m: KiB, MiB)")
     args = parser.parse_args()
+    print_cpu()
     binary = build_pmem_loop()
     rows = []
     for size in parse_sizes(args.sizes):
-        loop, py, wal = [], [], []
+        loop, py, wal, background = [], [], [], []
         for _ in range(args.rounds):
             loop.append(loop_rate(binary, size, args.seconds))
             py.append(ctypes_loop_rate(size, args.seconds))
-            value, method = commit_rate("direct", size, args.seconds)
+            value, method, share = commit_rate("direct", size, args.seconds)
             wal.append(value)
+            background.append(share)
         lo, pl, wa = (statistics.median(x) for x in (loop, py, wal))
         target = TARGET.get(size)
         rows.append([f"{size:,} B", human(lo), human(pl), f"{human(wa)} ({method})",
-                     f"{wa / lo:.2f}", f"{target}" if target else "", f"{wa / pl:.2f}"])
+                     f"{wa / lo:.2f}", f"{target}" if target else "", f"{wa / pl:.2f}",
+                     share_text(statistics.median(background))])
         print(rows[-1], flush=True)
     print(markdown_table(["record", "C loop", "Python ctypes loop", "pmemwal direct, flush each",
-                          "pmemwal / C", "target", "pmemwal / ctypes"], rows))
+                          "pmemwal / C", "target", "pmemwal / ctypes", "pmemwal bg CPU"], rows))
 
 
 if __name__ == "__main__":

@@ -109,8 +109,13 @@ def test_run_reports_progress_and_result(shm_dir: Path) -> None:
     data = json.loads(json.dumps(result.as_dict()))
     assert data["records"] == result.records and data["config"]["flush"] == "group:4"
     assert data["flush_latency_us"]["p999"] >= data["flush_latency_us"]["p50"]
+    # the background writer's CPU over the run: its counter since the warm-up, over elapsed
+    assert result.stats["background_cpu_ns"] > 0
+    assert result.background_cpu_share == result.stats["background_cpu_ns"] / 1e9 / result.elapsed
+    assert data["background_cpu_share"] == result.background_cpu_share
     report = result.report()
     assert report.startswith("mode:")
+    assert re.search(r"^throughput: .*\n^background CPU: +\d+ % of a core$", report, re.M)
     assert report.index("flush policy:") < report.index("throughput:") < report.index(
         "append latency") < report.index("wal counters:")
     with pmemwal.open(shm_dir / "wal") as wal:  # what was measured is a valid WAL
@@ -147,6 +152,7 @@ def test_bench(shm_dir: Path, mode: str, flush: str) -> None:
     assert re.search(rf"^flush policy: +{flush}$", out, re.M)
     assert re.search(r"^record size: +4096 bytes$", out, re.M)
     assert re.search(r"^throughput: +\d+\.\d rec/s, \d+\.\d MB/s$", out, re.M)
+    assert re.search(r"^background CPU: +\d+ % of a core$", out, re.M)
     label = "commit" if flush == "each" else "append"  # each: append(data, flush=True)
     assert f"{label} latency (usec): p50" in out
     assert ("no client flushes" in out) == (flush == "end")
@@ -374,6 +380,9 @@ def test_bench_processes(shm_dir: Path, monkeypatch) -> None:
     assert data["records"] == sum(per_client) == data["stats"]["records"]
     assert data["append_latency_us"]["count"] == data["records"]  # both clients' histograms
     assert data["stats"]["processes"] == 3  # the two clients and the main process
+    # the clients' background writers (the main process runs none), over their windows
+    assert data["stats"]["background_cpu_ns"] > 0
+    assert data["background_cpu_share"] == data["stats"]["background_cpu_ns"] / 1e9 / data["elapsed"]
     assert data["elapsed"] >= 0.5
     assert PROGRESS_LINE.search(result.stderr)
     assert not wal.exists()
@@ -389,6 +398,8 @@ def test_bench_processes_group_and_report(shm_dir: Path, monkeypatch) -> None:
     assert lines and lines[0]["records_per_s"] > 0
     assert result.flush_latency.count == sum(n // 4 for n in result.per_client_records)
     assert re.search(r"^clients: +2 processes$", result.report(), re.M)
+    assert re.search(r"^background CPU: +\d+ % of a core, summed over the 2 client processes$",
+                     result.report(), re.M)
 
 
 @pytest.mark.parametrize("mode", ["buffered", "auto"])

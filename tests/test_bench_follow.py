@@ -26,6 +26,7 @@ def assert_followed(run: dict, records: int) -> None:
     assert run["lag_us"]["p50"] <= run["lag_us"]["p99"] <= run["lag_us"]["max"]
     assert run["writer_rate"] > 0 and run["follower_rate"] > 0
     assert 0 <= run["follower_over_writer"] <= 1
+    assert run["writer_background_cpu"] >= 0  # the writer's background writer, over its window
     for role in ("writer", "follower"):
         assert set(run[f"{role}_usage"]) == {"cpu_s", "wall_s", "slept", "preempted"}
 
@@ -53,11 +54,14 @@ def test_follow_benchmark_tiny_run(shm_dir: Path) -> None:
     (pair,) = full["rounds"]
     assert_followed(pair["follower"], 2000)
     assert pair["alone"]["records"] == 2000 and "delivered" not in pair["alone"]
+    assert pair["alone"]["writer_background_cpu"] >= 0
     assert pair["after"]["delivered"] == 2000 and pair["after"]["in_order"]
     assert full["in_order"]
     for key in ("writer_rate_alone", "writer_rate_followed", "follower_rate",
                 "follower_rate_alone", "writer_cost"):
         assert full[key] > 0, key
+    for key in ("writer_background_cpu_alone", "writer_background_cpu_followed"):
+        assert full[key] >= 0, key
     # (2,000 records at full speed may all come after the writer's last append: 0)
     assert 0 <= full["follower_over_writer"] <= 1
     assert png.read_bytes().startswith(b"\x89PNG")

@@ -6,11 +6,12 @@ clock starts once all have, so that their start-up is not timed.  Each runs the 
 loop as a thread does, then its own final flush; ``elapsed`` runs from the common
 start to the last of those flushes' ends.  Client 0 alone truncates (the others
 do not wait for it); a checkpointer thread runs in the main process.  Each
-process sends back its counts and its HdrHistograms (encoded), merged into one
-result, and copies its progress into shared memory every 10 ms for the
-progress lines.  The main process holds the WAL open (warm-up, truncation after
-the run, counters) without a background writer.  A script that runs them needs
-the ``if __name__ == "__main__":`` guard: "spawn" imports the main module again.
+process sends back its counts, its HdrHistograms (encoded) and its background
+writer's CPU time over its run, merged into one result, and copies its progress into
+shared memory every 10 ms for the progress lines.  The main process holds the WAL
+open (warm-up, truncation after the run, counters) without a background writer.  A
+script that runs them needs the ``if __name__ == "__main__":`` guard: "spawn" imports
+the main module again.
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ class _Processes:
     def background_flushes(self) -> int:
         return sum(r["background_flushes"] for r in self.results.values())
 
+    @property
+    def background_cpu_ns(self) -> int:
+        """The CPU time the clients' background writers used while they ran, summed."""
+        return sum(r["background_cpu_ns"] for r in self.results.values())
+
     def end(self) -> tuple[int, int]:
         """When the last client's final flush ended (ns) and how long that flush took."""
         last = max(self.results.values(), key=lambda r: r["end_ns"])
@@ -149,6 +155,7 @@ def _client_process(config: BenchConfig, index: int, counts, clock, go, conn) ->
             conn.send(("ready", None))
             go.wait()
             run.deadline = clock[0]
+            background = wal.stats()["background_cpu_ns"]  # this process's own writer
             thread = threading.Thread(target=publisher, name="bench-publisher", daemon=True)
             thread.start()
             try:
@@ -163,6 +170,7 @@ def _client_process(config: BenchConfig, index: int, counts, clock, go, conn) ->
             conn.send(("done", {
                 "records": client.snapshot[0], "end_ns": end, "flush_ns": end - t,
                 "background_flushes": run.background_flushes,
+                "background_cpu_ns": wal.stats()["background_cpu_ns"] - background,
                 "appends": client.appends.state(), "flushes": client.flushes.state()}))
     except BaseException as error:
         error.add_note(f"in bench client process {index}:\n{traceback.format_exc()}")

@@ -59,6 +59,13 @@ class BenchResult:
         return self.archive["archive_bytes"] / self.elapsed if self.archive else None
 
     @property
+    def background_cpu_share(self) -> float:
+        """The WAL's background writer's CPU time in the run over its elapsed time: the share
+        of one core the WAL took beyond the clients' own (with processes, summed over the
+        clients' writers)."""
+        return self.stats.get("background_cpu_ns", 0) / 1e9 / self.elapsed
+
+    @property
     def records_per_s(self) -> float:
         return self.records / self.elapsed
 
@@ -104,6 +111,7 @@ class BenchResult:
             "elapsed": self.elapsed,
             "records_per_s": self.records_per_s,
             "mb_per_s": self.mb_per_s,
+            "background_cpu_share": self.background_cpu_share,
             "final_flush_us": self.final_flush_us,
             "background_flushes": self.background_flushes,
             "per_client_records": list(self.per_client_records),
@@ -167,6 +175,9 @@ class BenchResult:
             ("bytes", f"{self.bytes} ({self.bytes / 1e6:.1f} MB)"),
             ("elapsed", f"{self.elapsed:.3f} s (final flush {self.final_flush_us:.1f} usec)"),
             ("throughput", f"{self.records_per_s:.1f} rec/s, {self.mb_per_s:.1f} MB/s"),
+            ("background CPU", f"{100 * self.background_cpu_share:.0f} % of a core" + (
+                f", summed over the {self.config.clients} client processes"
+                if self.config.processes else "")),
         ]
         if len(self.per_client_records) > 1:
             lines.append(("records per client", " ".join(map(str, self.per_client_records))))

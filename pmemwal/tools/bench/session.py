@@ -47,7 +47,8 @@ Progress = Callable[[dict], None]
 
 class Clients(Protocol):
     """What a run drives: clients.py's threads or processes.py's processes (which also
-    count the processes ``attached``), made by ``kind(run)``."""
+    count the processes ``attached`` and sum their background writers' CPU time,
+    ``background_cpu_ns``), made by ``kind(run)``."""
 
     background_flushes: int
 
@@ -130,6 +131,8 @@ class _Run:
                  for k, v in wal.stats().items()}
         if config.processes:  # a gauge: those attached during the run, this one included
             stats["processes"] = clients.attached
+            # this process runs no background writer: the clients' writers, each over its run
+            stats["background_cpu_ns"] = clients.background_cpu_ns
         archive = {k: stats[k] for k in ARCHIVE_COUNTERS} if config.archive else None
         return BenchResult(
             config=config, mode=wal.mode, persist_method=wal.persist_method, probe=probe,
