@@ -173,6 +173,7 @@ class WalDirectory:
             with storage_errors(f"creating {self.path}"):
                 make_directories(self.path, mode=0o700)
         self.list_segments(tidy=False)  # refuse a foreign directory before leaving a LOCK in it
+        self._checkpoint_seen = False  # (header_flags)
         with storage_errors(f"opening {self.path}"):
             self.dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
             self.lock_fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
@@ -330,8 +331,12 @@ class WalDirectory:
 
     def header_flags(self) -> int:
         """The flags of a segment header written now: CHECKPOINTED once the WAL has a
-        CHECKPOINT (pmemwal/format.py).  A stat, at each segment made or recycled."""
-        return CHECKPOINTED if os.path.exists(os.path.join(self.path, CHECKPOINT_NAME)) else 0
+        CHECKPOINT (pmemwal/format.py).  A stat at each segment made or recycled until one
+        is seen; then the flag stays (it says the WAL kept one, which a deletion since
+        does not undo)."""
+        if not self._checkpoint_seen:
+            self._checkpoint_seen = os.path.exists(os.path.join(self.path, CHECKPOINT_NAME))
+        return CHECKPOINTED if self._checkpoint_seen else 0
 
     def create(self, segno: int, segment_size: int, wal_id: bytes, zero_fill: bool = False,
                flags: int | None = None, spare: bool = False) -> None:
