@@ -19,9 +19,11 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1017,6 +1019,51 @@ static PyObject *mod_trace_forget(PyObject *m, PyObject *unused)
 }
 #endif
 
+/* unlinked(fds) -> the first descriptor whose file has no name left (st_nlink 0), or -1:
+ * the background writer's check of its segments, every fstat with the GIL given up once
+ * (one at a time from Python, each gave it up and took it back, from the appenders). */
+static PyObject *mod_unlinked(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    PyObject *seq = PySequence_Fast(arg, "unlinked takes a sequence of descriptors");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int *fds = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int));
+    if (!fds) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if ((fd == -1 && PyErr_Occurred()) || fd < 0 || fd > INT_MAX) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "unlinked: not a file descriptor");
+            PyMem_Free(fds);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        fds[i] = (int)fd;
+    }
+    Py_DECREF(seq);
+    int found = -1, err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && found < 0 && !err; i++) {
+        struct stat st;
+        if (fstat(fds[i], &st))
+            err = errno;
+        else if (st.st_nlink == 0)
+            found = fds[i];
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(fds);
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong(found);
+}
+
 static PyMethodDef module_methods[] = {
     {"crc32c", mod_crc32c, METH_VARARGS, "crc32c(data, crc=0) -> int"},
     {"status_text", mod_status_text, METH_O, "status_text(status) -> str"},
@@ -1032,6 +1079,8 @@ static PyMethodDef module_methods[] = {
     {"progress_wake", follow_wake, METH_O, "progress_wake(mapping): wake every sleeper"},
     {"atomic_u64", follow_atomic_u64, METH_VARARGS,
      "atomic_u64(mapping, offset, value=None, op=0) -> the value before (op: store, raise, and, or)"},
+    {"unlinked", mod_unlinked, METH_O,
+     "unlinked(fds) -> the first descriptor whose file was deleted (no link left), or -1"},
     {"_crc32c_copy", mod_crc32c_copy, METH_VARARGS,
      "_crc32c_copy(dst, src, crc=0, how=1, repeat=1) -> int: how 0 CRC only, 1 copy, 2 streaming copy"},
 #ifdef PMEMWAL_TRACE

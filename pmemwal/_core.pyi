@@ -202,6 +202,8 @@ class Unchanged(Generic[_T]):
 def split(data: ReadableBuffer | np.ndarray, offsets: ReadableBuffer | np.ndarray,
           lengths: ReadableBuffer | np.ndarray, /) -> list[bytes]:
     """Each payload data[offsets[i]:offsets[i] + lengths[i]] as bytes of its own."""
+def unlinked(fds: Sequence[int], /) -> int:
+    """The first descriptor whose file was deleted (st_nlink 0), or -1; one GIL release."""
 def _crc32c_copy(dst: WriteableBuffer, src: ReadableBuffer, crc: int = 0, how: int = 1,
                  repeat: int = 1, /) -> int: ...
 

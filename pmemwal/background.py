@@ -2,20 +2,23 @@
 
 One thread per WAL.  It wakes every ``flush_interval`` seconds, at once
 when the native core reports (through an eventfd) that an insertion entered
-a new segment, and at once when a file leaves the WAL directory (inotify),
-and then
+a new segment, and at once when a file leaves the WAL directory or is renamed
+over (inotify; not for the WAL's own truncations: ``own_removals``), and then
 
 1. keeps ``prepare_segments`` segments ahead of the insert position created
    (or recycled), fully allocated, mapped and pre-faulted, and attached to
    the core, so that appenders never create a file or take a first-touch
    page fault (seed 003: on tmpfs the faults, not the copy, set the pace);
-2. checks that no attached segment file was deleted, and stops the writer
+2. checks that no segment file it holds was deleted, and stops the writer
    if one was: writes to a deleted file succeed, and what they made
    "durable" vanishes with it.  Checking here rather than in every flush
-   keeps a system call off the commit path; inotify makes the check follow
-   the deletion within microseconds (or, amid a truncation, whose own renames
-   and removals it sits out, as soon as that is done), so a flush that races
-   it is the most that can be acknowledged in between;
+   keeps a system call off the commit path.  The check runs after a change
+   in the directory, within microseconds of it (amid a truncation, whose own
+   renames and removals it sits out, right after that), and at least every
+   ``flush_interval`` whatever woke it (a file deleted while it was being
+   brought in, or where inotify is missing: every round), so a flush that
+   races it, or at worst that interval, is what can be acknowledged in
+   between;
 3. flushes what was appended without a flush, so that asynchronously
    committed records become durable within ``flush_interval``.
 
@@ -33,20 +36,23 @@ import os
 import select
 import threading
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from pmemwal.errors import ClosedError
 
 
-_IN_DELETE, _IN_MOVED_FROM = 0x200, 0x40  # <sys/inotify.h>
+_IN_MOVED_FROM, _IN_MOVED_TO, _IN_DELETE, _IN_DELETE_SELF = 0x40, 0x80, 0x200, 0x400
+# (<sys/inotify.h>) a file deleted, renamed away, or replaced by one renamed over it
+_REMOVALS = _IN_DELETE | _IN_MOVED_FROM | _IN_MOVED_TO
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def watch_removals(directory: str) -> int:
     """An inotify descriptor that becomes readable when a file leaves ``directory``
-    (deleted or renamed away), or -1 where inotify is not available."""
+    (deleted, renamed away or renamed over), or -1 where inotify is not available."""
     fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-    if fd >= 0 and _libc.inotify_add_watch(fd, os.fsencode(directory), _IN_DELETE | _IN_MOVED_FROM) < 0:
+    if fd >= 0 and _libc.inotify_add_watch(fd, os.fsencode(directory), _REMOVALS) < 0:
         os.close(fd)
         fd = -1
     return fd
@@ -74,7 +80,10 @@ class BackgroundWriter:
         self._interval = flush_interval
         self.notify_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._descriptors = threading.Lock()  # wake() against stop() closing them
+        self._watch = os.fsencode(watch) if watch else b""
         self._watch_fd = watch_removals(watch) if watch else -1
+        self._check_due = True  # files may have gone before the watch began
+        self._next_check = 0.0  # (monotonic) when the check runs even without an event
         self._stopping = False
         self.error: BaseException | None = None
         self._cpu_ns = 0
@@ -87,15 +96,14 @@ class BackgroundWriter:
         try:
             self._rounds()
         finally:  # the clock names the thread's id, which a later thread may get
-            self._clock = None
             self._cpu_ns = time.thread_time_ns()
+            self._clock = None
 
     def _rounds(self) -> None:
         poller = select.poll()
         for fd in (self.notify_fd, self._watch_fd):
             if fd >= 0:
                 poller.register(fd, select.POLLIN)
-        removals = True  # files may have gone before the watch began
         try:
             while not self._stopping:
                 fired = [fd for fd, _ in poller.poll(self._interval * 1000)]
@@ -103,14 +111,14 @@ class BackgroundWriter:
                     _drain(fd)  # eventfd or inotify: either way, one round now
                 if self._stopping:
                     break
-                # segments are prepared when an insertion or wake() asks, or on the timer;
-                # the directory's events only call for the check (a truncation's own
-                # renames are followed by its wake()), which runs after a removal, or
-                # every round where nothing watches for one
-                if self.notify_fd in fired or not fired:
-                    self._step(self._prepare)
-                if removals or self._watch_fd < 0 or self._watch_fd in fired:
-                    removals = self._step(self._check) is not True
+                self._step(self._prepare)
+                now = time.monotonic()
+                if self._check_due or self._watch_fd < 0 or self._watch_fd in fired or \
+                        now >= self._next_check:
+                    self._check_due = False  # (before the check: one due meanwhile runs next)
+                    self._next_check = now + self._interval
+                    if self._step(self._check) is not True:
+                        self._check_due = True
                 self._step(self._flush)
         except ClosedError:
             return
@@ -125,6 +133,24 @@ class BackgroundWriter:
         except Exception as exc:
             self.error = exc
             return None
+
+    @contextmanager
+    def own_removals(self) -> Iterator[None]:
+        """Around the WAL's own renames and removals (a truncation's): the watch reports
+        none of them (each woke a round that took the GIL from the appenders: four for a
+        truncation recycling two segments), and a check is due after, which also finds a
+        segment someone else deleted meanwhile (it looks at the files, not the events)."""
+        self._watch_mask(_IN_DELETE_SELF)
+        try:
+            yield
+        finally:
+            self._watch_mask(_REMOVALS)
+            self._check_due = True
+
+    def _watch_mask(self, mask: int) -> None:
+        with self._descriptors:  # (stop() closing it meanwhile)
+            if self._watch_fd >= 0:
+                _libc.inotify_add_watch(self._watch_fd, self._watch, mask)
 
     def cpu_ns(self) -> int:
         """CPU time this writer's thread has used (all of it, once the thread has ended)."""

@@ -11,8 +11,8 @@ stay allocated, and the page LSNs in them mark the old bytes as stale.  A
 
 Files changed under a running writer.  Deleted: writes, syncs and mappings of
 an unlinked file still succeed, and what they hold vanishes with it.  The
-background writer watches the directory (inotify), checks the attached
-segments' link counts when a file leaves it (and once a round), and stops
+background writer watches the directory (inotify), checks the segments' link
+counts when a file leaves it or is renamed over (and every flush_interval), and stops
 the writer (WriterStoppedError, ENOENT); flushes acknowledged in between
 (about one GIL switch interval, ~5 ms) are lost with the file.  Without the
 background writer, nothing notices.  Records already acknowledged in a deleted

@@ -459,3 +459,46 @@ def test_a_recovering_open_syncs_the_directory_first(shm_dir, monkeypatch):
     with pmemwal.open(path):
         pass
     assert events[:2] == ["sync", "recovery"], events
+
+
+def test_unlinked_names_the_first_deleted_descriptor(shm_tmp):
+    """The background writer's check: every descriptor looked at with one call, the first
+    whose file has no name left named; a bad descriptor is an error, not a pass."""
+    from pmemwal import _core
+    paths = [os.path.join(shm_tmp, f"f{i}") for i in range(3)]
+    fds = [os.open(p, os.O_RDWR | os.O_CREAT, 0o600) for p in paths]
+    try:
+        assert _core.unlinked(fds) == -1
+        assert _core.unlinked([]) == -1
+        os.unlink(paths[2])
+        os.unlink(paths[1])
+        assert _core.unlinked(fds) == fds[1]
+        closed = os.open(paths[0], os.O_RDONLY)
+        os.close(closed)
+        with pytest.raises(OSError) as err:
+            _core.unlinked([fds[0], closed])
+        assert err.value.errno == errno.EBADF
+        with pytest.raises(ValueError):
+            _core.unlinked([-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_stats_report_the_background_writers_cpu_time(shm_tmp):
+    """background_cpu_ns: what the writer's thread used, growing as it works and kept after
+    it stops; 0 without one."""
+    data = bytes(8192)
+    with pmemwal.open(os.path.join(shm_tmp, "a"), flush_interval=0.001) as wal:
+        for _ in range(2000):
+            wal.append(data)
+        deadline = time.monotonic() + 10
+        while wal.stats()["background_cpu_ns"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        used = wal.stats()["background_cpu_ns"]
+        assert used > 0
+        background = wal._background
+    assert background is not None and background.cpu_ns() >= used  # the total, once stopped
+    with pmemwal.open(os.path.join(shm_tmp, "b"), background=False) as wal:
+        wal.append(data, flush=True)
+        assert wal.stats()["background_cpu_ns"] == 0

@@ -3,10 +3,10 @@
 Concern: what the WAL's background thread (background.py: when it runs) does each round.
 ``_prepare_ahead`` has the next segments ready before an appender reaches them, as many as
 the WAL's growth needs (growth.py measures it) before its first truncation, and as the spare
-pool needs after; ``_flush_async`` checks that no attached segment was deleted (and that no follower
-killed asleep is left for every flush to wake), makes
-asynchronously appended records durable, writes a checkpoint when one is due and hands
-complete segments to the archiver.  Sets ``_notify_ahead`` (the depth the core wakes the
+pool needs after; ``_check_removed``, when the directory changed or an interval passed,
+that no segment was deleted; ``_flush_async`` that no follower killed asleep is left for
+every flush to wake, then makes asynchronously appended records durable, writes a
+checkpoint when one is due and hands complete segments to the archiver.  Sets ``_notify_ahead`` (the depth the core wakes the
 writer at); brings segments through supply.py, never removes one.
 """
 

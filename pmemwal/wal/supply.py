@@ -16,8 +16,8 @@ import errno
 import os
 import threading
 
-from pmemwal.errors import ClosedError, StorageError, TruncatedError
-from pmemwal.format import first_lsn
+from pmemwal import _core
+from pmemwal.errors import ClosedError, StorageError
 from pmemwal.segments import Segment, storage_errors
 from pmemwal.wal.peers import SharedSegments
 
@@ -27,6 +27,7 @@ _READ_CACHE = 16  # read-only segment mappings kept for readers
 # that holds it between native calls it waits for the switch interval (5 ms) at times, more
 # than once: at 1 MiB records an appender went through 4-7 segments in such a wait.
 _ARM_AHEAD = 0.02
+_ARM_AHEAD_MAX = 16  # segments: armed ones count as in use, which recovery after a crash reads
 
 
 class SegmentSupply(SharedSegments):
@@ -206,14 +207,15 @@ class SegmentSupply(SharedSegments):
         """Whether segment ``segno`` is one the writer may append to soon: past the insert
         position, or past the furthest one the core asked for (a batch reserved at once
         reaches further than the insert position read here), by at most prepare_segments
-        (one at least) or what the WAL fills in _ARM_AHEAD seconds at its recent pace.
+        (one at least) or what the WAL fills in _ARM_AHEAD seconds at its recent pace (at
+        most _ARM_AHEAD_MAX).
         Those are attached to the core; a spare further out stays a spare, which recovery
         need not read."""
         if not hasattr(self, "_core"):
             return True  # (the open: the segment it goes on in)
         current = max(self._core.insert_lsn // self.segment_size, self._needed)
-        return segno <= current + max(self._prepare_segments, 1,
-                                      self._growth.segments_within(_ARM_AHEAD, self.segment_size))
+        paced = min(self._growth.segments_within(_ARM_AHEAD, self.segment_size), _ARM_AHEAD_MAX)
+        return segno <= current + max(self._prepare_segments, 1, paced)
 
     def _attach(self, segno: int, seg: Segment) -> None:
         """Attach segment ``segno`` to the core (segment lock held) when it is near; a spare
@@ -302,8 +304,9 @@ class SegmentSupply(SharedSegments):
         written to it would vanish with it (background.py: when this runs)."""
         self._drop_truncated()
         with self._seg_lock:
-            for seg in self._segments.values():
-                if os.fstat(seg.fd).st_nlink == 0 and seg.segno >= self._oldest_shared():
-                    self._core.stop(errno.ENOENT, f"segment file {seg.segno:016X} was deleted "
-                                    "under the writer")
-                    return
+            oldest = self._oldest_shared()
+            kept = {seg.fd: seg for seg in self._segments.values() if seg.segno >= oldest}
+            deleted = kept.get(_core.unlinked(list(kept)))
+            if deleted is not None:
+                self._core.stop(errno.ENOENT, f"segment file {deleted.segno:016X} was deleted "
+                                "under the writer")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import AbstractContextManager, nullcontext
 
 from pmemwal import _core
 from pmemwal.errors import ClosedError
@@ -53,13 +54,21 @@ class Truncation(Checkpointing):
                     self._publish_oldest(cut)
                 with self._seg_lock:
                     plan = self._release_below(cut)
-                self._recycle_or_remove(plan)
+                with self._own_removals(plan):
+                    self._recycle_or_remove(plan)
             else:
                 plan = self._truncate_shared(cut)
         background = self._background
         if plan and background is not None:
             background.wake()  # the round it sat out (_truncating), now that it would not
         return len(plan)
+
+    def _own_removals(self, plan: list[tuple[int, int | None, Segment | None]]) \
+            -> AbstractContextManager[None]:
+        """The background writer's watch quiet while ``plan``'s files are renamed and
+        removed (BackgroundWriter.own_removals); truncate() wakes it for the check after."""
+        background = self._background
+        return background.own_removals() if plan and background is not None else nullcontext()
 
     def _followers_cut(self, cut: int) -> int:
         """``cut`` lowered to keep what a named follower has not confirmed, unless it fell
@@ -76,11 +85,9 @@ class Truncation(Checkpointing):
             self._follow.raise_oldest(cut)
 
     def _truncating(self) -> bool:
-        """Whether a truncation is doing its file work.  Its own renames and removals wake
-        the background writer (inotify), two for each segment recycled; a round then
-        would only take the segment lock and the GIL from it (at 1 MiB records, 10 % of
-        the appenders' rate), so the writer sits those out and truncate() wakes it once
-        when done, for the check and the pipeline."""
+        """Whether a truncation is doing its file work: the background writer's check of
+        the segment files waits for its end (its own renames and removals, which the
+        watch leaves out meanwhile: _own_removals), and truncate() wakes it then."""
         return self._truncate_lock.locked()
 
     def _archived_cut(self, cut: int) -> int:
@@ -113,7 +120,8 @@ class Truncation(Checkpointing):
                 on_disk = self._dir.list_segments(tidy=False)
                 self._segnos = sorted(set(on_disk) | set(self._arriving))
                 plan = self._release_below(cut)
-            self._recycle_or_remove(plan)
+            with self._own_removals(plan):
+                self._recycle_or_remove(plan)
         return plan
 
     def _release_below(self, cut: int) -> list[tuple[int, int | None, Segment | None]]:
