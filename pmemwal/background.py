@@ -13,12 +13,12 @@ over (inotify; not for the WAL's own truncations: ``own_removals``), and then
    if one was: writes to a deleted file succeed, and what they made
    "durable" vanishes with it.  Checking here rather than in every flush
    keeps a system call off the commit path.  The check runs after a change
-   in the directory, within microseconds of it (amid a truncation, whose own
-   renames and removals it sits out, right after that), and at least every
-   ``flush_interval`` whatever woke it (a file deleted while it was being
-   brought in, or where inotify is missing: every round), so a flush that
-   races it, or at worst that interval, is what can be acknowledged in
-   between;
+   in the directory, within microseconds of it (a truncation's own renames
+   and removals are left out of the watch, and checked right after it), and
+   at least every ``flush_interval`` whatever woke it (a file deleted while
+   it was being brought in, or where inotify is missing: every round), so a
+   flush that races it, or at worst that interval, is what can be
+   acknowledged in between;
 3. flushes what was appended without a flush, so that asynchronously
    committed records become durable within ``flush_interval``.
 
@@ -69,9 +69,10 @@ def _drain(fd: int) -> None:
 class BackgroundWriter:
     """Runs ``prepare()``, ``check()`` and ``flush()`` in a daemon thread until ``stop()``.
 
-    ``check()`` returns whether it checked: one that sat a round out runs again the next."""
+    ``check()`` runs after a change in the watched directory, and at least every
+    ``flush_interval``; one that failed runs again the next round."""
 
-    def __init__(self, prepare: Callable[[], None], check: Callable[[], bool],
+    def __init__(self, prepare: Callable[[], None], check: Callable[[], None],
                  flush: Callable[[], None], flush_interval: float, name: str,
                  watch: str | None = None) -> None:
         self._prepare = prepare
@@ -84,6 +85,7 @@ class BackgroundWriter:
         self._watch_fd = watch_removals(watch) if watch else -1
         self._check_due = True  # files may have gone before the watch began
         self._next_check = 0.0  # (monotonic) when the check runs even without an event
+        self._watch_quiet = False  # own_removals could not restore the watch: retried
         self._stopping = False
         self.error: BaseException | None = None
         self._cpu_ns = 0
@@ -111,28 +113,31 @@ class BackgroundWriter:
                     _drain(fd)  # eventfd or inotify: either way, one round now
                 if self._stopping:
                     break
+                if self._watch_quiet:  # a restore that failed (own_removals): again
+                    self._watch_quiet = not self._watch_mask(_REMOVALS)
                 self._step(self._prepare)
                 now = time.monotonic()
                 if self._check_due or self._watch_fd < 0 or self._watch_fd in fired or \
                         now >= self._next_check:
                     self._check_due = False  # (before the check: one due meanwhile runs next)
                     self._next_check = now + self._interval
-                    if self._step(self._check) is not True:
-                        self._check_due = True
+                    self._check_due = not self._step(self._check)
                 self._step(self._flush)
         except ClosedError:
             return
 
-    def _step(self, step: Callable[[], object]) -> object:
-        """Run one step of a round; a failure (e.g. no space for a new segment) is kept for
-        appenders that need what it did, and skips none of the others."""
+    def _step(self, step: Callable[[], None]) -> bool:
+        """Run one step of a round: whether it ran through.  A failure (e.g. no space for a
+        new segment) is kept for appenders that need what it did, and skips none of the
+        others."""
         try:
-            return step()
+            step()
+            return True
         except ClosedError:
             raise
         except Exception as exc:
             self.error = exc
-            return None
+            return False
 
     @contextmanager
     def own_removals(self) -> Iterator[None]:
@@ -144,13 +149,14 @@ class BackgroundWriter:
         try:
             yield
         finally:
-            self._watch_mask(_REMOVALS)
+            self._watch_quiet = not self._watch_mask(_REMOVALS)  # (failed: each round retries)
             self._check_due = True
 
-    def _watch_mask(self, mask: int) -> None:
+    def _watch_mask(self, mask: int) -> bool:
+        """Set what the watch reports; whether that worked (or there is no watch)."""
         with self._descriptors:  # (stop() closing it meanwhile)
-            if self._watch_fd >= 0:
-                _libc.inotify_add_watch(self._watch_fd, self._watch, mask)
+            return self._watch_fd < 0 or _libc.inotify_add_watch(self._watch_fd, self._watch,
+                                                                 mask) >= 0
 
     def cpu_ns(self) -> int:
         """CPU time this writer's thread has used (all of it, once the thread has ended)."""

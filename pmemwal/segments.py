@@ -14,7 +14,8 @@ an unlinked file still succeed, and what they hold vanishes with it.  The
 background writer watches the directory (inotify), checks the segments' link
 counts when a file leaves it or is renamed over (and every flush_interval), and stops
 the writer (WriterStoppedError, ENOENT); flushes acknowledged in between
-(about one GIL switch interval, ~5 ms) are lost with the file.  Without the
+(about one GIL switch interval, ~5 ms, after an event; up to flush_interval for
+a file deleted as it was being brought in) are lost with the file.  Without the
 background writer, nothing notices.  Records already acknowledged in a deleted
 segment are lost in every mode; on reopen, a missing segment with a later one
 present (segments are made in order) is a CorruptionError, while a missing

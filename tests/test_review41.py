@@ -8,7 +8,6 @@ import os
 import threading
 import time
 
-import pytest
 
 import pmemwal
 from conftest import SEG, seg_file

@@ -113,16 +113,14 @@ class BackgroundRounds(Truncation):
         as prepare_segments; further, it attaches what others made: _prepare_ahead.)"""
         return self._last_truncation_lsn is None and self._control is None
 
-    def _check_removed(self) -> bool:
-        """Background, once a file has left the directory: stop the writer if it was an
-        attached segment.  Returns False when a truncation is doing its file work (its own
-        renames and removals): the check then runs in the round after it."""
+    def _check_removed(self) -> None:
+        """Background, after a change in the directory and at least every flush_interval:
+        stop the writer if a segment file it holds was deleted (background.py: when).  A
+        truncation meanwhile is no reason to wait: the segments it cuts leave the table
+        before their files are touched, and those it recycles keep their link."""
         if self._closed or self._core.error:
-            return True
-        if self._truncating():
-            return False
+            return
         self._check_segments()
-        return True
 
     def _flush_async(self) -> None:
         """Background: make asynchronously appended records durable."""

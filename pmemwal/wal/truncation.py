@@ -60,7 +60,7 @@ class Truncation(Checkpointing):
                 plan = self._truncate_shared(cut)
         background = self._background
         if plan and background is not None:
-            background.wake()  # the round it sat out (_truncating), now that it would not
+            background.wake()  # the check its own removals are due (own_removals)
         return len(plan)
 
     def _own_removals(self, plan: list[tuple[int, int | None, Segment | None]]) \
@@ -83,12 +83,6 @@ class Truncation(Checkpointing):
         segments below ``cut`` from here on as truncated (their copies are checked after)."""
         if self._follow is not None:
             self._follow.raise_oldest(cut)
-
-    def _truncating(self) -> bool:
-        """Whether a truncation is doing its file work: the background writer's check of
-        the segment files waits for its end (its own renames and removals, which the
-        watch leaves out meanwhile: _own_removals), and truncate() wakes it then."""
-        return self._truncate_lock.locked()
 
     def _archived_cut(self, cut: int) -> int:
         """``cut`` lowered to the oldest segment not archived yet, counting what that keeps."""
