@@ -121,7 +121,8 @@ class BackgroundWriter:
                         now >= self._next_check:
                     self._check_due = False  # (before the check: one due meanwhile runs next)
                     self._next_check = now + self._interval
-                    self._check_due = not self._step(self._check)
+                    if not self._step(self._check):
+                        self._check_due = True
                 self._step(self._flush)
         except ClosedError:
             return

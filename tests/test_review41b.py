@@ -148,3 +148,36 @@ def test_a_watch_left_quiet_by_a_failed_restore_still_reports_deletions(shm_tmp,
         time.sleep(0.2)                       # the check after the truncation has run
         os.unlink(seg_file(wal_dir, wal.insert_lsn // SEG))
         assert _stops_within(wal, 1.0), "a deletion after a failed restore waited for the timer"
+
+
+def test_a_check_due_after_a_truncation_survives_a_check_running_meanwhile(shm_tmp):
+    """own_removals marks a check due as the truncation ends; a check that was already
+    running (and had looked before the deletion in the quiet window) must not clear that
+    mark when it finishes, or the next look comes only a flush_interval later."""
+    wal_dir = shm_tmp / "wal"
+    with pmemwal.open(wal_dir, segment_size=SEG, flush_interval=30.0) as wal:
+        _fill(wal, 3 * SEG + 4 * PAGE)
+        time.sleep(0.2)                               # the first rounds are done
+        checked, truncated = threading.Event(), threading.Event()
+        check = wal._check_segments
+
+        def slow_check():  # looks, then finishes only once the truncation has ended
+            check()
+            if not checked.is_set():
+                checked.set()
+                truncated.wait(5)
+
+        recycle = wal._recycle_or_remove
+
+        def delete_then_recycle(plan):  # a segment deleted inside the quiet window
+            os.unlink(seg_file(wal_dir, wal.insert_lsn // SEG))
+            recycle(plan)
+
+        wal._check_segments = slow_check
+        wal._recycle_or_remove = delete_then_recycle
+        wal._background._check_due = True
+        wal._background.wake()
+        assert checked.wait(5)
+        assert wal.truncate(wal.flushed_lsn) > 0
+        truncated.set()
+        assert _stops_within(wal, 2.0), "the check due after the truncation never ran"

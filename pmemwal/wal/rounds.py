@@ -6,8 +6,9 @@ the WAL's growth needs (growth.py measures it) before its first truncation, and 
 pool needs after; ``_check_removed``, when the directory changed or an interval passed,
 that no segment was deleted; ``_flush_async`` that no follower killed asleep is left for
 every flush to wake, then makes asynchronously appended records durable, writes a
-checkpoint when one is due and hands complete segments to the archiver.  Sets ``_notify_ahead`` (the depth the core wakes the
-writer at); brings segments through supply.py, never removes one.
+checkpoint when one is due and hands complete segments to the archiver.  Sets
+``_notify_ahead`` (the depth the core wakes the writer at); brings segments through
+supply.py, never removes one.
 """
 
 from __future__ import annotations

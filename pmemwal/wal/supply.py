@@ -208,9 +208,8 @@ class SegmentSupply(SharedSegments):
         position, or past the furthest one the core asked for (a batch reserved at once
         reaches further than the insert position read here), by at most prepare_segments
         (one at least) or what the WAL fills in _ARM_AHEAD seconds at its recent pace (at
-        most _ARM_AHEAD_MAX).
-        Those are attached to the core; a spare further out stays a spare, which recovery
-        need not read."""
+        most _ARM_AHEAD_MAX).  Those are attached to the core; a spare further out stays a
+        spare, which recovery need not read."""
         if not hasattr(self, "_core"):
             return True  # (the open: the segment it goes on in)
         current = max(self._core.insert_lsn // self.segment_size, self._needed)
