@@ -15,6 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 import pmemwal
 from common import (human, markdown_table, print_cpu, rate, rate_and_background, scratch_dir,
@@ -24,23 +27,51 @@ SIZES = [64, 8 << 10, 64 << 10, 1 << 20]
 KEEP = 64 << 20
 
 
-def commit_rate(mode: str, size: int, seconds: float) -> tuple[float, str, float]:
+def commit_rate(mode: str, size: int, seconds: float,
+                checkpointer: float | None = None) -> tuple[float, str, float]:
     """Records/s of append(flush=True) in ``mode``; the persist method used; the background
-    writer's CPU share over the measured window."""
+    writer's CPU share over the measured window.  The appender truncates behind itself, or
+    with ``checkpointer`` a thread does, every that many seconds, to the flushed LSN of its
+    previous round (PostgreSQL's arrangement: backends never recycle)."""
     data = os.urandom(size)
-    with scratch_dir() as path, pmemwal.open(path, mode=mode, recycle_segments=8) as wal:
+    with scratch_dir() as path, pmemwal.open(path, mode=mode, recycle_segments=8) as wal, \
+            _checkpointing(wal, checkpointer):
         batch = max(1, (1 << 20) // size)
 
         def step() -> int:
             for _ in range(batch):
                 wal.append(data, flush=True)
-            if wal.flushed_lsn - wal.first_lsn > KEEP:
+            if checkpointer is None and wal.flushed_lsn - wal.first_lsn > KEEP:
                 wal.truncate(wal.flushed_lsn - KEEP // 2)
             return batch
 
         rate(step, 0.3)  # warm-up: segments created, mapped, then recycled
         value, share = rate_and_background(wal, step, seconds)
         return value, wal.persist_method, share
+
+
+@contextmanager
+def _checkpointing(wal: pmemwal.WAL, interval: float | None) -> Iterator[None]:
+    """A thread truncating ``wal`` every ``interval`` seconds while the block runs (none:
+    nothing)."""
+    if interval is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def run() -> None:
+        redo = wal.flushed_lsn
+        while not stop.wait(interval):
+            wal.truncate(redo)
+            redo = wal.flushed_lsn
+
+    thread = threading.Thread(target=run, name="checkpointer")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def main() -> None:
