@@ -58,8 +58,9 @@ _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/archive.py)
 # What a WAL directory holds besides its segments (and their temp files)
 FOLLOW_NAME = "FOLLOW"  # what writers publish for readers in other processes (pmemwal/follow_file.py)
+BENCH_NAME = "BENCH"  # an empty file: pmemwal bench made this WAL, and may delete it
 WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
-            ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, INDEX_NAME, FOLLOW_NAME}
+            ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, INDEX_NAME, FOLLOW_NAME, BENCH_NAME}
 
 
 WRITER_BYTE = 1 << 20  # of LOCK: read-locked (OFD) by every writer while it has the WAL open

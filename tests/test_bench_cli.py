@@ -471,3 +471,26 @@ def test_read_speed_quick_names_every_reading(shm_dir: Path) -> None:
         for reading, (owner, attr) in READ_NEEDS.items():
             assert (readings[reading] is None) != hasattr(owner, attr), reading
     assert os.listdir(shm_dir) == ["reads.json"]  # its stores removed
+
+
+def test_fresh_refuses_a_wal_holding_records_it_did_not_make(shm_dir: Path) -> None:
+    """A WAL someone else wrote is not the bench's to delete: refused, with the flag that
+    overrides it named, and left whole; --force deletes it; a WAL an earlier run kept (its
+    own, marked) and an empty one go without it."""
+    path = shm_dir / "precious"
+    with pmemwal.open(path, mode="buffered") as wal:
+        wal.append(b"keep me", flush=True)
+    result = invoke("bench", path, "--mode", "buffered", "--duration", "0.1")
+    assert result.exit_code == 1 and "--force" in result.stderr and "holds records" in result.stderr
+    with pmemwal.open(path, mode="buffered") as wal:
+        assert [r.payload for r in wal.records()] == [b"keep me"]
+    result = invoke("bench", path, "--mode", "buffered", "--duration", "0.1", "--force",
+                    "--keep-wal")
+    assert result.exit_code == 0, result.output + result.stderr
+    with pmemwal.open(path, mode="buffered") as wal:
+        assert b"keep me" not in {r.payload for r in wal.records()}
+    result = invoke("bench", path, "--mode", "buffered", "--duration", "0.1")  # the bench's own
+    assert result.exit_code == 0, result.output + result.stderr
+    assert not path.exists()
+    pmemwal.open(path, mode="buffered").close()  # a WAL with no record
+    assert invoke("bench", path, "--mode", "buffered", "--duration", "0.1").exit_code == 0

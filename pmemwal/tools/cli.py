@@ -194,6 +194,9 @@ def probe(path: str, as_json: bool, measure: bool, seconds: float, save: bool,
                    "for what archiving costs below the archive's speed [default: 0, no limit].")
 @click.option("--keep-wal", is_flag=True,
               help="Leave the WAL at PATH after the run (by default it is removed, on Ctrl-C too).")
+@click.option("--force", is_flag=True,
+              help="Delete a WAL already at PATH even if it holds records that no bench run made "
+                   "(by default bench deletes only the WALs it made, and empty ones).")
 @click.option("--archive", "archive", metavar="URL", default=None,
               help="Archive every complete segment to this fsspec URL (s3://bucket/prefix, "
                    "file:///path) while the clients append; the warm-up waits until its "
@@ -206,12 +209,13 @@ def probe(path: str, as_json: bool, measure: bool, seconds: float, save: bool,
 def bench(path: str, mode: str, clients: int, processes: bool, size: int, duration: float,
           flush: str, segment_size: int | None, insert_slots: int, prefault: bool, persist: str,
           keep: int | None, checkpoint: float, progress_interval: float, cold: bool,
-          keep_wal: bool, rate: float, archive: str | None, archive_endpoint: str | None,
-          as_json: bool) -> None:
+          keep_wal: bool, force: bool, rate: float, archive: str | None,
+          archive_endpoint: str | None, as_json: bool) -> None:
     """Append records to a fresh WAL at PATH for a while and report throughput and latency.
 
-    PATH is a benchmark directory: a WAL already there is deleted first, and the run's WAL
-    is removed after it unless --keep-wal.
+    PATH is a benchmark directory: a WAL an earlier run left there is deleted first (one
+    holding records that no bench run made only with --force), and the run's WAL is removed
+    after it unless --keep-wal.
 
     Example: pmemwal bench /dev/shm/pmemwal-bench --mode direct --size 8k --flush group:16
     """
@@ -220,7 +224,8 @@ def bench(path: str, mode: str, clients: int, processes: bool, size: int, durati
                                 insert_slots=insert_slots, prefault=prefault, persist=persist,
                                 keep_bytes=keep, checkpoint=checkpoint,
                                 progress_interval=progress_interval, cold=cold,
-                                keep_wal=keep_wal, rate=rate, processes=processes, archive=archive,
+                                keep_wal=keep_wal, force=force, rate=rate, processes=processes,
+                                archive=archive,
                                 archive_options=_archive_options(archive, archive_endpoint))
     result = _bench.run(config, progress=lambda p: click.echo(p["line"], err=True))
     if as_json:

@@ -91,6 +91,7 @@ class BenchConfig:
     checkpoint: float = 0.0  # s between truncations by a checkpointer thread; 0: by the clients
                              # (with keep_bytes None: nothing is truncated either way)
     fresh: bool = True  # delete the WAL directory first (it must hold only a WAL)
+    force: bool = False  # delete it even when it holds records a bench run did not make
     keep_wal: bool = False  # leave the WAL behind after the run (else removed, on Ctrl-C too)
     progress_interval: float = 1.0  # seconds between progress lines; 0: none
     rate: float = 0.0  # records/s each client appends at most (paced: a given load); 0: no limit

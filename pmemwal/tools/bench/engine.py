@@ -18,7 +18,7 @@ from pmemwal.tools.bench.latency import _hdr_histogram
 from pmemwal.tools.bench.processes import _Processes
 from pmemwal.tools.bench.report import BenchResult
 from pmemwal.tools.bench.session import Progress, _Run
-from pmemwal.tools.bench.wal_dir import _open_wal, fresh_segment_rate, remove_wal_dir
+from pmemwal.tools.bench.wal_dir import _open_wal, fresh_segment_rate, mark_bench_wal, remove_wal_dir
 from pmemwal.tools.bench.warmup import _warm_up
 
 
@@ -32,11 +32,13 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     """
     _hdr_histogram()  # the 'bench' extra, before anything is touched
     if config.fresh:
-        remove_wal_dir(config.path)
+        remove_wal_dir(config.path, force=config.force)
     recycle = config.recycle_segments(config.segment_size or DEFAULT_SEGMENT_SIZE)
     try:
         wal = _open_wal(config)
         try:
+            if config.fresh:
+                mark_bench_wal(wal.path)
             probe = wal.probe or pmemwal.probe(wal.path)
             baseline = wal.stats() if config.cold else _warm_up(
                 wal, config.keep_bytes, recycle, config.truncate_step(wal.segment_size))
@@ -46,7 +48,7 @@ def run(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
             wal.close()
     finally:
         if not config.keep_wal:  # a run's WAL can be GiBs of RAM on /dev/shm
-            remove_wal_dir(config.path)
+            remove_wal_dir(config.path, force=config.force)  # (this run's: marked, or empty)
     if config.keep_bytes is None:  # the WAL grew: against the pace this machine makes segments
         rate = fresh_segment_rate(os.path.dirname(os.path.abspath(config.path)), wal.segment_size,
                                   wal.mode, config.prefault)
