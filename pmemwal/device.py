@@ -271,9 +271,10 @@ def store_calibration(path: str | os.PathLike[str], entry: Calibration | None) -
 
 
 def _check_mode(mode: str, what: str) -> None:
-    """Raise ValueError, listing the valid modes, unless ``mode`` is one."""
+    """Raise ConfigError (a ValueError), listing the valid modes, unless ``mode`` is one."""
     if mode not in MODES:
-        raise ValueError(f"{what} must be one of {', '.join(MODES)}; got {mode!r}")
+        from pmemwal.errors import ConfigError
+        raise ConfigError(f"{what} must be one of {', '.join(MODES)}; got {mode!r}")
 
 
 def _nearest_dir(path: str) -> str:

@@ -638,3 +638,39 @@ def test_segment_number_out_of_range_is_refused(wal_dir):
         f.truncate(1 << 20)
     with pytest.raises(pmemwal.FormatError, match="out of range"):
         pmemwal.open(wal_dir)
+
+
+def test_a_failed_create_leaves_the_directory_as_it_found_it(shm_tmp, monkeypatch):
+    """An open that cannot go on (here PMEMWAL_MODE names no mode: a ConfigError, a
+    WALError) removes what it made: the directory it made, or the files it put in an empty
+    one; a directory that held a WAL keeps it."""
+    monkeypatch.setenv("PMEMWAL_MODE", "bogus")
+    new = shm_tmp / "new"
+    with pytest.raises(pmemwal.ConfigError, match="PMEMWAL_MODE"):
+        pmemwal.open(new)
+    assert not new.exists()
+    empty = shm_tmp / "empty"
+    empty.mkdir()
+    with pytest.raises(pmemwal.ConfigError):
+        pmemwal.open(empty)
+    assert empty.is_dir() and list(empty.iterdir()) == []
+    monkeypatch.delenv("PMEMWAL_MODE")
+    with pmemwal.open(empty, mode="buffered") as wal:
+        wal.append(b"kept", flush=True)
+    monkeypatch.setenv("PMEMWAL_MODE", "bogus")
+    with pytest.raises(pmemwal.ConfigError):
+        pmemwal.open(empty)
+    monkeypatch.delenv("PMEMWAL_MODE")
+    with pmemwal.open(empty, mode="buffered") as wal:
+        assert [r.payload for r in wal.records()] == [b"kept"]
+
+
+def test_a_shared_open_refused_by_a_writer_that_does_not_share_leaves_no_control_file(shm_tmp):
+    """The refusal comes before the shared open makes anything in the other writer's WAL."""
+    path = shm_tmp / "wal"
+    with pmemwal.open(path, mode="direct") as wal:
+        before = sorted(os.listdir(path))
+        with pytest.raises(pmemwal.LockedError, match="does not share it"):
+            pmemwal.open(path, mode="direct", shared=True)
+        assert sorted(os.listdir(path)) == before and "CONTROL" not in before
+        wal.append(b"still mine", flush=True)

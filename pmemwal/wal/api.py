@@ -256,6 +256,7 @@ class WAL(Reading, Opening):
         self._dir = WalDirectory(os.fspath(path), create, shared=shared)
         try:
             if shared:
+                self._dir.refuse_unshared_writer()
                 self._control = ControlFile(self._dir.path, archive_tag(archiving))
                 with self._control.files_lock():
                     self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
@@ -274,7 +275,9 @@ class WAL(Reading, Opening):
                 if self._archiver is not None and self._background is not None:
                     self._background.wake()  # its first round marks what completed before
         except BaseException:
-            self._release()
+            # a failed create leaves the directory as it found it (a shared one may have
+            # peers arriving: what it made stays)
+            self._release(undo_create=self._dir.found_empty and not shared)
             raise
         self._closed = False
         if shared:
@@ -448,7 +451,7 @@ class WAL(Reading, Opening):
             os.close(self._follow.fd)
             self._follow = None
 
-    def _release(self, point: tuple[int, int] | None = None) -> None:
+    def _release(self, point: tuple[int, int] | None = None, undo_create: bool = False) -> None:
         _SHARED.discard(self)
         with self._truncate_lock:
             with self._seg_lock:  # no segment is attached after this
@@ -476,6 +479,11 @@ class WAL(Reading, Opening):
             for seg in segments:
                 seg.close()
         finally:
+            if undo_create:  # (its lock held until what it made is gone)
+                try:
+                    self._dir.undo_create()
+                except StorageError:
+                    pass  # what it could not remove stays
             self._dir.close()  # (the directory lock: let go whatever failed above)
 
     def _mark_clean(self, point: tuple[int, int] | None) -> None:
