@@ -294,6 +294,10 @@ def test_measure_keeps_the_choice_and_auto_follows_it(shm_dir: Path, tmp_path, m
         assert wal.mode == "direct" and wal.probe.calibration["mode"] == "direct"
     forgot = cli_runner().invoke(main, ["probe", str(shm_dir), "--forget"])
     assert forgot.exit_code == 0 and json.loads((tmp_path / "calibration.json").read_text()) == {}
+    assert forgot.stdout.startswith("forgot the measured choice for ")
+    again = cli_runner().invoke(main, ["probe", str(shm_dir), "--forget"])  # nothing stored now
+    assert again.exit_code == 0 and "no measured choice was stored" in again.stdout
+    assert "forgot" not in again.stdout
     with pmemwal.open(shm_dir / "wal2") as wal:
         assert wal.mode == "buffered"                     # the rule again
 

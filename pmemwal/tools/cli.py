@@ -132,8 +132,12 @@ def probe(path: str, as_json: bool, measure: bool, seconds: float, save: bool,
     from pmemwal.tools import measure as _measure
 
     if forget:
-        click.echo(f"forgot the measured choice for {_device.calibration_key(path)} "
-                   f"({_device.store_calibration(path, None)})")
+        key = _device.calibration_key(path)
+        if _device.stored_calibration(path) is None:
+            click.echo(f"no measured choice was stored for {key}: nothing to forget")
+        else:
+            click.echo(f"forgot the measured choice for {key} "
+                       f"({_device.store_calibration(path, None)})")
     measured = _measure.measure_modes(path, seconds) if measure else None
     if measured and save:
         where = _measure.save(measured)
