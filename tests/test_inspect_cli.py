@@ -645,3 +645,14 @@ def test_verify_reports_a_deleted_checkpoint(wal_dir):
     assert (report.first_problem.segment, report.first_problem.lsn) == (0, PAGE + PAGE_HDR)
     as_made_before_checkpoints(wal_dir)
     assert inspect.verify(wal_dir).ok
+
+
+@pytest.mark.parametrize("command", ["dump", "verify", "stats", "lost-found"])
+def test_every_tool_says_the_same_of_a_path_that_is_no_wal(tmp_path: Path, command: str) -> None:
+    """Nothing there: NotFoundError; a file: FormatError; each exit status 1, as a library
+    error (not 2, a usage error)."""
+    missing = invoke(command, tmp_path / "nothing")
+    assert missing.exit_code == 1 and "NotFoundError" in missing.stderr
+    (tmp_path / "file").write_text("x")
+    file = invoke(command, tmp_path / "file")
+    assert file.exit_code == 1 and "FormatError" in file.stderr and "not a directory" in file.stderr

@@ -425,7 +425,7 @@ def restore(source: str, dest: str, until: int | None, restore_command: bool,
 
 
 @main.command(name="lost-found")
-@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.argument("path", type=click.Path())
 @click.option("--dump", "dump_name", metavar="NAME", default=None,
               help="List the records of entry NAME (LSN, length, first bytes).")
 @click.option("--restore", "restore_name", metavar="NAME", default=None,
@@ -442,6 +442,7 @@ def lost_found(path: str, dump_name: str | None, restore_name: str | None,
 
     Example: pmemwal lost-found /dev/shm/wal --restore 0000000000A12018-1733400000000000000
     """
+    _inspect.checks.require_wal_directory(path)  # (as dump, verify and stats: exit 1)
     if restore_name is not None:
         n = _putback.restore(path, restore_name)
         click.echo(f"{restore_name}: {n} record(s) appended to {path} and the entry removed")

@@ -37,6 +37,15 @@ def _runs(numbers: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+def require_wal_directory(path: str) -> None:
+    """NotFoundError when nothing is at ``path``, FormatError when it is not a directory: what
+    every tool says of a PATH that cannot be a WAL."""
+    if not os.path.lexists(path):
+        raise NotFoundError(errno.ENOENT, "no such WAL directory", path)
+    if not os.path.isdir(path):
+        raise FormatError(f"{path} is not a directory (a WAL is a directory of segment files)")
+
+
 @dataclass
 class _SegmentFile:
     segno: int
@@ -66,10 +75,7 @@ class DirectoryChecks:
         self._read_checkpoint(gaps)
 
     def _list(self) -> list[int]:
-        if not os.path.lexists(self.path):
-            raise NotFoundError(errno.ENOENT, "no such WAL directory", self.path)
-        if not os.path.isdir(self.path):
-            raise FormatError(f"{self.path} is not a directory (a WAL is a directory of segment files)")
+        require_wal_directory(self.path)
         try:
             names = sorted(os.listdir(self.path))
         except OSError as exc:
