@@ -202,10 +202,7 @@ def resolve_mode(mode: str, path: str | os.PathLike[str]) -> tuple[str, ProbeRes
     file system (``pmemwal probe --measure``) where there is one and the mapping is not
     persistent memory, else the probe's rule.
     """
-    _check_mode(mode, "mode")
-    if mode == "auto":
-        mode = os.environ.get(MODE_ENV_VAR) or "auto"
-        _check_mode(mode, MODE_ENV_VAR)
+    mode = chosen_mode(mode)
     if mode != "auto":
         return mode, None
     result = probe(path, brief=True)
@@ -268,6 +265,16 @@ def store_calibration(path: str | os.PathLike[str], entry: Calibration | None) -
         json.dump(data, f, indent=2, sort_keys=True)
     os.replace(tmp, where)
     return where
+
+
+def chosen_mode(mode: str) -> str:
+    """``mode``, or for ``auto`` the one ``PMEMWAL_MODE`` names when set (``auto`` if not);
+    ConfigError if either names no mode.  An open asks before it makes anything."""
+    _check_mode(mode, "mode")
+    if mode == "auto":
+        mode = os.environ.get(MODE_ENV_VAR) or "auto"
+        _check_mode(mode, MODE_ENV_VAR)
+    return mode
 
 
 def _check_mode(mode: str, what: str) -> None:

@@ -32,7 +32,6 @@ import errno
 import fcntl
 import mmap
 import os
-import shutil
 import struct
 import weakref
 from contextlib import contextmanager
@@ -170,13 +169,11 @@ class WalDirectory:
         self.cuts = 0   # the WAL's count of cuts, for the headers written (pmemwal/format.py)
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise FormatError(f"{self.path} is a file, not a WAL directory")
-        self.made = not os.path.isdir(self.path)  # (undo_create: what a failed open removes)
-        if self.made:
+        if not os.path.isdir(self.path):
             if not create:
                 raise NotFoundError(errno.ENOENT, "no WAL directory (create=False)", self.path)
             with storage_errors(f"creating {self.path}"):
                 make_directories(self.path, mode=0o700)
-        self.found_empty = self.made or not os.listdir(self.path)
         self.list_segments(tidy=False)  # refuse a foreign directory before leaving a LOCK in it
         self._checkpoint_seen = False  # (header_flags)
         with storage_errors(f"opening {self.path}"):
@@ -195,17 +192,6 @@ class WalDirectory:
             raise LockedError(f"{self.path} is open in another writer (lock file {LOCK_NAME}); "
                               "several processes write one WAL when all open it with "
                               "shared=True") from None
-
-    def refuse_unshared_writer(self) -> None:
-        """A shared open, before it makes anything here: LockedError at once when a writer
-        that does not share the WAL has it open (``lock_shared`` decides, under the files
-        lock; this look only spares that writer's directory a CONTROL file)."""
-        try:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LockedError(f"{self.path} is open in a writer that does not share it "
-                              f"(lock file {LOCK_NAME}; open it with shared=True everywhere)") from None
-        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
 
     def lock_shared(self) -> bool:
         """A shared WAL (the caller holds the control file's files lock): True when no other
@@ -244,28 +230,6 @@ class WalDirectory:
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = -1
-
-    def undo_create(self) -> None:
-        """An open that found the directory empty (or made it) failed: remove what it made,
-        the lock file last and while still held (an opener meanwhile fails to take it, or
-        makes a new one), then release it; the directory too if the open made it.  Only for
-        a writer that holds the lock alone: one of a shared WAL may have peers arriving."""
-        with storage_errors(f"removing what a failed open made in {self.path}"):
-            for name in os.listdir(self.path):
-                entry = os.path.join(self.path, name)
-                if name == LOCK_NAME:
-                    continue
-                if os.path.isdir(entry):
-                    shutil.rmtree(entry)
-                else:
-                    os.unlink(entry)
-            os.unlink(os.path.join(self.path, LOCK_NAME))
-        self.close()
-        if self.made:
-            try:
-                os.rmdir(self.path)
-            except OSError:
-                pass  # another opener's LOCK, made since: its directory now
 
     def close(self) -> None:
         """Release the lock and the directory."""

@@ -21,6 +21,7 @@ import numpy as np
 from pmemwal._core import Record
 from pmemwal.archive import DEFAULT_COMMAND_TIMEOUT
 from pmemwal.control import ControlFile, archive_tag
+from pmemwal.device import chosen_mode
 from pmemwal.errors import StorageError, format_lsn
 from pmemwal.format import first_lsn
 from pmemwal.segments import WalDirectory
@@ -253,10 +254,10 @@ class WAL(Reading, Opening):
                          checkpoint_interval=checkpoint_interval,
                          checkpoint_bytes=checkpoint_bytes)
         self._max_follower_lag = max_follower_lag_bytes
+        chosen_mode(mode)  # (a bad PMEMWAL_MODE refused before a file is made)
         self._dir = WalDirectory(os.fspath(path), create, shared=shared)
         try:
             if shared:
-                self._dir.refuse_unshared_writer()
                 self._control = ControlFile(self._dir.path, archive_tag(archiving))
                 with self._control.files_lock():
                     self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
@@ -275,9 +276,7 @@ class WAL(Reading, Opening):
                 if self._archiver is not None and self._background is not None:
                     self._background.wake()  # its first round marks what completed before
         except BaseException:
-            # a failed create leaves the directory as it found it (a shared one may have
-            # peers arriving: what it made stays)
-            self._release(undo_create=self._dir.found_empty and not shared)
+            self._release()
             raise
         self._closed = False
         if shared:
@@ -451,7 +450,7 @@ class WAL(Reading, Opening):
             os.close(self._follow.fd)
             self._follow = None
 
-    def _release(self, point: tuple[int, int] | None = None, undo_create: bool = False) -> None:
+    def _release(self, point: tuple[int, int] | None = None) -> None:
         _SHARED.discard(self)
         with self._truncate_lock:
             with self._seg_lock:  # no segment is attached after this
@@ -479,11 +478,6 @@ class WAL(Reading, Opening):
             for seg in segments:
                 seg.close()
         finally:
-            if undo_create:  # (its lock held until what it made is gone)
-                try:
-                    self._dir.undo_create()
-                except StorageError:
-                    pass  # what it could not remove stays
             self._dir.close()  # (the directory lock: let go whatever failed above)
 
     def _mark_clean(self, point: tuple[int, int] | None) -> None:
