@@ -245,9 +245,12 @@ class WalDirectory:
         return os.path.join(self.path, segment_name(segno))
 
     def list_segments(self, tidy: bool = True) -> list[int]:
-        """Segment numbers present, sorted; rejects foreign files; with ``tidy``
-        (under the lock) removes the temp files of an interrupted create or recycle."""
-        segnos = []
+        """Segment numbers present, sorted; with ``tidy`` (under the lock) removes the temp
+        files of an interrupted create or recycle.  Files that are not the WAL's are ignored
+        in a WAL (never read, never removed: as PostgreSQL ignores unknown files in pg_wal),
+        but refused in a directory with no segment file: a WAL is not made among files it
+        does not know (a wrong path)."""
+        segnos, foreign = [], []
         for name in os.listdir(self.path):
             segno = parse_segment_name(name)
             if segno is not None:
@@ -262,7 +265,10 @@ class WalDirectory:
                 raise FormatError(f"{self.path} is a restore cut short ({name} is there): run "
                                   "the restore again, which starts over")
             elif not is_wal_own_name(name):
-                raise FormatError(f"{self.path} holds {name!r}, which is not part of a pmemwal WAL")
+                foreign.append(name)
+        if foreign and not segnos:
+            raise FormatError(f"{self.path} holds {min(foreign)!r}, which is not part of a "
+                              "pmemwal WAL, and no segment file: not a WAL directory")
         return sorted(segnos)
 
     def read_headers(self, segnos: list[int]) -> list[tuple[SegmentHeader | FormatError, int]]:

@@ -74,13 +74,15 @@ def test_create_false_opens_existing(wal_dir, mode):
         assert [(lsn, d) for lsn, d, _ in read_all(wal)] == recs
 
 
-def test_foreign_file_in_directory(wal_dir, mode):
+def test_a_file_not_the_wals_is_ignored_and_kept(wal_dir, mode):
+    """As PostgreSQL ignores unknown files in pg_wal: a WAL opens beside them, and leaves
+    them as they are."""
     recs = _make(wal_dir, mode)
     (wal_dir / "notes.txt").write_text("hello")
-    with pytest.raises(pmemwal.FormatError, match="notes.txt"):
-        pmemwal.open(wal_dir, mode=mode)
-    (wal_dir / "notes.txt").unlink()
+    (wal_dir / "0000000000000001.wal.bak").write_bytes(b"x" * 100)
     _readable(wal_dir, recs, mode)
+    assert (wal_dir / "notes.txt").read_text() == "hello"
+    assert (wal_dir / "0000000000000001.wal.bak").read_bytes() == b"x" * 100
 
 
 def test_leftover_temp_segment_is_removed(wal_dir, mode):
@@ -90,9 +92,8 @@ def test_leftover_temp_segment_is_removed(wal_dir, mode):
     tmp.write_bytes(b"\0" * 4096)
     _readable(wal_dir, recs, mode)
     assert not tmp.exists()
-    (wal_dir / "notasegment.tmp").write_bytes(b"x")   # not ours: refused, not deleted
-    with pytest.raises(pmemwal.FormatError):
-        pmemwal.open(wal_dir, mode=mode)
+    (wal_dir / "notasegment.tmp").write_bytes(b"x")   # not ours: ignored, not deleted
+    _readable(wal_dir, recs, mode)
     assert (wal_dir / "notasegment.tmp").exists()
 
 

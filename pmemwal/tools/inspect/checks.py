@@ -95,7 +95,7 @@ class DirectoryChecks:
             what = f" (it holds {', '.join(map(repr, foreign))})" if foreign else ""
             raise FormatError(f"{self.path} holds no segment files: not a pmemwal WAL{what}")
         for name in foreign:
-            self.problems.append(Problem("foreign", f"{name!r} is not part of a pmemwal WAL"))
+            self.notes.append(f"{name!r} is not part of a pmemwal WAL: open ignores it")
         return segnos
 
     def _check_headers(self) -> None:
