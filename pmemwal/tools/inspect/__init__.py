@@ -10,8 +10,9 @@ instead of doing it:
 
 - a *problem* makes the WAL unsound: ``open`` would raise FormatError or
   CorruptionError for it, or a segment is missing from the middle;
-- a *note* is something ``open`` tidies quietly: a torn tail it would cut,
-  a temp file it would remove.
+- a *note* is something ``open`` tidies or passes over quietly: a torn tail it
+  would cut, a temp file it would remove, a file that is not the WAL's (ignored),
+  a spare segment missing past the end (made again when needed).
 
 The checkpoint (``CHECKPOINT``, pmemwal/checkpoint.py) is read, never written:
 ``verify`` reads every record as ``open(..., verify="all")`` does, so an end of
@@ -47,7 +48,8 @@ Split by concern, one module each (the names other code imports are here):
   chain followed to its end (torn tail or damage, as open would tell);
 - dump.py: records as lines, their previews and log headers (``pmemwal dump``);
 - tail.py: ``Tail``, those lines, then the records a writer makes durable (``dump --follow``);
-- verifying.py: ``verify``, what open would refuse or cut (``pmemwal verify``);
+- verifying.py: ``verify``, what open would refuse or cut (``pmemwal verify``; what a
+  repair of it would cut and keep: pmemwal/tools/repair.py);
 - stats.py: ``wal_stats`` and ``archive_status``, counted and formatted (``pmemwal stats``,
   ``pmemwal archive-status``).
 """

@@ -19,12 +19,18 @@ _LIVE_RETRIES = 8             # re-reads of an end that looked like damage (a wr
 @dataclass(frozen=True)
 class Problem:
     """Something that makes the WAL unsound, and where: ``kind`` is one of
-    foreign, io, header, size, gap, damage."""
+    io, header, size, gap, damage."""
 
     kind: str
     reason: str
     segment: int | None = None
     lsn: int | None = None
+
+    @property
+    def cut_mends(self) -> bool:
+        """Whether cutting the WAL before it mends it (``pmemwal repair``): damaged records
+        and deleted segments; a bad or unreadable file needs the user."""
+        return self.kind in ("damage", "gap")
 
     def where(self) -> str:
         """`` at X/X (segment 000...)``, as much of it as is known."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from pmemwal.errors import format_lsn
+from pmemwal.errors import format_lsn, repair_hint
 from pmemwal.tools.inspect.results import _LIVE_RETRIES, End, Problem
 from pmemwal.tools.inspect.view import WalView
 
@@ -53,17 +53,28 @@ class VerifyReport:
             return f"OK: {self.records} records, {self.segments} segments, end {end}"
         first = self.first_problem
         more = len(self.problems) - 1
-        return f"FAIL{first.where()}: {first.reason}" + (f" (+{more} more problems)" if more else "")
+        return f"FAIL{first.where()}: {first.reason}" + \
+            (f" (and {more} more {'problem' if more == 1 else 'problems'})" if more else "")
+
+    def more_problem_lines(self) -> list[str]:
+        """Every problem but the first, a line each (the summary line names the first)."""
+        first = self.first_problem
+        return [f"problem{p.where()}: {p.reason}" for p in self.problems if p is not first]
 
     def note_lines(self) -> list[str]:
         return [f"note: {n}" for n in self.notes]
 
     def lines(self) -> list[str]:
-        """The text report: the summary line, the checkpoint, then (when OK) the notes."""
-        out = [self.summary_line()]
+        """The text report: the summary line, the other problems, the checkpoint, then the notes
+        (when OK) or how to repair it (when a cut mends it)."""
+        out = [self.summary_line()] + self.more_problem_lines()
         if self.checkpoint_line:
             out.append(self.checkpoint_line)
-        return out + (self.note_lines() if self.ok else [])
+        if self.ok:
+            return out + self.note_lines()
+        if all(p.cut_mends for p in self.problems):
+            out.append(f"to repair: {repair_hint(self.path)}")
+        return out
 
     def as_dict(self) -> dict:
         first = self.first_problem
@@ -103,5 +114,19 @@ def _verify(path: str | os.PathLike[str]) -> VerifyReport:
             report.torn_tail = end
             report.notes.insert(0, end.describe())
         report.problems = list(view.problems)
+        if end.kind in ("clean", "torn") and end.lsn is not None:
+            _spares_missing(report, end.lsn)
         report.vanished = bool(view.vanished)
     return report
+
+
+def _spares_missing(report: VerifyReport, end: int) -> None:
+    """Segments missing past the end of a chain that ended soundly are no problem: nothing
+    durable lay in them (the scan found no valid record past the end, and the checkpoint
+    vouches for none), and open makes them again when the WAL gets there.  A spare deleted,
+    or what a repair left past its cut.  A note, as open reads every record."""
+    for p in [p for p in report.problems if p.kind == "gap" and p.lsn is not None and p.lsn >= end]:
+        report.problems.remove(p)
+        report.notes.append(f"{p.reason}: past the end of the WAL, where nothing durable was "
+                            "(a spare segment deleted); open makes it again when the WAL gets "
+                            "there")

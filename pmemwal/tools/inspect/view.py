@@ -24,6 +24,7 @@ from typing import Iterator
 from pmemwal import _core
 from pmemwal.errors import format_lsn
 from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, first_lsn, segment_name
+from pmemwal.lostfound import Found, records_past
 from pmemwal.tools.inspect.checks import DirectoryChecks
 from pmemwal.tools.inspect.dump import RecordLines
 from pmemwal.tools.inspect.results import _END, _LIVE_RETRIES, End, Problem, RecordInfo
@@ -166,6 +167,17 @@ class WalView(DirectoryChecks, RecordLines):
             if rest.count(0) != len(rest):
                 cut += len(rest)
         return End("torn" if cut else "clean", lsn, reason, cut_bytes=cut)
+
+    def past_end(self, end: int, last: int) -> list[Found]:
+        """The valid records past the chain's ``end`` (``last``: the chain's last record) that
+        a cut there would set aside in lost+found: recovery's search (``beyond``, then
+        lostfound.records_past), read-only."""
+        if self._reader is None:
+            return []
+        floor = first_lsn(self.segments[0], self.segment_size)
+        _, pages = self._reader.beyond(end, self.readable[-1], floor)
+        return records_past(end, pages, last, floor, self._segment, self.segment_size,
+                            int.from_bytes(self.wal_id[:4], "little"))
 
     def usable(self, lsn: int) -> int:
         """Position of ``lsn`` in the dense record stream (page headers left out)."""
