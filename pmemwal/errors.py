@@ -145,3 +145,10 @@ class WriterStoppedError(StorageError):
 def format_lsn(lsn: int) -> str:
     """An LSN in PostgreSQL's X/X form: high and low 32 bits in hex."""
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def repair_hint(path: str) -> str:
+    """What cuts a damaged WAL at its first damage, setting what follows aside in lost+found:
+    the command, or the open's options (both work wherever damage is reported)."""
+    return (f"`pmemwal repair {path}` shows what a cut there keeps and sets aside, and makes "
+            "it; or open with on_corruption='truncate', verify='all'")

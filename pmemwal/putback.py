@@ -21,7 +21,7 @@ import os
 from typing import Unpack
 
 from pmemwal import lostfound
-from pmemwal.errors import ConfigError, LogIndexError, WALError, format_lsn
+from pmemwal.errors import ConfigError, LogIndexError, WALError, format_lsn, repair_hint
 from pmemwal.log import Log
 from pmemwal.log_format import ENTRY, HEADER, describe
 from pmemwal.segments import sync_directory
@@ -67,8 +67,8 @@ def _check_finished(wal_dir: str, name: str) -> None:
     if lostfound.find(wal_dir, name).pending:
         raise ConfigError(f"lost+found entry {name!r} is pending: the open that cut there was "
                           "stopped before the cut was made, and its records may still be in "
-                          "the WAL; open the WAL as that open did (verify='all', "
-                          "on_corruption='truncate') to finish the cut, or remove the entry")
+                          f"the WAL.  To finish the cut: {repair_hint(wal_dir)}.  Or remove "
+                          "the entry")
 
 
 def _progress(wal: WAL, entry: lostfound.SetAside, records: list[bytes], marker: str,

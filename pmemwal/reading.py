@@ -16,7 +16,7 @@ import numpy as np
 from pmemwal import _core
 from pmemwal._core import Record
 from pmemwal.batch import RecordBatch, concat, integer_array
-from pmemwal.errors import CorruptionError, TruncatedError, format_lsn
+from pmemwal.errors import CorruptionError, TruncatedError, format_lsn, repair_hint
 from pmemwal.format import first_lsn
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ class Reading:
     _damage_read: bool
 
     if TYPE_CHECKING:  # the hooks, which the class that takes these methods on defines
+        @property
+        def path(self) -> str: ...
         def _check_open(self) -> None: ...
         def _read_end(self) -> int: ...
         def _readable_end(self) -> int: ...
@@ -232,7 +234,8 @@ class Reading:
     def _damaged(self, lsn: int, reason: str) -> CorruptionError:
         """The error of a read that found damage at ``lsn``, noted for close."""
         self._damage_read = True
-        return CorruptionError(lsn, lsn // self.segment_size, reason)
+        return CorruptionError(lsn, lsn // self.segment_size,
+                               f"{reason}; {repair_hint(self.path)}")
 
 
 def _lsn_array(lsns: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -41,7 +41,7 @@ import numpy as np
 
 from pmemwal import _core, lostfound
 from pmemwal.checkpoint import Checkpoint, CheckpointFile
-from pmemwal.errors import CorruptionError, format_lsn
+from pmemwal.errors import CorruptionError, format_lsn, repair_hint
 from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, first_lsn, page_header_valid
 from pmemwal.segments import WalDirectory
 
@@ -192,8 +192,8 @@ class Recovery:
                       "cannot be told from a torn tail")
             if on_corruption == "raise":
                 raise CorruptionError(first_lsn(self._segnos[0], self._size), self._segnos[0],
-                                      reason + " (put it back, or open with on_corruption="
-                                      "'truncate' to read every record and write a new one)")
+                                      f"{reason}: put it back, or {repair_hint(self._dir.path)}"
+                                      " (every record is read, and a new one written)")
             return reason
         if os.path.exists(self._checkpoints.path):
             return "no valid checkpoint slot: both are torn or damaged"
@@ -253,7 +253,9 @@ class Recovery:
         none_left = oldest not in present
         if on_corruption == "raise" or none_left:
             left = " (and none of the WAL's is left)" if none_left else ""
-            raise CorruptionError(first_lsn(missing[0], self._size), missing[0], reason + left)
+            fix = "" if none_left else f"; {repair_hint(self._dir.path)}"
+            raise CorruptionError(first_lsn(missing[0], self._size), missing[0],
+                                  reason + left + fix)
         if missing[0] < oldest:
             self._cut_durable = True
             cut = (f"their records are lost, and on_corruption='truncate' lets the WAL now "
@@ -303,9 +305,8 @@ class Recovery:
         """CorruptionError, or with on_corruption="truncate" a cut of durable records here."""
         self._cut_durable = True
         if on_corruption == "raise":
-            raise CorruptionError(x, x // self._size, reason + " (open with "
-                                  "on_corruption='truncate' to cut the WAL here; what follows "
-                                  "is set aside in lost+found first)")
+            raise CorruptionError(x, x // self._size,
+                                  f"{reason}; {repair_hint(self._dir.path)}")
 
     def _checkpoint_cut(self, cp: Checkpoint, x: int, last: int, oldest: int,
                         cuts: int) -> None:

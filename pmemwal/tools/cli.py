@@ -25,6 +25,7 @@ from pmemwal.tools import fs_crash as _fs_crash
 from pmemwal.tools import mutants as _mutants
 from pmemwal.tools import powerloss as _powerloss
 from pmemwal.tools import progress as _progress
+from pmemwal.tools import repair as _repair
 from pmemwal.tools import restore as _restore
 from pmemwal.tools import traced as _traced
 from pmemwal.tools.torture import driver as _torture
@@ -471,6 +472,57 @@ def lost_found(path: str, dump_name: str | None, restore_name: str | None,
         click.echo(f"{e['name']}: cut at {e['cut']} ({e['reason']}); {e['records']} record(s), "
                    f"{e['payload_bytes']} payload bytes"
                    + ("; pending: the cut was stopped before it was made" if e["pending"] else ""))
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--yes", "-y", is_flag=True, help="Repair without asking.")
+@click.option("--dry-run", "-n", is_flag=True,
+              help="Show what the repair would do, and change nothing.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the plan and the result as JSON (needs --yes or --dry-run).")
+@_library_errors
+def repair(path: str, yes: bool, dry_run: bool, as_json: bool) -> None:
+    """Cut the damaged WAL at PATH at its first damage, keeping what lies past it.
+
+    Shows what the repair keeps, where it cuts, which valid records past the cut it sets
+    aside in lost+found (LSN ranges, records, bytes) and which bytes hold none, then asks.
+    The repair is what pmemwal.open(PATH, on_corruption='truncate', verify='all') does: it
+    takes the WAL's lock (a writer must close it first).  Afterwards it verifies the WAL and
+    prints the command that appends the set-aside records again.  Exits 0 when the WAL is
+    sound (repaired, or nothing to repair), 1 when it was not repaired.
+
+    Example: pmemwal repair /dev/shm/wal --dry-run
+    """
+    if as_json and not (yes or dry_run):
+        raise click.UsageError("--json cannot ask: add --yes (repair) or --dry-run (plan only)")
+    _inspect.checks.require_wal_directory(path)
+    plan = _repair.plan(path)
+    if not as_json:
+        click.echo("\n".join(plan.lines()))
+    if not plan.needed or plan.blockers or dry_run:
+        if as_json:
+            _dump({"plan": plan.as_dict(), "result": None})
+        raise click.exceptions.Exit(1 if plan.blockers or (plan.needed and not dry_run) else 0)
+    if not yes and not _confirm("Repair the WAL?"):
+        click.echo("nothing was changed (--yes repairs without asking)", err=True)
+        raise click.exceptions.Exit(1)
+    result = _repair.repair(path)
+    if as_json:
+        _dump({"plan": plan.as_dict(), "result": result.as_dict()})
+    else:
+        click.echo("\n".join(result.lines()))
+    if not result.after.ok:
+        raise click.exceptions.Exit(1)
+
+
+def _confirm(question: str) -> bool:
+    """A yes/no answer, no on end of input (no terminal: a script must say --yes)."""
+    try:
+        return click.confirm(question, default=False)
+    except click.exceptions.Abort:
+        click.echo()
+        return False
 
 
 # ---- compare (pmemwal.tools.harness) ----------------------------------------------

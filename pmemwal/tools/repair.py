@@ -1,0 +1,163 @@
+"""``pmemwal repair``: cut a damaged WAL at its first damage, after showing what the cut keeps,
+sets aside and loses.
+
+The repair is what ``pmemwal.open(path, on_corruption="truncate", verify="all")`` does
+(REPAIR_OPTIONS): every record is read, the WAL ends before the first one that is damaged
+or runs into a deleted segment, and the valid records past that point are copied into
+lost+found/ first (pmemwal/lostfound.py), from where ``pmemwal lost-found PATH --restore
+NAME`` appends them again.  ``plan`` says beforehand, read-only, what that open would do
+(the view ``verify`` reads: pmemwal/tools/inspect); ``repair`` makes the open, which takes the
+WAL's lock (a running writer: LockedError, nothing changed), and verifies the result.
+
+Damage a cut cannot mend (a segment file with a bad header, of the wrong size, another WAL's,
+or one that cannot be read) is left to the user: the plan names it, and nothing is changed.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+
+from pmemwal.errors import format_lsn
+from pmemwal.lostfound import Found, entries
+from pmemwal.recovery import RecoveryWarning
+from pmemwal.tools.inspect import Problem, VerifyReport, WalView, verify
+from pmemwal.wal import open as open_wal
+
+REPAIR_OPTIONS = {"on_corruption": "truncate", "verify": "all"}
+
+
+@dataclass
+class RepairPlan:
+    """What a repair of the WAL at ``path`` would do.  ``needed``: there is damage to cut;
+    ``blockers``: problems a cut does not mend (the repair refuses while there are any).
+    The cut: the WAL keeps ``kept`` records (``kept_bytes`` payload bytes, the last at
+    ``last_kept``) and ends at ``cut_lsn``; ``aside`` are the valid records past it, which go
+    to lost+found; ``lost`` the LSN ranges past it where no valid record lies."""
+
+    path: str
+    report: VerifyReport
+    cut_lsn: int | None = None
+    kept: int = 0
+    kept_bytes: int = 0
+    last_kept: int | None = None
+    aside: list[Found] = field(default_factory=list)
+    lost: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def needed(self) -> bool:
+        return not self.report.ok
+
+    @property
+    def blockers(self) -> list[Problem]:
+        return [p for p in self.report.problems if not p.cut_mends]
+
+    def lines(self) -> list[str]:
+        """The plan as text: what is wrong, then what the repair keeps, cuts and sets aside."""
+        out = [f"{self.path}: {self.report.summary_line()}"]
+        out += [f"  {line}" for line in self.report.more_problem_lines()]
+        if not self.needed:
+            return out + ["nothing to repair"] + self.report.note_lines()
+        if self.blockers:
+            return out + ["a cut does not mend these; move the files named out of the "
+                          "directory (or restore them), then run repair again"]
+        out.append("repair will:")
+        last = f", the last at {format_lsn(self.last_kept)}" if self.last_kept else ""
+        out.append(f"  keep       {self.kept} records ({self.kept_bytes} payload bytes{last})")
+        out.append(f"  cut        the WAL at {format_lsn(self.cut_lsn or 0)}")
+        if self.aside:
+            out.append(f"  set aside  {len(self.aside)} valid records past the cut "
+                       f"({format_lsn(self.aside[0].lsn)} .. {format_lsn(self.aside[-1].lsn)}, "
+                       f"{sum(f.length for f in self.aside)} payload bytes) in lost+found")
+        for lo, hi in self.lost:
+            out.append(f"  lose       {format_lsn(lo)} .. {format_lsn(hi)} ({hi - lo} bytes, "
+                       "no valid record in them)")
+        return out
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "needed": self.needed, "verify": self.report.as_dict(),
+                "blockers": [p.as_dict() for p in self.blockers], "cut_lsn": self.cut_lsn,
+                "kept_records": self.kept, "kept_bytes": self.kept_bytes,
+                "last_kept_lsn": self.last_kept,
+                "set_aside": {"records": len(self.aside),
+                              "bytes": sum(f.length for f in self.aside),
+                              "first_lsn": self.aside[0].lsn if self.aside else None,
+                              "last_lsn": self.aside[-1].lsn if self.aside else None},
+                "lost": [list(r) for r in self.lost]}
+
+
+def plan(path: str | os.PathLike[str]) -> RepairPlan:
+    """What ``repair`` would do to the WAL at ``path``, read-only."""
+    report = verify(path)
+    result = RepairPlan(os.path.abspath(path), report)
+    if report.ok or result.blockers:
+        return result
+    with WalView(path) as view:
+        chain = view.scan()
+        end = chain.end
+        if end is None or end.lsn is None:      # (no segment can be read: a blocker above)
+            return result
+        result.cut_lsn, result.kept, result.kept_bytes = end.lsn, chain.count, chain.payload_bytes
+        result.last_kept = chain.last_lsn
+        result.aside = view.past_end(end.lsn, chain.last_lsn or 0)
+    result.lost = _gaps(end.lsn, result.aside)
+    return result
+
+
+def _gaps(cut: int, aside: list[Found]) -> list[tuple[int, int]]:
+    """The LSN ranges from the cut to the last record set aside that no such record covers."""
+    gaps, at = [], cut
+    for f in aside:
+        if f.lsn > at:
+            gaps.append((at, f.lsn))
+        at = max(at, f.next_lsn)
+    return gaps
+
+
+@dataclass
+class RepairResult:
+    """What a repair did: the WAL's end now, the lost+found entries it made, what recovery
+    said (its RecoveryWarnings) and ``after``: verify's report of the repaired WAL."""
+
+    path: str
+    end_lsn: int
+    entries: list[dict]
+    said: list[str]
+    after: VerifyReport
+
+    def lines(self) -> list[str]:
+        out = [f"repaired: the WAL ends at {format_lsn(self.end_lsn)}; verify: "
+               f"{self.after.summary_line()}"]
+        out += [f"  recovery: {text}" for text in self.said]
+        for e in self.entries:
+            out.append(f"set aside in lost+found: {e['name']} ({e['records']} records, "
+                       f"{e['bytes']} payload bytes)")
+            out.append(f"  to append them again: {restore_command(self.path, e['name'])}")
+        return out
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "end_lsn": self.end_lsn, "entries": self.entries,
+                "recovery": self.said, "verify": self.after.as_dict()}
+
+
+def restore_command(path: str, name: str) -> str:
+    """The command that appends a lost+found entry's records to the WAL again."""
+    return f"pmemwal lost-found {path} --restore {name}"
+
+
+def repair(path: str | os.PathLike[str]) -> RepairResult:
+    """Cut the WAL at ``path`` at its first damage (REPAIR_OPTIONS), and verify it."""
+    path = os.path.abspath(path)
+    before = {e.name for e in entries(path)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RecoveryWarning)
+        wal = open_wal(path, on_corruption="truncate", verify="all")  # (REPAIR_OPTIONS)
+        end = wal.insert_lsn
+        wal.close()
+    made = [{"name": e.name, "path": e.path, "records": len(e.manifest["records"]),
+             "bytes": sum(r[2] for r in e.manifest["records"])}
+            for e in entries(path) if e.name not in before]
+    said = [str(w.message).removeprefix(f"{path}: ") for w in caught
+            if issubclass(w.category, RecoveryWarning)]
+    return RepairResult(path, end, made, said, verify(path))
