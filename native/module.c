@@ -332,19 +332,24 @@ static PyObject *Core_set_persist(CoreObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* set_notify(fd, ahead=0) -- an eventfd the core writes to when insertion enters a new
- * segment (or inserts for the first time since a new fd) while that one or one of the
- * `ahead` after it is not attached. */
+/* set_notify(fd, ahead=0, mark=0) -- an eventfd the core writes to when insertion enters a
+ * new segment (or inserts for the first time since a new fd), or passes the LSN `mark` (once;
+ * 0: none), while that segment or one of the `ahead` after it is not attached. */
 static PyObject *Core_set_notify(CoreObject *self, PyObject *args)
 {
     int fd;
     unsigned int ahead = 0;
-    if (!PyArg_ParseTuple(args, "i|I", &fd, &ahead))
+    unsigned long long mark = 0;
+    if (!PyArg_ParseTuple(args, "i|IK", &fd, &ahead, &mark))
         return NULL;
     if (ahead >= WAL_SEG_TABLE / 2) /* attaching that far ahead would evict the current one */
         return PyErr_Format(PyExc_ValueError, "set_notify: %u segments ahead (at most %d)",
                             ahead, WAL_SEG_TABLE / 2 - 1);
+    int64_t mark_u = mark ? wal_usable(&self->core->geom, mark) : 0;
+    if (mark_u < 0)
+        return PyErr_Format(PyExc_ValueError, "set_notify: mark %llu lies in a header", mark);
     atomic_store(&self->core->notify_ahead, ahead);
+    atomic_store(&self->core->notify_mark, (uint64_t)mark_u);
     if (fd != atomic_load(&self->core->notify_fd))
         atomic_store(&self->core->notify_first, 1);
     atomic_store(&self->core->notify_fd, fd);
@@ -878,7 +883,8 @@ static PyMethodDef Core_methods[] = {
     {"position", (PyCFunction)Core_position, METH_NOARGS,
      "position() -> (insert_lsn, last record's LSN or 0), read together"},
     {"flush_ready", (PyCFunction)Core_flush_ready, METH_NOARGS, "flush_ready() -> flushed lsn"},
-    {"set_notify", (PyCFunction)Core_set_notify, METH_VARARGS, "set_notify(eventfd, ahead=0)"},
+    {"set_notify", (PyCFunction)Core_set_notify, METH_VARARGS,
+     "set_notify(eventfd, ahead=0, mark=0)"},
     {"set_serial", (PyCFunction)Core_set_serial, METH_VARARGS, "set_serial(on)"},
     {"set_wait_timeout", (PyCFunction)Core_set_wait_timeout, METH_VARARGS,
      "set_wait_timeout(seconds): a wait for one writer gives up after it (0: never)"},

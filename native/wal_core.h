@@ -178,6 +178,7 @@ typedef struct wal_core {
     _Atomic int notify_fd;   /* eventfd written when an insertion enters a new segment ... */
     _Atomic uint32_t notify_ahead; /* ... and it or one of this many after it is not attached */
     _Atomic int notify_first; /* ... or it is the first insertion since set_notify */
+    _Atomic uint64_t notify_mark; /* ... or it passes this usable position (once; 0: none) */
     uint8_t *ring;           /* buffered: WAL buffer pages, indexed by physical page */
     uint64_t ring_pages;
     uint32_t nslots;

@@ -643,9 +643,13 @@ static int insert_reserved(wal_core *c, const wal_env *env, const void *const *h
     uint64_t end_seg = (start_u + total) / g->seg_usable;
     int first = atomic_load_explicit(&c->notify_first, memory_order_relaxed);
     int notify_fd = atomic_load_explicit(&c->notify_fd, memory_order_relaxed);
-    if (notify_fd >= 0 && (first || start_u / g->seg_usable != end_seg)) {
+    uint64_t mark = atomic_load_explicit(&c->notify_mark, memory_order_relaxed);
+    int marked = mark && start_u < mark && start_u + total >= mark;
+    if (notify_fd >= 0 && (first || marked || start_u / g->seg_usable != end_seg)) {
         if (first) /* the WAL grows from here: its segments ahead are wanted now */
             atomic_store_explicit(&c->notify_first, 0, memory_order_relaxed);
+        if (marked) /* a small WAL grew past the mark: its segments ahead are wanted now */
+            atomic_store_explicit(&c->notify_mark, 0, memory_order_relaxed);
         if (!ready_ahead(c, end_seg)) {
             uint64_t one = 1; /* a new segment, and work to do: wake the background writer */
             ssize_t ignored = write(notify_fd, &one, sizeof(one));

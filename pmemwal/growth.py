@@ -33,12 +33,14 @@ class GrowthPace:
         self._sample: tuple[float, int] | None = None  # (time, insert LSN) of the last sample
         self.rate = 0.0        # bytes/s: a larger sample at once, a smaller one decays to it
         self.slowest_make = 0.0
+        self.first_lsn: int | None = None  # the insert position first observed
 
     def observe(self, insert_lsn: int) -> None:
         """Fold in the insert position now (called by each background round)."""
         now = self.clock()
         if self._sample is None:
             self._sample = (now, insert_lsn)
+            self.first_lsn = insert_lsn
             return
         then, lsn = self._sample
         if now - then < _RATE_WINDOW:
@@ -56,8 +58,21 @@ class GrowthPace:
         """Segments the WAL fills in ``seconds`` at its recent rate, rounded up."""
         return math.ceil(self.rate * seconds / segment_size)
 
+    def horizon_bytes(self) -> float:
+        """What the WAL grows by over the horizon at its recent rate."""
+        return self.rate * max(HORIZON_MIN, HORIZON_MAKES * self.slowest_make)
+
     def segments_ahead(self, segment_size: int) -> int:
         """Segments the WAL fills over the horizon at its recent rate, rounded up, plus the
         one being made."""
-        horizon = max(HORIZON_MIN, HORIZON_MAKES * self.slowest_make)
-        return math.ceil(self.rate * horizon / segment_size) + 1
+        return math.ceil(self.horizon_bytes() / segment_size) + 1
+
+    def small(self, insert_lsn: int, segment_size: int) -> bool:
+        """Whether the WAL has shown no growth that needs segments ahead: still in the segment
+        it was first observed in, less than an eighth into it, and not reaching the next one
+        over the horizon at its recent rate.  A WAL of a few records then takes one segment,
+        not that and its spares; one that grows gets them at the next round."""
+        offset = insert_lsn % segment_size
+        first = self.first_lsn if self.first_lsn is not None else insert_lsn
+        return (insert_lsn // segment_size == first // segment_size and
+                offset < segment_size // 8 and offset + self.horizon_bytes() < segment_size)

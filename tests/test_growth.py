@@ -63,15 +63,22 @@ def _segments_ahead(wal: pmemwal.WAL) -> int:
     return sum(1 for s in wal._segments if s > current)
 
 
-def test_the_background_writer_prepares_segments_at_the_first_append(wal_dir, mode):
-    """Not at the end of the first segment, nor at its first timed round: an appender that
-    fills it at once finds the next ones made.  An open that only reads makes none."""
+def test_a_few_records_take_one_segment_and_growth_brings_the_next_ones_soon(wal_dir, mode):
+    """A WAL of a few records has no segment made ahead (one segment on disk, not three).
+    The append that takes it past an eighth of its segment wakes the writer (not its timed
+    round, 30 s away), which makes the next ones: an appender that then fills them at once
+    never waits for one."""
     with pmemwal.open(wal_dir, mode=mode, segment_size=SEG, flush_interval=30) as wal:
+        for i in range(6):
+            wal.append(b"record %d" % i)
+        wal.flush()
         time.sleep(0.2)
         assert _segments_ahead(wal) == 0
-        wal.append(b"first")  # (buffered mode: it attaches segment 0, a wait of its own)
+        assert len(list(wal_dir.glob("*.wal"))) == 1
+        while wal.insert_lsn < SEG // 8:
+            wal.append(bytes(16 << 10))
         waits = wal.stats()["segment_waits"]
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 10   # (the append past the eighth woke the writer)
         while _segments_ahead(wal) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert _segments_ahead(wal) >= 2

@@ -455,7 +455,7 @@ def test_a_spare_deleted_past_the_end_is_a_note_as_open_reads_every_record(wal_d
     """A segment missing past where the chain ends soundly held nothing durable: verify
     agrees with open, which reads every record (and makes the segment again later)."""
     with pmemwal.open(wal_dir, segment_size=SEG) as wal:
-        recs = [(wal.append(payload(f"s/{i}", 10)), 10) for i in range(2)]
+        recs = [(wal.append(payload(f"s/{i}", 20000)), 20000) for i in range(8)]   # (growth)
         deadline = time.monotonic() + 30
         while len(list(wal_dir.glob("*.wal"))) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)        # (the background writer makes spares past the end)

@@ -190,7 +190,10 @@ class WAL(Reading, Opening):
       segment preparation); without it appenders create segments themselves.
     - ``flush_interval``: seconds between the background writer's flushes.
     - ``prepare_segments``: segments kept ready ahead of the insert position, at
-      least.  Until its first truncation a WAL (not shared) keeps ready what it
+      least, once the WAL grows: one still within the first eighth of the segment it was
+      opened in (at a pace that does not reach the next one soon) has none, so that a
+      few records take one segment; the append past that eighth wakes the background
+      writer, which makes them.  Until its first truncation a WAL (not shared) keeps ready what it
       grows by in max(0.1 s, 4 times its slowest recent segment make)
       (pmemwal/growth.py): a log that grows slower than the machine makes
       segments never waits for one.  Those further out than prepare_segments (one

@@ -17,10 +17,18 @@ import os
 from typing import cast
 
 from pmemwal.background import BackgroundWriter
+from pmemwal.format import PAGE_HEADER_SIZE
 from pmemwal.wal.state import _weak
 from pmemwal.wal.truncation import _MAX_AHEAD, Truncation
 
 _BRINGS_PER_ROUND = 4  # segments a background round makes or attaches before its flush
+
+
+def _small_mark(segment_size: int) -> int:
+    """Where in its segment a small WAL (growth.py, ``small``) stops being one: the first
+    record byte of the page an eighth into it.  An append that passes it wakes the
+    background writer, which then makes the segments ahead."""
+    return segment_size // 8 + PAGE_HEADER_SIZE
 
 
 class BackgroundRounds(Truncation):
@@ -39,7 +47,8 @@ class BackgroundRounds(Truncation):
         """Background: have the next segments ready and attached (those a truncation is
         recycling into place are left to it), as many as the most of:
 
-        - prepare_segments;
+        - prepare_segments, once the WAL shows growth (none while it holds a few records in
+          the segment it was opened in: growth.py, ``small``);
         - until this process's first truncation, the WAL's growth over a few times the
           slowest recent make (growth.py), within a quarter of max_wal_size: a log that
           keeps everything fills them no faster than the machine makes them, and a burst
@@ -68,9 +77,14 @@ class BackgroundRounds(Truncation):
         with self._seg_lock:
             growing = self._growing()
             ahead, make_ahead = self._segments_wanted_ahead(insert, growing)
-        if ahead != self._notify_ahead and self._background is not None:
-            self._notify_ahead = ahead
-            self._core.set_notify(self._background.notify_fd, ahead)
+        # (a small WAL keeps the depth it had: the append that passes its mark then finds
+        # segments missing, and wakes this writer)
+        depth = ahead or self._notify_ahead
+        mark = 0 if ahead else current * self.segment_size + _small_mark(self.segment_size)
+        if (depth, mark) != (self._notify_ahead, self._notify_mark) and \
+                self._background is not None:
+            self._notify_ahead, self._notify_mark = depth, mark
+            self._core.set_notify(self._background.notify_fd, depth, mark)
         brought = 0
         for segno in range(current, current + ahead + 1):
             if growing and not self._growing():
@@ -98,6 +112,8 @@ class BackgroundRounds(Truncation):
         current = insert // self.segment_size
         retained = sum(1 for s in self._segnos if s <= current)
         shared_growth = self._control is not None and self._last_truncation_lsn is None
+        if growing and self._growth.small(insert, self.segment_size):
+            return 0, 0     # (a few records: one segment, not three; growth.py)
         if growing or shared_growth:
             ahead = min(self._growth.segments_ahead(self.segment_size),
                         self._max_wal_size // self.segment_size // 4, _MAX_AHEAD)
