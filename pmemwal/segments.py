@@ -193,6 +193,48 @@ class WalDirectory:
                               "several processes write one WAL when all open it with "
                               "shared=True") from None
 
+    def refuse_unshared_writer(self) -> None:
+        """Before a shared open makes CONTROL: LockedError when a writer that does not share
+        the WAL has it open, so that the refused open leaves no file in that writer's WAL.
+        Told apart, without waiting, from a shared WAL's first process, which holds LOCK
+        exclusively while it opens too: that one made CONTROL before it took LOCK, and
+        CONTROL, once made, is never removed.  So LOCK held, then CONTROL absent: the holder
+        shares nothing.  (LOCK held and CONTROL there: ``lock_shared`` decides, under the
+        files lock.)"""
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not os.path.lexists(os.path.join(self.path, CONTROL_NAME)):
+                raise LockedError(f"{self.path} is open in a writer that does not share it "
+                                  f"(lock file {LOCK_NAME}; open it with shared=True "
+                                  "everywhere)") from None
+            return
+        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)   # (only a test: lock_shared takes it)
+
+    def undo_create(self) -> None:
+        """After an open that made this WAL failed (its lock held, no other writer can have
+        joined): remove what it made, so that a failed create leaves no segment behind.  LOCK
+        stays: another open may hold it open, waiting, and one that then locked an unlinked
+        LOCK while a third made a new one would be a second writer of the WAL.  Best effort:
+        the open's own error is what the caller raises."""
+        for name in os.listdir(self.path):
+            own = parse_segment_name(name) is not None or name.endswith(".wal.tmp") or \
+                name in (CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", FOLLOW_NAME) or \
+                name.startswith(FOLLOW_NAME + ".tmp.")
+            if own:
+                try:
+                    os.unlink(os.path.join(self.path, name))
+                except OSError:
+                    pass
+        try:
+            os.rmdir(os.path.join(self.path, ARCHIVE_STATUS_NAME))  # (made empty by this open)
+        except OSError:
+            pass
+        try:
+            self.sync()
+        except OSError:
+            pass
+
     def lock_shared(self) -> bool:
         """A shared WAL (the caller holds the control file's files lock): True when no other
         process has the WAL open (this one then rebuilds the control file and calls

@@ -681,3 +681,38 @@ def test_an_open_failing_after_another_writer_made_the_wal_leaves_that_wal(shm_t
     assert done
     with pmemwal.open(path, mode="buffered", create=False) as wal:
         assert [bytes(r.payload) for r in wal.records()] == [b"the other's committed record"]
+
+
+def test_a_failed_create_leaves_no_segment_behind(shm_tmp, monkeypatch):
+    """persist='pmem' where the mapping is no pmem: the ConfigError comes once the first
+    segment is made and mapped; the open takes back what it made (LOCK alone stays, for
+    another open that may be waiting on it), and the next open makes the WAL there."""
+    monkeypatch.delenv("PMEM_IS_PMEM_FORCE", raising=False)
+    for path in (shm_tmp / "new", shm_tmp / "empty"):
+        if path.name == "empty":
+            path.mkdir()
+        with pytest.raises(pmemwal.ConfigError, match="persist='pmem'"):
+            pmemwal.open(path, mode="direct", persist="pmem")
+        assert sorted(p.name for p in path.iterdir()) == ["LOCK"]
+        with pmemwal.open(path, mode="direct") as wal:
+            wal.append(b"made after all", flush=True)
+        with pmemwal.open(path, create=False) as wal:
+            assert [bytes(r.payload) for r in wal.records()] == [b"made after all"]
+
+
+def test_a_failed_open_of_an_existing_wal_removes_nothing(wal_dir, monkeypatch):
+    monkeypatch.delenv("PMEM_IS_PMEM_FORCE", raising=False)
+    recs = _make(wal_dir, "direct")
+    before = sorted(p.name for p in wal_dir.iterdir())
+    with pytest.raises(pmemwal.ConfigError):
+        pmemwal.open(wal_dir, mode="direct", persist="pmem")
+    assert sorted(p.name for p in wal_dir.iterdir()) == before
+    _readable(wal_dir, recs, "direct")
+
+
+def test_a_shared_open_refused_by_an_unshared_writer_leaves_no_control_file(wal_dir):
+    with pmemwal.open(wal_dir, mode="direct") as wal:
+        with pytest.raises(pmemwal.LockedError, match="does not share it"):
+            pmemwal.open(wal_dir, shared=True)
+        assert not (wal_dir / "CONTROL").exists()
+        wal.append(b"still the only writer", flush=True)

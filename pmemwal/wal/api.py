@@ -261,6 +261,7 @@ class WAL(Reading, Opening):
         self._dir = WalDirectory(os.fspath(path), create, shared=shared)
         try:
             if shared:
+                self._dir.refuse_unshared_writer()  # (before CONTROL is made in its WAL)
                 self._control = ControlFile(self._dir.path, archive_tag(archiving))
                 with self._control.files_lock():
                     self._open(mode, segment_size, on_corruption, insert_slots, buffer_size,
@@ -279,7 +280,7 @@ class WAL(Reading, Opening):
                 if self._archiver is not None and self._background is not None:
                     self._background.wake()  # its first round marks what completed before
         except BaseException:
-            self._release()
+            self._release(undo_create=self._made_here)
             raise
         self._closed = False
         if shared:
@@ -453,7 +454,9 @@ class WAL(Reading, Opening):
             os.close(self._follow.fd)
             self._follow = None
 
-    def _release(self, point: tuple[int, int] | None = None) -> None:
+    def _release(self, point: tuple[int, int] | None = None, undo_create: bool = False) -> None:
+        """Let go of everything the WAL holds, the directory lock last; ``undo_create``: an
+        open that made the WAL failed, and what it made goes first (under the lock)."""
         _SHARED.discard(self)
         with self._truncate_lock:
             with self._seg_lock:  # no segment is attached after this
@@ -481,6 +484,8 @@ class WAL(Reading, Opening):
             for seg in segments:
                 seg.close()
         finally:
+            if undo_create:
+                self._dir.undo_create()
             self._dir.close()  # (the directory lock: let go whatever failed above)
 
     def _mark_clean(self, point: tuple[int, int] | None) -> None:

@@ -115,6 +115,7 @@ class Opening(BackgroundRounds):
             self.wal_id = os.urandom(16)
             # (its CHECKPOINT follows before any record: see Recovery, _lost_checkpoint)
             self._dir.create(0, self.segment_size, self.wal_id, flags=CHECKPOINTED)
+            self._made_here = self._control is None  # (a failed open undoes it: api.py)
             self._segnos = [0]
             self._checkpointed = True
         else:
