@@ -150,6 +150,16 @@ def first_lsn(segno: int, segment_size: int) -> int:
 _PAGE_HEADER = struct.Struct("<IIQI")  # magic, rem_len, page_lsn, wal_id_lo; then u32 crc
 
 
+def page_names_its_place(page: bytes, page_lsn: int, wal_id_lo: int) -> bool:
+    """Whether ``page`` (a data page's first 24 bytes or more) has a header naming the page at
+    ``page_lsn`` of this WAL, its CRC not asked (a torn header counts too): the page was
+    written since its file became that segment."""
+    if len(page) < _PAGE_HEADER.size:
+        return False
+    magic, _, lsn, wal_id = _PAGE_HEADER.unpack_from(page)
+    return (magic, lsn, wal_id) == (PAGE_MAGIC, page_lsn, wal_id_lo)
+
+
 def page_header_valid(page: bytes, page_lsn: int, wal_id_lo: int) -> bool:
     """Whether ``page`` (a data page's first 24 bytes or more) has a valid header for the
     page at ``page_lsn`` of this WAL (validity rule 2, as native/wal_reader.c checks it)."""

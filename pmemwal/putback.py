@@ -45,12 +45,12 @@ def restore(wal_dir: str, name: str, **wal_options: Unpack[WALOptions]) -> int:
     heads = _log_heads(records)
     if heads is not None:  # a Log's: checked against the log as its own open reads it
         with Log(wal_dir, **options) as log:
-            _check_finished(wal_dir, name)
+            _check_finished(log.wal, name)
             begun, done = _progress(log.wal, entry, records, marker, True)
             if done < len(records):  # (all there: only the removal was left to do)
                 _check_log_records(log, entry, heads, begun, done)
     with open_wal(wal_dir, **options) as wal:
-        _check_finished(wal_dir, name)
+        _check_finished(wal, name)
         begun, done = _progress(wal, entry, records, marker, heads is not None)
         if done == 0:  # (again) from here
             _write_synced_over(marker, str(wal.insert_lsn).encode())
@@ -61,14 +61,22 @@ def restore(wal_dir: str, name: str, **wal_options: Unpack[WALOptions]) -> int:
     return len(records)
 
 
-def _check_finished(wal_dir: str, name: str) -> None:
+def _check_finished(wal: WAL, name: str) -> None:
     """A pending entry (lostfound.set_aside) whose cut this open did not finish: a crash
-    stopped that cut before it zeroed anything, and its records may still be in the WAL."""
-    if lostfound.find(wal_dir, name).pending:
-        raise ConfigError(f"lost+found entry {name!r} is pending: the open that cut there was "
-                          "stopped before the cut was made, and its records may still be in "
-                          f"the WAL.  To finish the cut: {repair_hint(wal_dir)}.  Or remove "
-                          "the entry")
+    stopped that cut before it zeroed anything, and its records may still be in the WAL.
+    Where the WAL has been truncated past its cut since, they were (and went with the
+    truncation): the entry only holds copies, and removing it is what is left."""
+    entry = lostfound.find(wal.path, name)
+    if not entry.pending:
+        return
+    if entry.cut_lsn < wal.first_lsn:
+        raise ConfigError(f"lost+found entry {name!r} is pending: the cut that made it was "
+                          "never made, and the WAL has been truncated past it since, so its "
+                          "records stayed in the WAL until then.  Remove it: `pmemwal "
+                          f"lost-found {wal.path} --remove {name}`")
+    raise ConfigError(f"lost+found entry {name!r} is pending: the open that cut there was "
+                      "stopped before the cut was made, and its records may still be in the "
+                      f"WAL.  To finish the cut: {repair_hint(wal.path)}.  Or remove the entry")
 
 
 def _progress(wal: WAL, entry: lostfound.SetAside, records: list[bytes], marker: str,

@@ -31,11 +31,11 @@ from collections import OrderedDict
 from pmemwal import _core
 from pmemwal._core import Record
 from pmemwal.checkpoint import read_any
-from pmemwal.errors import (ClosedError, NotFoundError, ReadOnlyError, TruncatedError,
+from pmemwal.errors import (ClosedError, FormatError, NotFoundError, ReadOnlyError, TruncatedError,
                             format_lsn)
 from pmemwal.follow_file import FollowFile
 from pmemwal.format import HEADER_SIZE, SegmentHeader, first_lsn, parse_segment_name, segment_name
-from pmemwal.segments import storage_errors, writer_open
+from pmemwal.segments import RESTORING_NAME, storage_errors, writer_open
 from pmemwal.reading import Reading
 
 _MAPPED = 16  # segments kept mapped at once (the reader keeps 8 of them between calls)
@@ -48,6 +48,9 @@ def identity(path: str) -> tuple[int, bytes, int]:
         names = os.listdir(path)
     except FileNotFoundError:
         raise NotFoundError(errno.ENOENT, "no WAL directory", path) from None
+    if RESTORING_NAME in names:
+        raise FormatError(f"{path} is a restore cut short ({RESTORING_NAME} is there): run the "
+                          "restore again, which starts over")
     segnos = sorted(n for n in map(parse_segment_name, names) if n is not None)
     for segno in segnos:
         name = os.path.join(path, segment_name(segno))

@@ -119,7 +119,7 @@ class Recovery:
                 self._refuse(on_corruption, x, f"{_core.status_text(status)}, before the "
                              f"checkpoint's end {format_lsn(cp.end_lsn)}: this record had been "
                              "made durable")
-        self._check_deleted(on_corruption, status, x, bad)
+        self._check_deleted(on_corruption, status, x, bad, cp)
         aside = None
         aside_needed = not (cp is not None and cp.clean and full_scan is None and x == cp.end_lsn)
         if aside_needed:
@@ -288,18 +288,41 @@ class Recovery:
             return 0, self._cut_durable
         return max(self._checkpoints.damaged_cuts(), self._header_cuts), True
 
-    def _check_deleted(self, on_corruption: str, status: int, x: int, bad: int) -> None:
+    def _check_deleted(self, on_corruption: str, status: int, x: int, bad: int,
+                       cp: Checkpoint | None) -> None:
         """The chain ran into a segment that is missing although a later one exists
-        (segments are made and recycled in order): it was deleted, with its records.
+        (segments are made and recycled in order), or ended in the segment before one that
+        is missing although the WAL went on into it (``_went_on_into_deleted``): it was
+        deleted, with its records.
 
         A record that merely claims to run into it proves nothing: its CRC can't be
         checked without the segment, and a header torn by a crash can pair a new
         prev-link with an old length."""
         missing = bad // self._size
-        if status != _NO_SEGMENT or missing in self._segnos or self._segnos[-1] < missing:
-            return
-        self._refuse(on_corruption, x, f"segment {missing:016X} is missing, but it had been "
-                     "made: it was deleted, with any record in it")
+        if status == _NO_SEGMENT and missing not in self._segnos and self._segnos[-1] >= missing:
+            self._refuse(on_corruption, x, f"segment {missing:016X} is missing, but it had been "
+                         "made: it was deleted, with any record in it")
+        elif (cp is None or cp.end_lsn < x) and self._went_on_into_deleted(x):
+            # (a checkpoint at x: a cut made there, or an open that found the WAL ending there)
+            self._refuse(on_corruption, x, f"segment {x // self._size + 1:016X} is missing, but "
+                         "the WAL went on into it (the segment before it was written to its "
+                         "last page, and a later one was made): it was deleted, with its records")
+
+    def _went_on_into_deleted(self, x: int) -> bool:
+        """Whether the segment after the one the chain ends in (at ``x``) is missing although
+        the WAL's stream went on into it: the segment before it was written to its last page
+        (records went into the next once it was full), and a later segment file exists
+        (segments are made in order).  Its records may have proven the end damage, and
+        ``beyond`` cannot read them: without this, a deleted segment would pass for a torn
+        tail.  (A spare counts as a later file: it was made after the missing one.)"""
+        nxt = x // self._size + 1
+        if nxt in self._segnos:
+            return False
+        files = self._dir.list_segments(tidy=False)
+        if not files or files[-1] <= nxt or nxt in files:
+            return False
+        return self._dir.wrote_page(nxt * self._size - PAGE_SIZE, self._size,
+                                    int.from_bytes(self._wal_id[:4], "little"))
 
     def _refuse(self, on_corruption: str, x: int, reason: str) -> None:
         """CorruptionError, or with on_corruption="truncate" a cut of durable records here."""

@@ -40,8 +40,7 @@ from typing import Iterator
 from pmemwal import _core
 from pmemwal.errors import ClosedError, FormatError, LockedError, NotFoundError, StorageError
 from pmemwal.format import (CHECKPOINTED, HEADER_SIZE, PAGE_MAGIC, PAGE_SIZE, SPARE, SegmentHeader,
-                            parse_segment_name,
-                            segment_name)
+                            page_names_its_place, parse_segment_name, segment_name)
 from pmemwal.libpmem import buffer_address
 
 LOCK_NAME = "LOCK"
@@ -59,6 +58,8 @@ ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/arch
 # What a WAL directory holds besides its segments (and their temp files)
 FOLLOW_NAME = "FOLLOW"  # what writers publish for readers in other processes (pmemwal/follow_file.py)
 BENCH_NAME = "BENCH"  # an empty file: pmemwal bench made this WAL, and may delete it
+# What only a WAL that held records keeps beside its segments (and outlives them)
+_WAL_DATA_NAMES = (CHECKPOINT_NAME, LOST_FOUND_NAME, INDEX_NAME, ARCHIVE_STATUS_NAME)
 WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
             ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, INDEX_NAME, FOLLOW_NAME, BENCH_NAME}
 
@@ -290,8 +291,9 @@ class WalDirectory:
         """Segment numbers present, sorted; with ``tidy`` (under the lock) removes the temp
         files of an interrupted create or recycle.  Files that are not the WAL's are ignored
         in a WAL (never read, never removed: as PostgreSQL ignores unknown files in pg_wal),
-        but refused in a directory with no segment file: a WAL is not made among files it
-        does not know (a wrong path)."""
+        but refused in a directory with no segment file nor anything a WAL keeps beside its
+        segments: a WAL is not made among files it does not know (a wrong path).  (With
+        CHECKPOINT or lost+found there, the open decides what the missing segments mean.)"""
         segnos, foreign = [], []
         for name in os.listdir(self.path):
             segno = parse_segment_name(name)
@@ -308,7 +310,8 @@ class WalDirectory:
                                   "the restore again, which starts over")
             elif not is_wal_own_name(name):
                 foreign.append(name)
-        if foreign and not segnos:
+        if foreign and not segnos and not any(os.path.lexists(os.path.join(self.path, name))
+                                              for name in _WAL_DATA_NAMES):
             raise FormatError(f"{self.path} holds {min(foreign)!r}, which is not part of a "
                               "pmemwal WAL, and no segment file: not a WAL directory")
         return sorted(segnos)
@@ -368,10 +371,7 @@ class WalDirectory:
                 data = os.pread(fd, _PAGE_HEADER.size, offset)
             finally:
                 os.close(fd)
-        if len(data) < _PAGE_HEADER.size:
-            return False
-        magic, _, lsn, lo = _PAGE_HEADER.unpack(data)
-        return (magic, lsn, lo) == (PAGE_MAGIC, page_lsn, wal_id_lo)
+        return page_names_its_place(data, page_lsn, wal_id_lo)
 
     def sync(self) -> None:
         """Make renames and removals durable."""

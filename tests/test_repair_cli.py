@@ -180,7 +180,7 @@ def test_repair_refuses_what_a_cut_does_not_mend_and_a_held_wal(damaged) -> None
         f.write(b"junk")            # (a segment header that is no header)
     before = _digest(path)
     refused = _cli("repair", str(path), "--yes")
-    assert refused.exit_code == 1 and "a cut does not mend these" in refused.output
+    assert refused.exit_code == 1 and "a cut does not mend this" in refused.output
     assert "repair will" not in refused.output
     assert _digest(path) == before
 

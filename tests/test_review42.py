@@ -1,7 +1,8 @@
-"""A review of three commits: a file not the WAL's ignored by open (5b821f3), a segment missing
-past a sound end a note in verify (0273690), and ``pmemwal repair`` (a973f6a).
+"""A review of three commits: a file not the WAL's ignored by open, a segment missing past a
+sound end a note in verify, and ``pmemwal repair``.
 
-Each test fails on the code as of a973f6a; the docstring says what goes wrong.  Real files
+Each test failed on the code it reviewed; the docstring says what went wrong (one, marked
+xfail, is a known gap left open).  Real files
 and real processes throughout: a crash is a child killed with SIGKILL, or the checkpoint a
 crash would have left (conftest.rewind_checkpoint); damage is an ordinary file write.
 """
@@ -60,6 +61,8 @@ def test_a_file_not_the_wals_does_not_refuse_a_truncation_cut_short_at_a_segment
         assert wal.position() == (end, last)
 
 
+@pytest.mark.xfail(strict=True, reason="known gap, left: verify and readonly need the WAL's "
+                   "identity from a segment header, and this state has no segment file")
 def test_verify_reads_a_truncation_cut_short_at_a_segment_boundary_as_open_does(wal_dir):
     """LOW, before these commits (verify vs open, asked of 5b821f3).  The same crash state
     with no other file: open goes on at the same LSN, but ``verify`` raises FormatError
@@ -296,10 +299,12 @@ def test_the_remedy_a_pending_entry_names_finishes_it(wal_dir):
         assert wal.truncate(2 * SEG) == 2
     refused = _cli("lost-found", str(wal_dir), "--restore", entry.name)
     assert refused.exit_code != 0 and "is pending" in refused.output
-    assert "pmemwal repair" in refused.output
-    command = re.search(r"`(pmemwal repair [^`]+)`", refused.output).group(1).split()
-    assert _cli(*command[1:], "--yes").exit_code == 0
-    assert not lostfound.entries(str(wal_dir))[0].pending, "the remedy named left it pending"
+    # (fixed: the records stayed in the WAL until the truncation; the remedy named is the
+    # entry's removal, and it works as printed)
+    command = re.search(r"`(pmemwal lost-found [^`]+)`", refused.output).group(1).split()
+    assert command[-2:] == ["--remove", entry.name]
+    assert _cli(*command[1:]).exit_code == 0
+    assert not lostfound.entries(str(wal_dir)), "the remedy named left it there"
 
 
 def test_verify_and_a_readonly_open_refuse_a_restore_cut_short(wal_dir):

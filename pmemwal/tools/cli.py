@@ -26,6 +26,7 @@ from pmemwal.tools import mutants as _mutants
 from pmemwal.tools import powerloss as _powerloss
 from pmemwal.tools import progress as _progress
 from pmemwal.tools import repair as _repair
+from pmemwal.segments import writer_open as _writer_open
 from pmemwal.tools import restore as _restore
 from pmemwal.tools import traced as _traced
 from pmemwal.tools.torture import driver as _torture
@@ -490,23 +491,37 @@ def repair(path: str, yes: bool, dry_run: bool, as_json: bool) -> None:
     The repair is what pmemwal.open(PATH, on_corruption='truncate', verify='all') does: it
     takes the WAL's lock (a writer must close it first).  Afterwards it verifies the WAL and
     prints the command that appends the set-aside records again.  Exits 0 when the WAL is
-    sound (repaired, or nothing to repair), 1 when it was not repaired.
+    sound (repaired, or nothing to repair), 1 when it was not repaired; with --dry-run, 0
+    when a plan could be made, 1 when the damage is of a kind a cut does not mend.  A WAL
+    that changed while it asked (a writer came and went) is shown again, and asked again.
 
     Example: pmemwal repair /dev/shm/wal --dry-run
     """
     if as_json and not (yes or dry_run):
         raise click.UsageError("--json cannot ask: add --yes (repair) or --dry-run (plan only)")
     _inspect.checks.require_wal_directory(path)
+    if not dry_run and _writer_open(path):
+        raise pmemwal.LockedError(f"{path} is open in a writer: close it first (the repair "
+                                  "takes the WAL's lock; --dry-run shows the plan meanwhile)")
     plan = _repair.plan(path)
-    if not as_json:
-        click.echo("\n".join(plan.lines()))
-    if not plan.needed or plan.blockers or dry_run:
-        if as_json:
-            _dump({"plan": plan.as_dict(), "result": None})
-        raise click.exceptions.Exit(1 if plan.blockers or (plan.needed and not dry_run) else 0)
-    if not yes and not _confirm("Repair the WAL?"):
-        click.echo("nothing was changed (--yes repairs without asking)", err=True)
-        raise click.exceptions.Exit(1)
+    while True:
+        if not as_json:
+            click.echo("\n".join(plan.lines()))
+        if not plan.needed or plan.blockers or dry_run:
+            if as_json:
+                _dump({"plan": plan.as_dict(), "result": None})
+            raise click.exceptions.Exit(1 if plan.blockers or (plan.needed and not dry_run)
+                                        else 0)
+        if not yes and not _confirm("Repair the WAL?"):
+            click.echo("nothing was changed (--yes repairs without asking)", err=True)
+            raise click.exceptions.Exit(1)
+        again = _repair.plan(path)      # (a writer may have come and gone while it asked)
+        if again.same_cut(plan):
+            break
+        click.echo("the WAL changed since this plan was made; the plan now:", err=True)
+        plan = again
+        if yes:
+            raise click.exceptions.Exit(1)
     result = _repair.repair(path)
     if as_json:
         _dump({"plan": plan.as_dict(), "result": result.as_dict()})

@@ -20,6 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from pmemwal.errors import format_lsn
+from pmemwal.format import first_lsn
 from pmemwal.lostfound import Found, entries
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.inspect import Problem, VerifyReport, WalView, verify
@@ -31,27 +32,30 @@ REPAIR_OPTIONS = {"on_corruption": "truncate", "verify": "all"}
 @dataclass
 class RepairPlan:
     """What a repair of the WAL at ``path`` would do.  ``needed``: there is damage to cut;
-    ``blockers``: problems a cut does not mend (the repair refuses while there are any).
-    The cut: the WAL keeps ``kept`` records (``kept_bytes`` payload bytes, the last at
-    ``last_kept``) and ends at ``cut_lsn``; ``aside`` are the valid records past it, which go
-    to lost+found; ``lost`` the LSN ranges past it where no valid record lies."""
+    ``blockers``: problems a cut does not mend (the repair refuses while there are any; a
+    bad file past the chain's end is no blocker: the open sets a damaged spare aside, and
+    refuses, changing nothing, a file that held records).  The repair keeps ``kept`` records
+    (``kept_bytes`` payload bytes, the last at ``last_kept``) from ``begins`` on, and ends the
+    WAL at ``cut_lsn``; ``aside`` are the valid records past it, which go to lost+found;
+    ``lost`` the LSN ranges where records known durable (the checkpoint's) or valid ones
+    lay, and that no record set aside holds: below the oldest segment left, and past the
+    cut.  ``new_checkpoint``: CHECKPOINT is missing, and the repair writes one."""
 
     path: str
     report: VerifyReport
+    blockers: list[Problem] = field(default_factory=list)
+    begins: int | None = None
     cut_lsn: int | None = None
     kept: int = 0
     kept_bytes: int = 0
     last_kept: int | None = None
     aside: list[Found] = field(default_factory=list)
     lost: list[tuple[int, int]] = field(default_factory=list)
+    new_checkpoint: bool = False
 
     @property
     def needed(self) -> bool:
         return not self.report.ok
-
-    @property
-    def blockers(self) -> list[Problem]:
-        return [p for p in self.report.problems if not p.cut_mends]
 
     def lines(self) -> list[str]:
         """The plan as text: what is wrong, then what the repair keeps, cuts and sets aside."""
@@ -60,58 +64,84 @@ class RepairPlan:
         if not self.needed:
             return out + ["nothing to repair"] + self.report.note_lines()
         if self.blockers:
-            return out + ["a cut does not mend these; move the files named out of the "
-                          "directory (or restore them), then run repair again"]
+            return out + ["a cut does not mend " + ("this" if len(self.blockers) == 1 else
+                                                    "these") +
+                          "; move the files named out of the directory (or restore them), "
+                          "then run repair again"]
         out.append("repair will:")
         last = f", the last at {format_lsn(self.last_kept)}" if self.last_kept else ""
-        out.append(f"  keep       {self.kept} records ({self.kept_bytes} payload bytes{last})")
-        out.append(f"  cut        the WAL at {format_lsn(self.cut_lsn or 0)}")
+        begins = f", from {format_lsn(self.begins)}" if self.begins is not None else ""
+        out.append(f"  keep       {self.kept} records ({self.kept_bytes} payload bytes"
+                   f"{last}{begins})")
+        cuts = self.aside or any(hi > (self.cut_lsn or 0) for _, hi in self.lost)
+        out.append(f"  {'cut' if cuts else 'end':<10} the WAL at {format_lsn(self.cut_lsn or 0)}")
         if self.aside:
             out.append(f"  set aside  {len(self.aside)} valid records past the cut "
                        f"({format_lsn(self.aside[0].lsn)} .. {format_lsn(self.aside[-1].lsn)}, "
                        f"{sum(f.length for f in self.aside)} payload bytes) in lost+found")
         for lo, hi in self.lost:
-            out.append(f"  lose       {format_lsn(lo)} .. {format_lsn(hi)} ({hi - lo} bytes, "
-                       "no valid record in them)")
+            out.append(f"  lose       {format_lsn(lo)} .. {format_lsn(hi)} ({hi - lo} bytes; "
+                       "records there, durable or valid, are not kept)")
+        if self.new_checkpoint:
+            out.append("  write      a new CHECKPOINT, from every record read")
         return out
 
     def as_dict(self) -> dict:
         return {"path": self.path, "needed": self.needed, "verify": self.report.as_dict(),
-                "blockers": [p.as_dict() for p in self.blockers], "cut_lsn": self.cut_lsn,
-                "kept_records": self.kept, "kept_bytes": self.kept_bytes,
+                "blockers": [p.as_dict() for p in self.blockers], "begins_lsn": self.begins,
+                "cut_lsn": self.cut_lsn, "kept_records": self.kept, "kept_bytes": self.kept_bytes,
                 "last_kept_lsn": self.last_kept,
                 "set_aside": {"records": len(self.aside),
                               "bytes": sum(f.length for f in self.aside),
                               "first_lsn": self.aside[0].lsn if self.aside else None,
                               "last_lsn": self.aside[-1].lsn if self.aside else None},
-                "lost": [list(r) for r in self.lost]}
+                "lost": [list(r) for r in self.lost], "new_checkpoint": self.new_checkpoint}
+
+    def same_cut(self, other: RepairPlan) -> bool:
+        """Whether ``other`` (made later) would do the same: the WAL did not change between."""
+        return (self.begins, self.cut_lsn, self.kept, self.aside, self.lost) == \
+            (other.begins, other.cut_lsn, other.kept, other.aside, other.lost)
 
 
 def plan(path: str | os.PathLike[str]) -> RepairPlan:
     """What ``repair`` would do to the WAL at ``path``, read-only."""
     report = verify(path)
-    result = RepairPlan(os.path.abspath(path), report)
+    size = report.segment_size or 0
+    ends = [report.end_lsn or 0, (report.checkpoint or {}).get("end_lsn") or 0]
+    end_segno = max(ends) // size if size else None     # (past it: spares, if anything)
+    result = RepairPlan(os.path.abspath(path), report, [
+        p for p in report.problems if not p.cut_mends and
+        (p.segment is None or end_segno is None or p.segment <= end_segno)])
     if report.ok or result.blockers:
         return result
     with WalView(path) as view:
         chain = view.scan()
         end = chain.end
-        if end is None or end.lsn is None:      # (no segment can be read: a blocker above)
-            return result
+        if end is None or end.lsn is None or view.first_segment is None:
+            return result       # (no segment can be read: a blocker above)
+        result.begins = first_lsn(view.first_segment, view.segment_size)
         result.cut_lsn, result.kept, result.kept_bytes = end.lsn, chain.count, chain.payload_bytes
         result.last_kept = chain.last_lsn
         result.aside = view.past_end(end.lsn, chain.last_lsn or 0)
-    result.lost = _gaps(end.lsn, result.aside)
+        cp = view.checkpoint
+        result.new_checkpoint = cp is None and view.checkpoint_state != "invalid"
+        durable_end = cp.end_lsn if cp is not None else end.lsn
+        if cp is not None and first_lsn(cp.oldest_segno, size) < result.begins:
+            result.lost.append((first_lsn(cp.oldest_segno, size), result.begins))
+    result.lost += _gaps(end.lsn, result.aside, durable_end)
     return result
 
 
-def _gaps(cut: int, aside: list[Found]) -> list[tuple[int, int]]:
-    """The LSN ranges from the cut to the last record set aside that no such record covers."""
+def _gaps(cut: int, aside: list[Found], durable_end: int) -> list[tuple[int, int]]:
+    """The LSN ranges from the cut to the end of what was durable (or of the last record set
+    aside, if further) that no record set aside covers."""
     gaps, at = [], cut
     for f in aside:
         if f.lsn > at:
             gaps.append((at, f.lsn))
         at = max(at, f.next_lsn)
+    if durable_end > at:
+        gaps.append((at, durable_end))
     return gaps
 
 
@@ -133,7 +163,11 @@ class RepairResult:
         for e in self.entries:
             out.append(f"set aside in lost+found: {e['name']} ({e['records']} records, "
                        f"{e['bytes']} payload bytes)")
-            out.append(f"  to append them again: {restore_command(self.path, e['name'])}")
+            if e["records"]:
+                out.append(f"  to append them again: {restore_command(self.path, e['name'])}")
+            else:   # (the pages of the damaged records alone: --restore would remove them)
+                out.append("  it holds the pages cut and no valid record: nothing to append "
+                           "again (keep it to inspect them)")
         return out
 
     def as_dict(self) -> dict:
@@ -149,7 +183,7 @@ def restore_command(path: str, name: str) -> str:
 def repair(path: str | os.PathLike[str]) -> RepairResult:
     """Cut the WAL at ``path`` at its first damage (REPAIR_OPTIONS), and verify it."""
     path = os.path.abspath(path)
-    before = {e.name for e in entries(path)}
+    before = {e.name: e.pending for e in entries(path)}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RecoveryWarning)
         wal = open_wal(path, on_corruption="truncate", verify="all")  # (REPAIR_OPTIONS)
@@ -157,7 +191,8 @@ def repair(path: str | os.PathLike[str]) -> RepairResult:
         wal.close()
     made = [{"name": e.name, "path": e.path, "records": len(e.manifest["records"]),
              "bytes": sum(r[2] for r in e.manifest["records"])}
-            for e in entries(path) if e.name not in before]
+            for e in entries(path) if before.get(e.name, True) and not e.pending]
+    # (new ones, and a pending one this cut finished: a repair a crash stopped made it)
     said = [str(w.message).removeprefix(f"{path}: ") for w in caught
             if issubclass(w.category, RecoveryWarning)]
     return RepairResult(path, end, made, said, verify(path))

@@ -23,7 +23,7 @@ from pmemwal.segments import CHECKPOINT_NAME, RESTORING_NAME, WAL_OWN_NAMES, is_
 from pmemwal.tools.inspect.results import Problem
 
 _LSN_LIMIT = 1 << 63          # the reader takes a prev-link as a signed 64-bit number
-_IGNORED = WAL_OWN_NAMES | {RESTORING_NAME}  # (verify reads a restore's result before)
+_IGNORED = WAL_OWN_NAMES
 
 
 def _runs(numbers: list[int]) -> list[tuple[int, int]]:
@@ -89,6 +89,10 @@ class DirectoryChecks:
             elif name.endswith(".wal.tmp") and parse_segment_name(name[:-4]) is not None:
                 self.notes.append(f"temporary file {name} (a segment being made, or left by a "
                                   "crash: open removes it)")
+            elif name == RESTORING_NAME:   # (restore.py verifies its result before it goes)
+                self.problems.append(Problem("restore", f"a restore cut short ({name} is "
+                                             "there): open refuses it; run the restore again, "
+                                             "which starts over"))
             elif name not in _IGNORED and not is_wal_own_name(name):
                 foreign.append(name)
         if not segnos:

@@ -19,7 +19,7 @@ _LIVE_RETRIES = 8             # re-reads of an end that looked like damage (a wr
 @dataclass(frozen=True)
 class Problem:
     """Something that makes the WAL unsound, and where: ``kind`` is one of
-    io, header, size, gap, damage."""
+    io, header, size, gap, damage, restore."""
 
     kind: str
     reason: str

@@ -114,19 +114,21 @@ def _verify(path: str | os.PathLike[str]) -> VerifyReport:
             report.torn_tail = end
             report.notes.insert(0, end.describe())
         report.problems = list(view.problems)
-        if end.kind in ("clean", "torn") and end.lsn is not None:
+        cp = view.checkpoint
+        if end.kind in ("clean", "torn") and end.lsn is not None and \
+                (cp is not None and cp.end_lsn >= end.lsn or not view.went_on_past(end.lsn)):
             _spares_missing(report, end.lsn)
         report.vanished = bool(view.vanished)
     return report
 
 
 def _spares_missing(report: VerifyReport, end: int) -> None:
-    """Segments missing past the end of a chain that ended soundly are no problem: nothing
-    durable lay in them (the scan found no valid record past the end, and the checkpoint
-    vouches for none), and open makes them again when the WAL gets there.  A spare deleted,
-    or what a repair left past its cut.  A note, as open reads every record."""
+    """Segments missing past the end of a chain that ended soundly are no problem when the
+    WAL's stream never went into them (the segment the chain ends in was not written to its
+    last page: WalView.went_on_past, recovery's test): nothing durable lay in them (the scan
+    found no valid record past the end, and the checkpoint vouches for none), and open makes
+    them again when the WAL gets there.  A note, as open reads every record."""
     for p in [p for p in report.problems if p.kind == "gap" and p.lsn is not None and p.lsn >= end]:
         report.problems.remove(p)
-        report.notes.append(f"{p.reason}: past the end of the WAL, where nothing durable was "
-                            "(a spare segment deleted); open makes it again when the WAL gets "
-                            "there")
+        report.notes.append(f"{p.reason}: past the end of the WAL, which never went into it; "
+                            "open makes it again when the WAL gets there")

@@ -23,7 +23,8 @@ from typing import Iterator
 
 from pmemwal import _core
 from pmemwal.errors import format_lsn
-from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, first_lsn, segment_name
+from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, first_lsn, page_names_its_place,
+                            segment_name)
 from pmemwal.lostfound import Found, records_past
 from pmemwal.tools.inspect.checks import DirectoryChecks
 from pmemwal.tools.inspect.dump import RecordLines
@@ -178,6 +179,17 @@ class WalView(DirectoryChecks, RecordLines):
         _, pages = self._reader.beyond(end, self.readable[-1], floor)
         return records_past(end, pages, last, floor, self._segment, self.segment_size,
                             int.from_bytes(self.wal_id[:4], "little"))
+
+    def went_on_past(self, end: int) -> bool:
+        """Whether the WAL's stream went on past the segment holding ``end``: its last page
+        was written (recovery's test for a deleted segment past the end, recovery.py)."""
+        size = self.segment_size
+        seg_map = self._segment(end // size)
+        if seg_map is None:
+            return False
+        last_page = (end // size + 1) * size - PAGE_SIZE
+        return page_names_its_place(bytes(seg_map[size - PAGE_SIZE:size - PAGE_SIZE + 24]),
+                                    last_page, int.from_bytes(self.wal_id[:4], "little"))
 
     def usable(self, lsn: int) -> int:
         """Position of ``lsn`` in the dense record stream (page headers left out)."""
