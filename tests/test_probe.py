@@ -417,3 +417,19 @@ def test_pmem_is_pmem_force_is_honoured_only_where_memory_is_the_storage(tmp_pat
     got = json.loads(out.stdout)             # tmpfs: emulation, as asked
     assert got["persist"] == "pmem" and got["probe"][:2] == ["direct", "pmem"] and \
         not got["warned"]
+
+
+def test_probe_says_what_pmemwal_mode_makes_auto_opens_use(shm_dir: Path, monkeypatch) -> None:
+    """The probe recommends by the file system; PMEMWAL_MODE overrides what mode='auto'
+    opens use: the probe says so (and a bad value is the open's error)."""
+    from click.testing import CliRunner
+    from pmemwal.tools.cli import main
+    monkeypatch.setenv("PMEMWAL_MODE", "direct")
+    shown = CliRunner().invoke(main, ["probe", str(shm_dir)])
+    assert shown.exit_code == 0
+    assert "PMEMWAL_MODE=direct is set: open(mode='auto') uses direct here" in shown.output
+    as_json = json.loads(CliRunner().invoke(main, ["probe", str(shm_dir), "--json"]).output)
+    assert as_json["recommended_mode"] == "buffered" and as_json["auto_opens_use"] == "direct"
+    monkeypatch.setenv("PMEMWAL_MODE", "bogus")
+    refused = CliRunner().invoke(main, ["probe", str(shm_dir)])
+    assert refused.exit_code == 1 and "PMEMWAL_MODE must be one of" in refused.output

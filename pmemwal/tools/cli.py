@@ -144,10 +144,16 @@ def probe(path: str, as_json: bool, measure: bool, seconds: float, save: bool,
     if measured and save:
         where = _measure.save(measured)
     result = pmemwal.probe(path)
+    overridden = _device.chosen_mode("auto")   # (PMEMWAL_MODE, checked: a bad one is an error)
     if as_json:
-        _dump({**result.as_dict(), "measured": measured.entry() if measured else None})
+        _dump({**result.as_dict(), "measured": measured.entry() if measured else None,
+               "auto_opens_use": overridden if overridden != "auto" else
+               result.recommended_mode})
         return
     click.echo(str(result))
+    if overridden != "auto":
+        click.echo(f"{_device.MODE_ENV_VAR}={overridden} is set: open(mode='auto') uses "
+                   f"{overridden} here, whatever this probe recommends")
     if measured:
         click.echo("\n" + measured.text())
         if save:
