@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,8 @@ import pmemwal
 from pmemwal.tools import bench
 from pmemwal.tools.cli import main
 
-PROGRESS_LINE = re.compile(
-    r"^progress: \d+\.\d s, \d+\.\d rec/s, \d+\.\d MB/s, lat \d+\.\d{3} ms stddev \d+\.\d{3}$", re.M)
+PROGRESS_LINE = re.compile(r"^progress: \d+\.\d s, \d+\.\d rec/s, \d+\.\d MB/s, "
+                           r"lat \d+\.\d{3} ms stddev \d+\.\d{3} max \d+\.\d{3}$", re.M)
 PARAMETERS = ("mode:", "persist method:", "clients:", "record size:", "flush policy:",
               "duration:", "path:")
 
@@ -90,6 +91,14 @@ def test_config_takes_sizes_as_text() -> None:
 # ---- the library -----------------------------------------------------------------
 
 
+def assert_no_latency_escapes_the_lines(lines: list[dict], result: bench.BenchResult) -> None:
+    """Each progress line's max is its interval's highest per-record latency (append, and
+    the flush where one followed): no record's is missed, so the highest of the lines is at
+    least the run's highest append latency (the histogram's, rounded up by < 0.1 %)."""
+    assert all(p["max_ms"] >= p["lat_ms"] for p in lines)
+    assert max(p["max_ms"] for p in lines) * 1e3 >= result.append_latency.max * 0.999
+
+
 def test_run_reports_progress_and_result(shm_dir: Path) -> None:
     lines = []
     config = bench.BenchConfig(shm_dir / "wal", mode="buffered", clients=2, size=512,
@@ -98,6 +107,7 @@ def test_run_reports_progress_and_result(shm_dir: Path) -> None:
     result = bench.run(config, progress=lines.append)
     assert len(lines) >= 2 and all(PROGRESS_LINE.match(p["line"]) for p in lines)
     assert lines[-1]["elapsed"] >= 0.5 and lines[0]["records_per_s"] > 0
+    assert_no_latency_escapes_the_lines(lines, result)
     assert result.mode == "buffered" and result.persist_method == "fdatasync"
     assert result.probe is not None  # probed for the report although the mode was given
     assert result.records == sum(result.per_client_records) == result.stats["records"] > 0
@@ -352,6 +362,10 @@ def test_the_wal_is_removed_after_the_run_unless_kept(shm_dir: Path) -> None:
         patch.setattr("pmemwal.tools.bench.engine._warm_up", interrupted)
         with pytest.raises(KeyboardInterrupt):
             bench.run(config)
+        assert not wal.exists()
+        result = invoke("bench", wal, "--duration", "0.1", "--progress", "0")
+    assert result.exit_code == 130 and result.stdout == ""  # nothing measured yet
+    assert result.stderr == "interrupted before there were results to print\n"
     assert not wal.exists()
 
 
@@ -361,6 +375,71 @@ def test_keep_all_leaves_a_checkpointer_nothing_and_a_bad_keep_is_refused(shm_di
         bench.BenchConfig(checkpoint=-1)
     result = invoke("bench", shm_dir / "wal", "--keep", "lots")
     assert result.exit_code == 2 and "keep" in result.output
+
+
+def interrupted_bench(wal: Path, *args: str, group: bool = False) -> subprocess.CompletedProcess:
+    """``pmemwal bench`` as a child sent SIGINT once it has printed a progress line: to it
+    alone (``kill -INT``), or with ``group`` to its whole process group, as Ctrl-C in a
+    terminal is."""
+    proc = subprocess.Popen([sys.executable, "-m", "pmemwal.tools.cli", "bench", str(wal),
+                             "--duration", "120", "--progress", "0.1", "--size", "512",
+                             "--keep", "4m", "--segment-size", "1m", *args],
+                            env=child_env(PMEM_IS_PMEM_FORCE="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=group)
+    try:
+        first = proc.stderr.readline()
+        assert first.startswith("progress: "), first
+        if group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, first + err)
+
+
+def test_ctrl_c_stops_a_run_only_where_asked(shm_dir: Path) -> None:
+    """SIGINT in the measurement (here raised by the progress callback, in the main thread):
+    a library caller gets KeyboardInterrupt, as before; with ``stop_on_ctrl_c`` (the CLI's)
+    the run stops early and returns what it measured, marked."""
+    config = bench.BenchConfig(shm_dir / "wal", mode="buffered", size=512, duration=120,
+                               keep_bytes="4m", segment_size="1m", progress_interval=0.05)
+    with pytest.raises(KeyboardInterrupt):
+        bench.run(config, progress=lambda p: signal.raise_signal(signal.SIGINT))
+    assert os.listdir(shm_dir) == []
+    lines = []
+
+    def interrupt_once(line: dict) -> None:
+        lines.append(line)
+        if len(lines) == 1:
+            signal.raise_signal(signal.SIGINT)
+
+    result = bench.run(config, progress=interrupt_once, stop_on_ctrl_c=True)
+    assert result.interrupted and 0 < result.elapsed < 60 and result.records > 0
+    assert result.as_dict()["interrupted"] is True
+    assert len(lines) == 2  # the one that interrupted, and the rest of the run's
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    assert os.listdir(shm_dir) == []
+
+
+def test_ctrl_c_prints_the_results_so_far_and_exits_130(shm_dir: Path) -> None:
+    """Ctrl-C stops the clients as the deadline would: the summary covers the time until
+    then, says so, and the exit status is 130 (fio's); the WAL is removed as after a run."""
+    wal = shm_dir / "wal"
+    run = interrupted_bench(wal, "--mode", "buffered", "--clients", "2")
+    assert run.returncode == 130, run.stdout + run.stderr
+    assert "Aborted!" not in run.stderr and "Traceback" not in run.stderr
+    elapsed = float(re.search(r"^elapsed: +([\d.]+) s", run.stdout, re.M).group(1))
+    assert 0.1 <= elapsed < 60
+    assert re.search(rf"^duration: +120 s, interrupted after {elapsed:.1f} s \(Ctrl-C\)",
+                     run.stdout, re.M), run.stdout
+    assert int(re.search(r"^records: +(\d+)$", run.stdout, re.M).group(1)) > 0
+    assert re.search(r"^commit latency \(usec\): +p50 ", run.stdout, re.M)
+    assert f"interrupted after {elapsed:.1f} s" in run.stderr  # said at once, on stderr too
+    assert not wal.exists()
 
 
 # ---- clients as processes (a shared WAL) -------------------------------------------
@@ -396,10 +475,39 @@ def test_bench_processes_group_and_report(shm_dir: Path, monkeypatch) -> None:
                                segment_size="1m", progress_interval=0.1)
     result = bench.run(config, progress=lines.append)
     assert lines and lines[0]["records_per_s"] > 0
+    assert_no_latency_escapes_the_lines(lines, result)
     assert result.flush_latency.count == sum(n // 4 for n in result.per_client_records)
     assert re.search(r"^clients: +2 processes$", result.report(), re.M)
     assert re.search(r"^background CPU: +\d+ % of a core, summed over the 2 client processes$",
                      result.report(), re.M)
+
+
+def test_ctrl_c_stops_client_processes_and_combines_what_they_measured(shm_dir: Path) -> None:
+    """Ctrl-C in a terminal reaches every process of the group: the client processes
+    ignore it and stop when the main process tells them, each sending what it measured,
+    combined into one result (as JSON here) before the exit status 130."""
+    wal = shm_dir / "wal"
+    run = interrupted_bench(wal, "--mode", "direct", "--processes", "--clients", "2", "--json",
+                            group=True)
+    assert run.returncode == 130, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr and "KeyboardInterrupt" not in run.stderr
+    data = json.loads(run.stdout)
+    assert data["interrupted"] is True and 0.1 <= data["elapsed"] < 60
+    per_client = data["per_client_records"]
+    assert len(per_client) == 2 and all(n > 0 for n in per_client), per_client
+    assert data["records"] == sum(per_client) == data["append_latency_us"]["count"]
+    assert not wal.exists()
+
+
+def test_one_client_process_and_one_byte_are_singular(shm_dir: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PMEM_IS_PMEM_FORCE", "1")
+    result = invoke("bench", shm_dir / "wal", "--processes", "--mode", "direct", "--clients", "1",
+                    "--size", "1", "--duration", "0.1", "--progress", "0", "--segment-size", "1m",
+                    "--keep", "4m")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert re.search(r"^clients: +1 process$", result.stdout, re.M)
+    assert re.search(r"^record size: +1 byte$", result.stdout, re.M)
+    assert re.search(r"^background CPU: .*summed over the 1 client process$", result.stdout, re.M)
 
 
 @pytest.mark.parametrize("mode", ["buffered", "auto"])

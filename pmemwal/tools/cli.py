@@ -197,7 +197,8 @@ def probe(path: str, as_json: bool, measure: bool, seconds: float, save: bool,
                    "applications truncate (e.g. 0.02); 0: the clients truncate as they cross "
                    "each quarter of --keep.")
 @click.option("--progress", "progress_interval", type=click.FloatRange(min=0), default=1.0,
-              show_default=True, help="Seconds between progress lines on stderr (0: none).")
+              show_default=True, help="Seconds between progress lines on stderr (records/s, "
+              "and the latency's mean, stddev and max over each; 0: none).")
 @click.option("--cold", is_flag=True,
               help="No warm-up: start on a fresh WAL, so appends reach new segments (with "
                    "--no-prefault, their first-touch page faults too).")
@@ -229,6 +230,10 @@ def bench(path: str, mode: str, clients: int, processes: bool, size: int, durati
     holding records that no bench run made only with --force), and the run's WAL is removed
     after it unless --keep-wal.
 
+    Ctrl-C stops the run early: the results measured until then are printed, marked as
+    interrupted, and the exit status is 130 (a second Ctrl-C, or one before the clients
+    start, ends it without results).
+
     Example: pmemwal bench /dev/shm/pmemwal-bench --mode direct --size 8k --flush group:16
     """
     config = _bench.BenchConfig(path=path, mode=mode, clients=clients, size=size,
@@ -239,11 +244,23 @@ def bench(path: str, mode: str, clients: int, processes: bool, size: int, durati
                                 keep_wal=keep_wal, force=force, rate=rate, processes=processes,
                                 archive=archive,
                                 archive_options=_archive_options(archive, archive_endpoint))
-    result = _bench.run(config, progress=lambda p: click.echo(p["line"], err=True))
+    try:
+        result = _bench.run(config, progress=lambda p: click.echo(p["line"], err=True),
+                            stop_on_ctrl_c=True)
+    except KeyboardInterrupt:
+        click.echo("interrupted before there were results to print", err=True)
+        raise click.exceptions.Exit(_INTERRUPTED) from None
+    if result.interrupted:
+        click.echo(f"{result.interrupted_text}: the results cover that time", err=True)
     if as_json:
         _dump(result.as_dict())
     else:
         click.echo(result.report())
+    if result.interrupted:
+        raise click.exceptions.Exit(_INTERRUPTED)
+
+
+_INTERRUPTED = 128 + signal.SIGINT  # the exit status after Ctrl-C, as fio's and a shell's
 
 
 def _archive_options(archive: str | None, endpoint: str | None) -> dict | None:

@@ -1,4 +1,5 @@
-"""Progress of the long-running commands (compare, torture, powerloss) on stderr.
+"""Progress of the long-running commands (compare, torture, powerloss) on stderr, and two
+helpers the commands' text shares: ``clock`` (``1:15``) and ``plural`` (``1 run``, ``2 runs``).
 
 A terminal gets tqdm's bar.  A file or a pipe would get the bar's carriage
 returns as one endless line, so it gets plain lines instead, one every
@@ -69,8 +70,8 @@ class _Lines(_Silent):
         share = f" ({self.done / self.total:.0%})" if self.total else ""
         eta = f", about {clock(left)} left" if self.done < self.total else ""
         tail = f"; {self.postfix}" if self.postfix else ""
-        print(f"{self.desc}: {self.done}/{self.total} {self.unit}s{share}, {clock(elapsed)} "
-              f"elapsed{eta}{tail}", file=self.stream, flush=True)
+        print(f"{self.desc}: {self.done}/{plural(self.total, self.unit)}{share}, "
+              f"{clock(elapsed)} elapsed{eta}{tail}", file=self.stream, flush=True)
 
 
 def clock(seconds: float) -> str:
@@ -78,3 +79,8 @@ def clock(seconds: float) -> str:
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 run``, ``3 runs``; ``many`` where adding an s is wrong (``process``, ``processes``)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"

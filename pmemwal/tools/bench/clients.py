@@ -23,13 +23,14 @@ if TYPE_CHECKING:
 
 
 class _Client(threading.Thread):
-    """One appending thread; ``snapshot`` is (records, latency sum, latency sum of squares).
-    A client process runs ``loop`` in its main thread (the object is never started)."""
+    """One appending thread; ``snapshot`` is (records, latency sum, latency sum of squares,
+    interval, its highest latency, the previous interval's highest).  A client process
+    runs ``loop`` in its main thread (the object is never started)."""
 
     def __init__(self, run: _Run, index: int) -> None:
         super().__init__(name=f"pmemwal-bench-{index}", daemon=True)
         self.run_ = run
-        self.snapshot = (0, 0, 0)
+        self.snapshot = (0, 0, 0, 0, 0, 0)
         self.appends, self.flushes = _Timings(), _Timings()
         self.error: BaseException | None = None
 
@@ -50,6 +51,9 @@ class _Client(threading.Thread):
         append_ns = appends.samples
         add_append, add_flush = append_ns.append, flushes.samples.append
         n = total = squares = 0
+        # the highest latency of the progress interval ``ticks[0]`` (the main thread moves
+        # it on at each line): read after the record, so that a stall counts where it ends
+        ticks, seen, peak, before = r.ticks, 0, 0, 0
         countdown = every
         commit = every == 1  # flush each: append(data, flush=True), one call timed as one
         interval = int(1e9 / r.config.rate) if r.config.rate else 0
@@ -78,7 +82,12 @@ class _Client(threading.Thread):
             n += 1
             total += lat
             squares += lat * lat
-            self.snapshot = (n, total, squares)
+            tick = ticks[0]
+            if tick != seen:  # a progress line took the interval before: start this one's
+                before, seen, peak = peak if tick == seen + 1 else 0, tick, lat
+            elif lat > peak:
+                peak = lat
+            self.snapshot = (n, total, squares, seen, peak, before)
             if lsn >= r.next_cut:  # a step appended since the last truncation
                 r.cut(lsn)
             if len(append_ns) >= _DRAIN_EVERY:
@@ -104,6 +113,12 @@ class _Threads:
 
     def go(self, start: int) -> None:
         self.run_.barrier.wait()
+
+    def halt(self) -> None:
+        """Stop early (Ctrl-C): the threads read ``_Run.deadline`` itself, already 0."""
+
+    def settle(self, tick: int) -> None:
+        """The threads' snapshots are current: nothing to wait for."""
 
     def finish(self) -> None:
         for client in self.clients:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pmemwal.tools._extras import require
+from pmemwal.tools.progress import plural
 
 if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram
@@ -60,7 +61,7 @@ class Latency:
     def line(self) -> str:
         return (f"p50 {self.p50:.2f}  p99 {self.p99:.2f}  p99.9 {self.p999:.2f}  "
                 f"max {self.max:.2f}  (mean {self.mean:.2f}, stddev {self.stddev:.2f}, "
-                f"{self.count} samples)")
+                f"{plural(self.count, 'sample')})")
 
 
 class _Timings:

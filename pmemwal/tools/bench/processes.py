@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import signal
 import threading
 import time
 import traceback
+from array import array
 
 from pmemwal.tools.bench.clients import _Client
 from pmemwal.tools.bench.config import BenchConfig
@@ -29,6 +31,9 @@ from pmemwal.tools.bench.session import _Run
 from pmemwal.tools.bench.wal_dir import _open_wal
 
 _PUBLISH = 0.01  # s: how often a client process copies its progress into shared memory
+_SETTLE = 0.2  # s a progress line waits at most for every client process to publish
+_SLOTS = 7  # shared doubles per client: its snapshot (6), and the interval it last published in
+_DONE = float(1 << 52)  # that interval, once its last snapshot is published
 
 
 class _Processes:
@@ -42,8 +47,10 @@ class _Processes:
     def __init__(self, run: _Run) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.run_, n = run, run.config.clients
-        self.counts = ctx.RawArray("d", 3 * n)  # each client's snapshot, copied every _PUBLISH
-        self.clock = ctx.RawArray("q", 1)  # the deadline, perf_counter_ns (one clock for all)
+        self.counts = ctx.RawArray("d", _SLOTS * n)  # each client's snapshot, every _PUBLISH
+        # the deadline (perf_counter_ns, one clock for all; 0 stops them) and the interval
+        self.clock = ctx.RawArray("q", 2)
+        run.ticks = _ticks(self.clock)  # the progress interval, as the client processes read it
         self.go_event = ctx.Event()
         pipes = [ctx.Pipe(duplex=False) for _ in range(n)]
         self.conns = [receive for receive, _ in pipes]
@@ -57,9 +64,15 @@ class _Processes:
         self.attached = 0
 
     def start(self) -> None:
-        for proc, send in zip(self.procs, self.sends):
-            proc.start()
-            send.close()
+        # SIGINT blocked in the processes from their start: Ctrl-C in a terminal reaches
+        # the whole group, and this process stops them (``halt``), or terminates them
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for proc, send in zip(self.procs, self.sends):
+                proc.start()
+                send.close()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         for i, conn in enumerate(self.conns):
             if self._receive(i, conn) != "ready":
                 raise ChildProcessError(f"bench client process {i}: expected 'ready'")
@@ -68,6 +81,19 @@ class _Processes:
         self.clock[0] = self.run_.deadline
         self.go_event.set()
         self.attached = self.run_.wal.stats().get("processes", 0)
+
+    def halt(self) -> None:
+        """Stop early (Ctrl-C): each process sees the deadline 0 within ``_PUBLISH``."""
+        self.clock[0] = 0
+
+    def settle(self, tick: int) -> None:
+        """Wait (up to ``_SETTLE``) until every client process has published a snapshot
+        since the progress interval became ``tick``, holding all its records before."""
+        give_up = time.monotonic() + _SETTLE
+        while any(self.counts[_SLOTS * i + _SLOTS - 1] < tick for i in range(len(self.procs))):
+            if time.monotonic() > give_up:
+                return
+            time.sleep(_PUBLISH / 10)
 
     def sleep(self, seconds: float | None) -> None:
         """Wait up to ``seconds`` for results, taking those that came (raising an error)."""
@@ -106,7 +132,7 @@ class _Processes:
 
     def snapshots(self) -> list[tuple]:
         c = self.counts
-        return [(c[3 * i], c[3 * i + 1], c[3 * i + 2]) for i in range(len(self.procs))]
+        return [tuple(c[_SLOTS * i:_SLOTS * i + _SLOTS - 1]) for i in range(len(self.procs))]
 
     def records(self) -> list[int]:
         return [self.results[i]["records"] for i in range(len(self.procs))]
@@ -139,18 +165,22 @@ def _client_process(config: BenchConfig, index: int, counts, clock, go, conn) ->
     try:
         with _open_wal(config, client=True) as wal:
             run = _Run(config, wal, None, {})
+            run.ticks = _ticks(clock)
             if index:
                 run.next_cut = 1 << 62  # client 0 alone truncates
             client = _Client(run, index)
-            mine = memoryview(counts).cast("B").cast("d")[3 * index:3 * index + 3]
+            mine = memoryview(counts).cast("B").cast("d")[_SLOTS * index:_SLOTS * (index + 1)]
             stop = threading.Event()
 
-            def publish() -> None:
-                mine[0], mine[1], mine[2] = client.snapshot
+            def publish(tick: float) -> None:
+                mine[:_SLOTS - 1] = array("d", client.snapshot)
+                mine[_SLOTS - 1] = tick  # after the snapshot it covers
 
             def publisher() -> None:
                 while not stop.wait(_PUBLISH):
-                    publish()
+                    tick = run.ticks[0]  # before the snapshot: it holds the records before
+                    publish(tick)
+                    run.deadline = min(run.deadline, clock[0])  # 0: stopped early (halt)
 
             conn.send(("ready", None))
             go.wait()
@@ -166,7 +196,7 @@ def _client_process(config: BenchConfig, index: int, counts, clock, go, conn) ->
             finally:
                 stop.set()
                 thread.join()
-            publish()
+            publish(_DONE)
             conn.send(("done", {
                 "records": client.snapshot[0], "end_ns": end, "flush_ns": end - t,
                 "background_flushes": run.background_flushes,
@@ -180,3 +210,8 @@ def _client_process(config: BenchConfig, index: int, counts, clock, go, conn) ->
             conn.send(("error", ChildProcessError(f"bench client process {index}: {error!r}")))
     finally:
         conn.close()
+
+
+def _ticks(clock) -> memoryview:
+    """The progress interval in the shared ``clock``, as one item to read and set."""
+    return memoryview(clock).cast("B").cast("q")[1:2]

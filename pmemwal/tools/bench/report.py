@@ -18,6 +18,7 @@ from pmemwal import _core
 from pmemwal.device import ProbeResult
 from pmemwal.tools.bench.config import BenchConfig
 from pmemwal.tools.bench.latency import Latency, _encode
+from pmemwal.tools.progress import plural
 
 if TYPE_CHECKING:
     from hdrh.histogram import HdrHistogram
@@ -45,6 +46,7 @@ class BenchResult:
     flush_histogram: HdrHistogram = field(repr=False, compare=False)
     fresh_segment_rate: float | None = None  # bytes/s this machine makes segments (keep=all)
     archive: dict[str, int] | None = None  # the archive counters at the run's end (archive only)
+    interrupted: bool = False  # Ctrl-C stopped it before its duration: it covers ``elapsed``
 
     @property
     def archive_rate(self) -> float | None:
@@ -109,6 +111,7 @@ class BenchResult:
             "records": self.records,
             "bytes": self.bytes,
             "elapsed": self.elapsed,
+            "interrupted": self.interrupted,
             "records_per_s": self.records_per_s,
             "mb_per_s": self.mb_per_s,
             "background_cpu_share": self.background_cpu_share,
@@ -142,10 +145,11 @@ class BenchResult:
             ("mode", self.mode if c.mode == self.mode else f"{self.mode} (asked: {c.mode})"),
             ("persist method", self.persist_method),
             ("crc32c path", _core.CRC32C_IMPL),
-            ("clients", f"{c.clients} processes" if c.processes else c.clients),
-            ("record size", f"{c.size} bytes"),
+            ("clients", plural(c.clients, "process", "processes") if c.processes else c.clients),
+            ("record size", plural(c.size, "byte")),
             ("flush policy", c.flush),
-            ("duration", f"{c.duration:g} s"),
+            ("duration", f"{c.duration:g} s" + (f", {self.interrupted_text}: the figures below "
+                                                 "cover that time" if self.interrupted else "")),
             ("path", c.path + fs),
             ("segment size", _size_text(self.segment_size)),
             ("insert slots", c.insert_slots),
@@ -158,6 +162,10 @@ class BenchResult:
             lines.append(("probe verdict", f"{self.probe.recommended_mode}/"
                                            f"{self.probe.persist_method}: {self.probe.reason}"))
         return lines
+
+    @property
+    def interrupted_text(self) -> str:
+        return f"interrupted after {self.elapsed:.1f} s (Ctrl-C)"
 
     def _keep_text(self) -> str:
         c = self.config
@@ -176,7 +184,8 @@ class BenchResult:
             ("elapsed", f"{self.elapsed:.3f} s (final flush {self.final_flush_us:.1f} usec)"),
             ("throughput", f"{self.records_per_s:.1f} rec/s, {self.mb_per_s:.1f} MB/s"),
             ("background CPU", f"{100 * self.background_cpu_share:.0f} % of a core" + (
-                f", summed over the {self.config.clients} client processes"
+                ", summed over the " + plural(self.config.clients, "client process",
+                                              "client processes")
                 if self.config.processes else "")),
         ]
         if len(self.per_client_records) > 1:
@@ -212,19 +221,19 @@ class BenchResult:
 
     def _archive_text(self) -> str:
         a, rate = self.archive, self.archive_rate
-        return (f"{a['archive_segments']} segments, "
+        return (f"{plural(a['archive_segments'], 'segment')}, "
                 f"{a['archive_bytes'] / 1e6:.1f} MB archived ("
                 + (f"{rate / 1e6:.1f} MB/s while archiving, " if rate else "")
                 + f"{self.archived_per_s / 1e6:.1f} MB/s over the run); "
-                f"{a['archive_failures']} failures, {a['archive_pending']} segments "
-                f"pending at the end")
+                f"{plural(a['archive_failures'], 'failure')}, "
+                f"{plural(a['archive_pending'], 'segment')} pending at the end")
 
 
 def format_progress(elapsed: float, records_per_s: float, mb_per_s: float,
-                    lat_ms: float, stddev_ms: float) -> str:
-    """A pgbench-style progress line."""
+                    lat_ms: float, stddev_ms: float, max_ms: float) -> str:
+    """A pgbench-style progress line, with the interval's highest latency."""
     return (f"progress: {elapsed:.1f} s, {records_per_s:.1f} rec/s, {mb_per_s:.1f} MB/s, "
-            f"lat {lat_ms:.3f} ms stddev {stddev_ms:.3f}")
+            f"lat {lat_ms:.3f} ms stddev {stddev_ms:.3f} max {max_ms:.3f}")
 
 
 def _asdict(latency: Latency | None) -> dict | None:
@@ -235,4 +244,4 @@ def _size_text(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale and n % scale == 0:
             return f"{n // scale} {unit}"
-    return f"{n} bytes"
+    return plural(n, "byte")

@@ -18,8 +18,9 @@ first flushes whenever more than a step is unflushed; those flushes are
 counted in ``background_flushes`` and are not in any client's latency.
 
 The main thread meanwhile prints a pgbench-style progress line every interval
-(records/s, MB/s and the mean and standard deviation of the per-record
-latency: append, plus the flush where one followed that record).
+(records/s, MB/s and the mean, standard deviation and highest of the per-record
+latency: append, plus the flush where one followed that record).  Ctrl-C stops the
+clients as the deadline would: the result covers the run until then (``interrupted``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Callable, Protocol
 import pmemwal
 from pmemwal.device import ProbeResult
 from pmemwal.tools.bench.config import BenchConfig
+from pmemwal.tools.bench.interrupt import stopping_on_ctrl_c
 from pmemwal.tools.bench.latency import Latency, _Timings
 from pmemwal.tools.bench.report import BenchResult, format_progress
 
@@ -56,6 +58,8 @@ class Clients(Protocol):
     def errors(self) -> list[BaseException]: ...
     def start(self) -> None: ...
     def go(self, start: int) -> None: ...
+    def halt(self) -> None: ...
+    def settle(self, tick: int) -> None: ...
     def finish(self) -> None: ...
     def stop(self) -> None: ...
     def snapshots(self) -> list[tuple]: ...
@@ -76,22 +80,25 @@ class _Run:
         self.barrier = threading.Barrier(config.clients + 1)
         self.background_flushes = 0
         self.last_tick = (0, 0, 0, 0)  # (time ns, records, latency sum, sum of squares)
+        self.ticks: list[int] | memoryview = [0]  # the progress interval, as the clients read it
+        self.interrupted = False  # Ctrl-C stopped the clients before the deadline
         self.step = config.truncate_step(wal.segment_size)
         self.next_cut = wal.insert_lsn + self.step if self.step else 1 << 62  # an LSN
         self.cut_lock = threading.Lock()  # held by the truncating client
         self.stop_checkpoints = threading.Event()
         self.checkpoint_error: BaseException | None = None
 
-    def measure(self, probe: ProbeResult | None,
-                kind: Callable[[_Run], Clients]) -> BenchResult:
-        """Run the clients (``kind``: threads or processes) until the deadline; the result."""
+    def measure(self, probe: ProbeResult | None, kind: Callable[[_Run], Clients],
+                stop_on_ctrl_c: bool = False) -> BenchResult:
+        """Run the clients (``kind``: threads or processes) until the deadline (or, with
+        ``stop_on_ctrl_c``, Ctrl-C); the result."""
         clients = kind(self)
-        start = self._drive(clients)
+        start = self._drive(clients, stop_on_ctrl_c)
         if self.progress and self.config.progress_interval:
-            self._tick(time.perf_counter_ns(), start, clients.snapshots())
+            self._tick(time.perf_counter_ns(), start, clients.snapshots(), self.ticks[0])
         return self._result(probe, clients, start)
 
-    def _drive(self, clients: Clients) -> int:
+    def _drive(self, clients: Clients, stop_on_ctrl_c: bool) -> int:
         """Start the clients (and the checkpointer) and the clock, print progress until the
         deadline, stop them all and raise the first error; the start, perf_counter_ns."""
         config = self.config
@@ -105,8 +112,9 @@ class _Run:
             if checkpointer:
                 checkpointer.start()
             clients.go(start)
-            self._report_until_deadline(start, clients)
-            clients.finish()
+            with stopping_on_ctrl_c(lambda: self._interrupt(clients), stop_on_ctrl_c):
+                self._report_until_deadline(start, clients)
+                clients.finish()
         finally:
             self.deadline = 0
             clients.stop()
@@ -117,6 +125,12 @@ class _Run:
             if error is not None:
                 raise error
         return start
+
+    def _interrupt(self, clients: Clients) -> None:
+        """Ctrl-C: the clients stop as at the deadline (unless that has passed, or one failed)."""
+        if time.perf_counter_ns() < self.deadline:
+            self.interrupted, self.deadline = True, 0
+            clients.halt()
 
     def _result(self, probe: ProbeResult | None, clients: Clients,
                 start: int) -> BenchResult:
@@ -142,7 +156,7 @@ class _Run:
             per_client_records=per_client,
             append_latency=Latency.of(appends), flush_latency=Latency.of(flushes),
             stats=stats, append_histogram=appends.hist, flush_histogram=flushes.hist,
-            archive=archive)
+            archive=archive, interrupted=self.interrupted)
 
     def _report_until_deadline(self, start: int, clients: Clients) -> None:
         """Progress lines, from the main thread, until the clients stop."""
@@ -154,7 +168,7 @@ class _Run:
             if now >= self.deadline:  # also 0 when a client failed
                 return
             if now >= next_tick:
-                self._tick(now, start, clients.snapshots())
+                self._end_interval(start, clients)
                 next_tick += interval
             clients.sleep(max(min(next_tick, self.deadline, now + poll) - now, 0) / 1e9)
 
@@ -197,8 +211,20 @@ class _Run:
         if wal.flushed_lsn > keep:
             wal.truncate(wal.flushed_lsn - keep)
 
-    def _tick(self, now: int, start: int, snaps: list[tuple]) -> None:
+    def _end_interval(self, start: int, clients: Clients) -> None:
+        """A progress line: records that end from here on belong to the next one; once the
+        clients' snapshots hold every record of this one, its line."""
+        tick = self.ticks[0]
+        self.ticks[0] = tick + 1
+        clients.settle(tick + 1)
+        self._tick(time.perf_counter_ns(), start, clients.snapshots(), tick)
+
+    def _tick(self, now: int, start: int, snaps: list[tuple], tick: int) -> None:
         n, total, squares = (sum(s[i] for s in snaps) for i in range(3))
+        # each client's highest latency of interval ``tick``: its current one's, or the one
+        # before if it has begun the next (a client with no record in it has none)
+        peak = max((s[4] if s[3] == tick else s[5] if s[3] == tick + 1 else 0 for s in snaps),
+                   default=0)
         t0, n0, total0, squares0 = self.last_tick
         self.last_tick = (now, n, total, squares)
         seconds, count = (now - t0) / 1e9, n - n0
@@ -212,6 +238,7 @@ class _Run:
             "mb_per_s": count * self.config.size / seconds / 1e6,
             "lat_ms": mean / 1e6,
             "stddev_ms": math.sqrt(max(var, 0.0)) / 1e6,
+            "max_ms": peak / 1e6,
         }
         line["line"] = format_progress(**line)
         self.progress(line)
