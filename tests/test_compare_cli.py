@@ -8,8 +8,10 @@ targets that return made-up results at once.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import pytest
 
 from conftest import child_env, cli_runner
 from pmemwal import ConfigError, libpmem
-from pmemwal.tools import harness
+from pmemwal.tools import harness, progress
 from pmemwal.tools import targets as real
 from pmemwal.tools.cli import main
 from pmemwal.tools.targets import RunResult, Workload
@@ -159,7 +161,7 @@ def test_unavailable_target_is_skipped_with_its_reason(targets, shm_dir: Path) -
                     "--sizes", "64", "--duration", "0.1", "--runs", "1", "--db", db)
     assert result.exit_code == 0, result.output + result.stderr
     assert "skipped absent: not installed here (stand-in)" in result.output
-    assert "buffered: records/s (mean of 1 runs" in result.output
+    assert "buffered: records/s (mean of 1 run," in result.output
     assert "no ratio tables" not in result.output
     targets_run = sqlite3.connect(db).execute("SELECT DISTINCT target FROM runs").fetchall()
     assert targets_run == [("buffered",)]
@@ -291,7 +293,7 @@ def test_each_preset_runs_in_one_command(shm_dir: Path, preset, series, more) ->
                              "--duration", "0.05")
     assert out.startswith(f"preset {preset}: seed 00")
     for label in series:
-        assert f"{label}: records/s (mean of 1 runs, flush each)" in out
+        assert f"{label}: records/s (mean of 1 run, flush each)" in out
     assert all(text in out for text in more), out
     config = json.loads(sqlite3.connect(shm_dir / "r.db").execute(
         "SELECT config FROM environment").fetchone()[0])
@@ -657,7 +659,7 @@ def test_counter_columns_and_machine_warnings_from_made_up_numbers(tmp_path: Pat
     assert "different CPU governors (performance, powersave)" in governors
     assert "CPU frequency moved from 2000 to 3000 MHz" in frequency
     summary.machine[0]["end"]["load"] = 3.5               # 2.5 more than at the start
-    assert ("load average moved from 1.00 to 3.50 (1 CPUs) across the runs of group g1: other "
+    assert ("load average moved from 1.00 to 3.50 (1 CPU) across the runs of group g1: other "
             "work shared the machine") in summary.machine_warnings()[2]
     summary.machine[0]["end"]["load"] = 2.0
     report = summary.report()
@@ -670,6 +672,77 @@ def test_summarize_picks_the_latest_group_and_rejects_unknown(tmp_path: Path) ->
     assert harness.summarize(db).group == "g1"
     with pytest.raises(ConfigError, match="run group 'nope'"):
         harness.summarize(db, "nope")
+
+
+def test_report_refuses_a_baseline_that_names_no_series_as_compare_does(tmp_path: Path) -> None:
+    """A --baseline that is no series is an error listing the valid ones, exit status 1 as
+    compare's (not tables without ratios and status 0), before anything is printed."""
+    db = _made_up_db(tmp_path / "r.db", {("master", 1, 64): [1.0], ("patched", 1, 64): [2.0]})
+    result = invoke("report", db, "--baseline", "bogus")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert ("baseline 'bogus': no such series in run group g1 (valid: master, patched)"
+            in result.stderr)
+    assert invoke("report", db, "--baseline", "patched").exit_code == 0
+
+
+def test_report_of_an_unknown_group_lists_the_groups(tmp_path: Path) -> None:
+    db = _made_up_db(tmp_path / "r.db", {("a", 1, 64): [1.0]})
+    result = invoke("report", db, "--group", "nonexist")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "run group 'nonexist': not in the results database, which holds g1" in result.stderr
+    conn = harness.open_db(db)
+    for n in range(2, 14):  # many: the latest 10, and how many more
+        env = {c: None for c in harness.store._ENV_COLUMNS}
+        env.update(run_group=f"g{n}", timestamp=f"2025-01-{n:02d}T00:00:00+00:00")
+        harness.store._insert(conn, "environment", env, harness.store._ENV_COLUMNS)
+    conn.commit()
+    conn.close()
+    with pytest.raises(ConfigError, match=r"which holds 13 run groups, the latest 10: g4, g5, "
+                                          r".*, g13 \(--list shows them all\)$"):
+        harness.summarize(db, "nonexist")
+
+
+def test_report_gives_the_load_the_runs_recorded_never_a_question_mark(fakes,
+                                                                      shm_dir: Path) -> None:
+    """The environment table keeps no machine state: the report's line is the first run's
+    start (which compare's own line is also taken just before), and none where no run
+    recorded one (a database made before they did)."""
+    db = shm_dir / "r.db"
+    harness.run_compare(harness.CompareConfig(shm_dir / "cmp", targets=["buffered"],
+                                              clients=[1], sizes=[64], duration=0.1, runs=1,
+                                              db=db))
+    out = invoke("report", db).output
+    assert re.search(r"^cpu at start: +(\d+ MHz|frequency not visible), load average "
+                     r"\d+\.\d\d \(1 min\)$", out, re.M), out
+    old = _made_up_db(shm_dir / "old.db", {("a", 1, 64): [1.0]})
+    out = invoke("report", old).output
+    assert "cpu at start" not in out and "?" not in out, out
+
+
+def test_one_run_one_client_and_one_cpu_are_singular(tmp_path: Path) -> None:
+    """1 run, 1 client, 1 CPU: no "1 runs" anywhere in the report (nor compare's progress)."""
+    def extra(target, run):
+        return {"machine": {"start": {"governor": None, "mhz": None, "load": 0.5},
+                            "end": {"governor": None, "mhz": None, "load": 3.0}}}
+
+    db = _made_up_db(tmp_path / "r.db", {("a", 1, 64): [1.0], ("b", 1, 64): [2.0]}, extra,
+                     {"flush": "each", "columns": ["flushes"]})
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE environment SET nproc = 1")
+    conn.commit()
+    conn.close()
+    result = invoke("report", db)
+    assert result.exit_code == 0, result.output + result.stderr
+    out = result.output
+    assert "a: records/s (mean of 1 run, flush each)" in out
+    assert "1 client, 64 records (mean of 1 run)" in out
+    assert "machine over the 2 runs" in out and "(1 CPU) across the runs" in out
+    assert re.search(r"^host: +1 CPU$", out, re.M)  # (a made-up group: no host name)
+    assert not re.search(r"\b1 (runs|clients|CPUs)\b", out), out
+    lines = io.StringIO()
+    with progress.progress(1, "run", "compare", "pmemwal compare", stream=lines) as bar:
+        bar.update()
+    assert lines.getvalue().startswith("compare: 1/1 run (100%), 0:00 elapsed")
 
 
 @pytest.mark.parametrize("files, expected", [

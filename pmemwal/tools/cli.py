@@ -654,8 +654,9 @@ def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int
     for name, reason in plan.skipped.items():
         click.echo(f"skipped {name}: {reason}")
     seconds = plan.total_runs * (config.duration + _RUN_OVERHEAD_S)
-    click.echo(f"{plan.total_runs} runs of {config.duration:g} s each planned: about "
-               f"{_progress.clock(seconds)} (longer with peers that start a server)")
+    click.echo(f"{_progress.plural(plan.total_runs, 'run')} of {config.duration:g} s each "
+               f"planned: about {_progress.clock(seconds)} (longer with peers that start a "
+               "server)")
     click.echo()
     with _progress.progress(plan.total_runs, "run", "compare", "pmemwal compare", quiet) as bar:
         def progress(p: dict) -> None:
@@ -665,7 +666,8 @@ def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int
         result = _harness.run_compare(config, progress=progress, plan=plan)
     summary = _harness.summarize(db, result.group)
     click.echo(summary.report(markdown=markdown, baseline=config.baseline))
-    click.echo(f"\n{plan.total_runs} runs stored in {db} (run group {result.group})")
+    click.echo(f"\n{_progress.plural(plan.total_runs, 'run')} stored in {db} "
+               f"(run group {result.group})")
     if plot_path:
         _harness.plot(summary, plot_path)
         click.echo(f"chart: {plot_path}")
@@ -678,10 +680,12 @@ _RUN_OVERHEAD_S = 0.45  # a pmemwal target's run beyond its duration: WAL, warm-
 @click.argument("db", type=click.Path(exists=True, dir_okay=False))
 @click.option("--group", "groups", multiple=True,
               help="A run group to report (repeatable: several are joined into one set of "
-                   "tables) [default: the latest].")
+                   "tables; one not in DB is an error naming those that are) [default: the "
+                   "latest].")
 @click.option("--list", "list_groups", is_flag=True, help="List the run groups in DB and stop.")
 @click.option("--baseline", default=None,
-              help="Series (or target) the ratio tables divide by [default: as stored].")
+              help="Series (or target) the ratio tables divide by; one that names no series is "
+                   "an error listing them [default: as stored].")
 @click.option("--markdown", is_flag=True, help="Print the tables as markdown.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="Also write every point as a CSV row here.")
@@ -705,12 +709,15 @@ def report(db: str, groups: tuple[str, ...], list_groups: bool, baseline: str | 
     if list_groups:
         for g in _harness.list_groups(db):
             preset = f", preset {g['preset']}" if g["preset"] else ""
-            click.echo(f"{g['group']}  {g['timestamp']}  {g['runs']} runs  {g['targets']}{preset}")
+            click.echo(f"{g['group']}  {g['timestamp']}  {_progress.plural(g['runs'], 'run')}  "
+                       f"{g['targets']}{preset}")
         return
     summaries = [_harness.summarize(db, group) for group in (groups or [None])]
-    for summary in summaries:
-        click.echo(_harness.environment_text(summary.environment, summary.group) + "\n")
     summary = _harness.join(summaries)
+    if baseline:  # one that names no series is refused, as compare refuses it, before output
+        summary.baseline_series(baseline)
+    for each in summaries:
+        click.echo(_harness.environment_text(each.environment, each.group) + "\n")
     click.echo(summary.report(markdown=markdown, baseline=baseline))
     if csv_path:
         click.echo(f"\ncsv: {_harness.write_csv(summary, csv_path)}")

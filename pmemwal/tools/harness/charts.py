@@ -15,6 +15,7 @@ from pmemwal.tools._extras import require
 from pmemwal.tools.harness.results import interval_runs
 from pmemwal.tools.harness.summary import Summary
 from pmemwal.tools.harness.text import column_title, size_text
+from pmemwal.tools.progress import plural
 
 
 def plot(summary: Summary, png: str) -> str:
@@ -127,7 +128,7 @@ def plot_intervals(db: str, groups: list[str | None], png: str) -> str:
             ax.plot(xs, ys, color=colours[r["label"]], alpha=0.7, linewidth=1,
                     label=None if r["label"] in shown else r["label"])
             shown.add(r["label"])
-        ax.set_title(f"{clients} clients, {size_text(size)} records")
+        ax.set_title(f"{plural(clients, 'client')}, {size_text(size)} records")
         ax.set_xlabel("seconds into the run")
         ax.set_ylabel("records/s")
         ax.grid(True, alpha=0.3)

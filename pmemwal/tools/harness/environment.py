@@ -17,6 +17,7 @@ import socket
 import statistics
 
 import pmemwal
+from pmemwal.tools.progress import plural
 
 
 _CPU_GLOB = "/sys/devices/system/cpu/cpu[0-9]*/cpufreq/"
@@ -142,36 +143,48 @@ def governor_warning(environment: dict | None = None) -> str | None:
 
 
 def environment_text(environment: dict, group: str | None = None) -> str:
-    """The environment as "key: value" lines, for the terminal."""
+    """The environment as "key: value" lines, for the terminal (a line whose value was not
+    recorded left out).  ``machine`` is the machine's state at the start: compare's, taken
+    before its first run, or (``summarize``) the one its first run recorded."""
     env = environment
     probe = env.get("probe") or {}
-    where = env.get("config", {}).get("path") or probe.get("path") or "?"
+    where = (env.get("config") or {}).get("path") or probe.get("path")
     fs = f" ({probe['fs_type']})" if probe.get("fs_type") else ""
     verdict = (f"{probe.get('recommended_mode')}/{probe.get('persist_method')}: "
                f"{probe.get('reason')}" if probe else "-")
     governor = env.get("governor") or "not visible"
     if env.get("energy_perf"):
         governor += f" (energy_performance_preference {env['energy_perf']})"
-    machine = env.get("machine") or {}
-    mhz = f"{machine['mhz']:.0f} MHz" if machine.get("mhz") else "frequency not visible"
+    host = [env.get("hostname"), env.get("nproc") and plural(env["nproc"], "CPU")]
     lines = [
         ("run group", group or env.get("run_group") or "-"),
-        ("host", f"{env.get('hostname')}, {env.get('nproc')} CPUs"),
+        ("host", ", ".join(str(h) for h in host if h) or None),
         ("cpu", env.get("cpu_model")),
         ("governor", governor),
-        ("cpu now", f"{mhz}, load average {machine.get('load', '?')} (1 min)"),
+        ("cpu at start", _machine_text(env.get("machine"))),
         ("kernel", env.get("kernel")),
         ("versions", f"python {env.get('python')}, numpy {env.get('numpy')}, "
                      f"pmemwal {env.get('pmemwal')}"),
         ("build", build_text(env.get("build"))),
         ("against", (f"{env['against']['rev']} = {env['against']['commit'][:7]} (the @ series)"
                      if env.get("against") else "-")),
-        ("path", where + fs),
+        ("path", where and where + fs),
         ("probe verdict", verdict),
         ("environment", " ".join(f"{k}={v}" for k, v in (env.get("env") or {}).items()) or "-"),
     ]
     width = max(len(k) for k, _ in lines) + 1
-    return "\n".join(f"{k + ':':<{width}} {v}" for k, v in lines)
+    return "\n".join(f"{k + ':':<{width}} {v}" for k, v in lines if v is not None)
+
+
+def _machine_text(machine: dict | None) -> str | None:
+    """``2596 MHz, load average 1.93 (1 min)`` from a ``machine_state``; None where none
+    was recorded (the line is left out), and only what it holds."""
+    if not machine:
+        return None
+    parts = [f"{machine['mhz']:.0f} MHz" if machine.get("mhz") else "frequency not visible"]
+    if machine.get("load") is not None:
+        parts.append(f"load average {machine['load']:.2f} (1 min)")
+    return ", ".join(parts)
 
 
 def build_text(build: dict | None) -> str:

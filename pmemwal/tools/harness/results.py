@@ -35,7 +35,8 @@ def summarize(db: str | sqlite3.Connection, group: str | None = None) -> Summary
         env_row = conn.execute("SELECT * FROM environment WHERE run_group = ?",
                                (group,)).fetchone()
         if env_row is None:
-            raise ConfigError(f"run group {group!r}: not in the results database")
+            raise ConfigError(f"run group {group!r}: not in the results database, which "
+                              f"holds {_groups_text(conn)}")
         environment = {k: env_row[k] for k in env_row.keys()}
         for key in _JSON_COLUMNS:
             environment[key] = json.loads(environment[key]) if environment[key] else None
@@ -56,7 +57,20 @@ def summarize(db: str | sqlite3.Connection, group: str | None = None) -> Summary
             conn.close()
     points = [_point_summary(key, values, terms.get(key, ()), group)
               for key, values in runs.items()]
+    # the environment's row keeps no machine state: the first run's start stands for it
+    environment["machine"] = next((m["start"] for m in machine
+                                   if isinstance(m, dict) and m.get("start")), None)
     return Summary(group=group, environment=environment, points=points, machine=machine)
+
+
+def _groups_text(conn: sqlite3.Connection, most: int = 10) -> str:
+    """The run groups in the database, oldest first: all, or the latest ``most`` of them."""
+    groups = [row[0] for row in conn.execute(
+        "SELECT run_group FROM environment ORDER BY timestamp, rowid")]
+    if len(groups) <= most:
+        return ", ".join(groups) or "none"
+    return (f"{len(groups)} run groups, the latest {most}: {', '.join(groups[-most:])} "
+            "(--list shows them all)")
 
 
 def _point_summary(key: tuple, values: list, terms: Iterable[str], group: str) -> PointSummary:

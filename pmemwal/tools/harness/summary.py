@@ -16,6 +16,7 @@ from pmemwal.errors import ConfigError
 from pmemwal.tools.harness.config import COUNTERS
 from pmemwal.tools.harness.text import (Table, _rate_text, column_title, pick_baseline,
                                         series_label, size_text)
+from pmemwal.tools.progress import plural
 
 
 UNSTABLE = 0.10  # a point whose runs' stddev exceeds this fraction of the mean is flagged
@@ -100,10 +101,9 @@ class Summary:
         return Table(title, "clients", [size_text(s) for s in self.sizes()], rows, number_format)
 
     def _runs_note(self, flush: bool = True) -> str:
-        counts = sorted({p.runs for p in self.points})
-        n = counts[-1] if counts else 0
-        how = "trimmed mean of" if n >= 3 else "mean of"
-        note = f"{how} {'/'.join(map(str, counts))} runs"
+        counts = sorted({p.runs for p in self.points}) or [0]  # "3/6 runs", "1 run"
+        how = "trimmed mean of" if counts[-1] >= 3 else "mean of"
+        note = f"{how} {''.join(f'{n}/' for n in counts[:-1])}{plural(counts[-1], 'run')}"
         return f"{note}, flush {self.flush}" if flush else note
 
     def throughput_tables(self) -> list[Table]:
@@ -125,7 +125,7 @@ class Summary:
         for p in self.points:
             for note in p.terms:
                 notes.setdefault(p.label, {}).setdefault(note, []).append(
-                    f"{p.clients} clients, {size_text(p.size)} B")
+                    f"{plural(p.clients, 'client')}, {size_text(p.size)} B")
         every = len(self.clients()) * len(self.sizes())
         return {label: [note if len(where) == every else f"{note} (at {', '.join(where)})"
                         for note, where in found.items()] for label, found in notes.items()}
@@ -182,7 +182,7 @@ class Summary:
                         counters = [p.counters.get(k) for k in columns]
                         rows.append((label, [p.records_per_s] + counters))
                 if rows:
-                    tables.append(Table(f"{c} clients, {size_text(size)} records "
+                    tables.append(Table(f"{plural(c, 'client')}, {size_text(size)} records "
                                         f"({self._runs_note(flush=False)})", "series",
                                         ["records/s"] + [column_title(k) for k in columns],
                                         rows, _rate_text))
@@ -201,7 +201,7 @@ class Summary:
                  f"{min(mhz):.0f}-{max(mhz):.0f} MHz" if mhz else "frequency not visible"]
         if load:
             parts.append(f"load average {min(load):.2f}-{max(load):.2f}")
-        return f"machine over the {len(self.machine)} runs: {', '.join(parts)}"
+        return f"machine over the {plural(len(self.machine), 'run')}: {', '.join(parts)}"
 
     def machine_warnings(self) -> list[str]:
         """Warnings when the runs of this group did not all run alike: under different
@@ -223,7 +223,7 @@ class Summary:
         cpus = self.environment.get("nproc") or 1
         if load and max(load) - min(load) > cpus:  # more than the runs' own clients explain
             warnings.append(f"warning: the load average moved from {min(load):.2f} to "
-                            f"{max(load):.2f} ({cpus} CPUs) across the runs of group "
+                            f"{max(load):.2f} ({plural(cpus, 'CPU')}) across the runs of group "
                             f"{self.group}: other work shared the machine for some of them")
         return warnings
 
