@@ -31,7 +31,7 @@ from pmemwal.tools.bench.session import _Run
 from pmemwal.tools.bench.wal_dir import _open_wal
 
 _PUBLISH = 0.01  # s: how often a client process copies its progress into shared memory
-_SETTLE = 0.2  # s a progress line waits at most for every client process to publish
+_SETTLE = 1.0  # s a progress line waits at most for every client process to publish
 _SLOTS = 7  # shared doubles per client: its snapshot (6), and the interval it last published in
 _DONE = float(1 << 52)  # that interval, once its last snapshot is published
 
