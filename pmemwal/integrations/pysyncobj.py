@@ -105,9 +105,9 @@ class PmemwalJournal(_journal.Journal):
         elif not follows:
             raise ValueError(f"add(idx={idx}): the journal ends at entry {log.last_index}, "
                              "and a Raft log has no gaps")
-        command = _journal.to_bytes(command)
-        log.append(command, term, sync=True)
-        self._recent.append((command, idx, term))
+        data: bytes = _journal.to_bytes(command)
+        log.append(data, term, sync=True)
+        self._recent.append((data, idx, term))
         if len(self._recent) > 2 * self._keep:
             del self._recent[:self._keep]
 

@@ -153,7 +153,6 @@ class _LogStore:
         self._latest_notifications: list[Notification] | None = None
         with _translated():
             self._log = pmemwal.open_log(self.path, readonly=True)
-        self._store = None
         self._close_log = weakref.finalize(self, _close_all, self._log, self._index, None)
         try:
             self._replay(self._log.first_index)
@@ -714,7 +713,7 @@ class PmemwalDCBDatastore(_LogStore):
             part = places[done:] if limit is None else places[done:done + step]
             for position, (event, _) in zip(positions[done:],
                                             self._decoded(part, decode_dcb_event)):
-                if sure or dcb_matches(event, query):    # type: ignore[arg-type]
+                if sure or query is None or dcb_matches(event, query):  # (None: every event)
                     events.append(DCBSequencedEvent(event=event, position=position))
                     if len(events) == limit:
                         return events

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from eventsourcing.dcb.persistence import DCBInfrastructureFactory
 from eventsourcing.persistence import (AggregateRecorder, ApplicationRecorder,
@@ -81,7 +81,12 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder],
         return self.dcb_recorder_class(
             self.datastore(f"{self._prefix('dcb')}_dcb_events", PmemwalDCBDatastore))
 
-    def datastore(self, name: str, kind: type[_S] = PmemwalDatastore) -> _S:  # type: ignore
+    @overload
+    def datastore(self, name: str) -> PmemwalDatastore: ...
+    @overload
+    def datastore(self, name: str, kind: type[_S]) -> _S: ...
+
+    def datastore(self, name: str, kind: type[_LogStore] = PmemwalDatastore) -> _LogStore:
         """The datastore of directory ``name`` under the base path, opened on first use."""
         if not name or os.sep in name or name in (".", ".."):
             raise ValueError(f"pmemwal: {name!r} is not a directory name")
@@ -141,7 +146,7 @@ class PmemwalFactory(InfrastructureFactory[PmemwalTrackingRecorder],
             return {"readonly": True}
         if size and not size.isdigit():
             raise OSError(f"pmemwal: {self.PMEMWAL_SEGMENT_SIZE}={size!r} is not a number of bytes")
-        options = {"mode": self.env.get(self.PMEMWAL_MODE) or "auto",
+        options: dict[str, Any] = {"mode": self.env.get(self.PMEMWAL_MODE) or "auto",
                    "segment_size": int(size) if size else None,
                    "create": bool(strtobool(self.env.get(self.CREATE_TABLE) or "yes"))}
         interval = self.env.get(self.PMEMWAL_CHECKPOINT_INTERVAL)

@@ -19,7 +19,7 @@ def originator_bytes(key: Key) -> bytes:
     return b"u" + key if isinstance(key, bytes) else b"s" + key.encode()
 
 
-class _Index(StoredIndex):
+class _Index(StoredIndex[Key]):
     """Notifications, originators' versions and tracking positions; the caller holds the lock.
     A row is a notification (its ID is its number), a key pair (version, notification ID)."""
 
@@ -35,8 +35,8 @@ class _Index(StoredIndex):
         batch = set()
         for row in rows:
             where = ("twice in the batch" if (row.key, row.version) in batch else
-                     "stored already" if self.has_pair(
-                         row.key, row.version, lambda i, k=row.key: key_of(i) == k) else None)
+                     "stored already" if self.has_pair(     # (which calls the check at once)
+                         row.key, row.version, lambda i: key_of(i) == row.key) else None)
             if where:
                 raise IntegrityError(f"the event of originator {_shown(row.key)} with version "
                                      f"{row.version} is {where}")
@@ -122,7 +122,7 @@ def tag_bytes(tag: str) -> bytes:
     return b"t" + tag.encode()
 
 
-class _DCBIndex(StoredIndex):
+class _DCBIndex(StoredIndex[str]):
     """Positions (dense from 1), their types and tags; the caller holds the lock.  A row is
     a position, a key pair (position, position) of each of its tags."""
 

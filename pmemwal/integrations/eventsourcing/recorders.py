@@ -4,7 +4,7 @@ and DCB recorders, and a DCB read's response."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 from uuid import UUID
 
 from eventsourcing.dcb.api import (DCBAppendCondition, DCBEvent, DCBQuery, DCBReadResponse,
@@ -103,7 +103,7 @@ class PmemwalDCBRecorder(PmemwalRecorder, DCBRecorder):
         return self.datastore.append(events, condition)
 
     def subscribe(self, query: DCBQuery | None = None, *,
-                  after: int | None = None) -> PmemwalDCBSubscription:
+                  after: int | None = None) -> PmemwalDCBSubscription[Self]:
         return PmemwalDCBSubscription(self, self.datastore, query=query, after=after)
 
 

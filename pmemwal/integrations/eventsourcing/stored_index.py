@@ -68,6 +68,7 @@ import struct
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -289,8 +290,8 @@ class _ListSpan:
         return self.values[self.i + lo:self.i + hi]
 
 
-def _take(a, b, desc: bool, limit: int | None, upto: int | None  # type: ignore[no-untyped-def]
-          ) -> tuple[np.ndarray, np.ndarray]:
+def _take(a: np.ndarray | _ListSpan, b: np.ndarray | _ListSpan, desc: bool, limit: int | None,
+          upto: int | None) -> tuple[np.ndarray, np.ndarray]:
     """The first ``limit`` pairs with b <= upto of sorted pairs (a run's views or a tail's
     span), from the end when ``desc``, copied.  Pairs over ``upto`` (not durable yet) are
     few and recent: the window read doubles past them."""
@@ -313,17 +314,18 @@ def _take(a, b, desc: bool, limit: int | None, upto: int | None  # type: ignore[
 # ---- the index in memory: rows, names, keys, tracking ----------------------------------
 
 Pairs = tuple[list[int], list[int]]          # a tail's (a values ascending, their b values)
+K = TypeVar("K", bound=Hashable)             # a flavor's key: an originator, or a tag
 
 
 @dataclass
-class Captured:
+class Captured(Generic[K]):
     """What one checkpoint writes, taken under the datastore's lock."""
 
     next_entry: int
     guard_crc: int
     rows_start: int                          # the first row not in the files (1-based)
     rows: np.ndarray
-    pairs: dict[Hashable, Pairs]             # the key pairs not in a run yet (frozen)
+    pairs: dict[K, Pairs]                    # the key pairs not in a run yet (frozen)
     runs: list[Run]
     names: list[str]
     tracking: dict[str, int]
@@ -334,19 +336,19 @@ class Captured:
 class Written:
     """A checkpoint written, to install in the index."""
 
-    captured: Captured
+    captured: Captured[Any]
     runs: list[Run]
     next_run: int
 
 
-class StoredIndex:
+class StoredIndex(Generic[K]):
     """The part of an index every flavor has: rows, names, keys and tracking positions,
     stored ones mapped from an IndexStore's files, new ones in the heap.  The caller holds
     the datastore's lock; ``tagged`` gives a key's bytes for its hash."""
 
     flavor = ORIGINATORS
 
-    def __init__(self, tagged: Callable[[Hashable], bytes]) -> None:
+    def __init__(self, tagged: Callable[[K], bytes]) -> None:
         self._tagged = tagged
         self._column: ChunkedColumn | None = None
         self.durable_rows = 0                       # rows 1..durable_rows are in the files
@@ -356,15 +358,15 @@ class StoredIndex:
         self.name_ids: dict[str, int] = {}
         self.tracking: dict[str, int] = {}          # application name -> last ID tracked
         self.runs: list[Run] = []
-        self.frozen: dict[Hashable, Pairs] = {}     # key pairs a checkpoint is writing
-        self.tail: dict[Hashable, Pairs] = {}       # key pairs since
+        self.frozen: dict[K, Pairs] = {}            # key pairs a checkpoint is writing
+        self.tail: dict[K, Pairs] = {}              # key pairs since
         self.next_entry = 1                         # the log entry after the last added
         self.next_run = 1
         self._guard: tuple[int, bytes | memoryview | int] | None = None
         self._stored_next = 1                       # next_entry of the last checkpoint
 
     @property
-    def tagged(self) -> Callable[[Hashable], bytes]:
+    def tagged(self) -> Callable[[K], bytes]:
         return self._tagged
 
     def attach(self, column: ChunkedColumn) -> None:
@@ -381,6 +383,12 @@ class StoredIndex:
         self.runs, self.next_run = list(runs), int(manifest["next_run"])
         self._guard = (state.next_entry - 1, state.guard_crc)
         self._stored_next = state.next_entry
+
+    @property
+    def _stored(self) -> ChunkedColumn:
+        """The column of the stored rows (there are some only once one is attached)."""
+        assert self._column is not None, "stored rows, but no column attached"
+        return self._column
 
     @property
     def count(self) -> int:
@@ -409,7 +417,7 @@ class StoredIndex:
         self._heap_count += n
         self.next_entry, self._guard = entry + 1, (entry, payload)
 
-    def add_pair(self, key: Hashable, a: int, b: int) -> None:
+    def add_pair(self, key: K, a: int, b: int) -> None:
         values, bs = self.tail.setdefault(key, ([], []))
         if not values or a > values[-1]:
             values.append(a)
@@ -419,10 +427,16 @@ class StoredIndex:
             values.insert(at, a)
             bs.insert(at, b)
 
-    def seal_guard(self) -> None:
-        """The last entry's payload as its CRC (a view of the log must not be held)."""
-        if self._guard is not None and not isinstance(self._guard[1], int):
-            self._guard = (self._guard[0], _core.crc32c(self._guard[1]))
+    def seal_guard(self) -> int:
+        """The last entry's payload as its CRC (a view of the log must not be held); returns
+        that CRC (0: no entry)."""
+        if self._guard is None:
+            return 0
+        entry, guard = self._guard
+        if not isinstance(guard, int):
+            guard = _core.crc32c(guard)
+            self._guard = (entry, guard)
+        return guard
 
     # ---- reading ----
 
@@ -432,7 +446,7 @@ class StoredIndex:
         out = np.empty(len(at), ROW)
         stored = at < self.durable_rows
         if stored.any():
-            out[stored] = self._column.take(at[stored])
+            out[stored] = self._stored.take(at[stored])
         if not stored.all():
             out[~stored] = self._heap[at[~stored] - self.durable_rows]
         return out
@@ -440,12 +454,12 @@ class StoredIndex:
     def row_names(self, first: int, last: int) -> np.ndarray:
         """The name column of rows first..last (1-based, within the count)."""
         cut = min(max(first - 1, self.durable_rows), last)
-        stored = self._column.read(first - 1, cut)["name"] if cut > first - 1 else None
+        stored = self._stored.read(first - 1, cut)["name"] if cut > first - 1 else None
         recent = self._heap["name"][max(first - 1, cut) - self.durable_rows:
                                     last - self.durable_rows]
         return recent if stored is None else np.concatenate([stored, recent])
 
-    def key_pairs(self, key: Hashable, gt: int | None = None, lte: int | None = None,
+    def key_pairs(self, key: K, gt: int | None = None, lte: int | None = None,
                   desc: bool = False, limit: int | None = None, upto: int | None = None
                   ) -> tuple[np.ndarray, np.ndarray, bool]:
         """(a, b) of ``key``'s pairs with gt < a <= lte and b <= upto, sorted by a (descending
@@ -479,7 +493,7 @@ class StoredIndex:
         order = np.argsort(-a if desc else a, kind="stable")[:limit]
         return a[order], b[order], from_runs
 
-    def has_pair(self, key: Hashable, a: int, verify: Callable[[int], bool]) -> bool:
+    def has_pair(self, key: K, a: int, verify: Callable[[int], bool]) -> bool:
         """Whether ``key`` has a pair of value ``a``; ``verify(b)`` checks a run's."""
         for held in (self.tail.get(key), self.frozen.get(key)):
             if held is not None:
@@ -496,7 +510,7 @@ class StoredIndex:
 
     # ---- checkpoints ----
 
-    def capture(self) -> Captured | None:
+    def capture(self) -> Captured[K] | None:
         """What the next checkpoint writes (None: nothing since the last): the tail is
         frozen, and new pairs go to a new tail."""
         if self.next_entry == self._stored_next:
@@ -511,8 +525,7 @@ class StoredIndex:
                     into[0].insert(at, a)
                     into[1].insert(at, b)
         self.tail = {}
-        self.seal_guard()
-        guard = self._guard[1] if self._guard else 0
+        guard = self.seal_guard()
         return Captured(self.next_entry, guard, self.durable_rows + 1,
                         self._heap[:self._heap_count].copy(), self.frozen, list(self.runs),
                         list(self.names), dict(self.tracking), self.next_run)
@@ -545,11 +558,11 @@ class StoredIndex:
 
 # ---- the files --------------------------------------------------------------------------
 
-class IndexStore:
+class IndexStore(Generic[K]):
     """``index/es/`` of one log's WAL directory: STATE, manifests, rows and runs."""
 
     def __init__(self, wal_dir: str, wal_id: bytes, flavor: int,
-                 tagged: Callable[[Hashable], bytes]) -> None:
+                 tagged: Callable[[K], bytes]) -> None:
         self.path = os.path.join(wal_dir, INDEX_DIR)
         self.flavor = flavor
         self.tagged = tagged                 # a key's bytes, for its hash
@@ -615,7 +628,7 @@ class IndexStore:
                   if (m := _FILE_NAME.match(name)) and m.group(2) == "run"]
         return max(idents, default=0) + 1
 
-    def write(self, captured: Captured, wal_cuts: int) -> Written:
+    def write(self, captured: Captured[K], wal_cuts: int) -> Written:
         """Write a checkpoint: rows, a run of the frozen pairs, merges, the manifest, the
         state, in that order, each synced before the next names it."""
         self.rows.write(captured.rows_start - 1, captured.rows)
@@ -649,7 +662,7 @@ class IndexStore:
         self._write_state(state)
         return Written(captured, runs, next_run)
 
-    def _frozen_run(self, pairs: dict[Hashable, Pairs], ident: int) -> Run | None:
+    def _frozen_run(self, pairs: dict[K, Pairs], ident: int) -> Run | None:
         if not pairs:
             return None
         tagged = self.tagged

@@ -13,11 +13,11 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from eventsourcing.dcb.api import DCBQuery
 from eventsourcing.dcb.persistence import DCBListenNotifySubscription, DCBRecorder
-from eventsourcing.persistence import ApplicationRecorder, ListenNotifySubscription
+from eventsourcing.persistence import ApplicationRecorder, ListenNotifySubscription, Notification
 
 from pmemwal.integrations.eventsourcing.datastore import PmemwalDatastore, _LogStore
 
@@ -41,6 +41,7 @@ class _Listening:
     _datastore: _LogStore
     _has_been_notified: threading.Event
     _has_been_stopped: bool
+    _pull_lock: threading.Lock              # (each subscription makes it before it starts)
 
     def _listen(self, datastore: _LogStore) -> None:
         self._datastore = datastore
@@ -95,7 +96,8 @@ class PmemwalSubscription(_Listening, ListenNotifySubscription[ApplicationRecord
         if self._notifications_queue.qsize():
             return False
         after = self._last_notification_id or 0
-        notifications = self._datastore.latest_notifications(after, self._topics)
+        notifications: Sequence[Notification] | None = \
+            self._datastore.latest_notifications(after, self._topics)
         if notifications is None:
             notifications = self._recorder.select_notifications(
                 start=after, limit=self._select_limit, topics=self._topics,
@@ -113,10 +115,13 @@ class PmemwalSubscription(_Listening, ListenNotifySubscription[ApplicationRecord
         self._unlisten()
 
 
-class PmemwalDCBSubscription(_Listening, DCBListenNotifySubscription[DCBRecorder]):
+_DCBRecorderT = TypeVar("_DCBRecorderT", bound=DCBRecorder, covariant=True)
+
+
+class PmemwalDCBSubscription(_Listening, DCBListenNotifySubscription[_DCBRecorderT]):
     """DCB events after ``after`` that match ``query``, then new ones as they are stored."""
 
-    def __init__(self, recorder: DCBRecorder, datastore: _LogStore,
+    def __init__(self, recorder: _DCBRecorderT, datastore: _LogStore,
                  query: DCBQuery | None = None, after: int | None = None) -> None:
         self._pull_lock = threading.Lock()
         super().__init__(recorder=recorder, query=query, after=after)
