@@ -147,6 +147,9 @@ class _Threads:
         end = time.perf_counter_ns()
         return end, end - t
 
+    def process_stats(self) -> dict[str, int]:
+        return {}                   # (only clients that are processes have some)
+
     def timings(self) -> tuple[_Timings, _Timings]:
         appends, flushes = _Timings(), _Timings()
         for client in self.clients:

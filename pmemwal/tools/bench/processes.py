@@ -98,8 +98,10 @@ class _Processes:
     def sleep(self, seconds: float | None) -> None:
         """Wait up to ``seconds`` for results, taking those that came (raising an error)."""
         pending = [c for i, c in enumerate(self.conns) if i not in self.results]
-        for conn in multiprocessing.connection.wait(pending, seconds):
-            self._receive(self.conns.index(conn), conn)
+        ready = multiprocessing.connection.wait(pending, seconds)
+        for i, conn in enumerate(self.conns):
+            if conn in ready:
+                self._receive(i, conn)
 
     def finish(self) -> None:
         while len(self.results) < len(self.conns):
@@ -145,6 +147,11 @@ class _Processes:
     def background_cpu_ns(self) -> int:
         """The CPU time the clients' background writers used while they ran, summed."""
         return sum(r["background_cpu_ns"] for r in self.results.values())
+
+    def process_stats(self) -> dict[str, int]:
+        # "processes", a gauge: those attached during the run, this one included; this
+        # process runs no background writer: the clients' writers, each over its run
+        return {"processes": self.attached, "background_cpu_ns": self.background_cpu_ns}
 
     def end(self) -> tuple[int, int]:
         """When the last client's final flush ended (ns) and how long that flush took."""

@@ -141,7 +141,7 @@ class BenchResult:
     def _parameter_lines(self) -> list[tuple[str, object]]:
         c = self.config
         fs = f" ({self.probe.fs_type})" if self.probe and self.probe.fs_type else ""
-        lines = [
+        lines: list[tuple[str, object]] = [
             ("mode", self.mode if c.mode == self.mode else f"{self.mode} (asked: {c.mode})"),
             ("persist method", self.persist_method),
             ("crc32c path", _core.CRC32C_IMPL),
@@ -175,10 +175,11 @@ class BenchResult:
             return (f"{_size_text(c.keep_bytes)}, and from the previous redo point (a "
                     f"checkpointer thread truncates every {c.checkpoint * 1e3:g} ms)")
         step = c.truncate_step(self.segment_size)
+        assert step is not None, "the clients truncate what is kept"
         return f"{_size_text(c.keep_bytes)} (truncated every {_size_text(step)} appended)"
 
     def _throughput_lines(self) -> list[tuple[str, object]]:
-        lines = [
+        lines: list[tuple[str, object]] = [
             ("records", self.records),
             ("bytes", f"{self.bytes} ({self.bytes / 1e6:.1f} MB)"),
             ("elapsed", f"{self.elapsed:.3f} s (final flush {self.final_flush_us:.1f} usec)"),
@@ -211,7 +212,7 @@ class BenchResult:
             lines.append(("segments made", f"at {self.making_rate / 1e6:.0f} MB/s in this run "
                           f"(appended {appended / self.making_rate:.2f}x that)"))
         if self.archive:
-            lines.append(("archive", self._archive_text()))
+            lines.append(("archive", self._archive_text(self.archive)))
         lines.append(("segments", ", ".join(f"{n} {k}" for k, n in
                                             self.segments_after_warm_up.items())
                       + " after warm-up"))
@@ -219,12 +220,12 @@ class BenchResult:
         lines += [(f"  {k}", v) for k, v in self.stats.items()]
         return lines
 
-    def _archive_text(self) -> str:
-        a, rate = self.archive, self.archive_rate
+    def _archive_text(self, a: dict[str, int]) -> str:
+        rate, per_s = self.archive_rate, a["archive_bytes"] / self.elapsed  # (archived_per_s)
         return (f"{plural(a['archive_segments'], 'segment')}, "
                 f"{a['archive_bytes'] / 1e6:.1f} MB archived ("
                 + (f"{rate / 1e6:.1f} MB/s while archiving, " if rate else "")
-                + f"{self.archived_per_s / 1e6:.1f} MB/s over the run); "
+                + f"{per_s / 1e6:.1f} MB/s over the run); "
                 f"{plural(a['archive_failures'], 'failure')}, "
                 f"{plural(a['archive_pending'], 'segment')} pending at the end")
 

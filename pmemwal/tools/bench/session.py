@@ -48,14 +48,16 @@ Progress = Callable[[dict], None]
 
 
 class Clients(Protocol):
-    """What a run drives: clients.py's threads or processes.py's processes (which also
-    count the processes ``attached`` and sum their background writers' CPU time,
-    ``background_cpu_ns``), made by ``kind(run)``."""
-
-    background_flushes: int
+    """What a run drives: clients.py's threads or processes.py's processes (whose
+    ``process_stats`` count the processes attached and sum their background writers' CPU
+    time), made by ``kind(run)``."""
 
     @property
+    def background_flushes(self) -> int: ...
+    @property
     def errors(self) -> list[BaseException]: ...
+    def sleep(self, seconds: float) -> None: ...
+    def process_stats(self) -> dict[str, int]: ...
     def start(self) -> None: ...
     def go(self, start: int) -> None: ...
     def halt(self) -> None: ...
@@ -143,10 +145,7 @@ class _Run:
         records = sum(per_client)
         stats = {k: v if k in _GAUGES else v - self.baseline.get(k, 0)
                  for k, v in wal.stats().items()}
-        if config.processes:  # a gauge: those attached during the run, this one included
-            stats["processes"] = clients.attached
-            # this process runs no background writer: the clients' writers, each over its run
-            stats["background_cpu_ns"] = clients.background_cpu_ns
+        stats.update(clients.process_stats())  # (clients that are processes: see theirs)
         archive = {k: stats[k] for k in ARCHIVE_COUNTERS} if config.archive else None
         return BenchResult(
             config=config, mode=wal.mode, persist_method=wal.persist_method, probe=probe,
@@ -183,6 +182,7 @@ class _Run:
             if lsn < self.next_cut:  # another client has just truncated
                 return
             self._truncate()
+            assert self.step is not None, "next_cut is never crossed without a step"
             self.next_cut = lsn + self.step
 
     def _checkpoints(self) -> None:
@@ -190,6 +190,7 @@ class _Run:
         point of the previous checkpoint (the flushed LSN then), keeping ``keep_bytes``
         behind the flushed LSN as well (PostgreSQL's wal_keep_size)."""
         wal, keep = self.wal, self.config.keep_bytes
+        assert keep is not None, "a config that keeps everything has no checkpointer"
         redo = wal.flushed_lsn
         try:
             while not self.stop_checkpoints.wait(self.config.checkpoint):
@@ -241,4 +242,5 @@ class _Run:
             "max_ms": peak / 1e6,
         }
         line["line"] = format_progress(**line)
+        assert self.progress is not None, "ticks only with a progress callback"
         self.progress(line)

@@ -56,6 +56,7 @@ def _warm_up(wal: pmemwal.WAL, keep: int | None, recycle: int,
         deadline = time.monotonic() + ARCHIVE_WAIT
         while not wal.wait_archived(0.1):
             status = wal.archive_status()
+            assert status is not None, "the WAL archives (checked above)"
             if status["failed"] or time.monotonic() > deadline:  # no waiting on retries
                 raise ArchiveError(errno.EIO, f"the warm-up's segments were not archived to "
                                    f"{status['archive']} ({status['ready']} waiting): "
