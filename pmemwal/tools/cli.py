@@ -338,7 +338,7 @@ def dump(path: str, start: int | None, end_lsn: int | None, limit: int | None, p
         click.echo(json.dumps(summary) if as_json else _inspect.format_summary(summary))
         for problem in view.problems:
             click.echo(f"warning: {problem}", err=True)
-    if records.end.failed:
+    if records.ended.failed:
         raise click.exceptions.Exit(1)
 
 
@@ -637,8 +637,9 @@ def compare(ctx: click.Context, path: str, targets: list[str], clients: list[int
     """
     if len(flush) > 1:
         params = {**params, "flush": flush}
-    options = dict(targets=targets, clients=clients, sizes=sizes, duration=duration, runs=runs,
-                   flush=flush[0], params=params, baseline=baseline, columns=columns or [])
+    options: dict = dict(targets=targets, clients=clients, sizes=sizes, duration=duration,
+                         runs=runs, flush=flush[0], params=params, baseline=baseline,
+                         columns=columns or [])
     if full and not preset:
         raise click.UsageError("--full needs --preset")
     if preset:

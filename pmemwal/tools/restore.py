@@ -129,23 +129,27 @@ def _restore_into(dest: str, archive, report: RestoreReport, until: int | None,
     if not report.segments:
         raise ArchiveError(errno.ENOENT,
                            f"{archive.description} holds no usable segment: {report.stopped}")
+    header = fetcher.header
+    assert header is not None, "a segment fetched has its header kept"
     while True:
         with WalView(dest) as view:
             scanned = view.scan(until if until is not None else _END)
             end = scanned.end
+        # (a scan says where it ended; only one that could read no segment has no LSN)
+        assert end is not None and end.lsn is not None, "the fetched segments are readable"
         if (until is not None and end.kind in ("clean", "torn") and end.lsn < until
                 and not fetcher.done and fetcher.next(None)):
             continue  # the last record before `until` runs into the next segment: fetch it
         break
-    size = fetcher.header.segment_size
+    size = header.segment_size
     if end.kind == "end" and end.lsn // size > report.segments[-1]:
         pass  # the first record at or past `until` starts in a segment not fetched: none here
     elif end.kind in ("end", "damage"):
         _cut(dest, end.lsn, size, report)
         if end.kind == "damage":
-            where = end.describe(fetcher.header.segment_size)
+            where = end.describe(size)
             report.stopped = f"damage in the archived segments: {where}"
-    _finish(dest, report, fetcher.header, end.lsn, scanned.last_lsn)
+    _finish(dest, report, header, end.lsn, scanned.last_lsn)
 
 
 class _Fetcher:

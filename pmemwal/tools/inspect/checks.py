@@ -149,12 +149,13 @@ class DirectoryChecks:
         return header
 
     def _check_identity(self, info: _SegmentFile) -> None:
-        size, segno, header = self.segment_size, info.segno, info.header
+        size, wal_id, segno, header = self.segment_size, self.wal_id, info.segno, info.header
         if header is None:
             return
-        if header.wal_id != self.wal_id:
+        assert size is not None and wal_id is not None, "a valid header gave the WAL's"
+        if header.wal_id != wal_id:
             self.problems.append(Problem("header", f"belongs to another WAL (wal_id "
-                                         f"{header.wal_id.hex()}, not {self.wal_id.hex()})",
+                                         f"{header.wal_id.hex()}, not {wal_id.hex()})",
                                          segno, segno * size))
             info.header = None
         elif header.segment_size != size:
@@ -222,7 +223,7 @@ class DirectoryChecks:
         from its oldest_segno to the one holding the byte before its end (recovery's check;
         the gaps between present segments are reported already)."""
         path = os.path.join(self.path, CHECKPOINT_NAME)
-        if self.segment_size is None:
+        if self.segment_size is None or self.wal_id is None:    # (both come from a header)
             return
         try:
             self.checkpoint = CheckpointFile(self.path, self.wal_id, self.segment_size).read()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from functools import cached_property
+from typing import Iterable
 
 from pmemwal.errors import format_lsn
 from pmemwal.format import PAGE_SIZE
@@ -43,6 +44,13 @@ class RecordLines:
 
     segments: list[int]
     segment_size: int | None
+
+    def records(self, start: int | None = None, limit: int | None = None,
+                stop_lsn: int = _END) -> Iterable[RecordInfo]:
+        raise NotImplementedError       # (WalView's)
+
+    def payload(self, lsn: int) -> bytes:
+        raise NotImplementedError       # (WalView's)
 
     def holds_log(self) -> bool:
         """Is the oldest record a log record (pmemwal.Log)?  Then the WAL holds a log."""

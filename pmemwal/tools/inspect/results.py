@@ -97,7 +97,8 @@ class End:
         if self.kind in ("end", "interrupted"):
             return f"{self.reason}; the next record is at {at}"
         if self.kind == "damage":
-            seg = f" (segment {self.lsn // segment_size:016X})" if segment_size else ""
+            seg = f" (segment {self.lsn // segment_size:016X})" \
+                if segment_size and self.lsn is not None else ""
             return f"damage at {at}{seg}: {self.reason}"
         if self.kind == "bad_start":
             return f"no valid record at {at}: {self.reason}"

@@ -56,13 +56,15 @@ def _stats(path: str | os.PathLike[str]) -> dict:
         recs = view.records()
         for rec in recs:
             lengths.append(rec.length)
-        if recs.end.kind == "damage":
-            view.problems.append(view.end_problem(recs.end))
+        end = recs.ended
+        damage = view.end_problem(end)
+        if damage is not None:
+            view.problems.append(damage)
         size = view.segment_size
-        end = recs.end
         files = [view._files[s] for s in view.segments]
         spares = [s for s in view.segments if size and end.lsn is not None and s > end.lsn // size]
-        stream = view.usable(end.lsn) - view.usable(recs.first_lsn) if recs.count else 0
+        stream = view.usable(end.lsn) - view.usable(recs.first_lsn) \
+            if end.lsn is not None and recs.first_lsn is not None else 0    # (records read)
         length_array = np.frombuffer(lengths, dtype=np.uint64) if lengths else np.zeros(0, np.uint64)
         return {
             "path": view.path,

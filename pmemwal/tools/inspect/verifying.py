@@ -48,10 +48,10 @@ class VerifyReport:
 
     def summary_line(self) -> str:
         """``OK: N records, M segments, end X/X`` or ``FAIL at X/X (segment ...): reason``."""
-        if self.ok:
+        first = self.first_problem
+        if first is None:       # (ok)
             end = format_lsn(self.end_lsn) if self.end_lsn is not None else "-"
             return f"OK: {self.records} records, {self.segments} segments, end {end}"
-        first = self.first_problem
         more = len(self.problems) - 1
         return f"FAIL{first.where()}: {first.reason}" + \
             (f" (and {more} more {'problem' if more == 1 else 'problems'})" if more else "")
@@ -104,12 +104,13 @@ def _verify(path: str | os.PathLike[str]) -> VerifyReport:
         chain = view.scan()
         report = VerifyReport(view.path, len(view.segments), view.segment_size, chain.count,
                               chain.payload_bytes, chain.first_lsn, chain.last_lsn,
-                              chain.end.lsn, notes=list(view.notes),
+                              chain.ended.lsn, notes=list(view.notes),
                               checkpoint=view.checkpoint_dict(),
                               checkpoint_line=view.describe_checkpoint())
-        end = chain.end
-        if end.kind == "damage":
-            view.problems.append(view.end_problem(end))
+        end = chain.ended
+        damage = view.end_problem(end)
+        if damage is not None:
+            view.problems.append(damage)
         elif end.kind == "torn":
             report.torn_tail = end
             report.notes.insert(0, end.describe())

@@ -53,14 +53,26 @@ class WalView(DirectoryChecks, RecordLines):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._maps: dict[int, mmap.mmap] = {}
-        self._reader = None
+        self._reader: _core.Reader | None = None
         self.read_new_segments = False     # (dump --follow: a writer adds segments as it goes)
         super().__init__(path)
-        if self.segment_size is not None:
+        if self.segment_size is not None and self.wal_id is not None:  # (both, from a header)
             wal_id_lo = int.from_bytes(self.wal_id[:4], "little")
             self._reader = _core.Reader(self.segment_size, wal_id_lo, self._segment)
 
     # -- reading --
+
+    @property
+    def _size(self) -> int:
+        """The segment size, where records are read: a view has a reader only with it."""
+        assert self.segment_size is not None, "no segment header is valid"
+        return self.segment_size
+
+    @property
+    def _live_reader(self) -> _core.Reader:
+        """The native reader, where records are read (a view of no valid segment has none)."""
+        assert self._reader is not None, "no segment file can be read"
+        return self._reader
 
     def _segment(self, segno: int) -> mmap.mmap | None:
         """The getter for the native reader: a read-only mapping, or None."""
@@ -75,9 +87,9 @@ class WalView(DirectoryChecks, RecordLines):
         try:
             fd = os.open(os.path.join(self.path, segment_name(segno)), os.O_RDONLY)
             try:
-                if os.fstat(fd).st_size < self.segment_size:   # shrunk since the header check
+                if os.fstat(fd).st_size < self._size:   # shrunk since the header check
                     raise OSError(errno.EINVAL, "file shorter than a segment")
-                seg_map = mmap.mmap(fd, self.segment_size, mmap.MAP_SHARED, mmap.PROT_READ)
+                seg_map = mmap.mmap(fd, self._size, mmap.MAP_SHARED, mmap.PROT_READ)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -131,7 +143,7 @@ class WalView(DirectoryChecks, RecordLines):
     def _hole(self, lsn: int, status: int, bad_lsn: int) -> End | None:
         """The chain runs into a segment that is missing or unreadable while a later one
         exists: it stops short of the end (open raises CorruptionError there too)."""
-        segno = bad_lsn // self.segment_size
+        segno = bad_lsn // self._size
         if status != _NO_SEGMENT or segno > self.segments[-1] or segno < self.segments[0]:
             return None
         known = [p.reason for p in self.problems if p.segment == segno]
@@ -141,26 +153,25 @@ class WalView(DirectoryChecks, RecordLines):
 
     def end_problem(self, end: End) -> Problem | None:
         """The problem an End is, if any: damage to durable records."""
-        if end.kind != "damage":
+        if end.kind != "damage" or end.lsn is None:     # (damage is at an LSN)
             return None
-        return Problem("damage", end.reason, end.lsn // self.segment_size, end.lsn)
+        return Problem("damage", end.reason, end.lsn // self._size, end.lsn)
 
     def _classify(self, lsn: int, status: int) -> End:
         """What the first invalid position ``lsn`` after a chain is: open's test (with
         verify="all": before the checkpoint's end, it is damage)."""
         reason = _core.status_text(status)
-        cp = self.checkpoint
-        if cp is not None and first_lsn(self.segments[0], self.segment_size) <= lsn < cp.end_lsn:
+        cp, size = self.checkpoint, self._size
+        if cp is not None and first_lsn(self.segments[0], size) <= lsn < cp.end_lsn:
             return End("damage", lsn, f"{reason}, before the checkpoint's end "
                        f"{format_lsn(cp.end_lsn)}: this record had been made durable",
                        durable_lsn=cp.end_lsn)
-        durable, pages = self._reader.beyond(lsn, self.readable[-1],
-                                             first_lsn(self.segments[0], self.segment_size))
+        durable, pages = self._live_reader.beyond(lsn, self.readable[-1],
+                                                  first_lsn(self.segments[0], size))
         if durable:
             return End("damage", lsn, f"{reason}; the valid record at {format_lsn(durable)} was "
                        "written after this one was flushed", durable_lsn=durable)
         cut = len(pages) * PAGE_SIZE
-        size = self.segment_size
         seg_map = self._segment(lsn // size)
         if seg_map is not None:     # the rest of the end's page (a page never crosses a segment)
             off = lsn % size
@@ -193,7 +204,7 @@ class WalView(DirectoryChecks, RecordLines):
 
     def usable(self, lsn: int) -> int:
         """Position of ``lsn`` in the dense record stream (page headers left out)."""
-        size = self.segment_size
+        size = self._size
         seg, off = divmod(lsn, size)
         page, in_page = divmod(off, PAGE_SIZE)
         return seg * (size // PAGE_SIZE - 1) * PAGE_USABLE + (page - 1) * PAGE_USABLE + \
@@ -229,6 +240,12 @@ class Records:
         self.last_lsn: int | None = None
         self.end: End | None = None
 
+    @property
+    def ended(self) -> End:
+        """``end``, once the records were read through (which always sets it)."""
+        assert self.end is not None, "the records were not read through yet"
+        return self.end
+
     def __iter__(self) -> Iterator[RecordInfo]:
         return self._walk(native=False)
 
@@ -238,7 +255,7 @@ class Records:
         if reader is None or not view.readable:
             self.end = End("unreadable", None, "no segment file can be read")
             return
-        status, lsn = self._first()
+        status, lsn = self._first(reader)
         bad = lsn
         prev = -1
         retries = 0
@@ -285,17 +302,20 @@ class Records:
             self._note(lsns[0], len(lsns), sum(lengths), lsns[-1])
         return map(_record_info, zip(lsns, lengths, prevs, crcs, nexts))
 
-    def _first(self) -> tuple[int, int]:
+    def _first(self, reader: _core.Reader) -> tuple[int, int]:
         """(status, lsn) where the walk begins: at ``start``, or at the first record of the
         oldest readable segment (the next one's, while the oldest vanish under it)."""
         if self.start is not None:
             return 0, self.start
         view = self._view
-        status, lsn = view._reader.first_record(view.first_segment)
-        while (status == _NO_SEGMENT and view.readable
-               and lsn // view.segment_size < view.first_segment):   # the oldest vanished
-            status, lsn = view._reader.first_record(view.first_segment)
-        return status, lsn
+        first = view.first_segment
+        while True:
+            assert first is not None, "the walk starts while a segment is readable"
+            status, lsn = reader.first_record(first)
+            first = view.first_segment      # (None: no segment is readable any more)
+            if not (status == _NO_SEGMENT and first is not None
+                    and lsn // view._size < first):     # the oldest vanished: the next one's
+                return status, lsn
 
     def _stopped(self, lsn: int, status: int, bad: int) -> End:
         """Why the chain stops at ``lsn``, the first position that does not read (``status``
