@@ -85,7 +85,7 @@ def measure_modes(path: str, seconds: float = 1.0, sizes: tuple[int, ...] = (819
                     for mode in MODES:
                         config = bench.BenchConfig(os.path.join(scratch, "wal"), mode=mode,
                                                    size=size, duration=seconds,
-                                                   segment_size="4m", keep_bytes="16m",
+                                                   segment_size=4 << 20, keep_bytes=16 << 20,
                                                    progress_interval=0)
                         runs[size][mode].append(bench.run(config).records_per_s)
     finally:

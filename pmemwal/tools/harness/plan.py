@@ -83,9 +83,8 @@ def prepare(config: CompareConfig) -> Plan:
         versions[name] = str(target.version())
         if name in PMEMWAL_TARGETS:
             known = getattr(target, "params", None)  # its knobs and their defaults
-            unknown = sorted(set(config.params) - set(known) - {"flush"}) if known is not None \
-                else []
-            if unknown:
+            unknown = sorted(set(config.params) - set(known or ()) - {"flush"})
+            if known is not None and unknown:
                 raise ConfigError(f"param {unknown[0]!r}: {name} has no such option "
                                   f"(valid: {', '.join(sorted(known)) or 'none'})")
         points += _points(target, config, name in PMEMWAL_TARGETS)

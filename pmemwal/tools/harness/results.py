@@ -38,8 +38,8 @@ def summarize(db: str | sqlite3.Connection, group: str | None = None) -> Summary
             raise ConfigError(f"run group {group!r}: not in the results database, which "
                               f"holds {_groups_text(conn)}")
         environment = {k: env_row[k] for k in env_row.keys()}
-        for key in _JSON_COLUMNS:
-            environment[key] = json.loads(environment[key]) if environment[key] else None
+        for column in _JSON_COLUMNS:
+            environment[column] = json.loads(environment[column]) if environment[column] else None
         runs: dict[tuple, list] = {}
         terms: dict[tuple, set] = {}
         machine = []

@@ -8,7 +8,7 @@ May touch: nothing; pure functions of their arguments, shared by the other modul
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from pmemwal.errors import ConfigError
 
@@ -73,7 +73,7 @@ class Table:
     title: str
     row_name: str
     columns: list[str]
-    rows: list[tuple[object, list[float | None]]]
+    rows: Sequence[tuple[object, Sequence[float | None]]]   # (read only)
     number_format: Callable[[float], str]
 
     def cells(self) -> list[list[str]]:

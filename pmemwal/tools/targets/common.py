@@ -224,8 +224,8 @@ def _count_param(params: dict, name: str) -> int:
 def _field_default(f: dataclasses.Field) -> object:
     if f.default is not dataclasses.MISSING:
         return f.default
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
     return None
 
 

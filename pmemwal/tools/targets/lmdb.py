@@ -84,7 +84,8 @@ class LmdbTarget:
         try:
             class Client(_Nothing):
                 def __init__(self, index: int) -> None:
-                    self.index, self.n, self.txn, self.since_check = index, 0, None, 0
+                    self.index, self.n, self.since_check = index, 0, 0
+                    self.txn: lmdb.Transaction | None = None
 
                 def write(self) -> None:
                     key = _KEY.pack(self.index, self.n)

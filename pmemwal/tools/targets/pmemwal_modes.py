@@ -47,7 +47,8 @@ class _PmemwalTarget:
     processes = False  # BenchConfig.processes: the clients are processes (direct-procs)
     _FIXED = ("path", "mode", "clients", "size", "duration", "flush", "fresh",
               "progress_interval", "keep_wal", "processes")
-    _OTHER_MODES = ()  # params of another mode only: a grid varies them for that mode alone
+    # params of another mode only: a grid varies them for that mode alone
+    _OTHER_MODES: tuple[str, ...] = ()
 
     @property
     def params(self) -> dict:

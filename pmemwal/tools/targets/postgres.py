@@ -53,7 +53,7 @@ class PostgresTarget:
     """
 
     name = "postgres"
-    params = {"port": 5433, "os_user": "postgres", "settings": {}}
+    params: dict = {"port": 5433, "os_user": "postgres", "settings": {}}
 
     def available(self) -> str | None:
         bins = _pg_bin_dir()

@@ -43,7 +43,7 @@ class RocksdbTarget:
         synced.sync, unsynced.sync = True, False
         db = engine = None
         try:
-            db = Rdict(path, Options(raw_mode=True))
+            db = store = Rdict(path, Options(raw_mode=True))   # (the clients': never None)
 
             class Client(_Nothing):
                 def __init__(self, index: int) -> None:
@@ -54,21 +54,21 @@ class RocksdbTarget:
                     key = _KEY.pack(self.index, self.n)
                     self.n += 1
                     if every == 1:
-                        db.put(key, payload, synced)
+                        store.put(key, payload, synced)
                     elif every:
                         self.batch.put(key, payload)
                     else:
-                        db.put(key, payload, unsynced)
+                        store.put(key, payload, unsynced)
 
                 def sync(self) -> None:
-                    db.write(self.batch, synced)  # consumes the batch
+                    store.write(self.batch, synced)  # consumes the batch
                     self.batch = WriteBatch(raw_mode=True)
 
                 def finish(self) -> None:
                     if every > 1 and not self.batch.is_empty():
                         self.sync()
                     elif every == 0:
-                        db.flush_wal(True)
+                        store.flush_wal(True)
 
             measured = _Clients(workload, every if every > 1 else 0, Client).measure()
         finally:
