@@ -54,13 +54,13 @@ import time
 import traceback
 import uuid
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Protocol
 
 import pmemwal
 from pmemwal.archive import ArchiveStatus, FsspecArchive
-from pmemwal.archiver import archive_ready
+from pmemwal.archiver import Archiver, archive_ready
 from pmemwal.errors import FormatError, NotFoundError, WALError
 from pmemwal.format import HEADER_SIZE, SegmentHeader, parse_segment_name, segment_name
 from pmemwal.segments import RESTORING_NAME
@@ -155,6 +155,17 @@ def _check_shared_open(image: Image, directory: Path, acked: int) -> tuple[str, 
     return "ok", ""
 
 
+@dataclass
+class _Archived:
+    """The ledger the archive's records are held to: the WAL's, none truncated."""
+
+    seed: int
+    lsn_of: dict[int, int]
+    promise: str
+    truncated_to: int
+    wal: pmemwal.WAL
+
+
 def check_archive_state(state: CrashState, work: Workload, directory: Path,
                         where: str) -> tuple[str, str]:
     """Every segment marked ``.done`` is in the archive's state, whole (a reopen would let
@@ -182,8 +193,8 @@ def check_archive_state(state: CrashState, work: Workload, directory: Path,
     # are opened as a WAL made before checkpoints
     image.segments = {segno: _without_checkpointed(data, segno)
                       for segno, data in image.segments.items()}
-    proxy = SimpleNamespace(seed=work.seed, lsn_of=work.lsn_of, truncated_to=0, wal=work.wal)
-    verdict, detail = check_image(image, proxy, directory)
+    ledger = _Archived(work.seed, work.lsn_of, work.promise, 0, work.wal)
+    verdict, detail = check_image(image, ledger, directory)
     if verdict in ("ok", "beyond"):
         return "ok", ""
     return ("stale" if verdict == "bad" else "lost"), f"the archive: {detail}"
@@ -339,6 +350,7 @@ class BackgroundWorkload(RecycleWorkload):
 
     options = {"recycle_segments": 2, "max_wal_size": 1 << 30, "prepare_segments": 2,
                "background": True, "flush_interval": 0.005, "checkpoint_interval": 0.01}
+    work: _SettledWorkload
 
     def __init__(self, root: Path, seed: int, recorder: Recorder) -> None:
         self.root, self.seed, self.recorder = root, seed, recorder
@@ -375,14 +387,13 @@ class ArchiveWorkload(TruncateWorkload):
         self.archive = FsspecArchive(f"file://{root / 'archive'}")
         self.status = ArchiveStatus(str(root / "wal"))
         # the WAL's own Archiver decides what truncation may take; its process is not started
-        from pmemwal.archiver import Archiver
-        wal._archiver = Archiver(str(root / "wal"), {"url": f"file://{root / 'archive'}"},
-                                 wal.segment_size, wal._segnos[0], 1 << 40, 1.0)
-        wal._archiver._wake = lambda: None
+        self.archiver = wal._archiver = _Unstarted(
+            str(root / "wal"), {"url": f"file://{root / 'archive'}"}, wal.segment_size,
+            wal._segnos[0], 1 << 40, 1.0)
 
     def retain(self, rng: random.Random) -> None:
         wal = self.work.wal
-        wal._archiver.tick(wal._oldest_segment(), wal.flushed_lsn)
+        self.archiver.tick(wal._oldest_segment(), wal.flushed_lsn)
         if rng.random() < 0.5:
             archive_ready(self.status, self.archive, str(self.root / "wal"), {}, lambda e: None)
         super().retain(rng)
@@ -396,6 +407,13 @@ class ArchiveWorkload(TruncateWorkload):
     def close(self) -> None:
         self.work.wal._archiver = None
         super().close()
+
+
+class _Unstarted(Archiver):
+    """The WAL's Archiver, whose process never starts (the workload archives itself)."""
+
+    def _wake(self) -> None:
+        pass
 
 
 class RestoreWorkload:
@@ -698,11 +716,22 @@ def _make_archive(source: Path, seed: int) -> dict[int, int]:
     return dict(work.lsn_of)
 
 
-_WORKLOAD_CLASSES = {"growth": GrowthWorkload, "truncate": TruncateWorkload,
-                     "recycle": RecycleWorkload, "shared": SharedWorkload,
-                     "archive": ArchiveWorkload, "restore": RestoreWorkload,
-                     "log": LogFsWorkload, "eventsourcing": EsFsWorkload,
-                     "background": BackgroundWorkload}
+class CrashWorkload(Protocol):
+    """What ``run_fs_crash`` drives: each of the workload classes below."""
+
+    kills: int
+
+    def step(self, rng: random.Random) -> None: ...
+    def check(self, state: CrashState, directory: Path, where: str) -> tuple[str, str]: ...
+    @property
+    def written(self) -> int: ...
+    def close(self) -> None: ...
+
+
+_WORKLOAD_CLASSES: dict[str, Callable[[Path, int, Recorder], CrashWorkload]] = {
+    "growth": GrowthWorkload, "truncate": TruncateWorkload, "recycle": RecycleWorkload,
+    "shared": SharedWorkload, "archive": ArchiveWorkload, "restore": RestoreWorkload,
+    "log": LogFsWorkload, "eventsourcing": EsFsWorkload, "background": BackgroundWorkload}
 
 
 # ---- the driver ---------------------------------------------------------------------------------

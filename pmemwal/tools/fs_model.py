@@ -51,8 +51,8 @@ import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
-from typing import Callable, Iterator
+from types import FrameType, SimpleNamespace
+from typing import Any, Callable, Iterator, TypeGuard
 
 import numpy as np
 
@@ -485,11 +485,12 @@ class Recorder:
             self.paused -= 1
 
     def __enter__(self) -> Recorder:
-        wrapped = {"open": self._open, "rename": self._rename, "replace": self._replace,
-                   "unlink": self._unlink, "remove": self._unlink, "mkdir": self._mkdir,
-                   "rmdir": self._rmdir, "posix_fallocate": self._fallocate,
-                   "ftruncate": self._ftruncate, "pwrite": self._pwrite, "write": self._write,
-                   "sendfile": self._sendfile, "fsync": self._fsync, "fdatasync": self._fdatasync}
+        wrapped: dict[str, Callable[..., Any]] = {
+            "open": self._open, "rename": self._rename, "replace": self._replace,
+            "unlink": self._unlink, "remove": self._unlink, "mkdir": self._mkdir,
+            "rmdir": self._rmdir, "posix_fallocate": self._fallocate,
+            "ftruncate": self._ftruncate, "pwrite": self._pwrite, "write": self._write,
+            "sendfile": self._sendfile, "fsync": self._fsync, "fdatasync": self._fdatasync}
         for name, fn in wrapped.items():
             setattr(os, name, self._locked(fn))
         builtins.open = self._locked(self._builtin_open)
@@ -529,7 +530,7 @@ class Recorder:
             with self.pause():
                 self.on_point(where)
 
-    def _active(self, rel: str | None) -> bool:
+    def _active(self, rel: str | None) -> TypeGuard[str]:
         return rel is not None and not self.paused
 
     def _inode(self, st: os.stat_result, rel: str) -> int:
@@ -781,6 +782,7 @@ class Recorder:
             self.model.commit(self.model.mount_of(rel) if self.model.mounts else None)
             return
         ino = self._observe_fd(fd, written=True)  # (a file object's writes, if it grew)
+        assert ino is not None, "a file under the root (no directory) has a model inode"
         if os.path.basename(rel) == CHECKPOINT_NAME:
             self.settle_segments()  # a slot names only what the core had made durable
         with self.pause():
@@ -823,7 +825,8 @@ _SKIP = {"_point", "_open", "_opened", "_builtin_open", "_rename_like", "_rename
 
 def _caller() -> str:
     """The library functions making the call: ``recycle < _recycle_or_remove``."""
-    frame, names = sys._getframe(1), []
+    frame: FrameType | None = sys._getframe(1)
+    names: list[str] = []
     while frame is not None and len(names) < 2:
         name = frame.f_code.co_name
         if name not in _SKIP and "shutil" not in frame.f_code.co_filename:

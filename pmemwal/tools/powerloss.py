@@ -44,7 +44,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Protocol, TypeVar
 
 import numpy as np
 
@@ -56,6 +56,12 @@ from pmemwal.tools.torture.log_entries import Shared, Worker
 from pmemwal.tools.torture.log_model import LogModel
 from pmemwal.tools.shadow import (PAGE_CACHE_GRAINS, DurableShadow, Image, PmemTracer,
                                   libpmem_flush_instruction)
+
+if TYPE_CHECKING:
+    from _typeshed import FileDescriptorLike
+
+    class _Sync(Protocol):      # os.fsync, os.fdatasync
+        def __call__(self, fd: FileDescriptorLike) -> None: ...
 
 SEGMENT_SIZE = 1 << 20
 # records of a WAL (Workload); entries of a Log (LogWorkload); records held to what followers
@@ -149,10 +155,13 @@ class PowerLossReport:
         return {**asdict(self), "ok": self.ok}
 
 
-class Workload:
+P = TypeVar("P")  # what a workload's images are held to (Image.acked): an LSN, or a LogModel
+
+
+class Writers(Generic[P]):
     """Writers appending self-describing records, with every kind of flush.
 
-    What ``run_power_loss`` asks of a workload (``LogWorkload`` answers the same):
+    What ``run_power_loss`` asks of a workload (``Workload`` and ``LogWorkload``):
     ``step``, ``run_threads``, ``retain``, ``acked`` (what is acknowledged now),
     ``horizon`` (what an image taken now was promised, given what was acknowledged
     when the crashing operation began), ``check`` (of one image), ``written``.
@@ -254,9 +263,34 @@ class Workload:
         if errors:
             raise errors[0]
 
-    def reopen(self) -> pmemwal.WAL:
-        """The workload's WAL opened again, with its options (``_open_workload`` sets it)."""
+    def retain(self) -> bool:
+        """Keep the WAL at a few segments: truncation, then recycling, under the writer.
+        True when what it wrote was made durable (nothing here: truncation syncs itself)."""
+        if len(self.wal._segnos) > MAX_SEGMENTS:
+            self._truncate(self.wal, self.wal.flushed_lsn)
+        return False
+
+    def acked(self) -> P:
         raise NotImplementedError
+
+    def horizon(self, acked: P) -> P:
+        raise NotImplementedError
+
+    def check(self, image: Image, directory: Path) -> tuple[str, str]:
+        raise NotImplementedError
+
+    @property
+    def written(self) -> int:
+        return len(self.lsn_of)
+
+    def close(self) -> None:
+        self.wal.close()
+
+
+class Workload(Writers[int]):
+    """The wal workload: its images held to the LSN the calls had acknowledged."""
+
+    reopen: Callable[[], pmemwal.WAL]  # the WAL opened again, with its options (_open_workload)
 
     def reopened(self, wal: pmemwal.WAL) -> str | None:
         """The writer was killed and ``wal`` reopened its WAL: what its recovery returned is
@@ -276,13 +310,6 @@ class Workload:
         self._last_lsn.clear()  # (the new writer reuses the LSNs past the end)
         return None if verdict in ("ok", "beyond") else f"{verdict}: {detail}"
 
-    def retain(self) -> bool:
-        """Keep the WAL at a few segments: truncation, then recycling, under the writer.
-        True when what it wrote was made durable (nothing here: truncation syncs itself)."""
-        if len(self.wal._segnos) > MAX_SEGMENTS:
-            self._truncate(self.wal, self.wal.flushed_lsn)
-        return False
-
     def acked(self) -> int:
         return self.acked_below
 
@@ -291,13 +318,6 @@ class Workload:
 
     def check(self, image: Image, directory: Path) -> tuple[str, str]:
         return check_image(image, self, directory)
-
-    @property
-    def written(self) -> int:
-        return len(self.lsn_of)
-
-    def close(self) -> None:
-        self.wal.close()
 
 
 class SharedWorkload(Workload):
@@ -346,10 +366,12 @@ class SharedWorkload(Workload):
         # The flushes its insertion made were never fenced: a process that dies there may or
         # may not have had those lines written back (the images flip its unpersisted bytes
         # either way).
-        self.shadow.forget_thread()
+        shadow = self.shadow
+        assert shadow is not None, "trace() comes before the first step"
+        shadow.forget_thread()
         self.deaths += 1
         self.handles[2] = pmemwal.open(self._path, **self._options)
-        self.shadow.attach(self.handles[2])
+        shadow.attach(self.handles[2])
 
     def retain(self) -> bool:
         if len(self.wal._dir.list_segments(tidy=False)) > MAX_SEGMENTS:  # any handle made them
@@ -361,7 +383,7 @@ class SharedWorkload(Workload):
             wal.close()
 
 
-class LogWorkload(Workload):
+class LogWorkload(Writers[LogModel]):
     """The log workload (``log_entries.Worker``: entries, rewinds, compactions, resets,
     hard states) on one Log, each event fed to a ``LogModel`` as it happens."""
 
@@ -475,7 +497,7 @@ def _write_image(image: Image, directory: Path) -> None:
             os.truncate(directory / name, image.sizes[name])
 
 
-def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str, str]:
+def check_image(image: Image, workload: Ledger, directory: Path) -> tuple[str, str]:
     """Recover one crash image; ("ok"|"beyond"|"lost"|"bad"|"error", detail).
 
     Every record returned must carry content its index regenerates, at the LSN
@@ -494,8 +516,19 @@ def check_image(image: Image, workload: Workload, directory: Path) -> tuple[str,
     return held_against(recovered, end, image.acked, workload)
 
 
+class Ledger(Protocol):
+    """What a recovery is held to (``held_against``): the records' seed, the LSN each
+    append returned, what the calls promised, and where truncation was asked to cut."""
+
+    seed: int
+    lsn_of: dict[int, int]
+    promise: str
+    truncated_to: int
+    wal: pmemwal.WAL
+
+
 def held_against(recovered: list[tuple[int, bytes]], end: int, acked: int,
-                 workload: Workload) -> tuple[str, str]:
+                 workload: Ledger) -> tuple[str, str]:
     """check_image's verdict on what a recovery returned (``(lsn, payload)`` pairs, and
     where it ended), ``acked`` being the LSN acknowledged when the power went."""
     seen, last = set(), -1
@@ -597,7 +630,7 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
     root = Path(tempfile.mkdtemp(prefix="pmemwal-powerloss-", dir=directory or _default_dir()))
     queue: list[Image] = []
     t0 = time.perf_counter()
-    shadow: DurableShadow | None = None
+    following: DurableShadow | None = None
     try:
         work = _open_workload(workload, root / "wal", mode, seed, threads, shared, kills,
                               background)
@@ -605,8 +638,10 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         shadow = _shadow_for(mode, wal, rng, crash_rate, lambda where: queue.append(
             shadow.image(work.horizon(work.acked()), where)), flush_instruction=flush_instruction,
             streaming=streaming, mutations=mutations)
+        following = shadow
         shadow.follow_files()  # CHECKPOINT, index/: each write and sync
-        if shared:
+        if isinstance(work, SharedWorkload):  # (shared: pmem mode only)
+            assert isinstance(shadow, PmemTracer)
             work.trace(shadow)
         if threads > 1 and mode != "pmem":
             # crash points only in syncs, one per flush that is not coalesced: at the rate
@@ -661,8 +696,8 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
         work.close()
         report.background_ops = dict(shadow.background_ops)
     finally:
-        if shadow is not None:
-            shadow.stop_following()
+        if following is not None:
+            following.stop_following()
         shutil.rmtree(root, ignore_errors=True)
     report.seconds = time.perf_counter() - t0
     return report
@@ -670,12 +705,12 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
 
 def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int,
                    shared: bool = False, kills: bool = False,
-                   background: bool = False) -> Workload:
+                   background: bool = False) -> Writers[Any]:
     """A fresh WAL (or Log) at ``path`` for ``mode``, with the workload that writes it.
     With ``kills``, no segment is recycled: a reopen then finds zeros past the records it
     recovers, so nothing but its own syncs can make them durable (in a recycled segment,
     wiping the stale bytes past the end syncs the file as a side effect)."""
-    options = {"mode": "buffered" if mode == "buffered" else "direct",
+    options: dict[str, Any] = {"mode": "buffered" if mode == "buffered" else "direct",
                "segment_size": SEGMENT_SIZE, "background": False,
                "recycle_segments": 0 if kills else 1, "prepare_segments": 0,
                **(BACKGROUND_OPTIONS if background else {})}
@@ -685,7 +720,7 @@ def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int
         return SharedWorkload(path, options, seed)
     work = (FollowWorkload if workload == "follow" else Workload)(pmemwal.open(path, **options),
                                                                   seed)
-    work.reopen = lambda: pmemwal.open(path, **options)  # type: ignore[method-assign]
+    work.reopen = lambda: pmemwal.open(path, **options)
     return work
 
 
@@ -697,7 +732,7 @@ def _raise_background_error(wal: pmemwal.WAL) -> None:
         raise RuntimeError(f"the background writer failed: {writer.error!r}") from writer.error
 
 
-def _check_queue(queue: list[Image], work: Workload, path: Path, report: PowerLossReport,
+def _check_queue(queue: list[Image], work: Writers[Any], path: Path, report: PowerLossReport,
                  keep_failures: str | None, progress: Callable[[int], None] | None) -> None:
     for image in queue:
         t1 = time.perf_counter()
@@ -787,7 +822,7 @@ def _shadow_for(mode: str, wal: pmemwal.WAL, rng: np.random.Generator, crash_rat
     return shadow
 
 
-def _kill_and_reopen(work: Workload, shadow: DurableShadow) -> str | None:
+def _kill_and_reopen(work: Writers[Any], shadow: DurableShadow) -> str | None:
     """A SIGKILL of the writer, then an open of its WAL that goes on appending.
 
     The killed process never fences again: its pending flushes stay unpersisted, while
@@ -799,6 +834,7 @@ def _kill_and_reopen(work: Workload, shadow: DurableShadow) -> str | None:
     the ledger, and the acknowledgements made before the kill stay promised.  What the
     reopen recovered is checked like an image (its problem is returned).
     """
+    assert isinstance(work, Workload), "kills: the wal or follow workload"
     old = work.wal
     old._forsake()
     old._dir.close()  # the kernel drops a dead process's locks
@@ -819,12 +855,15 @@ def _recovery_traced(shadow: DurableShadow) -> Iterator[None]:
     """While a WAL opens: a segment file it fdatasyncs (or fsyncs) is durable as it
     is (a CHECKPOINT slot it writes is followed as every write of the WAL's other files)."""
     fdatasync, fsync = os.fdatasync, os.fsync
+    on_crash = shadow.on_crash
+    assert on_crash is not None, "a run's shadow takes crash images"
 
-    def synced(sync: Callable[[int], None]) -> Callable[[int], None]:
-        def call(fd: int) -> None:
+    def synced(sync: _Sync) -> _Sync:
+        def call(fd: FileDescriptorLike) -> None:
             if shadow.rng.random() < RECOVERY_CRASH_RATE:
-                shadow.on_crash("in recovery")
+                on_crash("in recovery")
             sync(fd)
+            fd = fd if isinstance(fd, int) else fd.fileno()
             segno = parse_segment_name(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
             if segno is not None and segno in shadow.segments:
                 shadow.track(segno)

@@ -54,7 +54,7 @@ import traceback
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -377,12 +377,12 @@ class DurableShadow:
         reopened it): its persists are traced and its file operations followed too."""
         self.handles.append(wal)
         if self.persist is not None:
-            self._persist_through(wal)
+            self._persist_through(wal, self.persist)
         self._follow(wal._dir)
         self._follow_checkpoints(wal)
 
-    def _persist_through(self, wal: pmemwal.WAL) -> None:
-        wal._core.set_persist(self.persist)
+    def _persist_through(self, wal: pmemwal.WAL, persist: int) -> None:
+        wal._core.set_persist(persist)
 
     def _follow_checkpoints(self, wal: pmemwal.WAL) -> None:
         """The WAL's other files (``CHECKPOINT``, ``index/``, ...) not followed yet are durable
@@ -656,7 +656,9 @@ class DurableShadow:
             if kind == _SYNC_RANGE:
                 segno, off = self._locate(where)
             else:
-                segno = parse_segment_name(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+                named = parse_segment_name(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+                assert named is not None, "the core reports the syncs of its segment files"
+                segno = named
                 off, length = (0, self.wal.segment_size) if kind == _SYNC_FILE else (where, length)
             self.segments[segno][off:off + length] = self.current(segno)[off:off + length]
             self.versions_since_sync.pop(segno, None)  # (older versions: none may come back)
@@ -713,9 +715,10 @@ class DurableShadow:
             self.versions_since_sync.pop(segno, None)
         self._files_at_arm = None
 
-    def image(self, acked: int, where: str) -> Image:
-        """A crash now: each changed unit of each segment old, new, or (page cache) as one of
-        the versions written since its sync held it, at random."""
+    def image(self, acked: Any, where: str) -> Image:
+        """A crash now, held to ``acked`` (the workload's horizon): each changed unit of each
+        segment old, new, or (page cache) as one of the versions written since its sync held
+        it, at random."""
         with self.lock:
             grain = int(self.rng.choice(self.grains))
             image = Image({segno: self._mix(old, self.current(segno), grain,
@@ -740,7 +743,7 @@ class DurableShadow:
         return data[:size], size
 
     def _mix(self, old: np.ndarray, new: np.ndarray, grain: int,
-             between: list[np.ndarray] = ()) -> bytes:
+             between: Sequence[np.ndarray] = ()) -> bytes:
         candidates = [old.reshape(-1, grain), *(v.reshape(-1, grain) for v in between),
                       new.reshape(-1, grain)]
         changed = (candidates[0] != candidates[-1]).any(axis=1)
@@ -789,7 +792,7 @@ class PmemTracer(DurableShadow):
             self._fence = _FENCE_FN(self._guarded(self._on_fence))
             _core._trace(_address(self._stream), _address(self._fence), 0, mutations)
 
-    def _persist_through(self, wal: pmemwal.WAL) -> None:
+    def _persist_through(self, wal: pmemwal.WAL, persist: int) -> None:
         wal._core.set_persist(_core.PERSIST_PMEM, _address(self._flush), _address(self._drain),
                               self.stream_min)
 
