@@ -68,7 +68,8 @@ def run_traced(mode: str, images: int, *, cpu: str | None = None, mutation: str 
         timer.start()
         try:
             last = ""
-            for line in proc.stdout:  # type: ignore[union-attr]
+            assert proc.stdout is not None, "started with stdout=PIPE"
+            for line in proc.stdout:
                 if line.startswith(_PROGRESS) and progress is not None:
                     progress(int(line[len(_PROGRESS):]))
                 elif line.strip():

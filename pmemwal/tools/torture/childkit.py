@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import traceback
-from typing import Callable, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ class Pipe:
                 data = data[os.write(self._fd, data):]
 
 
-def die() -> None:
+def die() -> NoReturn:
     """The traceback to stderr, then exit 70 at once (other threads must not go on)."""
     traceback.print_exc()
     sys.stderr.flush()

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pmemwal.tools.torture.plugin import CHILD, PipeError, TortureDir
+from pmemwal.tools.torture.plugin import CHILD, PipeError, RoundPipe, TortureDir
 from pmemwal.tools.torture.setups import PERSIST, Setup, child_env
 
 
@@ -74,7 +74,8 @@ class _PipeReader(threading.Thread):
 
     def __init__(self, stream) -> None:
         super().__init__(daemon=True)
-        self._stream, self._chunks = stream, []
+        self._stream = stream
+        self._chunks: list[bytes] = []
         self.opening, self.ready, self.eof = threading.Event(), threading.Event(), False
         self.start()
 
@@ -94,7 +95,7 @@ class _PipeReader(threading.Thread):
         return b"".join(self._chunks)
 
 
-def _read_pipe(reader, data: bytes, returncode: int, stderr: bytes, delay_s: float,
+def _read_pipe(reader: RoundPipe, data: bytes, returncode: int, stderr: bytes, delay_s: float,
                in_recovery: bool = False) -> ChildRun:
     """Parse a child's pipe: the O and R lines here, the workload's lines in its ``reader``."""
     persist, failure = None, None

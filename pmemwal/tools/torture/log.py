@@ -53,7 +53,7 @@ WORKLOAD = LogWorkload()
 
 
 @dataclass
-class LogLedger(TortureDir):
+class LogLedger(TortureDir[LogCheck]):
     """A log workload's torture directory: the log its last recovery returned (each round
     starts from it), the highest term used here, and the current round's model."""
 
@@ -69,17 +69,23 @@ class LogLedger(TortureDir):
         self.model = LogModel(rnd, self.rounds, self.term, self.start)
         return {"term": self.term}
 
+    @property
+    def round_model(self) -> LogModel:
+        """The current round's model (``begin`` makes it)."""
+        assert self.model is not None, "no round began here"
+        return self.model
+
     def reader(self, rnd: int) -> LogPipe:
-        return LogPipe(self.model, self.start)
+        return LogPipe(self.round_model, self.start)
 
     def check(self, mode: str) -> LogCheck:
-        return self.model.recover(self.path, mode=mode, segment_size=self.segment_size)
+        return self.round_model.recover(self.path, mode=mode, segment_size=self.segment_size)
 
     def absorb(self, chk: LogCheck) -> None:
         """What the recovery returned is where the next round starts."""
         if chk.recovered is not None:
             self.start = chk.recovered
-        self.term = max(self.term, self.model.term)
+        self.term = max(self.term, self.round_model.term)
 
     def kept_info(self) -> dict:
         """The log the round began with ([index, round, thread, seq, term] per entry), its term."""

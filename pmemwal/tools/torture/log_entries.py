@@ -55,7 +55,7 @@ class EntryId(NamedTuple):
     round: int
     thread: int
     seq: int
-    index: int
+    log_index: int      # (not ``index``: a tuple's method)
     term: int
 
     @property

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from copy import copy
 from dataclasses import dataclass, field
 
@@ -64,7 +64,7 @@ class LogModel:
 
     MAX_PROBLEMS = 20
 
-    def __init__(self, rnd: int = 0, rounds: Sequence[int] = (0,), term: int = 1,
+    def __init__(self, rnd: int = 0, rounds: Iterable[int] = (0,), term: int = 1,
                  start: Recovered | None = None) -> None:
         start = start or Recovered()
         self.round, self.rounds, self.start_term, self.term = rnd, set(rounds), term, term
@@ -101,10 +101,10 @@ class LogModel:
             self.ops[OPS[tag]] += 1
             self.term = max(self.term, ints[0] if tag == "S" else ints[1])
         elif tag.upper() in OPS:
-            op, args = self.in_flight or ("", (None,))
-            if tag.upper() != op or list(ints) != [args[0]]:
+            in_flight = self.in_flight
+            if in_flight is None or tag.upper() != in_flight[0] or list(ints) != [in_flight[1][0]]:
                 raise PipeError(f"{tag} {list(ints)} finishes nothing in flight ({self.in_flight})")
-            self._apply(*self.in_flight)
+            self._apply(*in_flight)
             self.in_flight = None
         else:
             raise PipeError(f"unknown event {tag}")
@@ -209,9 +209,9 @@ class LogModel:
             self._problem(chk, "garbage", f"{where} is garbage: " + (
                 "its bytes do not regenerate" if ident is None else f"of round {ident.round}, "
                 "never run here"))
-        elif (ident.index, ident.term) != (entry.index, entry.term):
+        elif (ident.log_index, ident.term) != (entry.index, entry.term):
             self._problem(chk, "order", f"{where} is out of place: appended as entry "
-                          f"{ident.index}, term {ident.term}")
+                          f"{ident.log_index}, term {ident.term}")
         elif (ident.round != self.round
               and self.began.entries.get(entry.index, (None,))[0] != ident.key):
             self._problem(chk, "resurrected", f"{where} of round {ident.round} is resurrected: "

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from pmemwal.tools.torture.childkit import Pipe
 
@@ -51,8 +51,26 @@ class TortureWorkload(ABC):
         raise TypeError(f"the {self.name} workload runs its own loop, not rounds")
 
 
+class RoundPipe(Protocol):
+    """A round's pipe lines as its ledger reads them (``TortureDir.reader``): the tags it
+    takes besides O and R, the R line's fields, each of its lines, the end, and then the
+    operations announced and the sequence numbers acknowledged per thread."""
+
+    TAGS: tuple[bytes, ...]
+    ops: dict[str, int]
+
+    def opened(self, fields: list[int]) -> None: ...
+    def line(self, tag: bytes, fields: list[int]) -> None: ...
+    def finish(self) -> None: ...
+    @property
+    def acked_seqs(self) -> dict[int, int]: ...
+
+
+C = TypeVar("C", bound="Check")        # what a ledger's check returns
+
+
 @dataclass
-class TortureDir:
+class TortureDir(Generic[C]):
     """A torture WAL directory: where it is, its segment size, the rounds run in it, and
     the workload whose child runs there.
 
@@ -77,6 +95,18 @@ class TortureDir:
     def size(self) -> int:
         """Bytes of the files in the directory."""
         return sum(e.stat().st_size for e in os.scandir(self.path) if e.is_file())
+
+    def reader(self, rnd: int) -> RoundPipe:
+        raise NotImplementedError       # (each workload's ledger)
+
+    def check(self, mode: str) -> C:
+        raise NotImplementedError
+
+    def absorb(self, check: C) -> None:
+        raise NotImplementedError
+
+    def kept_info(self) -> dict:
+        raise NotImplementedError
 
 
 @dataclass

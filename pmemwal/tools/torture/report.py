@@ -3,7 +3,9 @@ person (``table``) and for a program (``to_dict``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -27,11 +29,12 @@ class RoundResult:
         return self.child.failure is None and self.check is not None and self.check.ok
 
 
-def _stats(values: list[float], *names: str) -> dict[str, float]:
+def _stats(values: Sequence[float], *names: str) -> dict[str, float]:
     if not values:
         return {n: 0.0 for n in names}
-    funcs = {"p50": lambda a: np.percentile(a, 50), "p99": lambda a: np.percentile(a, 99),
-             "max": np.max, "min": np.min, "mean": np.mean}
+    funcs: dict[str, Callable[[np.ndarray], Any]] = {
+        "p50": lambda a: np.percentile(a, 50), "p99": lambda a: np.percentile(a, 99),
+        "max": np.max, "min": np.min, "mean": np.mean}
     return {n: round(float(funcs[n](np.asarray(values))), 3) for n in names}
 
 

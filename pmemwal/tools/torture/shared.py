@@ -144,6 +144,7 @@ class _Writer:
         self._reader.start()
 
     def _read(self) -> None:
+        assert self.proc.stdout is not None, "started with stdout=PIPE"
         for line in self.proc.stdout:
             parts = line.split()
             if not parts:

@@ -109,7 +109,7 @@ WORKLOAD = WalWorkload()
 # ---- the parent: what a WAL directory must hold ------------------------------------------
 
 @dataclass
-class Ledger(TortureDir):
+class Ledger(TortureDir[Check]):
     """A WAL workload's directory and what it must hold.
 
     ``known[(round, thread)][seq]`` is the LSN of every record known durable
@@ -188,7 +188,7 @@ class WalPipe:
     """A WAL child's pipe lines of one round: acknowledgements (A) and truncations (T);
     the acknowledgements go into the ledger at ``finish``."""
 
-    TAGS = (b"A", b"T")
+    TAGS: tuple[bytes, ...] = (b"A", b"T")
 
     def __init__(self, ledger: Ledger, rnd: int) -> None:
         self._ledger, self._rnd = ledger, rnd
