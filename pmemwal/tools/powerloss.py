@@ -711,9 +711,9 @@ def _open_workload(workload: str, path: Path, mode: str, seed: int, threads: int
     recovers, so nothing but its own syncs can make them durable (in a recycled segment,
     wiping the stale bytes past the end syncs the file as a side effect)."""
     options: dict[str, Any] = {"mode": "buffered" if mode == "buffered" else "direct",
-               "segment_size": SEGMENT_SIZE, "background": False,
-               "recycle_segments": 0 if kills else 1, "prepare_segments": 0,
-               **(BACKGROUND_OPTIONS if background else {})}
+                               "segment_size": SEGMENT_SIZE, "background": False,
+                               "recycle_segments": 0 if kills else 1, "prepare_segments": 0,
+                               **(BACKGROUND_OPTIONS if background else {})}
     if workload == "log":
         return LogWorkload(pmemwal.open_log(path, **options), seed, threads)
     if shared:
