@@ -119,7 +119,7 @@ def plan(path: str | os.PathLike[str]) -> RepairPlan:
         end = chain.end
         if end is None or end.lsn is None or view.first_segment is None:
             return result       # (no segment can be read: a blocker above)
-        result.begins = first_lsn(view.first_segment, view.segment_size)
+        result.begins = first_lsn(view.first_segment, size)
         result.cut_lsn, result.kept, result.kept_bytes = end.lsn, chain.count, chain.payload_bytes
         result.last_kept = chain.last_lsn
         result.aside = view.past_end(end.lsn, chain.last_lsn or 0)

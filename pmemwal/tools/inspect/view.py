@@ -186,21 +186,26 @@ class WalView(DirectoryChecks, RecordLines):
         lostfound.records_past), read-only."""
         if self._reader is None:
             return []
-        floor = first_lsn(self.segments[0], self.segment_size)
+        floor = first_lsn(self.segments[0], self._size)
         _, pages = self._reader.beyond(end, self.readable[-1], floor)
-        return records_past(end, pages, last, floor, self._segment, self.segment_size,
-                            int.from_bytes(self.wal_id[:4], "little"))
+        return records_past(end, pages, last, floor, self._segment, self._size, self._id_lo)
 
     def went_on_past(self, end: int) -> bool:
         """Whether the WAL's stream went on past the segment holding ``end``: its last page
         was written (recovery's test for a deleted segment past the end, recovery.py)."""
-        size = self.segment_size
+        size = self._size
         seg_map = self._segment(end // size)
         if seg_map is None:
             return False
         last_page = (end // size + 1) * size - PAGE_SIZE
         return page_names_its_place(bytes(seg_map[size - PAGE_SIZE:size - PAGE_SIZE + 24]),
-                                    last_page, int.from_bytes(self.wal_id[:4], "little"))
+                                    last_page, self._id_lo)
+
+    @property
+    def _id_lo(self) -> int:
+        """The WAL id's first 4 bytes, as page headers hold them (where records are read)."""
+        assert self.wal_id is not None, "no segment header is valid"
+        return int.from_bytes(self.wal_id[:4], "little")
 
     def usable(self, lsn: int) -> int:
         """Position of ``lsn`` in the dense record stream (page headers left out)."""
