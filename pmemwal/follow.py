@@ -20,6 +20,7 @@ writer's ``max_follower_lag_bytes``: then it is marked lost and raises FollowerL
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from typing import Callable, Iterator, Sequence, TypeVar
@@ -27,7 +28,7 @@ from typing import Callable, Iterator, Sequence, TypeVar
 from pmemwal import _core
 from pmemwal._core import Record
 from pmemwal.batch import RecordBatch
-from pmemwal.errors import ConfigError, FollowerLostError, TruncatedError
+from pmemwal.errors import ConfigError, FollowerLostError, NotFoundError, TruncatedError
 from pmemwal.follow_file import ACTIVE, LOST, OLDEST, FollowerSlot, FollowFile
 from pmemwal.readonly import ReadOnlyWAL, identity
 from pmemwal.reading import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_RECORDS
@@ -173,6 +174,14 @@ class Follower:
                 return None  # (the end lies in the page header after the position: nothing yet)
         return None
 
+    def _check_replaced(self) -> None:
+        """NotFoundError when another WAL was made in the directory since this follower
+        started (a writer replaced FOLLOW, and woke those asleep on the old one): nobody
+        publishes to the file it waits on any more."""
+        if self._file.replaced():
+            raise NotFoundError(errno.ENOENT, "the WAL this follower read is gone: another was "
+                                "made in its directory since (follow it anew)", self._file.path)
+
     def _wait(self, after: int | None = None) -> int | None:
         """Past the spin: the durable end once it passes the position (or ``after``); None
         once the timeout passed with nothing new, or once closed.  Where the writers'
@@ -184,6 +193,7 @@ class Follower:
         end = self._wal.refresh()  # (only when idle: it asks whether a writer is there)
         if end > after:
             return end
+        self._check_replaced()
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
             left = None if deadline is None else max(deadline - time.monotonic(), 0)
@@ -193,6 +203,7 @@ class Follower:
                 return durable
             if status == 1 or self._closed:
                 return None
+            self._check_replaced()
             # woken with nothing new (a truncation, a close): look again
             end = self._wal.refresh()
             if end > after:

@@ -134,9 +134,12 @@ class FollowFile:
                 if not alone:  # (others have it open: the first of them made it right)
                     raise FormatError(f"{os.path.join(directory, FOLLOW_NAME)} does not match "
                                       "the WAL's segments")
-                os.close(fd)
-                fd = -1
-                fd = _open_or_make(directory, wal_id, segment_size, os.O_RDWR, replace=True)
+                old, fd = fd, -1
+                try:
+                    fd = _open_or_make(directory, wal_id, segment_size, os.O_RDWR, replace=True)
+                    _wake_stranded(old)
+                finally:
+                    os.close(old)
             return cls(directory, fd, writable=True)
         except BaseException:
             if fd >= 0:
@@ -352,6 +355,14 @@ class FollowFile:
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
+    def replaced(self) -> bool:
+        """Whether FOLLOW at the path is no longer this file: a writer of another WAL made
+        there replaced it (for_writer), or it is gone."""
+        try:
+            return os.stat(self.path).st_ino != os.fstat(self.fd).st_ino
+        except FileNotFoundError:
+            return True
+
     def close(self) -> None:
         """Unmap (a mapping a call in another thread holds goes when it lets go) and
         close."""
@@ -366,6 +377,17 @@ def _name_bytes(name: str) -> bytes:
         raise ConfigError(f"a follower's name is 1 to {NAME_MAX} bytes of UTF-8 without NUL, "
                           f"not {name!r}")
     return raw
+
+
+def _wake_stranded(fd: int) -> None:
+    """Wake the followers asleep on a FOLLOW file just replaced (another WAL's, by a writer
+    of a WAL made there since): no writer publishes to it again, and each, woken with
+    nothing new, finds it replaced (pmemwal/follow.py) instead of waiting for ever."""
+    try:
+        with mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as old:
+            _core.progress_wake(old)
+    except (OSError, ValueError):
+        pass    # (too short to be one a follower maps: none asleep on it)
 
 
 def _check(fd: int, wal_id: bytes, segment_size: int) -> str | None:

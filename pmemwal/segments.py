@@ -35,7 +35,7 @@ import os
 import struct
 import weakref
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from pmemwal import _core
 from pmemwal.errors import ClosedError, FormatError, LockedError, NotFoundError, StorageError
@@ -201,7 +201,8 @@ class WalDirectory:
         exclusively while it opens too: that one made CONTROL before it took LOCK, and
         CONTROL, once made, is never removed.  So LOCK held, then CONTROL absent: the holder
         shares nothing.  (LOCK held and CONTROL there: ``lock_shared`` decides, under the
-        files lock.)"""
+        files lock.)  A window remains: a writer that takes LOCK after this test and before
+        CONTROL is made gets an empty CONTROL, which it ignores."""
         try:
             fcntl.flock(self.lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -214,27 +215,33 @@ class WalDirectory:
 
     def undo_create(self) -> None:
         """After an open that made this WAL failed (its lock held, no other writer can have
-        joined): remove what it made, so that a failed create leaves no segment behind.  LOCK
-        stays: another open may hold it open, waiting, and one that then locked an unlinked
-        LOCK while a third made a new one would be a second writer of the WAL.  Best effort:
-        the open's own error is what the caller raises."""
-        for name in os.listdir(self.path):
-            own = parse_segment_name(name) is not None or name.endswith(".wal.tmp") or \
-                name in (CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp", FOLLOW_NAME) or \
-                name.startswith(FOLLOW_NAME + ".tmp.")
-            if own:
-                try:
-                    os.unlink(os.path.join(self.path, name))
-                except OSError:
-                    pass
-        try:
-            os.rmdir(os.path.join(self.path, ARCHIVE_STATUS_NAME))  # (made empty by this open)
-        except OSError:
-            pass
-        try:
-            self.sync()
-        except OSError:
-            pass
+        joined): remove what it made, so that a failed create leaves no segment behind.  In
+        an order whose every crash point (and every subset a power loss keeps of what was
+        synced since) leaves a directory the next open takes: archive_status/ first (left
+        without segments, it would read as a WAL whose segments were deleted), the segments
+        newest first (a lone segment 0 with CHECKPOINT is a new WAL), CHECKPOINT last (one
+        that vouches for no segment reopens), the directory synced after each.  LOCK stays:
+        another open may hold it open, waiting, and one that then locked an unlinked LOCK
+        while a third made a new one would be a second writer of the WAL.  FOLLOW stays: a
+        follower that came meanwhile waits on it, and the next writer publishes there.
+        Best effort: the open's own error is what the caller raises."""
+        def removed(remove: Callable[[str], None], name: str) -> None:
+            try:
+                remove(os.path.join(self.path, name))
+                self.sync()
+            except OSError:
+                pass
+
+        removed(os.rmdir, ARCHIVE_STATUS_NAME)  # (made, and empty: this open's archiver's)
+        names = os.listdir(self.path)
+        temps = [n for n in names if n.endswith(".wal.tmp")
+                 and parse_segment_name(n[:-4]) is not None]
+        segnos = sorted((n for n in map(parse_segment_name, names) if n is not None),
+                        reverse=True)
+        for name in temps + [segment_name(n) for n in segnos] + [CHECKPOINT_NAME + ".tmp",
+                                                                 CHECKPOINT_NAME]:
+            if name in names:
+                removed(os.unlink, name)
 
     def lock_shared(self) -> bool:
         """A shared WAL (the caller holds the control file's files lock): True when no other

@@ -685,15 +685,16 @@ def test_an_open_failing_after_another_writer_made_the_wal_leaves_that_wal(shm_t
 
 def test_a_failed_create_leaves_no_segment_behind(shm_tmp, monkeypatch):
     """persist='pmem' where the mapping is no pmem: the ConfigError comes once the first
-    segment is made and mapped; the open takes back what it made (LOCK alone stays, for
-    another open that may be waiting on it), and the next open makes the WAL there."""
+    segment is made and mapped; the open takes back what it made (LOCK stays, for another
+    open that may be waiting on it, and FOLLOW, for a follower that may be), and the next
+    open makes the WAL there."""
     monkeypatch.delenv("PMEM_IS_PMEM_FORCE", raising=False)
     for path in (shm_tmp / "new", shm_tmp / "empty"):
         if path.name == "empty":
             path.mkdir()
         with pytest.raises(pmemwal.ConfigError, match="persist='pmem'"):
             pmemwal.open(path, mode="direct", persist="pmem")
-        assert sorted(p.name for p in path.iterdir()) == ["LOCK"]
+        assert sorted(p.name for p in path.iterdir()) == ["FOLLOW", "LOCK"]
         with pmemwal.open(path, mode="direct") as wal:
             wal.append(b"made after all", flush=True)
         with pmemwal.open(path, create=False) as wal:

@@ -85,6 +85,11 @@ class BackgroundRounds(Truncation):
                 self._background is not None:
             self._notify_ahead, self._notify_mark = depth, mark
             self._core.set_notify(self._background.notify_fd, depth, mark)
+            if mark and self._core.insert_lsn >= mark:
+                # appends passed it while this round decided (an append that reserved before
+                # the mark was set, and read it unset once done, shows here too): at once
+                self._notify_mark = 0
+                self._background.wake()
         brought = 0
         for segno in range(current, current + ahead + 1):
             if growing and not self._growing():
