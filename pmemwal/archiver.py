@@ -37,12 +37,12 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from typing import IO
 
 from pmemwal.archive import ArchiveStatus, file_crc, open_archive, running_commands
 from pmemwal.errors import ArchiveError
 from pmemwal.format import segment_name
+from pmemwal.warn import warn
 
 _PR_SET_PDEATHSIG = 1
 ARCHIVER_LOCK = "ARCHIVER"  # in archive_status/: held by the one archiver that works
@@ -188,7 +188,7 @@ class Archiver:
                 self.counters["archive_ns"] += report["ns"]
             elif report.get("gone"):
                 self.counters["archive_gone"] += 1
-                warnings.warn(f"pmemwal archiving: {report['error']}", RuntimeWarning)
+                warn(f"pmemwal archiving: {report['error']}", RuntimeWarning)
             else:
                 self.counters["archive_failures"] += 1
                 self.last_error = report["error"]

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from typing import Iterable
 
 import numpy as np
@@ -51,6 +50,7 @@ from pmemwal.recovery import RecoveryWarning
 from pmemwal.batch import RecordBatch
 from pmemwal.wal import WAL, Record
 from pmemwal.reading import DEFAULT_BATCH_BYTES
+from pmemwal.warn import warn
 
 _SCAN_BATCH = 1 << 16                       # records per native call on open
 _WRITER_WAIT = 0.005    # seconds the WAL's writer waits for the log's lock in an index round
@@ -111,8 +111,8 @@ class LogReplay:
     def _set_aside(self, why: str) -> None:
         """The stored index does not fit the WAL (``why``): say so, and store one that names
         nothing before anything is appended, so that no later open takes it up again."""
-        warnings.warn(f"{self.wal.path}: the log index is not used ({why}); every log "
-                      "record is read instead", RecoveryWarning, stacklevel=4)
+        warn(f"{self.wal.path}: the log index is not used ({why}); every log "
+             "record is read instead", RecoveryWarning)
         self._files.write_state(IndexState(self._files.last_seq + 1, 0, 0, 0, 1, 1, False,
                                            (0, 0), 0, self.wal.cuts))
 

@@ -33,7 +33,6 @@ open (CorruptionError) has written nothing.
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -44,6 +43,7 @@ from pmemwal.checkpoint import Checkpoint, CheckpointFile
 from pmemwal.errors import CorruptionError, format_lsn, repair_hint
 from pmemwal.format import PAGE_HEADER_SIZE, PAGE_SIZE, first_lsn, page_header_valid
 from pmemwal.segments import WalDirectory
+from pmemwal.warn import warn
 
 VERIFY = ("checkpoint", "all")
 _END = (1 << 64) - 1
@@ -172,8 +172,8 @@ class Recovery:
         if cp is None:
             reason = self._no_checkpoint_reason(on_corruption)
             if reason is not None:
-                warnings.warn(f"{self._dir.path}: {reason}; reading every retained record",
-                              RecoveryWarning, stacklevel=5)
+                warn(f"{self._dir.path}: {reason}; reading every retained record",
+                     RecoveryWarning)
         if verify == "all":
             return "verify='all'"
         if cp is None:
@@ -262,7 +262,7 @@ class Recovery:
                    f"begin in segment {oldest:016X} (counted as a cut)")
         else:
             cut = "on_corruption='truncate' cuts the WAL at the first one missing"
-        warnings.warn(f"{self._dir.path}: {reason}; {cut}", RecoveryWarning, stacklevel=4)
+        warn(f"{self._dir.path}: {reason}; {cut}", RecoveryWarning)
         return True
 
     def _lost_checkpoint(self) -> bool:
@@ -353,10 +353,10 @@ class Recovery:
             return None, None
         path, found, counted = made
         lost = _gaps(x, found)
-        warnings.warn(f"{self._dir.path}: the WAL ends at {format_lsn(x)} ({reason}); "
-                      f"{len(found)} valid record(s) past it set aside in {path} "
-                      "(pmemwal lost-found)" + (f"; no valid record in {lost}: lost" if lost
-                                                else ""), RecoveryWarning, stacklevel=4)
+        warn(f"{self._dir.path}: the WAL ends at {format_lsn(x)} ({reason}); "
+             f"{len(found)} valid record(s) past it set aside in {path} "
+             "(pmemwal lost-found)" + (f"; no valid record in {lost}: lost" if lost
+                                       else ""), RecoveryWarning)
         return path, counted
 
     def _wipe_beyond(self, end: int, pages: list[int]) -> None:

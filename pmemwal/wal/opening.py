@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import warnings
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from pmemwal.segments import (ARCHIVE_STATUS_NAME, CHECKPOINT_NAME, INDEX_NAME, 
 from pmemwal.wal.peers import _OLDEST
 from pmemwal.wal.rounds import BackgroundRounds
 from pmemwal.wal.state import _weak
+from pmemwal.warn import warn
 
 
 class Opening(BackgroundRounds):
@@ -206,7 +206,7 @@ class Opening(BackgroundRounds):
                                                self.wal_id, reason)
             self._dir.create(segno, self.segment_size, self.wal_id, spare=self._control is None)
             self._segnos = sorted([*self._segnos, segno])
-            warnings.warn(f"{self._dir.path}: {reason} in {path}", RecoveryWarning, stacklevel=5)
+            warn(f"{self._dir.path}: {reason} in {path}", RecoveryWarning)
 
     def _checkpoint_without_segments(self, segment_size: int | None) -> bool:
         """Whether a valid CHECKPOINT vouches for no segment (its end at or below the first

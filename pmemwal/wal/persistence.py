@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 
 from pmemwal import _core, libpmem
 from pmemwal.device import FORCE_ENV_VAR, ProbeResult, force_ignored, fs_type, probe, stream_min
 from pmemwal.errors import ConfigError
 from pmemwal.segments import Segment
+from pmemwal.warn import warn
 from pmemwal.wal.options import SYNC_METHODS
 from pmemwal.wal.state import WALState
 
@@ -72,10 +72,10 @@ class PersistenceChoice(WALState):
         if not lib.is_pmem(libpmem.buffer_address(seg.map), len(seg.map)):
             return False
         if force_ignored(self._fs_type, False):
-            warnings.warn(f"{FORCE_ENV_VAR}=1 is set, but {self._dir.path} is on "
-                          f"{self._fs_type}, not DAX: cache flushes would leave "
-                          "records in the page cache, so this WAL persists by msync",
-                          RuntimeWarning, stacklevel=2)
+            warn(f"{FORCE_ENV_VAR}=1 is set, but {self._dir.path} is on "
+                 f"{self._fs_type}, not DAX: cache flushes would leave "
+                 "records in the page cache, so this WAL persists by msync",
+                 RuntimeWarning)
             return False
         return True
 

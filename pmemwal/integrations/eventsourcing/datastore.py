@@ -7,7 +7,6 @@ import os
 import struct
 import threading
 import time
-import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +35,7 @@ from pmemwal.integrations.eventsourcing.index import _DCBIndex, _Index, dcb_matc
 from pmemwal.integrations.eventsourcing.stored_index import IndexStore, StoredIndex, Written
 from pmemwal.recovery import RecoveryWarning
 from pmemwal.wal import _weak
+from pmemwal.warn import warn
 
 # pmemwal's errors as eventsourcing's (PEP 249 names), the first match wins.
 _ERRORS: tuple[tuple[type[WALError], type[PersistenceError]], ...] = (
@@ -221,8 +221,8 @@ class _LogStore:
         except (OSError, ValueError, KeyError, TypeError, WALError) as exc:
             why = f"it does not read: {exc}"
         if why:
-            warnings.warn(f"{self.path}: the eventsourcing index is not used ({why}); every "
-                          "log entry is read instead", RecoveryWarning, stacklevel=4)
+            warn(f"{self.path}: the eventsourcing index is not used ({why}); every "
+                 "log entry is read instead", RecoveryWarning)
             with _translated():
                 self._store.void(self._log.wal.cuts)    # before anything is appended
                 self._index.next_run = self._store.next_free_run()
@@ -477,9 +477,9 @@ class _LogStore:
                 self._last_checkpoint()
             except PersistenceError as exc:     # nothing is lost: the next open replays more
                 self.index_error = exc.with_traceback(None)
-                warnings.warn(f"{self.path}: the index was not stored at close ({exc}); the "
-                              "next open replays the entries since its last checkpoint",
-                              RuntimeWarning, stacklevel=2)
+                warn(f"{self.path}: the index was not stored at close ({exc}); the "
+                     "next open replays the entries since its last checkpoint",
+                     RuntimeWarning)
             finally:                            # (whatever else it raised)
                 try:
                     with self._lock, _translated():  # (a reader holding it finds it closed)
