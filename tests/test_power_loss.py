@@ -13,13 +13,16 @@ import ctypes
 import json
 import os
 import re
+import subprocess
+import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
 
 import pmemwal
-from conftest import cli_runner
+from conftest import child_env, cli_runner
 from pmemwal.log_replay import LogReplay
 from pmemwal.tools import mutants, powerloss, shadow
 from pmemwal.tools.cli import main
@@ -209,6 +212,31 @@ def test_cli_progress_is_plain_lines_off_a_terminal_and_quiet_silences_it() -> N
     assert re.search(r"^powerloss: 3/3 images \(100%\), 0:\d\d elapsed; buffered$", plain.stderr, re.M)
     quiet = cli_runner().invoke(main, args + ["--quiet"])
     assert quiet.exit_code == 0 and quiet.stderr == "" and "| buffered" in quiet.stdout
+
+
+def test_the_checkers_own_recoveries_are_counted_not_warned(shm_tmp) -> None:
+    """A crash image's recovery may set records aside (a torn insert, what a crash leaves):
+    the checker counts those RecoveryWarnings in its report; none reaches the caller."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = run_power_loss("pmem", 20, threads=4, seed=7, directory=str(shm_tmp))
+    assert report.ok and report.recovery_warnings > 0
+    assert [str(w.message) for w in caught] == []
+
+
+def test_cli_quiet_prints_the_summary_alone() -> None:
+    """``pmemwal powerloss --quiet``, a real process: the table on stdout, nothing on
+    stderr (no progress, no warning), the recoveries' warnings counted in --json."""
+    args = [sys.executable, "-m", "pmemwal.tools.cli", "powerloss", "--images", "20",
+            "--setups", "pmem-threads,msync-kill", "--seed", "7", "--quiet"]
+    table = subprocess.run(args, capture_output=True, text=True, env=child_env(), timeout=300)
+    assert table.returncode == 0 and "| pmem x4 writers" in table.stdout, table.stderr
+    assert table.stderr == ""
+    as_json = subprocess.run(args + ["--json"], capture_output=True, text=True, env=child_env(),
+                             timeout=300)
+    assert as_json.returncode == 0 and as_json.stderr == ""
+    reports = json.loads(as_json.stdout)["reports"]
+    assert sum(r["recovery_warnings"] for r in reports) > 0
 
 
 def test_cli_table_has_the_log_columns() -> None:

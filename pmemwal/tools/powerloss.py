@@ -41,6 +41,7 @@ import struct
 import tempfile
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ import pmemwal
 from pmemwal import _core
 from pmemwal.errors import ClosedError, WALError
 from pmemwal.format import parse_segment_name, segment_name
+from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.torture.log_entries import Shared, Worker
 from pmemwal.tools.torture.log_model import LogModel
 from pmemwal.tools.shadow import (PAGE_CACHE_GRAINS, DurableShadow, Image, PmemTracer,
@@ -139,6 +141,8 @@ class PowerLossReport:
     published_ahead: int = 0      # the follow workload: images whose horizon, the LSN published
                                   # for followers, lay past what the calls had acknowledged
     segments_recycled: int = 0    # so images met stale pages of an earlier cycle
+    recovery_warnings: int = 0    # the checker's recoveries that set records aside or read
+                                  # every record (a crash may leave either): counted, not shown
     seed: int = 0                 # what reproduces the run (with its setup and image count)
     crash_points: dict[str, int] = field(default_factory=dict)
     grains: dict[int, int] = field(default_factory=dict)
@@ -674,7 +678,9 @@ def run_power_loss(mode: str, images: int, *, threads: int = 1, seed: int = 0,
                 shadow.remember((current - 1, current))  # (where the last steps wrote)
             if kills and kill_rng.random() < KILL_RATE:  # (page-cache modes: a step)
                 report.kills += 1
-                problem = _kill_and_reopen(work, shadow)
+                with recovery_warnings() as said:
+                    problem = _kill_and_reopen(work, shadow)
+                report.recovery_warnings += len(said)
                 if problem:
                     report.lost += 1
                     report.failures.append(f"the reopen after kill {report.kills}: {problem}")
@@ -736,7 +742,9 @@ def _check_queue(queue: list[Image], work: Writers[Any], path: Path, report: Pow
                  keep_failures: str | None, progress: Callable[[int], None] | None) -> None:
     for image in queue:
         t1 = time.perf_counter()
-        verdict, detail = work.check(image, path)
+        with recovery_warnings() as said:
+            verdict, detail = work.check(image, path)
+        report.recovery_warnings += len(said)
         elapsed_ms = 1000 * (time.perf_counter() - t1)
         report.recovery_ms_mean += (elapsed_ms - report.recovery_ms_mean) / (report.images + 1)
         _count(report, image, verdict, detail, path, keep_failures)
@@ -848,6 +856,23 @@ def _kill_and_reopen(work: Writers[Any], shadow: DurableShadow) -> str | None:
             if segno not in shadow.segments:  # made by the open (synced as it made it)
                 shadow.track(segno)
     return work.reopened(wal)
+
+
+@contextmanager
+def recovery_warnings() -> Iterator[list[str]]:
+    """The checker's own opens of crash images: the RecoveryWarnings they give (records set
+    aside, every record read) are what a crash may leave, the checker's to count (the
+    messages, in the list yielded), not a line on the user's terminal.  Other warnings
+    pass on."""
+    said: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RecoveryWarning)
+        yield said
+    for w in caught:
+        if issubclass(w.category, RecoveryWarning):
+            said.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 @contextmanager
