@@ -41,7 +41,6 @@ import struct
 import tempfile
 import threading
 import time
-import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,7 +52,7 @@ import pmemwal
 from pmemwal import _core
 from pmemwal.errors import ClosedError, WALError
 from pmemwal.format import parse_segment_name, segment_name
-from pmemwal.recovery import RecoveryWarning
+from pmemwal.tools.recovery_warnings import recovery_warnings
 from pmemwal.tools.torture.log_entries import Shared, Worker
 from pmemwal.tools.torture.log_model import LogModel
 from pmemwal.tools.shadow import (PAGE_CACHE_GRAINS, DurableShadow, Image, PmemTracer,
@@ -856,23 +855,6 @@ def _kill_and_reopen(work: Writers[Any], shadow: DurableShadow) -> str | None:
             if segno not in shadow.segments:  # made by the open (synced as it made it)
                 shadow.track(segno)
     return work.reopened(wal)
-
-
-@contextmanager
-def recovery_warnings() -> Iterator[list[str]]:
-    """The checker's own opens of crash images: the RecoveryWarnings they give (records set
-    aside, every record read) are what a crash may leave, the checker's to count (the
-    messages, in the list yielded), not a line on the user's terminal.  Other warnings
-    pass on."""
-    said: list[str] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RecoveryWarning)
-        yield said
-    for w in caught:
-        if issubclass(w.category, RecoveryWarning):
-            said.append(str(w.message))
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 @contextmanager

@@ -18,7 +18,8 @@ import numpy as np
 
 import pmemwal
 from pmemwal import _core
-from pmemwal.tools.powerloss import SEGMENT_SIZE, Workload, _shadow_for, recovery_warnings
+from pmemwal.tools.powerloss import SEGMENT_SIZE, Workload, _shadow_for
+from pmemwal.tools.recovery_warnings import recovery_warnings
 
 
 def follower_of_a_dead_writer(images: int = 10, seed: int = 2) -> dict:
