@@ -487,7 +487,8 @@ def test_an_index_is_not_used_after_the_wal_lost_its_checkpoint(wal_dir, mode):
     with pmemwal.open_log(wal_dir, mode=mode) as log:   # the index, stored at cuts 1, is used
         assert log.replayed_from is not None and log.wal.cuts == 1
     os.unlink(wal_dir / "CHECKPOINT")
-    with pytest.warns(RecoveryWarning, match="CHECKPOINT is missing"):
+    with (pytest.warns(RecoveryWarning, match="CHECKPOINT is missing"),
+          pytest.warns(RecoveryWarning, match="index is not used")):
         log = pmemwal.open_log(wal_dir, mode=mode, on_corruption="truncate")
     with log:
         assert log.wal.cuts == 2 and log.replayed_from is None

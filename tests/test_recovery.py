@@ -314,7 +314,9 @@ def test_current_bytes_under_a_stale_page_header_are_wiped(wal_dir, mode):
     file_write(wal_dir, page, stale_header)                   # the header never reached the media
     stream_write(wal_dir, r1, bytes(REC_HDR))                 # nor did R1's own header
     rewind_checkpoint(wal_dir)    # the crash left the truncation's checkpoint, not close's
-    with pmemwal.open(wal_dir, mode=mode) as wal:
+    with pytest.warns(RecoveryWarning, match=r"1 valid record\(s\) past it set aside"):  # R2
+        wal = pmemwal.open(wal_dir, mode=mode)
+    with wal:
         assert _records(wal) == kept + new and wal.insert_lsn == r1
         again = _append(wal, [1000], "r1-again", flush_each=True)
         assert again[0][0] == r1 and wal.insert_lsn == r2     # R2's place, and R2's prev-link
