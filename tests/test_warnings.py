@@ -5,6 +5,7 @@ depth), not a line inside the library."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -54,4 +55,18 @@ def test_a_log_index_set_aside_names_the_callers_line(wal_dir):
     with pytest.warns(RecoveryWarning) as caught:
         call(wal_dir).close()
     assert any("index is not used" in str(w.message) for w in caught)
+    assert {(w.filename, w.lineno) for w in caught} == {(__file__, call.__code__.co_firstlineno)}
+
+
+def test_an_eventsourcing_index_set_aside_names_the_callers_line(shm_dir):
+    """The eventsourcing integration's own warning (its stored index not used)."""
+    from test_eventsourcing_index import es_index, events_dir, fill, pes, reopen
+
+    store = reopen(shm_dir)
+    fill(store, 120)
+    store.close()
+    next((Path(events_dir(shm_dir)) / es_index.INDEX_DIR).glob("*.run")).unlink()
+    call = lambda: pes.open_datastore(events_dir(shm_dir), segment_size=1 << 20)  # noqa: E731
+    with pytest.warns(RecoveryWarning, match="index is not used") as caught:
+        call().close()
     assert {(w.filename, w.lineno) for w in caught} == {(__file__, call.__code__.co_firstlineno)}
