@@ -24,6 +24,7 @@ from pmemwal.wal import WAL, Record, open
 from pmemwal.log import Entry, HardState, Log, open_log
 from pmemwal.follow import Follower, drop_follower, follow, followers
 from pmemwal.readonly import ReadOnlyWAL
+from pmemwal.recovery import RecoveryWarning
 from pmemwal.log_readonly import ReadOnlyLog
 from pmemwal.log_follow import Compacted, LogFollower, Reset, Rewound, follow_log
 
@@ -35,6 +36,6 @@ __all__ = [
     "ArchiveError", "TruncatedError", "StalledWriterError",
     "ReadOnlyWAL", "ReadOnlyError", "follow", "Follower", "followers", "drop_follower",
     "FollowerLostError", "ReadOnlyLog", "follow_log", "LogFollower", "Rewound", "Compacted",
-    "Reset",
+    "Reset", "RecoveryWarning",
 ]
 __version__ = "0.1.0"
