@@ -16,14 +16,13 @@ or one that cannot be read) is left to the user: the plan names it, and nothing 
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, field
 
 from pmemwal.errors import format_lsn
 from pmemwal.format import first_lsn
 from pmemwal.lostfound import Found, entries
-from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools.inspect import Problem, VerifyReport, WalView, verify
+from pmemwal.tools.recovery_warnings import recovery_warnings
 from pmemwal.wal import open as open_wal
 
 REPAIR_OPTIONS = {"on_corruption": "truncate", "verify": "all"}
@@ -184,8 +183,7 @@ def repair(path: str | os.PathLike[str]) -> RepairResult:
     """Cut the WAL at ``path`` at its first damage (REPAIR_OPTIONS), and verify it."""
     path = os.path.abspath(path)
     before = {e.name: e.pending for e in entries(path)}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RecoveryWarning)
+    with recovery_warnings() as caught:
         wal = open_wal(path, on_corruption="truncate", verify="all")  # (REPAIR_OPTIONS)
         end = wal.insert_lsn
         wal.close()
@@ -193,6 +191,5 @@ def repair(path: str | os.PathLike[str]) -> RepairResult:
              "bytes": sum(r[2] for r in e.manifest["records"])}
             for e in entries(path) if before.get(e.name, True) and not e.pending]
     # (new ones, and a pending one this cut finished: a repair a crash stopped made it)
-    said = [str(w.message).removeprefix(f"{path}: ") for w in caught
-            if issubclass(w.category, RecoveryWarning)]
+    said = [text.removeprefix(f"{path}: ") for text in caught]
     return RepairResult(path, end, made, said, verify(path))
