@@ -291,38 +291,41 @@ class Recovery:
     def _check_deleted(self, on_corruption: str, status: int, x: int, bad: int,
                        cp: Checkpoint | None) -> None:
         """The chain ran into a segment that is missing although a later one exists
-        (segments are made and recycled in order), or ended in the segment before one that
-        is missing although the WAL went on into it (``_went_on_into_deleted``): it was
-        deleted, with its records.
+        (segments are made and recycled in order), or ended before one that is missing
+        although the WAL may have gone on into it (``_deleted_past``): it was deleted, with
+        its records.
 
         A record that merely claims to run into it proves nothing: its CRC can't be
         checked without the segment, and a header torn by a crash can pair a new
         prev-link with an old length."""
+        files = self._dir.list_segments(tidy=False)  # (spares too: made in order like the rest)
         missing = bad // self._size
-        if status == _NO_SEGMENT and missing not in self._segnos and self._segnos[-1] >= missing:
+        if status == _NO_SEGMENT and missing not in files and files[-1] > missing:
             self._refuse(on_corruption, x, f"segment {missing:016X} is missing, but it had been "
                          "made: it was deleted, with any record in it")
-        elif (cp is None or cp.end_lsn < x) and self._went_on_into_deleted(x):
-            # (a checkpoint at x: a cut made there, or an open that found the WAL ending there)
-            self._refuse(on_corruption, x, f"segment {x // self._size + 1:016X} is missing, but "
-                         "the WAL went on into it (the segment before it was written to its "
-                         "last page, and a later one was made): it was deleted, with its records")
+            return
+        deleted = self._deleted_past(x, files) if cp is None or cp.end_lsn < x else None
+        if deleted is not None:  # (a checkpoint at x: a cut made there, or an open that ended there)
+            self._refuse(on_corruption, x, f"segment {deleted:016X} is missing, but the WAL may "
+                         f"have gone on into it (segment {deleted - 1:016X} was written to its "
+                         "last page, and a later one was made): it was deleted, with any record "
+                         "in it")
 
-    def _went_on_into_deleted(self, x: int) -> bool:
-        """Whether the segment after the one the chain ends in (at ``x``) is missing although
-        the WAL's stream went on into it: the segment before it was written to its last page
-        (records went into the next once it was full), and a later segment file exists
-        (segments are made in order).  Its records may have proven the end damage, and
-        ``beyond`` cannot read them: without this, a deleted segment would pass for a torn
-        tail.  (A spare counts as a later file: it was made after the missing one.)"""
-        nxt = x // self._size + 1
-        if nxt in self._segnos:
-            return False
-        files = self._dir.list_segments(tidy=False)
-        if not files or files[-1] <= nxt or nxt in files:
-            return False
-        return self._dir.wrote_page(nxt * self._size - PAGE_SIZE, self._size,
-                                    int.from_bytes(self._wal_id[:4], "little"))
+    def _deleted_past(self, x: int, files: list[int]) -> int | None:
+        """The first segment missing past the chain's end (at ``x``) that the WAL's stream may
+        have gone into: the segment before it is there and was written to its last page
+        (records go on into the next once one is full), and a later segment file exists
+        (segments, spares too, are made in order).  Its records may have proven the end
+        damage, and ``beyond`` cannot read them: without this, a deleted segment would pass
+        for a torn tail.  (A spare deleted just after a segment whose last page was written
+        reads so too: a refusal that the repair's cut, which counts, settles.)"""
+        present = set(files)
+        wal_id_lo = int.from_bytes(self._wal_id[:4], "little")
+        for segno in range(x // self._size + 1, files[-1]):
+            if segno not in present and segno - 1 in present and \
+                    self._dir.wrote_page(segno * self._size - PAGE_SIZE, self._size, wal_id_lo):
+                return segno
+        return None
 
     def _refuse(self, on_corruption: str, x: int, reason: str) -> None:
         """CorruptionError, or with on_corruption="truncate" a cut of durable records here."""

@@ -101,6 +101,27 @@ def writer_open(path: str) -> bool:
         os.close(fd)
 
 
+def file_holds_pages(path: str, segno: int, segment_size: int, wal_id_lo: int) -> bool:
+    """Whether the segment file at ``path`` (segment ``segno``) has a data page whose header
+    names its own place in this WAL (magic, page LSN, the WAL id's first 4 bytes; the CRC
+    not asked, so that a torn header counts too): a page written since the file became
+    segment ``segno``.  A spare's pages are zero, or an older cycle's, whose page LSNs name
+    the segment the file was before it was recycled."""
+    base = segno * segment_size
+    with storage_errors(f"reading {path}"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for chunk in range(0, min(os.fstat(fd).st_size, segment_size), 1 << 20):
+                data = os.pread(fd, 1 << 20, chunk)
+                for off in range(PAGE_SIZE if chunk == 0 else 0, len(data) - 23, PAGE_SIZE):
+                    magic, _, page_lsn, lo = _PAGE_HEADER.unpack_from(data, off)
+                    if (magic, page_lsn, lo) == (PAGE_MAGIC, base + chunk + off, wal_id_lo):
+                        return True
+        finally:
+            os.close(fd)
+    return False
+
+
 def is_wal_own_name(name: str) -> bool:
     """Whether a name in a WAL directory is one of the WAL's own files besides segments (a
     FOLLOW file being made by a process, which links it into place, included)."""
@@ -348,24 +369,9 @@ class WalDirectory:
         return out
 
     def holds_pages(self, segno: int, segment_size: int, wal_id_lo: int) -> bool:
-        """Whether segment file ``segno`` has a data page whose header names its own place
-        in this WAL (magic, page LSN, the WAL id's first 4 bytes; the CRC not asked, so that
-        a torn header counts too): a page written since the file became segment ``segno``.
-        A spare's pages are zero, or an older cycle's, whose page LSNs name the segment the
-        file was before it was recycled."""
-        base = segno * segment_size
-        with storage_errors(f"reading {self.file(segno)}"):
-            fd = os.open(segment_name(segno), os.O_RDONLY, dir_fd=self.dir_fd)
-            try:
-                for chunk in range(0, min(os.fstat(fd).st_size, segment_size), 1 << 20):
-                    data = os.pread(fd, 1 << 20, chunk)
-                    for off in range(PAGE_SIZE if chunk == 0 else 0, len(data) - 23, PAGE_SIZE):
-                        magic, _, page_lsn, lo = _PAGE_HEADER.unpack_from(data, off)
-                        if (magic, page_lsn, lo) == (PAGE_MAGIC, base + chunk + off, wal_id_lo):
-                            return True
-            finally:
-                os.close(fd)
-        return False
+        """Whether segment file ``segno`` has a data page written since it became that
+        segment (``file_holds_pages``)."""
+        return file_holds_pages(self.file(segno), segno, segment_size, wal_id_lo)
 
     def wrote_page(self, page_lsn: int, segment_size: int, wal_id_lo: int) -> bool:
         """Whether the data page at ``page_lsn`` has a header naming that place in this WAL

@@ -1,8 +1,8 @@
-"""A review of 2ed02dc: a segment missing past a torn end that the WAL went into is damage
-(recovery.py ``_check_deleted`` / ``_went_on_into_deleted``, verify's ``went_on_past``), and
-the repair plan's and CLI's changes.
+"""A review of the rule that a segment missing past a torn end that the WAL went into is
+damage (recovery.py ``_check_deleted``, verify's mirror of it), and of the repair plan's and
+CLI's changes.
 
-Each test fails on the code it reviews; the docstring ranks it and says what went wrong.  Real
+Each test failed on the code it reviewed (one, marked xfail, is a known gap left open); the docstring ranks it and says what went wrong.  Real
 files and real processes throughout: a crash is a child killed with SIGKILL (its FOLLOW and
 page cache stay, as after any kill), or the checkpoint a crash would have left
 (conftest.rewind_checkpoint); damage and deletion are ordinary file writes and unlinks.
@@ -163,6 +163,9 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.xfail(strict=True, reason="known gap, left: recovery does not read FOLLOW's "
+                   "durable LSN as evidence (stale after a cut a crash stopped before the open "
+                   "reset it)")
 def test_the_newest_segment_deleted_after_a_kill_is_refused_when_follow_proves_it_durable(
         wal_dir):
     """MEDIUM (missed: the rule needs a later file; here none exists).  1,200 records each

@@ -62,6 +62,9 @@ class RepairPlan:
         out += [f"  {line}" for line in self.report.more_problem_lines()]
         if not self.needed:
             return out + ["nothing to repair"] + self.report.note_lines()
+        if any(p.kind == "restore" for p in self.blockers):
+            return out + ["a cut does not mend a restore cut short: run the restore again "
+                          "(pmemwal restore), which starts over; RESTORING must stay until then"]
         if self.blockers:
             return out + ["a cut does not mend " + ("this" if len(self.blockers) == 1 else
                                                     "these") +
@@ -98,37 +101,62 @@ class RepairPlan:
 
     def same_cut(self, other: RepairPlan) -> bool:
         """Whether ``other`` (made later) would do the same: the WAL did not change between."""
-        return (self.begins, self.cut_lsn, self.kept, self.aside, self.lost) == \
-            (other.begins, other.cut_lsn, other.kept, other.aside, other.lost)
+        return (self.begins, self.cut_lsn, self.kept, self.aside, self.lost,
+                self.new_checkpoint) == (other.begins, other.cut_lsn, other.kept, other.aside,
+                                         other.lost, other.new_checkpoint)
 
 
 def plan(path: str | os.PathLike[str]) -> RepairPlan:
     """What ``repair`` would do to the WAL at ``path``, read-only."""
     report = verify(path)
-    size = report.segment_size or 0
-    ends = [report.end_lsn or 0, (report.checkpoint or {}).get("end_lsn") or 0]
-    end_segno = max(ends) // size if size else None     # (past it: spares, if anything)
-    result = RepairPlan(os.path.abspath(path), report, [
-        p for p in report.problems if not p.cut_mends and
-        (p.segment is None or end_segno is None or p.segment <= end_segno)])
-    if report.ok or result.blockers:
+    result = RepairPlan(os.path.abspath(path), report)
+    if report.ok:
         return result
     with WalView(path) as view:
+        result.blockers = [p for p in report.problems if not p.cut_mends and
+                           not _damaged_spare(view, report, p)]
         chain = view.scan()
         end = chain.end
-        if end is None or end.lsn is None or view.first_segment is None:
-            return result       # (no segment can be read: a blocker above)
+        if result.blockers or end is None or end.lsn is None or view.first_segment is None:
+            return result       # (no segment can be read: a blocker)
+        size = view.segment_size or 0
         result.begins = first_lsn(view.first_segment, size)
         result.cut_lsn, result.kept, result.kept_bytes = end.lsn, chain.count, chain.payload_bytes
         result.last_kept = chain.last_lsn
         result.aside = view.past_end(end.lsn, chain.last_lsn or 0)
         cp = view.checkpoint
         result.new_checkpoint = cp is None and view.checkpoint_state != "invalid"
-        durable_end = cp.end_lsn if cp is not None else end.lsn
+        durable_end = max([cp.end_lsn if cp is not None else end.lsn] +
+                          [_deleted_end(view, p) for p in report.problems
+                           if p.kind == "gap" and p.lsn is not None and p.lsn >= end.lsn])
         if cp is not None and first_lsn(cp.oldest_segno, size) < result.begins:
             result.lost.append((first_lsn(cp.oldest_segno, size), result.begins))
     result.lost += _gaps(end.lsn, result.aside, durable_end)
     return result
+
+
+def _damaged_spare(view: WalView, report: VerifyReport, problem: Problem) -> bool:
+    """Whether a bad segment file is one the open sets aside as a damaged spare: past the
+    chain's end and the checkpoint's, and holding no page written since it became that
+    segment (opening.py).  One that held records the open refuses: a blocker."""
+    size, segno = view.segment_size, problem.segment
+    if problem.kind not in ("header", "size") or size is None or segno is None:
+        return False
+    ends = [report.end_lsn or 0, (report.checkpoint or {}).get("end_lsn") or 0]
+    if segno <= max(ends) // size:
+        return False
+    try:
+        return not view.holds_pages(segno)
+    except OSError:
+        return False
+
+
+def _deleted_end(view: WalView, gap: Problem) -> int:
+    """Where the run of deleted segments a gap problem names ends: the first LSN of the next
+    segment file there is."""
+    size, first = view.segment_size or 0, gap.segment or 0
+    after = [n for n in view.segments if n > first]
+    return (after[0] if after else first + 1) * size
 
 
 def _gaps(cut: int, aside: list[Found], durable_end: int) -> list[tuple[int, int]]:

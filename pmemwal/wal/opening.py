@@ -87,6 +87,7 @@ class Opening(BackgroundRounds):
             self._write_checkpoint(insert_lsn, prev_lsn, oldest=result.oldest_segno, exact=True)
             follow.opened_alone(insert_lsn, self._segnos[0])  # (durable: just above)
             self._set_aside_spares(damaged)  # (last: an open refused before moves nothing)
+            self._fill_gaps(insert_lsn)
         else:
             self._checkpoint = self._checkpoints.read()
             self._cuts = self._checkpoint.cuts if self._checkpoint is not None else 0
@@ -207,6 +208,20 @@ class Opening(BackgroundRounds):
             self._dir.create(segno, self.segment_size, self.wal_id, spare=self._control is None)
             self._segnos = sorted([*self._segnos, segno])
             warn(f"{self._dir.path}: {reason} in {path}", RecoveryWarning)
+
+    def _fill_gaps(self, insert_lsn: int) -> None:
+        """Make a spare at each segment number missing from the insert position's segment
+        on, below a segment file there is: a spare deleted, or a segment deleted whose loss
+        recovery cut before.  Past the end nothing durable lies (recovery decided), and
+        numbers with no gap keep a later open from reading the hole as a deletion
+        (recovery.py, ``_check_deleted``).  A one-process WAL's open: a shared WAL's
+        others may be making segments."""
+        if self._control is not None or not self._segnos:
+            return
+        for segno in range(insert_lsn // self.segment_size, self._segnos[-1]):
+            if segno not in self._segnos:
+                self._dir.create(segno, self.segment_size, self.wal_id, spare=True)
+                self._segnos = sorted([*self._segnos, segno])
 
     def _checkpoint_without_segments(self, segment_size: int | None) -> bool:
         """Whether a valid CHECKPOINT vouches for no segment (its end at or below the first

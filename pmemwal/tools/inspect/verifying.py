@@ -115,21 +115,25 @@ def _verify(path: str | os.PathLike[str]) -> VerifyReport:
             report.torn_tail = end
             report.notes.insert(0, end.describe())
         report.problems = list(view.problems)
-        cp = view.checkpoint
-        if end.kind in ("clean", "torn") and end.lsn is not None and \
-                (cp is not None and cp.end_lsn >= end.lsn or not view.went_on_past(end.lsn)):
-            _spares_missing(report, end.lsn)
+        if end.kind in ("clean", "torn") and end.lsn is not None:
+            _spares_missing(report, view, end.lsn)
         report.vanished = bool(view.vanished)
     return report
 
 
-def _spares_missing(report: VerifyReport, end: int) -> None:
-    """Segments missing past the end of a chain that ended soundly are no problem when the
-    WAL's stream never went into them (the segment the chain ends in was not written to its
-    last page: WalView.went_on_past, recovery's test): nothing durable lay in them (the scan
-    found no valid record past the end, and the checkpoint vouches for none), and open makes
-    them again when the WAL gets there.  A note, as open reads every record."""
+def _spares_missing(report: VerifyReport, view: WalView, end: int) -> None:
+    """Segments missing past the end of a chain that ended soundly are no problem where the
+    WAL's stream never went into them (recovery's test, recovery.py ``_deleted_past``: the
+    segment before the gap is missing too, or was not written to its last page; or the
+    checkpoint's end is at the chain's end or past it): nothing durable lay in them (the
+    scan found no valid record past the end, and the checkpoint vouches for none), and open
+    makes them again.  A note, as open reads every record."""
+    cp = view.checkpoint
     for p in [p for p in report.problems if p.kind == "gap" and p.lsn is not None and p.lsn >= end]:
+        segno = p.segment if p.segment is not None else 0
+        if (cp is None or cp.end_lsn < end) and segno - 1 in view.segments and \
+                view.wrote_last_page(segno - 1):
+            continue
         report.problems.remove(p)
         report.notes.append(f"{p.reason}: past the end of the WAL, which never went into it; "
-                            "open makes it again when the WAL gets there")
+                            "open makes it again")

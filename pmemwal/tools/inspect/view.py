@@ -26,6 +26,7 @@ from pmemwal.errors import format_lsn
 from pmemwal.format import (PAGE_HEADER_SIZE, PAGE_SIZE, PAGE_USABLE, first_lsn, page_names_its_place,
                             segment_name)
 from pmemwal.lostfound import Found, records_past
+from pmemwal.segments import file_holds_pages
 from pmemwal.tools.inspect.checks import DirectoryChecks
 from pmemwal.tools.inspect.dump import RecordLines
 from pmemwal.tools.inspect.results import _END, _LIVE_RETRIES, End, Problem, RecordInfo
@@ -190,16 +191,22 @@ class WalView(DirectoryChecks, RecordLines):
         _, pages = self._reader.beyond(end, self.readable[-1], floor)
         return records_past(end, pages, last, floor, self._segment, self._size, self._id_lo)
 
-    def went_on_past(self, end: int) -> bool:
-        """Whether the WAL's stream went on past the segment holding ``end``: its last page
-        was written (recovery's test for a deleted segment past the end, recovery.py)."""
+    def wrote_last_page(self, segno: int) -> bool:
+        """Whether segment ``segno``'s last data page was written (its header names its
+        place): the WAL's stream reached it (recovery's test for a deleted segment after it,
+        recovery.py)."""
         size = self._size
-        seg_map = self._segment(end // size)
+        seg_map = self._segment(segno)
         if seg_map is None:
             return False
-        last_page = (end // size + 1) * size - PAGE_SIZE
         return page_names_its_place(bytes(seg_map[size - PAGE_SIZE:size - PAGE_SIZE + 24]),
-                                    last_page, self._id_lo)
+                                    (segno + 1) * size - PAGE_SIZE, self._id_lo)
+
+    def holds_pages(self, segno: int) -> bool:
+        """Whether segment file ``segno`` has a data page written since it became that
+        segment (open's test of a damaged file: a spare holds none, segments.py)."""
+        return file_holds_pages(os.path.join(self.path, segment_name(segno)), segno,
+                                self._size, self._id_lo)
 
     @property
     def _id_lo(self) -> int:
