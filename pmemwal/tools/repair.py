@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 
 from pmemwal.errors import format_lsn
-from pmemwal.format import first_lsn
+from pmemwal.format import first_lsn, segment_name
 from pmemwal.lostfound import Found, entries
 from pmemwal.tools.inspect import Problem, VerifyReport, WalView, verify
 from pmemwal.tools.recovery_warnings import recovery_warnings
@@ -137,8 +137,10 @@ def plan(path: str | os.PathLike[str]) -> RepairPlan:
 
 def _damaged_spare(view: WalView, report: VerifyReport, problem: Problem) -> bool:
     """Whether a bad segment file is one the open sets aside as a damaged spare: past the
-    chain's end and the checkpoint's, and holding no page written since it became that
-    segment (opening.py).  One that held records the open refuses: a blocker."""
+    chain's end and the checkpoint's, holding no page written since it became that segment,
+    and whole, or short while the segment before it was not written to its last page (the
+    open's test, opening.py ``_holds_nothing``).  One that held records, or may have, the
+    open refuses: a blocker."""
     size, segno = view.segment_size, problem.segment
     if problem.kind not in ("header", "size") or size is None or segno is None:
         return False
@@ -146,9 +148,12 @@ def _damaged_spare(view: WalView, report: VerifyReport, problem: Problem) -> boo
     if segno <= max(ends) // size:
         return False
     try:
-        return not view.holds_pages(segno)
+        if view.holds_pages(segno):
+            return False
+        whole = os.path.getsize(os.path.join(view.path, segment_name(segno))) == size
     except OSError:
         return False
+    return whole or not (segno - 1 in view.segments and view.wrote_last_page(segno - 1))
 
 
 def _deleted_end(view: WalView, gap: Problem) -> int:

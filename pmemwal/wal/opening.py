@@ -214,13 +214,15 @@ class Opening(BackgroundRounds):
         on, below a segment file there is: a spare deleted, or a segment deleted whose loss
         recovery cut before.  Past the end nothing durable lies (recovery decided), and
         numbers with no gap keep a later open from reading the hole as a deletion
-        (recovery.py, ``_check_deleted``).  A one-process WAL's open: a shared WAL's
-        others may be making segments."""
-        if self._control is not None or not self._segnos:
+        (recovery.py, ``_check_deleted``).  The open that recovers (a shared WAL's first
+        process, under its files lock: no other makes segments meanwhile); a shared WAL
+        keeps no spare, so its fill is in use (as ``_set_aside_spares``)."""
+        if not self._segnos:
             return
         for segno in range(insert_lsn // self.segment_size, self._segnos[-1]):
             if segno not in self._segnos:
-                self._dir.create(segno, self.segment_size, self.wal_id, spare=True)
+                self._dir.create(segno, self.segment_size, self.wal_id,
+                                 spare=self._control is None)
                 self._segnos = sorted([*self._segnos, segno])
 
     def _checkpoint_without_segments(self, segment_size: int | None) -> bool:
