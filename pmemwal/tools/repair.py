@@ -1,8 +1,8 @@
 """``pmemwal repair``: cut a damaged WAL at its first damage, after showing what the cut keeps,
 sets aside and loses.
 
-The repair is what ``pmemwal.open(path, on_corruption="truncate", verify="all")`` does
-(REPAIR_OPTIONS): every record is read, the WAL ends before the first one that is damaged
+The repair is what ``pmemwal.open(path, on_corruption="truncate", verify="all")`` does (the
+options every damage message names: errors.repair_hint): every record is read, the WAL ends before the first one that is damaged
 or runs into a deleted segment, and the valid records past that point are copied into
 lost+found/ first (pmemwal/lostfound.py), from where ``pmemwal lost-found PATH --restore
 NAME`` appends them again.  ``plan`` says beforehand, read-only, what that open would do
@@ -10,7 +10,8 @@ NAME`` appends them again.  ``plan`` says beforehand, read-only, what that open 
 WAL's lock (a running writer: LockedError, nothing changed), and verifies the result.
 
 Damage a cut cannot mend (a segment file with a bad header, of the wrong size, another WAL's,
-or one that cannot be read) is left to the user: the plan names it, and nothing is changed.
+or one that cannot be read, where it held records; a restore cut short) is left to the user:
+the plan names it, says what to do, and nothing is changed.
 """
 
 from __future__ import annotations
@@ -25,15 +26,12 @@ from pmemwal.tools.inspect import Problem, VerifyReport, WalView, verify
 from pmemwal.tools.recovery_warnings import recovery_warnings
 from pmemwal.wal import open as open_wal
 
-REPAIR_OPTIONS = {"on_corruption": "truncate", "verify": "all"}
-
-
 @dataclass
 class RepairPlan:
     """What a repair of the WAL at ``path`` would do.  ``needed``: there is damage to cut;
     ``blockers``: problems a cut does not mend (the repair refuses while there are any; a
-    bad file past the chain's end is no blocker: the open sets a damaged spare aside, and
-    refuses, changing nothing, a file that held records).  The repair keeps ``kept`` records
+    bad file the open takes for a damaged spare, and sets aside, is none: ``_damaged_spare``).
+    The repair keeps ``kept`` records
     (``kept_bytes`` payload bytes, the last at ``last_kept``) from ``begins`` on, and ends the
     WAL at ``cut_lsn``; ``aside`` are the valid records past it, which go to lost+found;
     ``lost`` the LSN ranges where records known durable (the checkpoint's) or valid ones
@@ -213,11 +211,12 @@ def restore_command(path: str, name: str) -> str:
 
 
 def repair(path: str | os.PathLike[str]) -> RepairResult:
-    """Cut the WAL at ``path`` at its first damage (REPAIR_OPTIONS), and verify it."""
+    """Cut the WAL at ``path`` at its first damage, as the open ``repair_hint`` names does, and
+    verify it."""
     path = os.path.abspath(path)
     before = {e.name: e.pending for e in entries(path)}
     with recovery_warnings() as caught:
-        wal = open_wal(path, on_corruption="truncate", verify="all")  # (REPAIR_OPTIONS)
+        wal = open_wal(path, on_corruption="truncate", verify="all")
         end = wal.insert_lsn
         wal.close()
     made = [{"name": e.name, "path": e.path, "records": len(e.manifest["records"]),
