@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pmemwal
+from pmemwal.tools.recovery_warnings import recovery_warnings
 from pmemwal.tools.torture.childkit import Pipe, run_threads
 from pmemwal.tools.torture.plugin import CHILD, TortureWorkload
 from pmemwal.tools.torture.records import make_record, parse_record
@@ -270,7 +271,7 @@ def _check(wal_path: str, writers: list[_Writer], report: SharedTortureReport) -
     seen: dict[tuple[int, int, int], int] = {}
     last_seq: dict[tuple[int, int], int] = {}
     announced = max((lsn for w in writers for lsn in w.truncations), default=0)
-    with pmemwal.open(wal_path, shared=True) as wal:
+    with recovery_warnings(), pmemwal.open(wal_path, shared=True) as wal:  # (the kills')
         first = wal.first_lsn
         # what the announced truncations may have removed: whole segments below the highest
         kept_from = announced - announced % wal.segment_size
