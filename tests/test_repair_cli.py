@@ -29,6 +29,7 @@ from click.testing import CliRunner
 
 import pmemwal
 from pmemwal.recovery import RecoveryWarning
+from pmemwal.tools import repair as repairing
 from pmemwal.tools.cli import main
 from tests.conftest import PAGE, REC_HDR, SEG, file_write, seg_file
 
@@ -199,3 +200,19 @@ def test_repair_of_a_log(shm_tmp: Path) -> None:
             pmemwal.Log(path) as log:       # (the index is built again from the records)
         assert 900 < log.last_index < 2000
         assert bytes(log.entry(log.last_index).payload) == b"entry %d " % (log.last_index - 1) * 20
+
+
+def test_a_short_file_past_a_hole_is_a_blocker_as_the_open_refuses_it(shm_tmp: Path) -> None:
+    """A spare cut short with the segment before it missing: the open cannot tell that the
+    stream never reached it (opening.py, _holds_nothing) and refuses; the plan says so
+    instead of promising a repair its open refuses."""
+    path = shm_tmp / "wal"
+    with pmemwal.open(path, segment_size=SEG, background=False, preallocate=4 * SEG) as wal:
+        wal.append(b"x" * 1000, flush=True)
+    os.unlink(seg_file(path, 2))
+    os.truncate(seg_file(path, 3), SEG // 2)
+    with pytest.raises(pmemwal.FormatError):
+        pmemwal.open(path)
+    plan = repairing.plan(path)
+    assert [p.segment for p in plan.blockers] == [3], plan.lines()
+    assert _cli("repair", str(path), "--yes").exit_code == 1

@@ -151,7 +151,7 @@ def _damaged_spare(view: WalView, report: VerifyReport, problem: Problem) -> boo
         whole = os.path.getsize(os.path.join(view.path, segment_name(segno))) == size
     except OSError:
         return False
-    return whole or not (segno - 1 in view.segments and view.wrote_last_page(segno - 1))
+    return whole or (segno - 1 in view.segments and not view.wrote_last_page(segno - 1))
 
 
 def _deleted_end(view: WalView, gap: Problem) -> int:
