@@ -19,6 +19,8 @@ import math
 import time
 from typing import Callable
 
+from pmemwal.format import PAGE_HEADER_SIZE
+
 HORIZON_MIN = 0.1      # seconds of growth kept ready at least ...
 HORIZON_MAKES = 4      # ... and at least this many of the slowest recent makes
 _RATE_WINDOW = 0.02    # seconds between two samples of the growth rate, at least
@@ -69,10 +71,17 @@ class GrowthPace:
 
     def small(self, insert_lsn: int, segment_size: int) -> bool:
         """Whether the WAL has shown no growth that needs segments ahead: still in the segment
-        it was first observed in, less than an eighth into it, and not reaching the next one
+        it was first observed in, short of its ``small_mark``, and not reaching the next one
         over the horizon at its recent rate.  A WAL of a few records then takes one segment,
         not that and its spares; one that grows gets them at the next round."""
         offset = insert_lsn % segment_size
         first = self.first_lsn if self.first_lsn is not None else insert_lsn
         return (insert_lsn // segment_size == first // segment_size and
-                offset < segment_size // 8 and offset + self.horizon_bytes() < segment_size)
+                offset < small_mark(segment_size) and
+                offset + self.horizon_bytes() < segment_size)
+
+
+def small_mark(segment_size: int) -> int:
+    """Where in its segment a small WAL stops being one: the first record byte of the page an
+    eighth into it (the WAL's core wakes the background writer as an append passes it)."""
+    return segment_size // 8 + PAGE_HEADER_SIZE

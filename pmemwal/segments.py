@@ -59,7 +59,7 @@ ARCHIVE_STATUS_NAME = "archive_status"  # archiving's status files (pmemwal/arch
 FOLLOW_NAME = "FOLLOW"  # what writers publish for readers in other processes (pmemwal/follow_file.py)
 BENCH_NAME = "BENCH"  # an empty file: pmemwal bench made this WAL, and may delete it
 # What only a WAL that held records keeps beside its segments (and outlives them)
-_WAL_DATA_NAMES = (CHECKPOINT_NAME, LOST_FOUND_NAME, INDEX_NAME, ARCHIVE_STATUS_NAME)
+WAL_DATA_NAMES = (CHECKPOINT_NAME, LOST_FOUND_NAME, INDEX_NAME, ARCHIVE_STATUS_NAME)
 WAL_OWN_NAMES = {LOCK_NAME, CONTROL_NAME, CHECKPOINT_NAME, CHECKPOINT_NAME + ".tmp",
             ARCHIVE_STATUS_NAME, LOST_FOUND_NAME, INDEX_NAME, FOLLOW_NAME, BENCH_NAME}
 
@@ -339,7 +339,7 @@ class WalDirectory:
             elif not is_wal_own_name(name):
                 foreign.append(name)
         if foreign and not segnos and not any(os.path.lexists(os.path.join(self.path, name))
-                                              for name in _WAL_DATA_NAMES):
+                                              for name in WAL_DATA_NAMES):
             raise FormatError(f"{self.path} holds {min(foreign)!r}, which is not part of a "
                               "pmemwal WAL, and no segment file: not a WAL directory")
         return sorted(segnos)

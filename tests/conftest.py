@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -277,6 +278,24 @@ PERSIST_CASES = {
     "direct-nolibpmem": ("direct", {"PMEMWAL_LIBPMEM": HIDDEN_LIBPMEM}, "msync"),
     "direct-pmem": ("direct", {"PMEM_IS_PMEM_FORCE": "1"}, "pmem"),
 }
+
+
+def killed_script(wal_dir, script: str, *args: str) -> list[int]:
+    """Run ``script`` with ``python -c`` (it opens the WAL at argv[1], prints numbers, then
+    SIGKILLs itself); the numbers it printed."""
+    done = subprocess.run([sys.executable, "-c", script, str(wal_dir), *args],
+                          env=child_env(), capture_output=True, text=True)
+    assert done.returncode == -9, done.stderr
+    return [int(n) for n in done.stdout.split()]
+
+
+def payloads_recovered(wal_dir, **options) -> list[bytes]:
+    """Every payload an open with ``options`` reads, whatever recovery warns of."""
+    from pmemwal.recovery import RecoveryWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RecoveryWarning)
+        with pmemwal.open(wal_dir, **options) as wal:
+            return [bytes(r.payload) for r in wal.records()]
 
 
 def run_child(spec: dict, env: dict[str, str] | None = None, timeout: float = 60) -> dict:

@@ -28,19 +28,12 @@ from pmemwal.tools import repair as repairing
 from pmemwal.tools.cli import main
 from pmemwal.tools.inspect import verify
 from conftest import (PAGE, REC_HDR, SEG, child_env, first_lsn_of_segment, flip_byte,
-                      rewind_checkpoint, seg_file)
+                      payloads_recovered, rewind_checkpoint, seg_file)
 from test_checkpoint import _ending_at_a_segment_boundary
 
 
 def _cli(*args: str, input: str | None = None):
     return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
-
-
-def _payloads(wal_dir: Path, **options) -> list[bytes]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RecoveryWarning)
-        with pmemwal.open(wal_dir, **options) as wal:
-            return [bytes(r.payload) for r in wal.records()]
 
 
 # ---- 5b821f3: files that are not the WAL's -------------------------------------------
@@ -194,19 +187,26 @@ pmemwal.open(sys.argv[1], on_corruption="truncate", verify="all")
 """
 
 
+def _pending_entry(wal_dir: Path, killed_open: str) -> lostfound.SetAside:
+    """120 records acknowledged, the 31st garbled, then ``killed_open`` (a repair's open
+    killed part-way): the lost+found entry it left, pending."""
+    with pmemwal.open(wal_dir, segment_size=SEG, background=False) as wal:
+        lsns = [wal.append(b"r%04d" % i * 100, flush=True) for i in range(120)]
+    flip_byte(wal_dir, lsns[30] + REC_HDR + 5)
+    killed = subprocess.run([sys.executable, "-c", killed_open, str(wal_dir)], env=child_env())
+    assert killed.returncode == -9
+    (entry,) = lostfound.entries(str(wal_dir))
+    assert entry.pending
+    return entry
+
+
 def test_a_repair_that_finishes_a_pending_entry_prints_how_to_put_it_back(wal_dir):
     """MEDIUM.  A repair's open killed after its set-aside (a pending entry), then
     ``pmemwal repair`` again, as the pending message says: recovery finishes the pending
     entry instead of making one (the same cut), and RepairResult lists only entries not
     there before (repair.py:158): no "set aside in lost+found" line, no put-back command,
     though the plan said 89 records go there."""
-    with pmemwal.open(wal_dir, segment_size=SEG, background=False) as wal:
-        lsns = [wal.append(b"r%04d" % i * 100, flush=True) for i in range(120)]
-    flip_byte(wal_dir, lsns[30] + REC_HDR + 5)
-    killed = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_THE_ZEROING, str(wal_dir)],
-                            env=child_env())
-    assert killed.returncode == -9
-    assert [e.pending for e in lostfound.entries(str(wal_dir))] == [True]
+    _pending_entry(wal_dir, _KILLED_BEFORE_THE_ZEROING)
     done = _cli("repair", str(wal_dir), "--yes")
     assert done.exit_code == 0 and "set aside  89 valid records" in done.output
     assert "to append them again: pmemwal lost-found" in done.output, done.output
@@ -244,7 +244,7 @@ def test_a_repair_does_not_cut_records_appended_after_its_plan_was_shown(wal_dir
     out, _ = proc.communicate(b"y\n", timeout=120)
     aside = re.search(rb"set aside in lost\+found: \S+ \((\d+) records", out)
     assert proc.returncode != 0 or int(aside.group(1)) == planned, out.decode()
-    assert proc.returncode != 0 or b"appended after the plan 9" in b"".join(_payloads(wal_dir))
+    assert proc.returncode != 0 or b"appended after the plan 9" in b"".join(payloads_recovered(wal_dir))
 
 
 def test_repair_mends_a_damaged_spare_as_its_open_does(wal_dir):
@@ -263,7 +263,7 @@ def test_repair_mends_a_damaged_spare_as_its_open_does(wal_dir):
         f.write(b"\xff\xff")
     done = _cli("repair", str(wal_dir), "--yes")
     assert done.exit_code == 0, done.output
-    assert len(_payloads(wal_dir)) == 200
+    assert len(payloads_recovered(wal_dir)) == 200
 
 
 _KILLED_BEFORE_ITS_CHECKPOINT = r"""
@@ -285,14 +285,7 @@ def test_the_remedy_a_pending_entry_names_finishes_it(wal_dir):
     The command says "nothing to repair" (verify is OK: the damage is gone) and the open
     finishes only pending entries at or past its own end (lostfound.finish): both leave the
     entry pending, and the put-back refuses for ever; only "remove the entry" works."""
-    with pmemwal.open(wal_dir, segment_size=SEG, background=False) as wal:
-        lsns = [wal.append(b"r%04d" % i * 100, flush=True) for i in range(120)]
-    flip_byte(wal_dir, lsns[30] + REC_HDR + 5)
-    killed = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_ITS_CHECKPOINT, str(wal_dir)],
-                            env=child_env())
-    assert killed.returncode == -9
-    (entry,) = lostfound.entries(str(wal_dir))
-    assert entry.pending
+    entry = _pending_entry(wal_dir, _KILLED_BEFORE_ITS_CHECKPOINT)
     with pmemwal.open(wal_dir, background=False) as wal:   # (it never reads the damage)
         while wal.insert_lsn < 2 * SEG + 4 * PAGE:
             wal.append(bytes(4000), flush=True)

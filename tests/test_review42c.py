@@ -11,8 +11,6 @@ page cache stay, as after any kill), or the checkpoint a crash would have left
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -26,27 +24,12 @@ from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools import repair as repairing
 from pmemwal.tools.cli import main
 from pmemwal.tools.inspect import verify
-from conftest import (PAGE, REC_HDR, SEG, child_env, first_lsn_of_segment, flip_byte,
-                      rewind_checkpoint, seg_file)
+from conftest import (PAGE, REC_HDR, SEG, first_lsn_of_segment, flip_byte, killed_script,
+                      payloads_recovered, rewind_checkpoint, seg_file)
 
 
 def _cli(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
-
-
-def _killed(wal_dir: Path, script: str, *args: str) -> list[int]:
-    """Run ``script`` (it opens the WAL at argv[1], prints numbers, then SIGKILLs itself)."""
-    done = subprocess.run([sys.executable, "-c", script, str(wal_dir), *args],
-                          env=child_env(), capture_output=True, text=True)
-    assert done.returncode == -9, done.stderr
-    return [int(n) for n in done.stdout.split()]
-
-
-def _payloads(wal_dir: Path, **options) -> list[bytes]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RecoveryWarning)
-        with pmemwal.open(wal_dir, **options) as wal:
-            return [bytes(r.payload) for r in wal.records()]
 
 
 def _is_spare(wal_dir: Path, segno: int) -> bool:
@@ -83,7 +66,7 @@ def test_open_refuses_a_segment_deleted_two_past_a_torn_end_that_held_acknowledg
     at the damage, sets segment 0's rest and segment 1 aside, and the 20 acknowledged records
     are gone; its warning names only 0/4D390..0/4D790 as lost.  verify says FAIL (gap): the
     two disagree.  The previous review's test is this with segment 1 deleted."""
-    x, first_acked, _ = _killed(wal_dir, _BATCH_THEN_ACKED, mode)
+    x, first_acked, _ = killed_script(wal_dir, _BATCH_THEN_ACKED, mode)
     assert first_acked // SEG == 2 and seg_file(wal_dir, 3).exists()
     flip_byte(wal_dir, x + REC_HDR + 5)
     with pytest.raises(pmemwal.CorruptionError, match="written after this one was flushed"):
@@ -124,7 +107,7 @@ def test_open_refuses_a_deleted_segment_the_chain_reached_at_its_first_byte_with
     default open ends the WAL at 0/202018 with no warning and the 20 records are gone;
     verify says FAIL.  (With segment 3 armed, not a spare, the open refuses: the comment at
     recovery.py:317 says a spare counts as a later file, and here it does not.)"""
-    boundary, last = _killed(wal_dir, _TO_A_SEGMENT_BOUNDARY)
+    boundary, last = killed_script(wal_dir, _TO_A_SEGMENT_BOUNDARY)
     assert boundary == first_lsn_of_segment(2) and last // SEG == 2
     assert _is_spare(wal_dir, 3)
     os.unlink(seg_file(wal_dir, 2))
@@ -144,7 +127,7 @@ def test_a_deleted_segment_entered_at_its_first_byte_is_a_corruption_error_that_
     StorageError ENOENT ("reading .../0000000000000002.wal") from open, and from the open
     ``pmemwal repair`` makes, which prints "Error: StorageError" and exits 1, changing
     nothing."""
-    _killed(wal_dir, _TO_A_SEGMENT_BOUNDARY)
+    killed_script(wal_dir, _TO_A_SEGMENT_BOUNDARY)
     assert _is_spare(wal_dir, 4)
     os.unlink(seg_file(wal_dir, 2))
     os.unlink(seg_file(wal_dir, 3))
@@ -175,7 +158,7 @@ def test_the_newest_segment_deleted_after_a_kill_is_refused_when_follow_proves_i
     calls a missing last segment "the end of the WAL").  But FOLLOW, which every flush
     updates, says this boot's durable LSN lies in segment 1: evidence the open could read
     (the boot id says it is exact), as it reads CHECKPOINT's end."""
-    (last,) = _killed(wal_dir, _ACKED_INTO_SEGMENT_1)
+    (last,) = killed_script(wal_dir, _ACKED_INTO_SEGMENT_1)
     assert last // SEG == 1 and not seg_file(wal_dir, 2).exists()
     with pmemwal.open(wal_dir, readonly=True) as ro:
         wal_id = ro.wal_id
@@ -220,9 +203,9 @@ def test_a_deleted_spare_does_not_turn_a_kill_on_the_last_page_before_it_into_a_
             wal.append(b"x" * 1000)
     os.unlink(seg_file(wal_dir, 1))
     assert verify(wal_dir).ok
-    appended, end = _killed(wal_dir, _TO_THE_LAST_PAGE)
+    appended, end = killed_script(wal_dir, _TO_THE_LAST_PAGE)
     assert end // SEG == 0 and end % SEG > SEG - PAGE
-    assert len(_payloads(wal_dir, background=False)) == 10 + appended
+    assert len(payloads_recovered(wal_dir, background=False)) == 10 + appended
 
 
 def test_a_repaired_wal_is_not_refused_after_a_kill_on_the_last_page_before_its_hole(wal_dir):
@@ -243,9 +226,9 @@ def test_a_repaired_wal_is_not_refused_after_a_kill_on_the_last_page_before_its_
         pmemwal.open(wal_dir).close()
     done = _cli("repair", str(wal_dir), "--yes")
     assert done.exit_code == 0 and verify(wal_dir).ok, done.output
-    appended, end = _killed(wal_dir, _TO_THE_LAST_PAGE)
+    appended, end = killed_script(wal_dir, _TO_THE_LAST_PAGE)
     assert end // SEG == 0 and end % SEG > SEG - PAGE
-    assert len(_payloads(wal_dir, background=False)) == 300 + appended
+    assert len(payloads_recovered(wal_dir, background=False)) == 300 + appended
 
 
 _KILLED_ON_THE_LAST_PAGE = r"""
@@ -266,7 +249,7 @@ def test_verify_takes_a_deleted_spare_two_past_the_end_as_open_does(wal_dir):
     segment was written to its last page, and _spares_missing (verifying.py:118) then keeps
     every gap past the end as a problem, however far.  After that open, verify says OK and
     calls the same gap "past the end of the WAL, which never went into it"."""
-    _killed(wal_dir, _KILLED_ON_THE_LAST_PAGE)
+    killed_script(wal_dir, _KILLED_ON_THE_LAST_PAGE)
     assert seg_file(wal_dir, 1).exists() and seg_file(wal_dir, 3).exists()
     os.unlink(seg_file(wal_dir, 2))
     report = verify(wal_dir)

@@ -13,32 +13,12 @@ ordinary file writes, truncations and unlinks.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import warnings
-from pathlib import Path
 
 import pytest
 
 import pmemwal
-from pmemwal.recovery import RecoveryWarning
 from pmemwal.tools import repair as repairing
-from conftest import PAGE, SEG, child_env, first_lsn_of_segment, seg_file
-
-
-def _killed(wal_dir: Path, script: str, *args: str) -> list[int]:
-    """Run ``script`` (it opens the WAL at argv[1], prints numbers, then SIGKILLs itself)."""
-    done = subprocess.run([sys.executable, "-c", script, str(wal_dir), *args],
-                          env=child_env(), capture_output=True, text=True)
-    assert done.returncode == -9, done.stderr
-    return [int(n) for n in done.stdout.split()]
-
-
-def _payloads(wal_dir: Path, **options) -> list[bytes]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RecoveryWarning)
-        with pmemwal.open(wal_dir, **options) as wal:
-            return [bytes(r.payload) for r in wal.records()]
+from conftest import PAGE, SEG, first_lsn_of_segment, killed_script, payloads_recovered, seg_file
 
 
 _KILLED_ON_THE_LAST_PAGE = r"""
@@ -61,7 +41,7 @@ def test_the_plan_does_not_promise_a_repair_past_a_file_cut_short_the_stream_rea
     and here it was.  The plan's mirror, repair.py ``_damaged_spare``, asks only
     ``holds_pages`` of what is left: no blocker, "repair will: ... end the WAL at ...",
     and the repair's open then fails with the same FormatError."""
-    (end,) = _killed(wal_dir, _KILLED_ON_THE_LAST_PAGE)
+    (end,) = killed_script(wal_dir, _KILLED_ON_THE_LAST_PAGE)
     assert end // SEG == 0 and end % SEG > SEG - PAGE
     os.truncate(seg_file(wal_dir, 1), SEG // 2)
     with pytest.raises(pmemwal.FormatError):
@@ -95,10 +75,10 @@ def test_a_deleted_spare_does_not_turn_a_shared_writers_kill_on_the_last_page_in
         for _ in range(10):
             wal.append(b"x" * 1000)
     os.unlink(seg_file(wal_dir, 1))
-    appended, end = _killed(wal_dir, _SHARED_TO_THE_LAST_PAGE)
+    appended, end = killed_script(wal_dir, _SHARED_TO_THE_LAST_PAGE)
     assert end // SEG == 0 and end % SEG > SEG - PAGE
     assert seg_file(wal_dir, 2).exists()    # (fixed: the shared open filled the hole at 1)
-    assert len(_payloads(wal_dir, background=False)) == 10 + appended
+    assert len(payloads_recovered(wal_dir, background=False)) == 10 + appended
 
 
 _TO_A_SEGMENT_BOUNDARY = r"""
@@ -149,12 +129,12 @@ def test_a_cut_at_a_deleted_segments_first_byte_is_not_refused_after_a_kill_befo
     very LSN says the cut was made and settled).  Order read: checkpoint write (exact,
     synced) -> FOLLOW -> set aside (lost+found copy, create + rename + dir sync) -> fill
     (create tmp, fallocate, header, fdatasync, rename, dir sync, per hole)."""
-    (boundary,) = _killed(wal_dir, _TO_A_SEGMENT_BOUNDARY)
+    (boundary,) = killed_script(wal_dir, _TO_A_SEGMENT_BOUNDARY)
     assert boundary == first_lsn_of_segment(2) and seg_file(wal_dir, 4).exists()
     os.unlink(seg_file(wal_dir, 2))
     with open(seg_file(wal_dir, 4), "r+b") as f:
         f.seek(20)
         f.write(b"\xff\xff")
-    _killed(wal_dir, _CUT_KILLED_BEFORE_THE_FILL)
+    killed_script(wal_dir, _CUT_KILLED_BEFORE_THE_FILL)
     assert not seg_file(wal_dir, 2).exists()
-    assert len(_payloads(wal_dir, background=False)) == 2 * 1013
+    assert len(payloads_recovered(wal_dir, background=False)) == 2 * 1013

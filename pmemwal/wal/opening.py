@@ -28,8 +28,7 @@ from pmemwal.errors import ConfigError, CorruptionError, FormatError, NotFoundEr
 from pmemwal.format import (CHECKPOINTED, DEFAULT_SEGMENT_SIZE, MAX_HEADER_CUTS, PAGE_SIZE,
                             DamagedHeaderError, SegmentHeader, first_lsn)
 from pmemwal.recovery import Recovery, RecoveryWarning
-from pmemwal.segments import (ARCHIVE_STATUS_NAME, CHECKPOINT_NAME, INDEX_NAME, LOST_FOUND_NAME,
-                              storage_errors)
+from pmemwal.segments import ARCHIVE_STATUS_NAME, WAL_DATA_NAMES, storage_errors
 from pmemwal.wal.peers import _OLDEST
 from pmemwal.wal.rounds import BackgroundRounds
 from pmemwal.wal.state import _weak
@@ -265,8 +264,7 @@ class Opening(BackgroundRounds):
         """No segment file, but what a WAL keeps beside its segments is there: they were
         deleted, with every record.  A new WAL made over them (another id) would hide that,
         and its checkpoint would replace the one that names what was lost."""
-        left = [name for name in (CHECKPOINT_NAME, LOST_FOUND_NAME, INDEX_NAME,
-                                  ARCHIVE_STATUS_NAME)
+        left = [name for name in WAL_DATA_NAMES
                 if os.path.exists(os.path.join(self._dir.path, name))]
         if left:
             raise CorruptionError(0, 0, f"{self._dir.path} holds {', '.join(left)} but no "

@@ -17,18 +17,11 @@ import os
 from typing import cast
 
 from pmemwal.background import BackgroundWriter
-from pmemwal.format import PAGE_HEADER_SIZE
+from pmemwal.growth import small_mark
 from pmemwal.wal.state import _weak
 from pmemwal.wal.truncation import _MAX_AHEAD, Truncation
 
 _BRINGS_PER_ROUND = 4  # segments a background round makes or attaches before its flush
-
-
-def _small_mark(segment_size: int) -> int:
-    """Where in its segment a small WAL (growth.py, ``small``) stops being one: the first
-    record byte of the page an eighth into it.  An append that passes it wakes the
-    background writer, which then makes the segments ahead."""
-    return segment_size // 8 + PAGE_HEADER_SIZE
 
 
 class BackgroundRounds(Truncation):
@@ -80,7 +73,7 @@ class BackgroundRounds(Truncation):
         # (a small WAL keeps the depth it had: the append that passes its mark then finds
         # segments missing, and wakes this writer)
         depth = ahead or self._notify_ahead
-        mark = 0 if ahead else current * self.segment_size + _small_mark(self.segment_size)
+        mark = 0 if ahead else current * self.segment_size + small_mark(self.segment_size)
         if (depth, mark) != (self._notify_ahead, self._notify_mark) and \
                 self._background is not None:
             self._notify_ahead, self._notify_mark = depth, mark
