@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from pmemwal.errors import format_lsn
-from pmemwal.format import first_lsn, segment_name
+from pmemwal.errors import FormatError, format_lsn
+from pmemwal.format import HEADER_SIZE, DamagedHeaderError, SegmentHeader, first_lsn, segment_name
 from pmemwal.lostfound import Found, entries
 from pmemwal.tools.inspect import Problem, VerifyReport, WalView, verify
 from pmemwal.tools.recovery_warnings import recovery_warnings
@@ -134,21 +134,34 @@ def plan(path: str | os.PathLike[str]) -> RepairPlan:
 
 
 def _damaged_spare(view: WalView, report: VerifyReport, problem: Problem) -> bool:
-    """Whether a bad segment file is one the open sets aside as a damaged spare: past the
-    chain's end and the checkpoint's, holding no page written since it became that segment,
-    and whole, or short while the segment before it was not written to its last page (the
-    open's test, opening.py ``_holds_nothing``).  One that held records, or may have, the
-    open refuses: a blocker."""
+    """Whether a bad segment file is one the open sets aside as a damaged spare (opening.py
+    ``_damaged_spares``): past the chain's end and the checkpoint's, bad in a way the open
+    takes for damage (a header that does not read, or this WAL's header in a file of the
+    wrong size), holding no page written since it became that segment, and whole, or short
+    while the segment before it was not written to its last page (``_holds_nothing``).  Any
+    other the open refuses: a blocker."""
     size, segno = view.segment_size, problem.segment
     if problem.kind not in ("header", "size") or size is None or segno is None:
         return False
     ends = [report.end_lsn or 0, (report.checkpoint or {}).get("end_lsn") or 0]
     if segno <= max(ends) // size:
         return False
+    path = os.path.join(view.path, segment_name(segno))
     try:
+        with open(path, "rb") as f:
+            data = f.read(HEADER_SIZE)
+        whole = os.path.getsize(path) == size
+        try:
+            header = SegmentHeader.unpack(data, path)
+        except DamagedHeaderError:
+            pass
+        except FormatError:
+            return False
+        else:
+            if whole or header.segno != segno or header.wal_id != view.wal_id:
+                return False
         if view.holds_pages(segno):
             return False
-        whole = os.path.getsize(os.path.join(view.path, segment_name(segno))) == size
     except OSError:
         return False
     return whole or (segno - 1 in view.segments and not view.wrote_last_page(segno - 1))

@@ -45,6 +45,7 @@ class Opening(BackgroundRounds):
         (the files lock held) is recovered by the process that finds no other has it
         open, which rebuilds the control file; the others join the state it set up."""
         first = self._dir.lock_shared() if self._control is not None else True
+        self._opening_alone = first and self._control is not None
         damaged, spares = self._open_segments(segment_size, create=first)
         # readers elsewhere see a writer from here on (and read only what it publishes)
         self._follow = follow = FollowFile.for_writer(self._dir.path, self.wal_id,
@@ -93,6 +94,7 @@ class Opening(BackgroundRounds):
             self._dir.cuts = self._cuts
         if self._control is not None and first:
             self._dir.share_lock()
+        self._opening_alone = False
         self._opened_at = self._core.insert_lsn
 
     def _open_segments(self, segment_size: int | None,

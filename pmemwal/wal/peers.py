@@ -35,8 +35,10 @@ class SharedSegments(PersistenceChoice):
     def _made_by_peer(self, segno: int) -> bool:
         """A shared WAL: whether another process made segment ``segno`` (it is then added to
         this one's list; segment lock held).  Not while the first opener recovers, alone:
-        a file recovery did not list (a damaged spare) is no other process's."""
-        if self._control is None or not hasattr(self, "_core") or segno < self._oldest_shared():
+        a file recovery did not list (a damaged spare) is no other process's, and no other
+        process can make one before it shares the WAL (the files lock held)."""
+        if self._control is None or self._opening_alone or not hasattr(self, "_core") or \
+                segno < self._oldest_shared():
             return False
         if not os.path.exists(self._dir.file(segno)):
             return False

@@ -109,6 +109,7 @@ class WALState:
         self._notify_ahead = self._prepare_segments
         self._notify_mark = 0  # (wal/rounds.py: a small WAL's, where it stops being one)
         self._made_here = False  # this open made the WAL (a one-process one): undone if it fails
+        self._opening_alone = False  # a shared WAL's first process, until it shares (peers.py)
 
     def _count(self, name: str, n: int = 1) -> None:
         """Add to one of the WAL's own counters (a shared WAL's are in the control file)."""

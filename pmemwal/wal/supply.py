@@ -153,13 +153,16 @@ class SegmentSupply(SharedSegments):
         """Make segment ``segno``'s file; in a shared WAL, under the files lock and only
         if no other process made it first, nor truncated past it since it was claimed
         (truncations raise the oldest segment under this lock: a file made below it would
-        be an old segment back from the dead).  Returns whether this call made it."""
+        be an old segment back from the dead).  Returns whether this call made it.  (The
+        first process, opening alone, makes it over a file there: a damaged spare recovery
+        left out, which no other process made.)"""
         if self._control is None:
             self._dir.create(segno, self.segment_size, self.wal_id,
                              zero_fill=self._prefault and not self._direct, spare=spare)
             return True
         with self._control.files_lock():
-            if segno < self._oldest_shared() or os.path.exists(self._dir.file(segno)):
+            if segno < self._oldest_shared() or \
+                    (os.path.exists(self._dir.file(segno)) and not self._opening_alone):
                 return False
             self._dir.create(segno, self.segment_size, self.wal_id)
             return True
